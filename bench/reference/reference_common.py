@@ -1,0 +1,97 @@
+"""Shared pieces of the PyTorch reference baselines (bench/reference/*.py).
+
+Holds the two models (PyTorch MNIST-example LeNet without dropout, and a 3-layer MLP), the
+percentile helper and the guarded torch import. Run the scripts with Debian's Python,
+/usr/bin/python3: Debian's python3-torch is not visible to other Pythons (pyenv, venvs).
+"""
+
+import json
+import math
+import sys
+
+INSTALL_HINT = (
+    "run scripts/install-reference.sh (installs Debian's python3-torch), "
+    "then run this script with /usr/bin/python3"
+)
+
+
+def import_torch():
+    """Imports torch or exits with status 2 and a message saying how to get it."""
+    try:
+        import torch  # noqa: F401
+        import torch.nn  # noqa: F401
+    except ImportError as err:
+        sys.stderr.write(
+            "error: cannot import torch with %s (%s)\n"
+            "error: %s\n" % (sys.executable, err, INSTALL_HINT)
+        )
+        sys.exit(2)
+    return torch
+
+
+MODELS = ("lenet", "mlp")
+
+
+def build_model(name):
+    """Builds `name` ("lenet" or "mlp") for 1x28x28 inputs and 10 classes.
+
+    lenet: conv 1->32 3x3, relu, maxpool 2, conv 32->64 3x3, relu, maxpool 2, flatten,
+           fc 1600->128, relu, fc 128->10 (PyTorch's examples/mnist Net without the two
+           dropout layers; its log_softmax + nll_loss equals the cross-entropy used here).
+    mlp:   flatten, fc 784->512, relu, fc 512->256, relu, fc 256->10.
+    """
+    import torch.nn as nn
+
+    if name == "lenet":
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, 1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, 1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(1600, 128),
+            nn.ReLU(),
+            nn.Linear(128, 10),
+        )
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(784, 512),
+            nn.ReLU(),
+            nn.Linear(512, 256),
+            nn.ReLU(),
+            nn.Linear(256, 10),
+        )
+    raise ValueError("unknown model %r (known: %s)" % (name, ", ".join(MODELS)))
+
+
+def count_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def percentile(values, q):
+    """The q-th percentile (0..100) with linear interpolation (numpy's default method)."""
+    if not values:
+        raise ValueError("percentile of an empty list")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summary_ms(seconds):
+    """(median, p10, p90) in milliseconds of a list of durations in seconds."""
+    ms = [s * 1000.0 for s in seconds]
+    return percentile(ms, 50), percentile(ms, 10), percentile(ms, 90)
+
+
+def r4(x):
+    return round(float(x), 4)
+
+
+def print_json(obj):
+    # Keys keep their insertion order, so the format is stable from run to run.
+    print(json.dumps(obj))

@@ -1,0 +1,48 @@
+//! The `syncopate` command: wires the library crates together; no logic of its own.
+
+use clap::{Parser, Subcommand};
+
+mod args;
+mod cmd;
+mod progress;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Syncopate: data-parallel DNN training whose subject is the synchronisation step.
+#[derive(Parser)]
+#[command(name = "syncopate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model in this process (the single-process reference).
+    Train(cmd::train::TrainArgs),
+    /// List the built-in models with their layers, keys and parameter counts.
+    Models(cmd::models::ModelsArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(a) => cmd::train::run(a),
+        Command::Models(a) => cmd::models::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Progress output for long work (an indicatif bar on a terminal, periodic lines otherwise).
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use syncopate_train::engine::StepOutput;
+use syncopate_train::trainer::{Evaluation, Observer};
+
+/// Shows steps, loss and throughput while training, and each epoch's test accuracy.
+pub struct TrainProgress {
+    bar: ProgressBar,
+    loss: f32,
+}
+
+impl TrainProgress {
+    /// A bar for `total` steps (hidden when `quiet`).
+    pub fn new(total: u64, quiet: bool) -> Self {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4))
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        Self {
+            bar,
+            loss: f32::NAN,
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Observer for TrainProgress {
+    fn on_step(&mut self, step: u64, _total: u64, out: &StepOutput, samples_per_sec: f64) {
+        // Exponential moving average: the bar shows a readable, not a jumpy, loss.
+        self.loss = if self.loss.is_nan() {
+            out.loss
+        } else {
+            0.9 * self.loss + 0.1 * out.loss
+        };
+        self.bar.set_position(step);
+        self.bar.set_message(format!(
+            "loss {:.4}  {:.0} samples/s",
+            self.loss, samples_per_sec
+        ));
+    }
+
+    fn on_eval(&mut self, epoch: u64, eval: &Evaluation) {
+        self.bar.println(format!(
+            "epoch {epoch}: test accuracy {:.2} %  test loss {:.4}  ({} samples)",
+            eval.accuracy * 100.0,
+            eval.loss,
+            eval.samples
+        ));
+    }
+}

@@ -1,0 +1,214 @@
+//! The tensor registry: keys (parameter tensors numbered from the input), their cutting into
+//! slices, and the placement of slices on parameter servers.
+
+use serde::{Deserialize, Serialize};
+
+/// One parameter tensor as the synchronisation layer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyInfo {
+    /// Number of `f32` values.
+    pub numel: usize,
+    /// Layer that owns the key (0 = nearest the input).
+    pub layer: usize,
+}
+
+/// A contiguous range of one key: the unit of scheduling and of the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Slice {
+    /// The key.
+    pub key: usize,
+    /// First element.
+    pub offset: usize,
+    /// Elements.
+    pub len: usize,
+    /// Position of this slice within its key (0, 1, ...): the priority tie-breaker.
+    pub index_in_key: usize,
+}
+
+impl Slice {
+    /// The element range within the key.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
+    }
+}
+
+/// How slices are spread over servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Placement {
+    /// Whole keys, balanced by bytes (largest first onto the least-loaded server), as
+    /// MXNet's KVStore places keys. All slices of a key go to the key's server.
+    KeysByBytes,
+    /// Slice after slice, round robin over the servers (P3's placement).
+    SlicesRoundRobin,
+}
+
+/// Keys, their slices, and which server owns each slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorRegistry {
+    keys: Vec<KeyInfo>,
+    slices: Vec<Slice>,
+    key_slices: Vec<std::ops::Range<usize>>,
+    owner: Vec<usize>,
+    servers: usize,
+}
+
+impl TensorRegistry {
+    /// Cuts every key into slices of at most `slice_len` elements (a key of 0 elements has no
+    /// slice) and places them on `servers` servers (0 servers: no placement, for all-reduce).
+    ///
+    /// # Panics
+    /// Panics if `slice_len` is 0 (callers validate user input first).
+    pub fn new(keys: Vec<KeyInfo>, slice_len: usize, servers: usize, placement: Placement) -> Self {
+        assert!(slice_len > 0, "slice length must be positive");
+        let mut slices = Vec::new();
+        let mut key_slices = Vec::with_capacity(keys.len());
+        for (key, info) in keys.iter().enumerate() {
+            let start = slices.len();
+            let mut offset = 0;
+            while offset < info.numel {
+                let len = slice_len.min(info.numel - offset);
+                slices.push(Slice {
+                    key,
+                    offset,
+                    len,
+                    index_in_key: slices.len() - start,
+                });
+                offset += len;
+            }
+            key_slices.push(start..slices.len());
+        }
+        let owner = match (servers, placement) {
+            (0, _) => vec![0; slices.len()],
+            (_, Placement::SlicesRoundRobin) => (0..slices.len()).map(|i| i % servers).collect(),
+            (_, Placement::KeysByBytes) => {
+                let mut order: Vec<usize> = (0..keys.len()).collect();
+                // Largest first; ties by key so the placement is deterministic.
+                order.sort_by(|&a, &b| keys[b].numel.cmp(&keys[a].numel).then(a.cmp(&b)));
+                let mut load = vec![0usize; servers];
+                let mut key_owner = vec![0; keys.len()];
+                for k in order {
+                    let (server, _) = load
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|&(i, &l)| (l, i))
+                        .unwrap_or((0, &0));
+                    key_owner[k] = server;
+                    load[server] += keys[k].numel;
+                }
+                slices.iter().map(|s| key_owner[s.key]).collect()
+            }
+        };
+        Self {
+            keys,
+            slices,
+            key_slices,
+            owner,
+            servers,
+        }
+    }
+
+    /// Every key.
+    pub fn keys(&self) -> &[KeyInfo] {
+        &self.keys
+    }
+
+    /// Every slice, in key order then offset order.
+    pub fn slices(&self) -> &[Slice] {
+        &self.slices
+    }
+
+    /// Indices (into [`TensorRegistry::slices`]) of the slices of `key`.
+    pub fn slices_of(&self, key: usize) -> std::ops::Range<usize> {
+        self.key_slices[key].clone()
+    }
+
+    /// The server owning slice `slice`.
+    pub fn owner(&self, slice: usize) -> usize {
+        self.owner[slice]
+    }
+
+    /// Number of servers.
+    pub fn servers(&self) -> usize {
+        self.servers
+    }
+
+    /// Finds the slice of `key` that starts at `offset` and has `len` elements.
+    pub fn find_slice(&self, key: usize, offset: usize, len: usize) -> Option<usize> {
+        let range = self.key_slices.get(key)?.clone();
+        let idx = self.slices[range.clone()]
+            .binary_search_by_key(&offset, |s| s.offset)
+            .ok()?;
+        let i = range.start + idx;
+        (self.slices[i].len == len).then_some(i)
+    }
+
+    /// Elements held by each server.
+    pub fn server_loads(&self) -> Vec<usize> {
+        let mut load = vec![0; self.servers];
+        for (i, s) in self.slices.iter().enumerate() {
+            if self.servers > 0 {
+                load[self.owner[i]] += s.len;
+            }
+        }
+        load
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn keys(sizes: &[usize]) -> Vec<KeyInfo> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &numel)| KeyInfo { numel, layer: i })
+            .collect()
+    }
+
+    proptest! {
+        /// Slicing covers every parameter of every key exactly once, in order, with no slice
+        /// longer than the limit; every slice has an owner among the servers.
+        #[test]
+        fn slicing_covers_every_parameter_exactly_once(
+            sizes in prop::collection::vec(0usize..200_000, 1..20),
+            slice_len in 1usize..50_000,
+            servers in 0usize..5,
+            round_robin: bool,
+        ) {
+            let placement = if round_robin { Placement::SlicesRoundRobin } else { Placement::KeysByBytes };
+            let reg = TensorRegistry::new(keys(&sizes), slice_len, servers, placement);
+            for (key, &n) in sizes.iter().enumerate() {
+                let mut next = 0;
+                for (j, i) in reg.slices_of(key).enumerate() {
+                    let s = reg.slices()[i];
+                    prop_assert_eq!(s.key, key);
+                    prop_assert_eq!(s.offset, next);
+                    prop_assert_eq!(s.index_in_key, j);
+                    prop_assert!(s.len > 0 && s.len <= slice_len);
+                    prop_assert_eq!(reg.find_slice(key, s.offset, s.len), Some(i));
+                    next += s.len;
+                    if servers > 0 { prop_assert!(reg.owner(i) < servers); }
+                }
+                prop_assert_eq!(next, n);
+            }
+            if servers > 0 {
+                prop_assert_eq!(reg.server_loads().iter().sum::<usize>(), sizes.iter().sum::<usize>());
+            }
+        }
+    }
+
+    #[test]
+    fn keys_by_bytes_balances_and_keeps_keys_whole() {
+        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 7, 2, Placement::KeysByBytes);
+        assert_eq!(reg.server_loads(), vec![110, 110]);
+        for key in 0..4 {
+            let owners: std::collections::HashSet<_> =
+                reg.slices_of(key).map(|i| reg.owner(i)).collect();
+            assert_eq!(owners.len(), 1);
+        }
+        assert_eq!(reg.find_slice(0, 7, 6), None);
+        assert_eq!(reg.find_slice(9, 0, 1), None);
+    }
+}

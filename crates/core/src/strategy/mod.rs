@@ -1,0 +1,89 @@
+//! Strategy state machines: how one step's gradients and parameters are synchronised.
+//!
+//! Each process role is a state machine in the quinn-proto style: plain getters;
+//! `handle_*` methods that take events (a gradient ready, a frame received); and `poll_*`
+//! methods that hand out what it wants done (a frame to transmit on a link, an event for the
+//! training loop). Links are named by the peer's rank. No clocks, threads or sockets: the
+//! runtime and the in-process tests drive the very same code.
+
+mod ps;
+mod ring;
+#[cfg(test)]
+mod tests;
+
+pub use ps::{PsServer, PsWorker, ServerOptim};
+pub use ring::RingAllReduce;
+
+use crate::wire::{Header, WireError};
+
+/// Ranks: workers are `0..workers`, servers are `workers..workers + servers`.
+pub type Rank = usize;
+
+/// A peer broke the protocol; the message names what it sent and why it is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The frame's header could not be decoded.
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+    /// A well-formed frame that this role cannot accept now.
+    #[error("unexpected frame from rank {from}: {reason}")]
+    Unexpected {
+        /// Sender's rank.
+        from: Rank,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl ProtocolError {
+    pub(crate) fn unexpected(from: Rank, header: &Header, why: &str) -> Self {
+        ProtocolError::Unexpected {
+            from,
+            reason: format!(
+                "{why} ({:?} step {} key {} offset {} length {})",
+                header.kind, header.step, header.key, header.offset, header.length
+            ),
+        }
+    }
+}
+
+/// What a worker-side state machine tells the training loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerEvent {
+    /// Fresh values of this key are complete (parameter server strategies): install them.
+    ParamsReady(usize),
+    /// The averaged gradient of this key is complete (all-reduce strategies).
+    GradReady(usize),
+    /// Everything of the current step has been synchronised.
+    StepDone,
+}
+
+/// The worker side of a strategy, as the training loop drives it.
+pub trait WorkerSync: Endpoint {
+    /// Starts step `step` (the previous step must have reported [`WorkerEvent::StepDone`]).
+    fn begin_step(&mut self, step: u64);
+    /// Backward produced `key`'s gradient (copied in; the caller keeps its buffer).
+    fn handle_gradient(&mut self, key: usize, grad: &[f32]);
+    /// Backward has finished (no-overlap strategies start communicating only now).
+    fn handle_backward_done(&mut self);
+    /// The next event for the training loop.
+    fn poll_event(&mut self) -> Option<WorkerEvent>;
+    /// After [`WorkerEvent::ParamsReady`]: the fresh parameter values of `key`; after
+    /// [`WorkerEvent::GradReady`]: the averaged gradient of `key`.
+    fn take_values(&mut self, key: usize) -> Vec<f32>;
+}
+
+/// The part of every role that the transport drives: frames out, frames in.
+pub trait Endpoint {
+    /// Appends the next frame for `link` (header and payload) to `out` if one is ready;
+    /// returns whether it did. The driver calls it only when the link has room.
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool;
+
+    /// Where the payload of a data frame announced by `header` from `link` goes: the driver
+    /// reads exactly `header.length` values into the returned slice, then calls
+    /// [`Endpoint::handle_payload`]. Refuses frames that do not fit the protocol state.
+    fn recv_slot(&mut self, link: Rank, header: &Header) -> Result<&mut [f32], ProtocolError>;
+
+    /// The payload announced by `header` has been written into the slot.
+    fn handle_payload(&mut self, link: Rank, header: &Header) -> Result<(), ProtocolError>;
+}

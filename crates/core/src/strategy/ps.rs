@@ -1,0 +1,430 @@
+//! Synchronous parameter server: workers push each key's gradient (slice by slice) to the
+//! server that owns it; a server waits for all N pushes of a slice, averages them, applies
+//! SGD and answers every worker with the updated slice; a worker's step is done when every
+//! slice is back.
+
+use std::collections::VecDeque;
+
+use super::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use crate::aggregate::{add_assign, scale};
+use crate::optim::{LrSchedule, Sgd};
+use crate::registry::TensorRegistry;
+use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
+use crate::wire::{encode_data_frame, FrameKind, Header};
+
+fn pending_for(reg: &TensorRegistry, slice: usize) -> Pending {
+    let s = reg.slices()[slice];
+    Pending {
+        item: slice,
+        priority: reg.keys()[s.key].layer as i64,
+        sequence: s.index_in_key as u64,
+    }
+}
+
+/// The worker side of the parameter-server strategies (`ps`, `ps-no-overlap`).
+pub struct PsWorker {
+    rank: Rank,
+    workers: usize,
+    reg: TensorRegistry,
+    overlap: bool,
+    step: u64,
+    grads: Vec<Vec<f32>>,
+    params: Vec<Vec<f32>>,
+    queues: Vec<Box<dyn Scheduler>>,
+    held: Vec<usize>,
+    received: Vec<bool>,
+    slices_left: Vec<usize>,
+    keys_left: usize,
+    events: VecDeque<WorkerEvent>,
+    sequence: u64,
+}
+
+impl PsWorker {
+    /// Worker `rank` of `workers`, talking to the servers of `reg` (ranks `workers..`).
+    /// With `overlap`, each key is pushed as soon as its gradient is handed over; without,
+    /// only after [`WorkerSync::handle_backward_done`].
+    pub fn new(
+        rank: Rank,
+        workers: usize,
+        reg: TensorRegistry,
+        overlap: bool,
+        scheduler: SchedulerKind,
+    ) -> Self {
+        let keys = reg.keys().len();
+        let slices = reg.slices().len();
+        Self {
+            rank,
+            workers,
+            overlap,
+            step: 0,
+            grads: reg.keys().iter().map(|k| vec![0.0; k.numel]).collect(),
+            params: vec![Vec::new(); keys],
+            queues: (0..reg.servers())
+                .map(|_| new_scheduler(scheduler))
+                .collect(),
+            held: Vec::new(),
+            received: vec![false; slices],
+            slices_left: vec![0; keys],
+            keys_left: 0,
+            events: VecDeque::new(),
+            sequence: 0,
+            reg,
+        }
+    }
+
+    fn server_index(&self, link: Rank) -> Option<usize> {
+        link.checked_sub(self.workers)
+            .filter(|&s| s < self.reg.servers())
+    }
+
+    fn release(&mut self, key: usize) {
+        for slice in self.reg.slices_of(key) {
+            let p = pending_for(&self.reg, slice);
+            self.queues[self.reg.owner(slice)].push(p);
+        }
+    }
+}
+
+impl WorkerSync for PsWorker {
+    fn begin_step(&mut self, step: u64) {
+        self.step = step;
+        self.held.clear();
+        self.received.iter_mut().for_each(|r| *r = false);
+        self.keys_left = 0;
+        for key in 0..self.reg.keys().len() {
+            let n = self.reg.slices_of(key).len();
+            self.slices_left[key] = n;
+            if self.params[key].len() != self.reg.keys()[key].numel {
+                self.params[key] = vec![0.0; self.reg.keys()[key].numel];
+            }
+            if n == 0 {
+                self.events.push_back(WorkerEvent::ParamsReady(key));
+            } else {
+                self.keys_left += 1;
+            }
+        }
+        if self.keys_left == 0 {
+            self.events.push_back(WorkerEvent::StepDone);
+        }
+    }
+
+    fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
+        self.grads[key].copy_from_slice(grad);
+        if self.overlap {
+            self.release(key);
+        } else {
+            self.held.push(key);
+        }
+    }
+
+    fn handle_backward_done(&mut self) {
+        for key in std::mem::take(&mut self.held) {
+            self.release(key);
+        }
+    }
+
+    fn poll_event(&mut self) -> Option<WorkerEvent> {
+        self.events.pop_front()
+    }
+
+    fn take_values(&mut self, key: usize) -> Vec<f32> {
+        std::mem::take(&mut self.params[key])
+    }
+}
+
+impl Endpoint for PsWorker {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        let Some(server) = self.server_index(link) else {
+            return false;
+        };
+        let Some(p) = self.queues[server].pop() else {
+            return false;
+        };
+        let s = self.reg.slices()[p.item];
+        let mut h = Header::data(
+            FrameKind::Push,
+            self.step,
+            s.key as u32,
+            s.offset as u32,
+            s.len as u32,
+        );
+        h.priority = p.priority as i32;
+        h.sequence = self.sequence;
+        h.sender = self.rank as u32;
+        self.sequence += 1;
+        encode_data_frame(out, &h, &self.grads[s.key][s.range()]);
+        true
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        let server = self.server_index(link).ok_or_else(|| {
+            ProtocolError::unexpected(link, h, "a worker accepts frames only from servers")
+        })?;
+        if h.kind != FrameKind::Params {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a worker expects only Params frames",
+            ));
+        }
+        if h.step != self.step {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!("wrong step (this worker is at step {})", self.step),
+            ));
+        }
+        let slice = self
+            .reg
+            .find_slice(h.key as usize, h.offset as usize, h.length as usize)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such slice"))?;
+        if self.reg.owner(slice) != server {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "slice owned by another server",
+            ));
+        }
+        if self.received[slice] {
+            return Err(ProtocolError::unexpected(link, h, "slice received twice"));
+        }
+        let s = self.reg.slices()[slice];
+        Ok(&mut self.params[s.key][s.range()])
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let slice = self
+            .reg
+            .find_slice(h.key as usize, h.offset as usize, h.length as usize)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such slice"))?;
+        self.received[slice] = true;
+        let key = h.key as usize;
+        self.slices_left[key] -= 1;
+        if self.slices_left[key] == 0 {
+            self.events.push_back(WorkerEvent::ParamsReady(key));
+            self.keys_left -= 1;
+            if self.keys_left == 0 {
+                self.events.push_back(WorkerEvent::StepDone);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One parameter-server shard: owns some slices, aggregates pushes, applies SGD, answers.
+pub struct PsServer {
+    index: usize,
+    rank: Rank,
+    workers: usize,
+    reg: TensorRegistry,
+    sgd: Sgd,
+    base_lr: f32,
+    schedule: LrSchedule,
+    params: Vec<Vec<f32>>,
+    velocity: Vec<Vec<f32>>,
+    acc: Vec<Vec<f32>>,
+    scratch: Vec<Vec<f32>>,
+    pushes: Vec<usize>,
+    slice_step: Vec<u64>,
+    pushed_by: Vec<Vec<bool>>,
+    out: Vec<Box<dyn Scheduler>>,
+    out_step: Vec<u64>,
+    updates: u64,
+    sequence: u64,
+}
+
+/// Optimizer settings a server applies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServerOptim {
+    /// The SGD rule.
+    pub sgd: Sgd,
+    /// Base learning rate.
+    pub lr: f32,
+    /// Schedule over the step number carried by the frames.
+    pub schedule: LrSchedule,
+}
+
+impl PsServer {
+    /// Server number `index` (rank `workers + index`), starting from `initial` values of
+    /// every key (it keeps the slices it owns).
+    pub fn new(
+        index: usize,
+        workers: usize,
+        reg: TensorRegistry,
+        initial: Vec<Vec<f32>>,
+        optim: ServerOptim,
+        scheduler: SchedulerKind,
+    ) -> Self {
+        let keys = reg.keys().len();
+        let owns_key: Vec<bool> = (0..keys)
+            .map(|k| reg.slices_of(k).any(|s| reg.owner(s) == index))
+            .collect();
+        let sized = |k: usize| {
+            if owns_key[k] {
+                vec![0.0; reg.keys()[k].numel]
+            } else {
+                Vec::new()
+            }
+        };
+        let params = initial
+            .into_iter()
+            .enumerate()
+            .map(|(k, v)| if owns_key[k] { v } else { Vec::new() })
+            .collect();
+        let slices = reg.slices().len();
+        Self {
+            index,
+            rank: workers + index,
+            workers,
+            sgd: optim.sgd,
+            base_lr: optim.lr,
+            schedule: optim.schedule,
+            params,
+            velocity: (0..keys).map(sized).collect(),
+            acc: (0..keys).map(sized).collect(),
+            scratch: (0..keys).map(sized).collect(),
+            pushes: vec![0; slices],
+            slice_step: vec![0; slices],
+            pushed_by: vec![vec![false; workers]; slices],
+            out: (0..workers).map(|_| new_scheduler(scheduler)).collect(),
+            out_step: vec![0; slices],
+            updates: 0,
+            sequence: 0,
+            reg,
+        }
+    }
+
+    /// Current values of `key` (only the ranges this server owns are meaningful).
+    pub fn values(&self, key: usize) -> &[f32] {
+        &self.params[key]
+    }
+
+    /// Slice updates applied so far.
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// Whether any reply is still queued for a worker.
+    pub fn has_pending_replies(&self) -> bool {
+        self.out.iter().any(|q| !q.is_empty())
+    }
+
+    fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        if link >= self.workers {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a server accepts frames only from workers",
+            ));
+        }
+        if h.kind != FrameKind::Push {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a server expects only Push frames",
+            ));
+        }
+        let slice = self
+            .reg
+            .find_slice(h.key as usize, h.offset as usize, h.length as usize)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such slice"))?;
+        if self.reg.owner(slice) != self.index {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "slice owned by another server",
+            ));
+        }
+        if self.pushes[slice] > 0 && h.step != self.slice_step[slice] {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!(
+                    "step differs from the other workers' step {}",
+                    self.slice_step[slice]
+                ),
+            ));
+        }
+        if self.pushes[slice] == 0 && self.updates > 0 && h.step < self.slice_step[slice] {
+            return Err(ProtocolError::unexpected(link, h, "step already completed"));
+        }
+        if self.pushed_by[slice][link] {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "pushed twice in one step",
+            ));
+        }
+        Ok(slice)
+    }
+}
+
+impl Endpoint for PsServer {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        let Some(queue) = self.out.get_mut(link) else {
+            return false;
+        };
+        let Some(p) = queue.pop() else {
+            return false;
+        };
+        let s = self.reg.slices()[p.item];
+        let mut h = Header::data(
+            FrameKind::Params,
+            self.out_step[p.item],
+            s.key as u32,
+            s.offset as u32,
+            s.len as u32,
+        );
+        h.priority = p.priority as i32;
+        h.sequence = self.sequence;
+        h.sender = self.rank as u32;
+        self.sequence += 1;
+        encode_data_frame(out, &h, &self.params[s.key][s.range()]);
+        true
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        let slice = self.check(link, h)?;
+        let s = self.reg.slices()[slice];
+        Ok(if self.pushes[slice] == 0 {
+            &mut self.acc[s.key][s.range()]
+        } else {
+            &mut self.scratch[s.key][s.range()]
+        })
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let slice = self.check(link, h)?;
+        let s = self.reg.slices()[slice];
+        let r = s.range();
+        if self.pushes[slice] > 0 {
+            let (acc, scratch) = (&mut self.acc[s.key], &self.scratch[s.key]);
+            add_assign(&mut acc[r.clone()], &scratch[r.clone()]);
+        } else {
+            self.slice_step[slice] = h.step;
+        }
+        self.pushes[slice] += 1;
+        self.pushed_by[slice][link] = true;
+        if self.pushes[slice] == self.workers {
+            let acc = &mut self.acc[s.key][r.clone()];
+            scale(acc, 1.0 / self.workers as f32);
+            let lr = self.schedule.lr_at(self.base_lr, h.step);
+            self.sgd.step(
+                lr,
+                &mut self.params[s.key][r.clone()],
+                acc,
+                &mut self.velocity[s.key][r],
+            );
+            self.pushes[slice] = 0;
+            self.pushed_by[slice].iter_mut().for_each(|b| *b = false);
+            self.out_step[slice] = h.step;
+            self.slice_step[slice] = h.step + 1;
+            self.updates += 1;
+            let p = pending_for(&self.reg, slice);
+            for q in &mut self.out {
+                q.push(p);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,279 @@
+//! Deterministic in-process tests of the strategies: a seeded network shuttles frames
+//! between the state machines in random (but per-link in-order, like TCP) interleavings,
+//! and the results are checked against direct arithmetic.
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::optim::{LrSchedule, Sgd, SgdConfig};
+use crate::registry::{KeyInfo, Placement, TensorRegistry};
+use crate::sched::SchedulerKind;
+use crate::wire::{Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+
+/// In-flight frames on each directed link `(from, to)`.
+struct Net {
+    links: Vec<((Rank, Rank), VecDeque<Vec<u8>>)>,
+}
+
+impl Net {
+    fn new(pairs: &[(Rank, Rank)]) -> Self {
+        Self {
+            links: pairs.iter().map(|&p| (p, VecDeque::new())).collect(),
+        }
+    }
+
+    /// Delivers the head frame of link `i` into `to`; returns whether there was one.
+    fn deliver(&mut self, i: usize, to: &mut dyn Endpoint) -> bool {
+        let ((from, _), q) = &mut self.links[i];
+        let Some(frame) = q.pop_front() else {
+            return false;
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&frame[..HEADER_LEN]);
+        let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).expect("valid header");
+        let slot = to.recv_slot(*from, &h).expect("frame accepted");
+        crate::wire::f32_bytes_mut(slot).copy_from_slice(&frame[HEADER_LEN..]);
+        to.handle_payload(*from, &h).expect("payload accepted");
+        true
+    }
+}
+
+fn keys(sizes: &[usize]) -> Vec<KeyInfo> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(layer, &numel)| KeyInfo { numel, layer })
+        .collect()
+}
+
+fn grad(step: u64, worker: usize, key: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7 + key * 13 + worker * 31 + step as usize * 3) % 17) as f32 * 0.125 - 1.0)
+        .collect()
+}
+
+/// Runs `steps` synchronous steps of a worker strategy plus optional servers, delivering
+/// frames in a seeded random order; returns each worker's `take_values` per step and key.
+fn drive(
+    workers: &mut [Box<dyn WorkerSync>],
+    servers: &mut [PsServer],
+    sizes: &[usize],
+    steps: u64,
+    seed: u64,
+) -> Vec<Vec<Vec<Vec<f32>>>> {
+    let n = workers.len();
+    let total = n + servers.len();
+    let mut pairs = Vec::new();
+    for a in 0..total {
+        for b in 0..total {
+            if a != b {
+                pairs.push((a, b));
+            }
+        }
+    }
+    let mut net = Net::new(&pairs);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut results = vec![vec![vec![Vec::new(); sizes.len()]; n]; steps as usize];
+    for step in 0..steps {
+        // Keys each worker has yet to hand over (last layer first, as backward does).
+        let mut to_hand: Vec<Vec<usize>> =
+            (0..n).map(|_| (0..sizes.len()).rev().collect()).collect();
+        let mut done = vec![false; n];
+        for w in workers.iter_mut() {
+            w.begin_step(step);
+        }
+        let mut guard = 0;
+        while done.iter().any(|d| !d) {
+            guard += 1;
+            assert!(guard < 5_000_000, "no progress");
+            let actions = if net.links.is_empty() { 1 } else { 3 };
+            match rng.gen_range(0..actions) {
+                0 => {
+                    let w = rng.gen_range(0..n);
+                    if let Some(key) = to_hand[w].first().copied() {
+                        to_hand[w].remove(0);
+                        workers[w].handle_gradient(key, &grad(step, w, key, sizes[key]));
+                        if to_hand[w].is_empty() {
+                            workers[w].handle_backward_done();
+                        }
+                    }
+                }
+                1 => {
+                    let i = rng.gen_range(0..net.links.len());
+                    let (from, to) = net.links[i].0;
+                    let mut out = Vec::new();
+                    let sent = if from < n {
+                        workers[from].poll_transmit(to, &mut out)
+                    } else {
+                        servers[from - n].poll_transmit(to, &mut out)
+                    };
+                    if sent {
+                        net.links[i].1.push_back(out);
+                    }
+                }
+                _ => {
+                    let i = rng.gen_range(0..net.links.len());
+                    let to = net.links[i].0 .1;
+                    if to < n {
+                        net.deliver(i, workers[to].as_mut());
+                    } else {
+                        net.deliver(i, &mut servers[to - n]);
+                    }
+                }
+            }
+            for w in 0..n {
+                while let Some(ev) = workers[w].poll_event() {
+                    match ev {
+                        WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
+                            results[step as usize][w][k] = workers[w].take_values(k);
+                        }
+                        WorkerEvent::StepDone => done[w] = true,
+                    }
+                }
+            }
+        }
+    }
+    results
+}
+
+fn mean_grad(step: u64, n: usize, key: usize, len: usize) -> Vec<f32> {
+    let mut acc = vec![0f32; len];
+    for w in 0..n {
+        for (a, g) in acc.iter_mut().zip(grad(step, w, key, len)) {
+            *a += g;
+        }
+    }
+    acc.iter().map(|a| a / n as f32).collect()
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Ring all-reduce gives every worker the same bits, equal to the mean gradient, for any
+    /// ring size, bucket and segment sizes, overlap or not, and any interleaving.
+    #[test]
+    fn ring_allreduce_averages(
+        n in 1usize..5,
+        sizes in prop::collection::vec(1usize..60, 1..6),
+        bucket in 1usize..100,
+        segment in 1usize..20,
+        overlap: bool,
+        seed: u64,
+    ) {
+        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
+            .map(|r| Box::new(RingAllReduce::new(r, n, keys(&sizes), bucket, segment, overlap, SchedulerKind::Fifo)) as Box<dyn WorkerSync>)
+            .collect();
+        let results = drive(&mut ws, &mut [], &sizes, 3, seed);
+        for (step, per_worker) in results.iter().enumerate() {
+            for (key, &len) in sizes.iter().enumerate() {
+                let want = mean_grad(step as u64, n, key, len);
+                for w in 0..n {
+                    prop_assert_eq!(&per_worker[w][key], &per_worker[0][key]);
+                }
+                prop_assert!(close(&per_worker[0][key], &want), "step {} key {}: {:?} vs {:?}", step, key, per_worker[0][key], want);
+            }
+        }
+    }
+
+    /// The parameter server applies SGD to the mean gradient: every worker ends each step
+    /// with exactly the values of a single process applying the same update.
+    #[test]
+    fn parameter_server_applies_sgd_to_the_mean(
+        n in 1usize..4,
+        servers in 1usize..4,
+        sizes in prop::collection::vec(1usize..50, 1..6),
+        slice in 1usize..30,
+        round_robin: bool,
+        overlap: bool,
+        seed: u64,
+    ) {
+        let placement = if round_robin { Placement::SlicesRoundRobin } else { Placement::KeysByBytes };
+        let reg = TensorRegistry::new(keys(&sizes), slice, servers, placement);
+        let init: Vec<Vec<f32>> = sizes.iter().map(|&len| (0..len).map(|i| i as f32 * 0.01).collect()).collect();
+        let cfg = SgdConfig { momentum: 0.9, weight_decay: 1e-3 };
+        let optim = ServerOptim { sgd: Sgd::new(cfg), lr: 0.1, schedule: LrSchedule::Constant };
+        let mut ss: Vec<PsServer> = (0..servers)
+            .map(|i| PsServer::new(i, n, reg.clone(), init.clone(), optim, SchedulerKind::Fifo))
+            .collect();
+        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
+            .map(|r| Box::new(PsWorker::new(r, n, reg.clone(), overlap, SchedulerKind::Fifo)) as Box<dyn WorkerSync>)
+            .collect();
+        let results = drive(&mut ws, &mut ss, &sizes, 3, seed);
+        let sgd = Sgd::new(cfg);
+        let mut params = init.clone();
+        let mut vel: Vec<Vec<f32>> = sizes.iter().map(|&l| vec![0.0; l]).collect();
+        for (step, per_worker) in results.iter().enumerate() {
+            for (key, &len) in sizes.iter().enumerate() {
+                let g = mean_grad(step as u64, n, key, len);
+                sgd.step(0.1, &mut params[key], &g, &mut vel[key]);
+                for w in 0..n {
+                    prop_assert!(close(&per_worker[w][key], &params[key]));
+                    prop_assert_eq!(&per_worker[w][key], &per_worker[0][key]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn wrong_frames_are_refused_with_the_sender_named() {
+    let reg = TensorRegistry::new(keys(&[10, 10]), 4, 1, Placement::KeysByBytes);
+    let optim = ServerOptim {
+        sgd: Sgd::new(SgdConfig::default()),
+        lr: 0.1,
+        schedule: LrSchedule::Constant,
+    };
+    let mut server = PsServer::new(
+        0,
+        2,
+        reg.clone(),
+        vec![vec![0.0; 10]; 2],
+        optim,
+        SchedulerKind::Fifo,
+    );
+    let bad_slice = Header::data(crate::wire::FrameKind::Push, 0, 0, 1, 4);
+    let e = server.recv_slot(1, &bad_slice).unwrap_err().to_string();
+    assert!(e.contains("rank 1") && e.contains("no such slice"), "{e}");
+    let from_server = Header::data(crate::wire::FrameKind::Push, 0, 0, 0, 4);
+    assert!(server.recv_slot(2, &from_server).is_err());
+    let ok = Header::data(crate::wire::FrameKind::Push, 0, 0, 0, 4);
+    server.recv_slot(0, &ok).unwrap();
+    server.handle_payload(0, &ok).unwrap();
+    let e = server.recv_slot(0, &ok).unwrap_err().to_string();
+    assert!(e.contains("twice"), "{e}");
+    let mut other_step = ok;
+    other_step.step = 5;
+    assert!(server
+        .recv_slot(1, &other_step)
+        .unwrap_err()
+        .to_string()
+        .contains("step"));
+
+    let mut worker = PsWorker::new(0, 2, reg, true, SchedulerKind::Fifo);
+    worker.begin_step(3);
+    let params = Header::data(crate::wire::FrameKind::Params, 2, 0, 0, 4);
+    assert!(worker
+        .recv_slot(2, &params)
+        .unwrap_err()
+        .to_string()
+        .contains("step"));
+    let mut ring = RingAllReduce::new(0, 3, keys(&[10]), 100, 4, true, SchedulerKind::Fifo);
+    ring.begin_step(0);
+    let from_right = Header::data(crate::wire::FrameKind::Reduce, 0, 0, 0, 3);
+    assert!(ring
+        .recv_slot(1, &from_right)
+        .unwrap_err()
+        .to_string()
+        .contains("left"));
+}

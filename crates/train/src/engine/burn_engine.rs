@@ -1,0 +1,609 @@
+//! The engine on burn 0.22's `flex` CPU backend with `autodiff`.
+//!
+//! Every parameter is a flat 1-D leaf tensor (reshaped inside the layer), so a parameter and
+//! its gradient are always one contiguous buffer that can be read without a copy and
+//! replaced from a received buffer. The optimizer is ours (flat slices, see
+//! `syncopate_core::optim`), so replacing a leaf never loses optimizer state.
+
+use std::ops::Range;
+
+use burn::backend::Flex;
+use burn::tensor::activation::{log_softmax, relu};
+use burn::tensor::module::{avg_pool2d, batch_norm, batch_norm_train, conv2d, linear, max_pool2d};
+use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
+use burn::tensor::{Device, Tensor, TensorData};
+
+use super::flat::{FlatView, LayerGrads};
+use super::{BackwardMode, LayerwiseEngine, StepOutput};
+use crate::data::Batch;
+use crate::error::{Result, TrainError};
+use crate::model::{LayerOp, ModelSpec};
+
+const BN_EPS: f64 = 1e-5;
+const BN_MOMENTUM: f32 = 0.1;
+
+/// An activation between two layers: an image batch or a feature batch.
+#[derive(Clone)]
+enum Act {
+    Image(Tensor<4>),
+    Flat(Tensor<2>),
+}
+
+impl Act {
+    fn detach_leaf(self) -> Self {
+        match self {
+            Act::Image(t) => Act::Image(t.detach().require_grad()),
+            Act::Flat(t) => Act::Flat(t.detach().require_grad()),
+        }
+    }
+
+    fn grad(&self, grads: &burn::tensor::Gradients) -> Option<Act> {
+        match self {
+            Act::Image(t) => t.grad(grads).map(Act::Image),
+            Act::Flat(t) => t.grad(grads).map(Act::Flat),
+        }
+    }
+
+    /// `sum(self * g)`: back-propagating it gives `g` as the output gradient.
+    fn weighted_sum(self, g: Act) -> Result<Tensor<1>> {
+        match (self, g) {
+            (Act::Image(a), Act::Image(b)) => Ok((a * b).sum()),
+            (Act::Flat(a), Act::Flat(b)) => Ok((a * b).sum()),
+            _ => Err(TrainError::Backend(
+                "activation and its gradient differ in rank".into(),
+            )),
+        }
+    }
+
+    fn into_flat(self) -> Tensor<2> {
+        match self {
+            Act::Flat(t) => t,
+            Act::Image(t) => {
+                let [b, c, h, w] = t.dims();
+                t.reshape([b, c * h * w])
+            }
+        }
+    }
+
+    fn into_image(self, layer: &str) -> Result<Tensor<4>> {
+        match self {
+            Act::Image(t) => Ok(t),
+            Act::Flat(_) => Err(TrainError::Model(format!(
+                "layer {layer} needs an image input"
+            ))),
+        }
+    }
+}
+
+/// Running statistics of one batch-norm.
+#[derive(Clone)]
+struct BnStats {
+    mean: Tensor<1>,
+    var: Tensor<1>,
+}
+
+/// Training mode (batch statistics, graph) or inference (running statistics, no graph).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Train,
+    Eval,
+}
+
+/// State of the forward pass in progress.
+struct Pass {
+    labels: Vec<u8>,
+    /// Input leaf of each layer (segmented mode; `None` for layer 0 or in whole mode).
+    inputs: Vec<Option<Act>>,
+    /// Output of each layer.
+    outputs: Vec<Act>,
+    next_input: Option<Act>,
+    loss: Option<Tensor<1>>,
+}
+
+/// The burn-backed [`LayerwiseEngine`].
+pub struct BurnEngine {
+    spec: ModelSpec,
+    layer_keys: Vec<Range<usize>>,
+    device: Device,
+    inner_device: Device,
+    params: Vec<Tensor<1>>,
+    bn: Vec<Vec<BnStats>>,
+    mode: BackwardMode,
+    pass: Option<Pass>,
+}
+
+fn to_view(t: Tensor<1>) -> Result<FlatView> {
+    t.inner()
+        .try_into_primitive::<Flex>()
+        .map(FlatView::new)
+        .map_err(|e| TrainError::Backend(format!("tensor is not on the flex backend: {e:?}")))
+}
+
+impl BurnEngine {
+    /// An engine for `spec` with parameters initialised from `seed`.
+    pub fn new(spec: ModelSpec, seed: u64) -> Result<Self> {
+        let init = spec.init_params(seed);
+        Self::with_params(spec, init)
+    }
+
+    /// An engine for `spec` with the given initial parameter values (one `Vec` per key).
+    pub fn with_params(spec: ModelSpec, values: Vec<Vec<f32>>) -> Result<Self> {
+        let inner_device = Device::flex();
+        let device = inner_device.clone().autodiff();
+        let bn = spec
+            .layers
+            .iter()
+            .map(|l| {
+                let (count, channels) = match l.op {
+                    LayerOp::Conv {
+                        batch_norm: true,
+                        out_channels,
+                        ..
+                    } => (1, out_channels),
+                    LayerOp::BasicBlock { out_channels, .. } => (2, out_channels),
+                    _ => (0, 0),
+                };
+                (0..count)
+                    .map(|_| BnStats {
+                        mean: Tensor::zeros([channels], &inner_device),
+                        var: Tensor::ones([channels], &inner_device),
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut engine = Self {
+            layer_keys: spec.layer_keys(),
+            spec,
+            device,
+            inner_device,
+            params: Vec::new(),
+            bn,
+            mode: BackwardMode::Segmented,
+            pass: None,
+        };
+        let keys = engine.spec.keys();
+        if values.len() != keys.len() {
+            return Err(TrainError::Param(format!(
+                "{} initial tensors for a model with {} keys",
+                values.len(),
+                keys.len()
+            )));
+        }
+        for (k, v) in keys.iter().zip(values) {
+            if v.len() != k.numel {
+                return Err(TrainError::Param(format!(
+                    "key {} ({}) needs {} values, got {}",
+                    k.key,
+                    k.name,
+                    k.numel,
+                    v.len()
+                )));
+            }
+            engine.params.push(engine.leaf(v));
+        }
+        Ok(engine)
+    }
+
+    /// Chooses segmented (default) or whole-model backward.
+    pub fn set_backward_mode(&mut self, mode: BackwardMode) {
+        self.mode = mode;
+    }
+
+    fn leaf(&self, values: Vec<f32>) -> Tensor<1> {
+        let n = values.len();
+        Tensor::<1>::from_data(TensorData::new(values, [n]), &self.device).require_grad()
+    }
+
+    fn batch_tensor(&self, batch: &Batch, device: &Device) -> Result<Tensor<4>> {
+        if batch.shape != self.spec.input {
+            return Err(TrainError::Model(format!(
+                "model {} expects samples of shape {:?}, the data has {:?}",
+                self.spec.name, self.spec.input, batch.shape
+            )));
+        }
+        let [c, h, w] = batch.shape;
+        if batch.is_empty() || batch.images.len() != batch.len() * c * h * w {
+            return Err(TrainError::Config(format!(
+                "batch of {} labels holds {} values",
+                batch.len(),
+                batch.images.len()
+            )));
+        }
+        Ok(Tensor::<4>::from_data(
+            TensorData::new(batch.images.clone(), [batch.len(), c, h, w]),
+            device,
+        ))
+    }
+
+    /// Runs one layer on `input` with `params` (autodiff leaves in training, plain tensors in
+    /// inference).
+    fn apply(&mut self, layer: usize, input: Act, params: &[Tensor<1>], mode: Mode) -> Result<Act> {
+        let spec = &self.spec.layers[layer];
+        let name = spec.name.clone();
+        match spec.op {
+            LayerOp::Conv {
+                in_channels,
+                out_channels,
+                kernel,
+                stride,
+                padding,
+                batch_norm: bn,
+                pool,
+            } => {
+                let x = input.into_image(&name)?;
+                let w = params[0]
+                    .clone()
+                    .reshape([out_channels, in_channels, kernel, kernel]);
+                let options = ConvOptions::new([stride, stride], [padding, padding], [1, 1], 1);
+                let mut y = if bn {
+                    let y = conv2d(x, w, None, options);
+                    self.norm(layer, 0, y, &params[1], &params[2], mode)
+                } else {
+                    conv2d(x, w, Some(params[1].clone()), options)
+                };
+                y = relu(y);
+                if pool {
+                    y = max_pool2d(y, MaxPoolOptions::new([2, 2]));
+                }
+                Ok(Act::Image(y))
+            }
+            LayerOp::Linear {
+                in_features,
+                out_features,
+                relu: with_relu,
+            } => {
+                let x = input.into_flat();
+                let w = params[0].clone().reshape([in_features, out_features]);
+                let y = linear(x, w, Some(params[1].clone()));
+                Ok(Act::Flat(if with_relu { relu(y) } else { y }))
+            }
+            LayerOp::BasicBlock {
+                in_channels,
+                out_channels,
+                stride,
+            } => {
+                let x = input.into_image(&name)?;
+                let w1 = params[0].clone().reshape([out_channels, in_channels, 3, 3]);
+                let w2 = params[3]
+                    .clone()
+                    .reshape([out_channels, out_channels, 3, 3]);
+                let y = conv2d(
+                    x.clone(),
+                    w1,
+                    None,
+                    ConvOptions::new([stride, stride], [1, 1], [1, 1], 1),
+                );
+                let y = relu(self.norm(layer, 0, y, &params[1], &params[2], mode));
+                let y = conv2d(y, w2, None, ConvOptions::new([1, 1], [1, 1], [1, 1], 1));
+                let y = self.norm(layer, 1, y, &params[4], &params[5], mode);
+                let shortcut = if stride != 1 || in_channels != out_channels {
+                    let sub =
+                        avg_pool2d(x, AvgPoolOptions::new([1, 1]).with_stride([stride, stride]));
+                    let [b, _, h, w] = sub.dims();
+                    let extra = out_channels - in_channels;
+                    let before = extra / 2;
+                    let device = if mode == Mode::Train {
+                        &self.device
+                    } else {
+                        &self.inner_device
+                    };
+                    let zeros = |c| Tensor::<4>::zeros([b, c, h, w], device);
+                    Tensor::cat(vec![zeros(before), sub, zeros(extra - before)], 1)
+                } else {
+                    x
+                };
+                Ok(Act::Image(relu(y + shortcut)))
+            }
+            LayerOp::PoolLinear {
+                in_channels,
+                out_features,
+            } => {
+                let x = input.into_image(&name)?;
+                let [b, c, _, _] = x.dims();
+                let pooled = x.mean_dim(3).mean_dim(2).reshape([b, c]);
+                let w = params[0].clone().reshape([in_channels, out_features]);
+                Ok(Act::Flat(linear(pooled, w, Some(params[1].clone()))))
+            }
+        }
+    }
+
+    fn norm(
+        &mut self,
+        layer: usize,
+        slot: usize,
+        y: Tensor<4>,
+        gamma: &Tensor<1>,
+        beta: &Tensor<1>,
+        mode: Mode,
+    ) -> Tensor<4> {
+        let stats = &mut self.bn[layer][slot];
+        match mode {
+            Mode::Eval => batch_norm(
+                y,
+                gamma.clone(),
+                beta.clone(),
+                stats.mean.clone(),
+                stats.var.clone(),
+                BN_EPS,
+            ),
+            Mode::Train => {
+                let [b, _, h, w] = y.dims();
+                let n = (b * h * w) as f32;
+                let out = batch_norm_train(y, gamma.clone(), beta.clone(), BN_EPS);
+                // PyTorch keeps the unbiased variance in its running estimate.
+                let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
+                stats.mean = stats.mean.clone().mul_scalar(1.0 - BN_MOMENTUM)
+                    + out.mean.inner().mul_scalar(BN_MOMENTUM);
+                stats.var = stats.var.clone().mul_scalar(1.0 - BN_MOMENTUM)
+                    + out.variance.inner().mul_scalar(BN_MOMENTUM * unbiased);
+                out.output
+            }
+        }
+    }
+
+    fn loss_and_accuracy(&self, logits: Tensor<2>, labels: &[u8]) -> Result<(Tensor<1>, usize)> {
+        let [b, classes] = logits.dims();
+        let mut onehot = vec![0f32; b * classes];
+        for (i, &l) in labels.iter().enumerate() {
+            onehot[i * classes + usize::from(l)] = 1.0;
+        }
+        let device = logits.device();
+        let targets = Tensor::<2>::from_data(TensorData::new(onehot, [b, classes]), &device);
+        let values: Vec<f32> = logits
+            .clone()
+            .inner()
+            .into_data()
+            .try_into_vec::<f32>()
+            .map_err(|e| TrainError::Backend(format!("reading logits: {e:?}")))?;
+        let correct = values
+            .chunks_exact(classes)
+            .zip(labels)
+            .filter(|(row, &l)| argmax(row) == usize::from(l))
+            .count();
+        let loss = (log_softmax(logits, 1) * targets)
+            .sum()
+            .mul_scalar(-1.0 / b as f32);
+        Ok((loss, correct))
+    }
+
+    fn param_grads(&self, layer: usize, grads: &burn::tensor::Gradients) -> Result<LayerGrads> {
+        let mut out = Vec::new();
+        for key in self.layer_keys[layer].clone() {
+            let p = &self.params[key];
+            let g = match p.grad(grads) {
+                Some(g) => g,
+                None => Tensor::zeros([p.dims()[0]], &self.inner_device),
+            };
+            out.push((key, to_view(g)?));
+        }
+        Ok(LayerGrads { grads: out })
+    }
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn scalar(t: Tensor<1>) -> Result<f32> {
+    let v: Vec<f32> = t
+        .inner()
+        .into_data()
+        .try_into_vec::<f32>()
+        .map_err(|e| TrainError::Backend(format!("reading the loss: {e:?}")))?;
+    v.first()
+        .copied()
+        .ok_or_else(|| TrainError::Backend("empty loss tensor".into()))
+}
+
+impl LayerwiseEngine for BurnEngine {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn begin_forward(&mut self, batch: &Batch) -> Result<()> {
+        let x = self.batch_tensor(batch, &self.device)?;
+        let layers = self.spec.layers.len();
+        self.pass = Some(Pass {
+            labels: batch.labels.clone(),
+            inputs: Vec::with_capacity(layers),
+            outputs: Vec::with_capacity(layers),
+            next_input: Some(Act::Image(x)),
+            loss: None,
+        });
+        Ok(())
+    }
+
+    fn forward_layer(&mut self, layer: usize) -> Result<()> {
+        let mut pass = self
+            .pass
+            .take()
+            .ok_or_else(|| TrainError::Config("forward_layer before begin_forward".into()))?;
+        if layer != pass.outputs.len() {
+            return Err(TrainError::Config(format!(
+                "layer {layer} run out of order (expected {})",
+                pass.outputs.len()
+            )));
+        }
+        let input = pass
+            .next_input
+            .take()
+            .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?;
+        let input = if layer > 0 && self.mode == BackwardMode::Segmented {
+            let leaf = input.detach_leaf();
+            pass.inputs.push(Some(leaf.clone()));
+            leaf
+        } else {
+            pass.inputs.push(None);
+            input
+        };
+        let params: Vec<Tensor<1>> = self.params[self.layer_keys[layer].clone()].to_vec();
+        let out = self.apply(layer, input, &params, Mode::Train)?;
+        pass.outputs.push(out.clone());
+        pass.next_input = Some(out);
+        self.pass = Some(pass);
+        Ok(())
+    }
+
+    fn finish_forward(&mut self) -> Result<StepOutput> {
+        let layers = self.spec.layers.len();
+        let mut pass = self
+            .pass
+            .take()
+            .ok_or_else(|| TrainError::Config("finish_forward before begin_forward".into()))?;
+        if pass.outputs.len() != layers {
+            return Err(TrainError::Config(format!(
+                "finish_forward after {} of {layers} layers",
+                pass.outputs.len()
+            )));
+        }
+        let logits = pass
+            .next_input
+            .take()
+            .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?
+            .into_flat();
+        let (loss, correct) = self.loss_and_accuracy(logits, &pass.labels)?;
+        let out = StepOutput {
+            loss: scalar(loss.clone())?,
+            correct,
+            samples: pass.labels.len(),
+        };
+        pass.loss = Some(loss);
+        self.pass = Some(pass);
+        Ok(out)
+    }
+
+    fn backward(
+        &mut self,
+        on_layer: &mut dyn FnMut(usize, &LayerGrads) -> Result<()>,
+    ) -> Result<()> {
+        let mut pass = self
+            .pass
+            .take()
+            .ok_or_else(|| TrainError::Config("backward before a forward pass".into()))?;
+        let loss = pass
+            .loss
+            .take()
+            .ok_or_else(|| TrainError::Config("backward before finish_forward".into()))?;
+        let layers = self.spec.layers.len();
+        match self.mode {
+            BackwardMode::Whole => {
+                let grads = loss.backward();
+                for layer in (0..layers).rev() {
+                    on_layer(layer, &self.param_grads(layer, &grads)?)?;
+                }
+            }
+            BackwardMode::Segmented => {
+                let mut grads = loss.backward();
+                for layer in (0..layers).rev() {
+                    if layer + 1 < layers {
+                        // The gradient of layer k+1's input leaf is layer k's output gradient.
+                        let g_up = pass.inputs[layer + 1]
+                            .as_ref()
+                            .and_then(|leaf| leaf.grad(&grads))
+                            .ok_or_else(|| {
+                                TrainError::Backend(format!(
+                                    "no gradient reached the input of layer {}",
+                                    layer + 1
+                                ))
+                            })?;
+                        let out = pass.outputs[layer].clone();
+                        grads = out.weighted_sum(g_up)?.backward();
+                    }
+                    on_layer(layer, &self.param_grads(layer, &grads)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn param(&self, key: usize) -> Result<FlatView> {
+        let p = self
+            .params
+            .get(key)
+            .ok_or_else(|| TrainError::Param(format!("no parameter key {key}")))?;
+        to_view(p.clone())
+    }
+
+    fn set_param(&mut self, key: usize, values: Vec<f32>) -> Result<()> {
+        let Some(p) = self.params.get(key) else {
+            return Err(TrainError::Param(format!("no parameter key {key}")));
+        };
+        let want = p.dims()[0];
+        if values.len() != want {
+            return Err(TrainError::Param(format!(
+                "key {key} needs {want} values, got {}",
+                values.len()
+            )));
+        }
+        self.params[key] = self.leaf(values);
+        Ok(())
+    }
+
+    fn evaluate(&mut self, batch: &Batch) -> Result<StepOutput> {
+        let mut act = Act::Image(self.batch_tensor(batch, &self.inner_device)?);
+        for layer in 0..self.spec.layers.len() {
+            let params: Vec<Tensor<1>> = self.params[self.layer_keys[layer].clone()]
+                .iter()
+                .map(|p| p.clone().inner())
+                .collect();
+            act = self.apply(layer, act, &params, Mode::Eval)?;
+        }
+        let (loss, correct) = self.loss_and_accuracy(act.into_flat(), &batch.labels)?;
+        Ok(StepOutput {
+            loss: scalar(loss)?,
+            correct,
+            samples: batch.len(),
+        })
+    }
+
+    fn buffers(&self) -> Result<Vec<(String, Vec<f32>)>> {
+        let mut out = Vec::new();
+        for (layer, stats) in self.bn.iter().enumerate() {
+            for (slot, s) in stats.iter().enumerate() {
+                let name = &self.spec.layers[layer].name;
+                out.push((
+                    format!("{name}.bn{slot}.running_mean"),
+                    to_view(s.mean.clone())?.to_vec(),
+                ));
+                out.push((
+                    format!("{name}.bn{slot}.running_var"),
+                    to_view(s.var.clone())?.to_vec(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn set_buffer(&mut self, name: &str, values: Vec<f32>) -> Result<()> {
+        for (layer, stats) in self.bn.iter_mut().enumerate() {
+            for (slot, s) in stats.iter_mut().enumerate() {
+                let prefix = format!("{}.bn{slot}.", self.spec.layers[layer].name);
+                let Some(which) = name.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let target = match which {
+                    "running_mean" => &mut s.mean,
+                    "running_var" => &mut s.var,
+                    _ => continue,
+                };
+                if values.len() != target.dims()[0] {
+                    return Err(TrainError::Param(format!(
+                        "buffer {name} needs {} values, got {}",
+                        target.dims()[0],
+                        values.len()
+                    )));
+                }
+                let n = values.len();
+                *target = Tensor::from_data(TensorData::new(values, [n]), &self.inner_device);
+                return Ok(());
+            }
+        }
+        Err(TrainError::Param(format!("no buffer named {name}")))
+    }
+}
