@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --quiet --bin syncopate
+cargo build --quiet --workspace --all-targets
 mkdir -p runs/demo
 target/debug/syncopate train --model lenet --dataset synthetic --epochs 2 \
   --summary-json runs/demo/summary.json --save runs/demo/weights.safetensors "$@"

@@ -140,16 +140,29 @@ impl TrainSettings {
         })
     }
 
+    /// Shape of one sample of the dataset, known without loading it.
+    pub fn sample_shape(&self) -> Result<[usize; 3]> {
+        Ok(match self.dataset {
+            DatasetArg::Mnist | DatasetArg::FashionMnist => [1, 28, 28],
+            DatasetArg::Cifar10 => [3, 32, 32],
+            DatasetArg::Synthetic => self.synthetic_shape()?,
+        })
+    }
+
+    fn synthetic_shape(&self) -> Result<[usize; 3]> {
+        match &self.synthetic_shape {
+            Some(s) => parse_shape(s),
+            None if matches!(self.model.as_str(), "resnet20" | "vgg-mini") => Ok([3, 32, 32]),
+            None => Ok([1, 28, 28]),
+        }
+    }
+
     /// Loads the dataset these settings name.
     pub fn load_dataset(&self) -> Result<Dataset> {
         if self.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        let shape = match &self.synthetic_shape {
-            Some(s) => parse_shape(s)?,
-            None if matches!(self.model.as_str(), "resnet20" | "vgg-mini") => [3, 32, 32],
-            None => [1, 28, 28],
-        };
+        let shape = self.synthetic_shape()?;
         let synthetic = SyntheticSpec {
             train_len: self.synthetic_samples,
             test_len: (self.synthetic_samples / 8).max(64),

@@ -21,6 +21,13 @@ struct Cli {
 enum Command {
     /// Train a model in this process (the single-process reference).
     Train(cmd::train::TrainArgs),
+    /// Start a distributed job on this machine: N workers (and S servers) on 127.0.0.1.
+    Launch(cmd::dist::JobArgs),
+    /// Run one worker of a distributed job (rank and rendezvous from torchrun, mpirun or
+    /// srun environment variables).
+    Worker(cmd::dist::JobArgs),
+    /// Run one parameter server of a distributed job (ranks after the workers').
+    Server(cmd::dist::JobArgs),
     /// List the built-in models with their layers, keys and parameter counts.
     Models(cmd::models::ModelsArgs),
 }
@@ -36,6 +43,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(a) => cmd::train::run(a),
+        Command::Launch(a) => cmd::dist::launch_cmd(a),
+        Command::Worker(a) => cmd::dist::worker_cmd(a),
+        Command::Server(a) => cmd::dist::server_cmd(a),
         Command::Models(a) => cmd::models::run(a),
     };
     match result {

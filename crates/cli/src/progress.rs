@@ -8,6 +8,7 @@ use syncopate_train::trainer::{Evaluation, Observer};
 pub struct TrainProgress {
     bar: ProgressBar,
     loss: f32,
+    quiet: bool,
 }
 
 impl TrainProgress {
@@ -28,6 +29,7 @@ impl TrainProgress {
         Self {
             bar,
             loss: f32::NAN,
+            quiet,
         }
     }
 
@@ -38,6 +40,11 @@ impl TrainProgress {
 }
 
 impl Observer for TrainProgress {
+    fn on_start(&mut self, total_steps: u64) {
+        self.bar.set_length(total_steps);
+        eprintln!("training {total_steps} steps");
+    }
+
     fn on_step(&mut self, step: u64, _total: u64, out: &StepOutput, samples_per_sec: f64) {
         // Exponential moving average: the bar shows a readable, not a jumpy, loss.
         self.loss = if self.loss.is_nan() {
@@ -53,11 +60,31 @@ impl Observer for TrainProgress {
     }
 
     fn on_eval(&mut self, epoch: u64, eval: &Evaluation) {
-        self.bar.println(format!(
+        let line = format!(
             "epoch {epoch}: test accuracy {:.2} %  test loss {:.4}  ({} samples)",
             eval.accuracy * 100.0,
             eval.loss,
             eval.samples
-        ));
+        );
+        if self.quiet {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
+/// For workers other than rank 0: only says when training starts.
+pub struct RankNotices {
+    /// This process's rank.
+    pub rank: usize,
+}
+
+impl Observer for RankNotices {
+    fn on_start(&mut self, total_steps: u64) {
+        eprintln!(
+            "rank {}: joined the job, training {total_steps} steps",
+            self.rank
+        );
     }
 }

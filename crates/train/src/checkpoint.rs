@@ -8,6 +8,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::engine::LayerwiseEngine;
 use crate::error::{Result, TrainError};
+use crate::model::ModelSpec;
 
 fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -57,45 +58,67 @@ pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads every key of `spec` from the checkpoint at `path` (for processes, such as
+/// parameter servers, that hold values without an engine).
+pub fn load_values(spec: &ModelSpec, path: &Path) -> Result<Vec<Vec<f32>>> {
+    let bytes = read_file(path)?;
+    let st = parse(&bytes, path)?;
+    spec.keys()
+        .iter()
+        .map(|k| read_tensor(&st, path, &k.name, &k.shape))
+        .collect()
+}
+
 /// Loads `path` into `engine`, checking that every key and buffer is present with the right
 /// shape (a checkpoint of another model is refused, naming the first mismatch).
 pub fn load(engine: &mut dyn LayerwiseEngine, path: &Path) -> Result<()> {
+    let bytes = read_file(path)?;
+    let st = parse(&bytes, path)?;
+    let spec = engine.spec().clone();
+    for k in spec.keys() {
+        let values = read_tensor(&st, path, &k.name, &k.shape)?;
+        engine.set_param(k.key, values)?;
+    }
+    for (name, current) in engine.buffers()? {
+        let values = read_tensor(&st, path, &name, &[current.len()])?;
+        engine.set_buffer(&name, values)?;
+    }
+    Ok(())
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes).map_err(|e| TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: format!("not a safetensors file: {e}"),
+    })
+}
+
+fn read_tensor(st: &SafeTensors<'_>, path: &Path, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let err = |reason: String| TrainError::Checkpoint {
         path: path.to_path_buf(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|source| TrainError::Io {
-        path: path.to_path_buf(),
-        source,
+    let t = st.tensor(name).map_err(|_| {
+        err(format!(
+            "has no tensor {name}; is it a checkpoint of this model?"
+        ))
     })?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| err(format!("not a safetensors file: {e}")))?;
-    let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let t = st.tensor(name).map_err(|_| {
-            err(format!(
-                "has no tensor {name}; is it a checkpoint of this model?"
-            ))
-        })?;
-        if t.dtype() != Dtype::F32 || t.shape() != shape {
-            return Err(err(format!(
-                "tensor {name} is {:?} {:?}, the model needs F32 {shape:?}",
-                t.dtype(),
-                t.shape()
-            )));
-        }
-        Ok(t.data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    };
-    let spec = engine.spec().clone();
-    for k in spec.keys() {
-        let values = read(&k.name, &k.shape)?;
-        engine.set_param(k.key, values)?;
+    if t.dtype() != Dtype::F32 || t.shape() != shape {
+        return Err(err(format!(
+            "tensor {name} is {:?} {:?}, the model needs F32 {shape:?}",
+            t.dtype(),
+            t.shape()
+        )));
     }
-    for (name, current) in engine.buffers()? {
-        let values = read(&name, &[current.len()])?;
-        engine.set_buffer(&name, values)?;
-    }
-    Ok(())
+    Ok(t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use syncopate_core::{LrSchedule, Sgd, SgdConfig};
 
 use crate::data::{Batch, EpochSampler, Loader, Split};
@@ -11,7 +11,7 @@ use crate::engine::{LayerwiseEngine, StepOutput};
 use crate::error::{Result, TrainError};
 
 /// Optimisation settings of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OptimConfig {
     /// Base learning rate.
     pub lr: f32,
@@ -140,7 +140,7 @@ pub fn evaluate(
 }
 
 /// How long to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Duration {
     /// Whole epochs over the training split.
@@ -151,6 +151,8 @@ pub enum Duration {
 
 /// What a single-process run reports as it goes.
 pub trait Observer {
+    /// Once, when training is about to start (after a distributed job has formed).
+    fn on_start(&mut self, _total_steps: u64) {}
     /// After each step.
     fn on_step(&mut self, _step: u64, _total: u64, _out: &StepOutput, _samples_per_sec: f64) {}
     /// After each evaluation (end of each epoch, and at the end of the run).

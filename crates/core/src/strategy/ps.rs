@@ -222,7 +222,10 @@ pub struct PsServer {
     schedule: LrSchedule,
     params: Vec<Vec<f32>>,
     velocity: Vec<Vec<f32>>,
+    /// Running sum of the pushes of each key's owned slices (zero between steps).
     acc: Vec<Vec<f32>>,
+    /// One receive buffer per worker link, so a frame's slot stays put until it is complete
+    /// whatever other frames arrive meanwhile.
     scratch: Vec<Vec<f32>>,
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
@@ -272,6 +275,7 @@ impl PsServer {
             .map(|(k, v)| if owns_key[k] { v } else { Vec::new() })
             .collect();
         let slices = reg.slices().len();
+        let max_slice = reg.slices().iter().map(|s| s.len).max().unwrap_or(0);
         Self {
             index,
             rank: workers + index,
@@ -282,7 +286,7 @@ impl PsServer {
             params,
             velocity: (0..keys).map(sized).collect(),
             acc: (0..keys).map(sized).collect(),
-            scratch: (0..keys).map(sized).collect(),
+            scratch: vec![vec![0.0; max_slice]; workers],
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
             pushed_by: vec![vec![false; workers]; slices],
@@ -385,22 +389,19 @@ impl Endpoint for PsServer {
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
-        let s = self.reg.slices()[slice];
-        Ok(if self.pushes[slice] == 0 {
-            &mut self.acc[s.key][s.range()]
-        } else {
-            &mut self.scratch[s.key][s.range()]
-        })
+        let len = self.reg.slices()[slice].len;
+        Ok(&mut self.scratch[link][..len])
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let slice = self.check(link, h)?;
         let s = self.reg.slices()[slice];
         let r = s.range();
-        if self.pushes[slice] > 0 {
-            let (acc, scratch) = (&mut self.acc[s.key], &self.scratch[s.key]);
-            add_assign(&mut acc[r.clone()], &scratch[r.clone()]);
-        } else {
+        add_assign(
+            &mut self.acc[s.key][r.clone()],
+            &self.scratch[link][..s.len],
+        );
+        if self.pushes[slice] == 0 {
             self.slice_step[slice] = h.step;
         }
         self.pushes[slice] += 1;
@@ -415,6 +416,7 @@ impl Endpoint for PsServer {
                 acc,
                 &mut self.velocity[s.key][r],
             );
+            acc.iter_mut().for_each(|a| *a = 0.0);
             self.pushes[slice] = 0;
             self.pushed_by[slice].iter_mut().for_each(|b| *b = false);
             self.out_step[slice] = h.step;

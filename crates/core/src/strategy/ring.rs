@@ -68,6 +68,9 @@ pub struct RingAllReduce {
     queue: Box<dyn Scheduler>,
     events: VecDeque<WorkerEvent>,
     buckets_left: usize,
+    /// StepDone is reported once every bucket is complete *and* every frame of the step has
+    /// been handed to the transport (the next step overwrites the buffers they are read from).
+    step_done: bool,
     sequence: u64,
 }
 
@@ -139,6 +142,7 @@ impl RingAllReduce {
             queue: new_scheduler(scheduler),
             events: VecDeque::new(),
             buckets_left: 0,
+            step_done: false,
             sequence: 0,
             buckets,
         };
@@ -184,6 +188,11 @@ impl RingAllReduce {
             })
             .collect();
         self.buckets_left = self.buckets.len();
+        self.step_done = false;
+        debug_assert!(
+            self.queue.is_empty(),
+            "a step began with frames of the last one queued"
+        );
         self.sends.clear();
     }
 
@@ -267,7 +276,12 @@ impl RingAllReduce {
             self.events.push_back(WorkerEvent::GradReady(key));
         }
         self.buckets_left -= 1;
-        if self.buckets_left == 0 {
+        self.maybe_step_done();
+    }
+
+    fn maybe_step_done(&mut self) {
+        if !self.step_done && self.buckets_left == 0 && self.queue.is_empty() {
+            self.step_done = true;
             self.events.push_back(WorkerEvent::StepDone);
         }
     }
@@ -384,6 +398,7 @@ impl Endpoint for RingAllReduce {
         h.sender = self.rank as u32;
         self.sequence += 1;
         encode_data_frame(out, &h, &self.data[s.bucket][s.offset..s.offset + s.len]);
+        self.maybe_step_done();
         true
     }
 

@@ -57,7 +57,9 @@ fn grad(step: u64, worker: usize, key: usize, n: usize) -> Vec<f32> {
 }
 
 /// Runs `steps` synchronous steps of a worker strategy plus optional servers, delivering
-/// frames in a seeded random order; returns each worker's `take_values` per step and key.
+/// frames in a seeded random order; each worker starts its next step as soon as it has
+/// finished the last one, as a real worker does. Returns each worker's `take_values` per
+/// step and key.
 fn drive(
     workers: &mut [Box<dyn WorkerSync>],
     servers: &mut [PsServer],
@@ -78,60 +80,66 @@ fn drive(
     let mut net = Net::new(&pairs);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut results = vec![vec![vec![Vec::new(); sizes.len()]; n]; steps as usize];
-    for step in 0..steps {
-        // Keys each worker has yet to hand over (last layer first, as backward does).
-        let mut to_hand: Vec<Vec<usize>> =
-            (0..n).map(|_| (0..sizes.len()).rev().collect()).collect();
-        let mut done = vec![false; n];
-        for w in workers.iter_mut() {
-            w.begin_step(step);
-        }
-        let mut guard = 0;
-        while done.iter().any(|d| !d) {
-            guard += 1;
-            assert!(guard < 5_000_000, "no progress");
-            let actions = if net.links.is_empty() { 1 } else { 3 };
-            match rng.gen_range(0..actions) {
-                0 => {
-                    let w = rng.gen_range(0..n);
+    // Per worker: current step, keys still to hand over (last layer first).
+    let mut step = vec![0u64; n];
+    let mut to_hand: Vec<Vec<usize>> = (0..n).map(|_| (0..sizes.len()).rev().collect()).collect();
+    for w in workers.iter_mut() {
+        w.begin_step(0);
+    }
+    let mut guard = 0;
+    while step.iter().any(|&s| s < steps) {
+        guard += 1;
+        assert!(guard < 5_000_000, "no progress");
+        let actions = if net.links.is_empty() { 1 } else { 3 };
+        match rng.gen_range(0..actions) {
+            0 => {
+                let w = rng.gen_range(0..n);
+                if step[w] < steps {
                     if let Some(key) = to_hand[w].first().copied() {
                         to_hand[w].remove(0);
-                        workers[w].handle_gradient(key, &grad(step, w, key, sizes[key]));
+                        workers[w].handle_gradient(key, &grad(step[w], w, key, sizes[key]));
                         if to_hand[w].is_empty() {
                             workers[w].handle_backward_done();
                         }
                     }
                 }
-                1 => {
-                    let i = rng.gen_range(0..net.links.len());
-                    let (from, to) = net.links[i].0;
-                    let mut out = Vec::new();
-                    let sent = if from < n {
-                        workers[from].poll_transmit(to, &mut out)
-                    } else {
-                        servers[from - n].poll_transmit(to, &mut out)
-                    };
-                    if sent {
-                        net.links[i].1.push_back(out);
-                    }
-                }
-                _ => {
-                    let i = rng.gen_range(0..net.links.len());
-                    let to = net.links[i].0 .1;
-                    if to < n {
-                        net.deliver(i, workers[to].as_mut());
-                    } else {
-                        net.deliver(i, &mut servers[to - n]);
-                    }
+            }
+            1 => {
+                let i = rng.gen_range(0..net.links.len());
+                let (from, to) = net.links[i].0;
+                let mut out = Vec::new();
+                let sent = if from < n {
+                    workers[from].poll_transmit(to, &mut out)
+                } else {
+                    servers[from - n].poll_transmit(to, &mut out)
+                };
+                if sent {
+                    net.links[i].1.push_back(out);
                 }
             }
-            for w in 0..n {
-                while let Some(ev) = workers[w].poll_event() {
-                    match ev {
-                        WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
-                            results[step as usize][w][k] = workers[w].take_values(k);
+            _ => {
+                let i = rng.gen_range(0..net.links.len());
+                let to = net.links[i].0 .1;
+                if to < n {
+                    net.deliver(i, workers[to].as_mut());
+                } else {
+                    net.deliver(i, &mut servers[to - n]);
+                }
+            }
+        }
+        for w in 0..n {
+            while let Some(ev) = workers[w].poll_event() {
+                match ev {
+                    WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
+                        results[step[w] as usize][w][k] = workers[w].take_values(k);
+                    }
+                    WorkerEvent::StepDone => {
+                        assert!(to_hand[w].is_empty(), "step done before backward finished");
+                        step[w] += 1;
+                        if step[w] < steps {
+                            to_hand[w] = (0..sizes.len()).rev().collect();
+                            workers[w].begin_step(step[w]);
                         }
-                        WorkerEvent::StepDone => done[w] = true,
                     }
                 }
             }

@@ -1,0 +1,375 @@
+//! `syncopate launch`, `syncopate worker` and `syncopate server`: distributed training.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
+use syncopate_core::sched::SchedulerKind;
+use syncopate_runtime::auth::JobToken;
+use syncopate_runtime::comm::CommOptions;
+use syncopate_runtime::env;
+use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind};
+use syncopate_runtime::launch::{launch, LaunchPlan};
+use syncopate_runtime::server::run_server;
+use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
+use syncopate_train::checkpoint;
+use syncopate_train::engine::BurnEngine;
+use syncopate_train::model;
+use syncopate_train::trainer::Duration as TrainDuration;
+
+use crate::args::TrainSettings;
+use crate::progress::{RankNotices, TrainProgress};
+
+/// Strategies on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyArg {
+    /// Sharded parameter server, layer-wise FIFO push as backward produces gradients.
+    Ps,
+    /// Parameter server, push only after the whole backward (baseline).
+    PsNoOverlap,
+    /// Ring all-reduce over 25 MB buckets launched as backward fills them (DDP-style).
+    Allreduce,
+    /// Ring all-reduce after the whole backward (baseline).
+    AllreduceNoOverlap,
+}
+
+impl From<StrategyArg> for StrategyKind {
+    fn from(s: StrategyArg) -> Self {
+        match s {
+            StrategyArg::Ps => StrategyKind::Ps,
+            StrategyArg::PsNoOverlap => StrategyKind::PsNoOverlap,
+            StrategyArg::Allreduce => StrategyKind::Allreduce,
+            StrategyArg::AllreduceNoOverlap => StrategyKind::AllreduceNoOverlap,
+        }
+    }
+}
+
+/// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct JobArgs {
+    #[command(flatten)]
+    pub settings: TrainSettings,
+    /// Synchronisation strategy.
+    #[arg(long, value_enum, default_value = "allreduce")]
+    pub strategy: StrategyArg,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Parameter-server processes (ps strategies only).
+    #[arg(long, default_value_t = 0)]
+    pub servers: usize,
+    /// Emulated bandwidth of every link, e.g. 1gbit, 100mbit (default: unlimited).
+    #[arg(long)]
+    pub bandwidth: Option<String>,
+    /// Emulated one-way latency of every link, e.g. 1ms.
+    #[arg(long)]
+    pub latency: Option<String>,
+    /// Send buffer of every link: bytes queued ahead on the link, e.g. 2MiB.
+    #[arg(long)]
+    pub send_buffer: Option<String>,
+    /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub network: Option<PathBuf>,
+    /// All-reduce bucket size in MB (PyTorch DDP's default: 25).
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
+    /// Job token as 64 hex digits (default: $SYNCOPATE_TOKEN, then --token-file,
+    /// then $SYNCOPATE_TOKEN_FILE; `launch` generates one).
+    #[arg(long, hide_env_values = true)]
+    #[serde(skip)]
+    pub token: Option<String>,
+    /// File holding the job token.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Declare a silent peer lost after this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub peer_timeout: f64,
+    /// Seconds the processes get to find each other.
+    #[arg(long, default_value_t = 60.0)]
+    pub connect_timeout: f64,
+    /// Address to accept peer connections on (default: the one that reaches MASTER_ADDR).
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// Initial weights (safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub load: Option<PathBuf>,
+    /// Where worker 0 saves the final weights.
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
+    /// Where worker 0 writes the job's final figures as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl JobArgs {
+    fn layout(&self) -> Result<JobLayout> {
+        let mut network = match &self.network {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading network profile {}", path.display()))?;
+                toml::from_str::<LinkProfile>(&text)
+                    .with_context(|| format!("network profile {}", path.display()))?
+            }
+            None => LinkProfile::default(),
+        };
+        if let Some(b) = &self.bandwidth {
+            network.bandwidth_bps = parse_bandwidth(b)?;
+        }
+        if let Some(l) = &self.latency {
+            network.latency_ns = parse_duration_ns(l)?;
+        }
+        if let Some(b) = &self.send_buffer {
+            network.buffer_bytes = parse_size(b)?.max(1);
+        }
+        if !(self.bucket_mb > 0.0) {
+            bail!("--bucket-mb must be positive");
+        }
+        let layout = JobLayout {
+            strategy: self.strategy.into(),
+            workers: self.workers,
+            servers: self.servers,
+            scheduler: SchedulerKind::Fifo,
+            bucket_bytes: (self.bucket_mb * 1e6) as usize,
+            network,
+        };
+        layout.validate().map_err(anyhow::Error::msg)?;
+        Ok(layout)
+    }
+
+    fn comm_options(&self) -> Result<CommOptions> {
+        if !(self.peer_timeout > 0.0) {
+            bail!("--peer-timeout must be positive");
+        }
+        let timeout = Duration::from_secs_f64(self.peer_timeout);
+        Ok(CommOptions {
+            heartbeat: (timeout / 5).min(Duration::from_millis(500)),
+            peer_timeout: timeout,
+            ..CommOptions::default()
+        })
+    }
+}
+
+/// `syncopate launch`: every process of the job on this machine.
+pub fn launch_cmd(args: JobArgs) -> Result<()> {
+    let layout = args.layout()?;
+    let exe = std::env::current_exe().context("locating the syncopate executable")?;
+    // Everything after `launch` is passed on unchanged: the processes parse the same flags.
+    let forwarded: Vec<_> = std::env::args_os().skip(2).collect();
+    eprintln!(
+        "launching {} worker(s) and {} server(s), strategy {}, network {}",
+        layout.workers,
+        layout.servers,
+        layout.strategy.name(),
+        describe_network(&layout.network)
+    );
+    launch(&LaunchPlan {
+        exe,
+        args: forwarded,
+        subcommands: ["worker".into(), "server".into()],
+        workers: layout.workers,
+        servers: layout.servers,
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
+        grace: Duration::from_secs(10),
+    })?;
+    Ok(())
+}
+
+fn describe_network(p: &LinkProfile) -> String {
+    let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
+        format!("{:.3} Gbit/s", b / 1e9)
+    });
+    format!(
+        "{bw}, latency {:.3} ms, send buffer {} KiB",
+        p.latency_ns as f64 / 1e6,
+        p.buffer_bytes / 1024
+    )
+}
+
+fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<ProcessContext> {
+    let env = env::from_env()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no rank in the environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT \
+             (torchrun style), or start under mpirun or srun, or use `syncopate launch`"
+        )
+    })?;
+    if env.world_size != layout.world_size() {
+        bail!(
+            "{} says the world has {} processes, but --workers {} --servers {} make {}",
+            env.source,
+            env.world_size,
+            layout.workers,
+            layout.servers,
+            layout.world_size()
+        );
+    }
+    let is_worker = env.rank < layout.workers;
+    if is_worker != want_worker {
+        bail!(
+            "rank {} is a {} rank (workers are ranks 0..{}, servers the rest); start it with `syncopate {}`",
+            env.rank,
+            if is_worker { "worker" } else { "server" },
+            layout.workers,
+            if is_worker { "worker" } else { "server" }
+        );
+    }
+    let coordinator: SocketAddr = (env.master_addr.as_str(), env.master_port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving MASTER_ADDR {}", env.master_addr))?
+        .next()
+        .with_context(|| format!("MASTER_ADDR {} has no address", env.master_addr))?;
+    let token = JobToken::resolve(args.token.as_deref(), args.token_file.as_deref())?;
+    let external = std::env::var_os("SYNCOPATE_EXTERNAL_COORDINATOR").is_some();
+    Ok(ProcessContext {
+        rank: env.rank,
+        token,
+        coordinator,
+        host_coordinator: env.rank == 0 && !external,
+        bind_ip: args.bind.unwrap_or_else(|| local_ip_towards(coordinator)),
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
+        comm: args.comm_options()?,
+    })
+}
+
+/// The local address that routes to `peer` (no packet is sent).
+fn local_ip_towards(peer: SocketAddr) -> IpAddr {
+    if peer.ip().is_loopback() {
+        return IpAddr::V4(Ipv4Addr::LOCALHOST);
+    }
+    UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect(peer).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// What `--summary-json` holds for a distributed job.
+#[derive(Serialize)]
+struct JobSummary<'a> {
+    command: &'static str,
+    strategy: &'static str,
+    workers: usize,
+    servers: usize,
+    network: LinkProfile,
+    test_accuracy: f64,
+    test_loss: f64,
+    final_loss: f64,
+    steps: u64,
+    wall_seconds: f64,
+    samples_per_sec: f64,
+    epoch_accuracy: &'a [f64],
+    worker0: &'a WorkerSummary,
+    settings: &'a JobArgs,
+}
+
+/// `syncopate worker`.
+pub fn worker_cmd(args: JobArgs) -> Result<()> {
+    let layout = args.layout()?;
+    let ctx = context(&args, &layout, true)?;
+    let s = &args.settings;
+    let duration = s.duration()?;
+    let data = s.load_dataset()?;
+    let spec = model::build(&s.model, data.train.shape, data.classes)?;
+    let steps_hint = match duration {
+        TrainDuration::Steps(n) => n,
+        TrainDuration::Epochs(e) => {
+            e * (data.train.len() / (s.batch_size * layout.workers).max(1)) as u64
+        }
+    };
+    let plan = WorkerPlan {
+        batch_size: s.batch_size,
+        duration,
+        optim: s.optim(steps_hint)?,
+        seed: s.seed,
+        load: args.load.clone(),
+        save: if ctx.rank == 0 {
+            args.save.clone()
+        } else {
+            None
+        },
+    };
+    let engine = BurnEngine::new(spec.clone(), s.seed)?;
+    let test_len = data.test.len();
+    let summary = if ctx.rank == 0 {
+        let mut progress = TrainProgress::new(steps_hint, args.quiet);
+        let r = run_worker(&ctx, &layout, engine, data, &plan, &mut progress);
+        progress.finish();
+        r?
+    } else {
+        run_worker(
+            &ctx,
+            &layout,
+            engine,
+            data,
+            &plan,
+            &mut RankNotices { rank: ctx.rank },
+        )?
+    };
+    if ctx.rank != 0 {
+        return Ok(());
+    }
+    let test = summary
+        .test
+        .unwrap_or(syncopate_train::trainer::Evaluation {
+            accuracy: f64::NAN,
+            loss: f64::NAN,
+            samples: test_len,
+        });
+    println!(
+        "done: {} steps, {:.0} samples/s over {} workers, final loss {:.4}, test accuracy {:.2} % \
+         (compute {:.1} s, waiting on communication {:.1} s)",
+        summary.steps,
+        summary.samples_per_sec,
+        layout.workers,
+        summary.final_loss,
+        test.accuracy * 100.0,
+        summary.times.compute,
+        summary.times.wait
+    );
+    if let Some(path) = &args.summary_json {
+        let file = JobSummary {
+            command: "launch",
+            strategy: layout.strategy.name(),
+            workers: layout.workers,
+            servers: layout.servers,
+            network: layout.network,
+            test_accuracy: test.accuracy,
+            test_loss: test.loss,
+            final_loss: summary.final_loss,
+            steps: summary.steps,
+            wall_seconds: summary.train_seconds,
+            samples_per_sec: summary.samples_per_sec,
+            epoch_accuracy: &summary.epoch_accuracy,
+            worker0: &summary,
+            settings: &args,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `syncopate server`.
+pub fn server_cmd(args: JobArgs) -> Result<()> {
+    let layout = args.layout()?;
+    let ctx = context(&args, &layout, false)?;
+    let s = &args.settings;
+    let spec = model::build(&s.model, s.sample_shape()?, 10)?;
+    let initial = match &args.load {
+        Some(path) => checkpoint::load_values(&spec, path)?,
+        None => spec.init_params(s.seed),
+    };
+    let steps_hint = match s.duration()? {
+        TrainDuration::Steps(n) => n,
+        TrainDuration::Epochs(e) => e * 1000,
+    };
+    let summary = run_server(&ctx, &layout, &spec, initial, s.optim(steps_hint)?)?;
+    tracing::info!(updates = summary.updates, "server done");
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Real processes on 127.0.0.1: synchronous strategies reproduce single-process training,
+//! a wrong token is refused, and a killed worker makes the others fail with its name.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use syncopate_runtime::auth::{JobToken, PeerInfo, Role};
+use syncopate_runtime::rendezvous::serve_coordinator;
+
+const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
+
+/// Common flags: LeNet on a small synthetic set, a few steps.
+fn train_flags(batch: usize, steps: u64) -> Vec<String> {
+    [
+        "--model",
+        "lenet",
+        "--dataset",
+        "synthetic",
+        "--synthetic-samples",
+        "512",
+        "--steps",
+        &steps.to_string(),
+        "--batch-size",
+        &batch.to_string(),
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--weight-decay",
+        "0.0001",
+        "--seed",
+        "3",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn read_weights(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, v)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "command failed:\n{text}");
+    text
+}
+
+/// N workers with batch b end with the weights of one process with batch N*b.
+///
+/// Tolerance: gradients are averaged in another order (per worker, then across workers),
+/// so the weights differ by float rounding: we allow 1e-4 absolute plus 1e-3 relative
+/// after 6 steps of SGD with momentum.
+#[test]
+fn synchronous_strategies_reproduce_single_process_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 6u64);
+    for workers in [2usize, 4] {
+        let reference = dir.path().join(format!("single-{workers}.safetensors"));
+        let mut single = Command::new(EXE);
+        single
+            .arg("train")
+            .args(train_flags(batch * workers, steps))
+            .arg("--save")
+            .arg(&reference);
+        run_ok(&mut single);
+        let want = read_weights(&reference);
+        for strategy in ["ps", "ps-no-overlap", "allreduce", "allreduce-no-overlap"] {
+            let out = dir.path().join(format!("{strategy}-{workers}.safetensors"));
+            let summary = dir.path().join(format!("{strategy}-{workers}.json"));
+            let servers = if strategy.starts_with("ps") { "2" } else { "0" };
+            let mut launch = Command::new(EXE);
+            launch
+                .arg("launch")
+                .args([
+                    "--strategy",
+                    strategy,
+                    "--workers",
+                    &workers.to_string(),
+                    "--servers",
+                    servers,
+                ])
+                .args(train_flags(batch, steps))
+                .arg("--save")
+                .arg(&out)
+                .arg("--summary-json")
+                .arg(&summary);
+            run_ok(&mut launch);
+            let got = read_weights(&out);
+            assert_eq!(got.len(), want.len());
+            for ((name, a), (_, b)) in got.iter().zip(&want) {
+                for (x, y) in a.iter().zip(b) {
+                    assert!(
+                        (x - y).abs() <= 1e-4 + 1e-3 * y.abs(),
+                        "{strategy} with {workers} workers: {name} differs: {x} vs {y}"
+                    );
+                }
+            }
+            let json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+            assert_eq!(json["steps"], steps);
+            assert_eq!(json["strategy"], strategy);
+            assert!(json["samples_per_sec"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+fn coordinator(
+    world: usize,
+    workers: usize,
+    servers: usize,
+    token: JobToken,
+) -> (u16, std::thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        let info = PeerInfo::new(0, Role::Coordinator, 0, "", workers, servers);
+        let _ = serve_coordinator(listener, &token, &info, world, Duration::from_secs(30));
+    });
+    (port, handle)
+}
+
+fn process(
+    role: &str,
+    rank: usize,
+    world: usize,
+    port: u16,
+    token: &str,
+    extra: &[&str],
+) -> Command {
+    let mut cmd = Command::new(EXE);
+    cmd.arg(role)
+        .args(extra)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("SYNCOPATE_TOKEN", token)
+        .env("SYNCOPATE_EXTERNAL_COORDINATOR", "1")
+        .stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+fn a_wrong_token_is_refused() {
+    let token = JobToken::generate();
+    let (port, coord) = coordinator(2, 2, 0, token.clone());
+    let wrong = JobToken::generate().to_hex();
+    let flags = [
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--steps",
+        "1",
+        "--connect-timeout",
+        "5",
+    ];
+    let out = process("worker", 1, 2, port, &wrong, &flags)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("authentication failed"), "{stderr}");
+    drop(coord);
+}
+
+#[test]
+fn killing_a_worker_makes_the_others_fail_naming_it() {
+    let token = JobToken::generate();
+    let hex = token.to_hex();
+    let (workers, servers) = (3usize, 1usize);
+    let world = workers + servers;
+    let (port, _coord) = coordinator(world, workers, servers, token);
+    let flags = [
+        "--strategy",
+        "ps",
+        "--workers",
+        "3",
+        "--servers",
+        "1",
+        "--steps",
+        "1000000",
+        "--batch-size",
+        "8",
+        "--synthetic-samples",
+        "256",
+        "--model",
+        "mlp",
+        "--quiet",
+    ];
+    let mut children = Vec::new();
+    for rank in 0..world {
+        let role = if rank < workers { "worker" } else { "server" };
+        let child = process(role, rank, world, port, &hex, &flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        children.push(child);
+    }
+    // Wait until the victim is training (it says so on stderr), then kill it.
+    let victim_err = children[2].stderr.take().unwrap();
+    let mut lines = BufReader::new(victim_err).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("victim exited before training")
+            .unwrap();
+        if line.contains("training") {
+            break;
+        }
+    }
+    children[2].kill().unwrap();
+    let _ = children[2].wait();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (rank, child) in children.iter_mut().enumerate() {
+        if rank == 2 {
+            continue;
+        }
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(!status.success(), "rank {rank} should fail");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rank {rank} did not stop after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(
+            err.contains("rank 2"),
+            "rank {rank} must name the lost rank 2:\n{err}"
+        );
+        assert!(
+            err.contains("step"),
+            "rank {rank} must name the step:\n{err}"
+        );
+    }
+}

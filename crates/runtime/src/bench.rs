@@ -1,0 +1,224 @@
+//! Communication benchmarks over real processes: ring all-reduce bus bandwidth and
+//! parameter-server push/pull time for a range of message sizes. The whole exchange runs in
+//! the communication loop's thread (no training), so it measures the transport and the
+//! strategies alone.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use syncopate_core::registry::KeyInfo;
+use syncopate_core::strategy::{
+    PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerEvent, WorkerSync,
+};
+use syncopate_core::{LrSchedule, Sgd, SgdConfig};
+
+use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
+use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
+use crate::process::{join, JoinError};
+
+/// One measured size.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    /// Message size in bytes (the whole buffer reduced or pushed by each worker).
+    pub size_bytes: usize,
+    /// Worker processes.
+    pub ranks: usize,
+    /// Median time of one operation, seconds.
+    pub median_s: f64,
+    /// All-reduce: 2(n-1)/n x bytes / time; parameter server: 2 x bytes / time per worker.
+    pub busbw_gbps: f64,
+    /// Timed iterations.
+    pub iters: usize,
+}
+
+/// Why a benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Joining the job failed.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// Communication failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Local failure.
+    #[error("{0}")]
+    Local(String),
+}
+
+/// Drives one endpoint through `iters` operations of one size inside the loop's thread.
+struct BenchHooks {
+    layout: JobLayout,
+    data: Vec<f32>,
+    step: u64,
+    warmup: u64,
+    iters: u64,
+    started: Option<Instant>,
+    times: Vec<f64>,
+    in_flight: bool,
+    worker: bool,
+}
+
+impl BenchHooks {
+    fn advance(&mut self, ep: &mut dyn WorkerSync) -> Flow {
+        while let Some(ev) = ep.poll_event() {
+            if ev == WorkerEvent::StepDone {
+                if let Some(t) = self.started.take() {
+                    if self.step >= self.warmup {
+                        self.times.push(t.elapsed().as_secs_f64());
+                    }
+                }
+                self.in_flight = false;
+                self.step += 1;
+            }
+        }
+        if self.step >= self.warmup + self.iters {
+            return Flow::Finish;
+        }
+        if !self.in_flight {
+            self.in_flight = true;
+            self.started = Some(Instant::now());
+            ep.begin_step(self.step);
+            ep.handle_gradient(0, &self.data);
+            ep.handle_backward_done();
+        }
+        Flow::Continue
+    }
+}
+
+impl Hooks<dyn WorkerSync + Send> for BenchHooks {
+    fn on_commands(
+        &mut self,
+        ep: &mut (dyn WorkerSync + Send + 'static),
+    ) -> Result<Flow, CommError> {
+        Ok(self.advance(ep))
+    }
+    fn on_progress(
+        &mut self,
+        ep: &mut (dyn WorkerSync + Send + 'static),
+        _: LinkStatus,
+    ) -> Result<Flow, CommError> {
+        Ok(self.advance(ep))
+    }
+    fn step(&self) -> u64 {
+        self.step
+    }
+    fn describe(&self, rank: Rank) -> String {
+        self.layout.describe(rank)
+    }
+}
+
+impl Hooks<PsServer> for BenchHooks {
+    fn on_commands(&mut self, _: &mut PsServer) -> Result<Flow, CommError> {
+        Ok(Flow::Continue)
+    }
+    fn on_progress(&mut self, _: &mut PsServer, status: LinkStatus) -> Result<Flow, CommError> {
+        Ok(if status.goodbyes == status.links {
+            Flow::Finish
+        } else {
+            Flow::Continue
+        })
+    }
+    fn step(&self) -> u64 {
+        self.step
+    }
+    fn describe(&self, rank: Rank) -> String {
+        self.layout.describe(rank)
+    }
+}
+
+/// The "model fingerprint" benchmark processes agree on.
+pub const BENCH_FINGERPRINT: u64 = 0xbe9c_0000;
+
+/// Iterations for a message of `bytes`: enough for about a second, at least 5.
+pub fn default_iters(bytes: usize) -> u64 {
+    ((1 << 28) / bytes.max(1)).clamp(5, 200) as u64
+}
+
+/// Runs the benchmark for each size in `sizes` (bytes) on this process; workers return
+/// their rows (rank 0's are the ones to report), servers an empty list.
+pub fn run_comm_bench(
+    ctx: &ProcessContext,
+    layout: &JobLayout,
+    sizes: &[usize],
+) -> Result<Vec<BenchRow>, BenchError> {
+    let mut rows = Vec::new();
+    // One set of links for every size: each size is one run of the loop, and the goodbye
+    // exchange at the end of a run keeps the rounds apart.
+    let links = join(ctx, layout, BENCH_FINGERPRINT)?;
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone())
+        .map_err(|e| BenchError::Local(format!("setting up the links: {e}")))?;
+    for &bytes in sizes {
+        let numel = (bytes / 4).max(1);
+        let keys = vec![KeyInfo { numel, layer: 0 }];
+        let iters = default_iters(bytes);
+        let mut hooks = BenchHooks {
+            layout: layout.clone(),
+            data: (0..numel).map(|i| (i % 7) as f32).collect(),
+            step: 0,
+            warmup: 2,
+            iters,
+            started: None,
+            times: Vec::new(),
+            in_flight: false,
+            worker: ctx.rank < layout.workers,
+        };
+        if hooks.worker {
+            let mut ep: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
+                Box::new(PsWorker::new(
+                    ctx.rank,
+                    layout.workers,
+                    layout.registry(keys),
+                    true,
+                    layout.scheduler,
+                ))
+            } else {
+                Box::new(RingAllReduce::new(
+                    ctx.rank,
+                    layout.workers,
+                    keys,
+                    numel,
+                    FRAME_ELEMS,
+                    true,
+                    layout.scheduler,
+                ))
+            };
+            comm.run(ep.as_mut(), &mut hooks)?;
+            let mut t = hooks.times.clone();
+            t.sort_by(|a, b| a.total_cmp(b));
+            let median = t.get(t.len() / 2).copied().unwrap_or(f64::NAN);
+            let n = layout.workers as f64;
+            let moved = if layout.strategy.uses_servers() {
+                2.0 * bytes as f64
+            } else {
+                2.0 * (n - 1.0) / n * bytes as f64
+            };
+            rows.push(BenchRow {
+                size_bytes: bytes,
+                ranks: layout.workers,
+                median_s: median,
+                busbw_gbps: moved / median / 1e9,
+                iters: t.len(),
+            });
+        } else {
+            let index = ctx.rank - layout.workers;
+            let optim = ServerOptim {
+                sgd: Sgd::new(SgdConfig {
+                    momentum: 0.0,
+                    weight_decay: 0.0,
+                }),
+                lr: 0.0,
+                schedule: LrSchedule::Constant,
+            };
+            let mut server = PsServer::new(
+                index,
+                layout.workers,
+                layout.registry(keys),
+                vec![vec![0.0; numel]],
+                optim,
+                layout.scheduler,
+            );
+            comm.run(&mut server, &mut hooks)?;
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,646 @@
+//! The communication loop: drives one sans-IO [`Endpoint`] over a set of TCP links with
+//! non-blocking I/O (mio), emulated link timing, heartbeats and liveness deadlines.
+//!
+//! Frames go out when the endpoint's scheduler offers them and the link holds less than its
+//! send buffer; each frame is released to the socket at the time the link's [`Shaper`]
+//! says it would have crossed the emulated link. Incoming payloads are read straight into
+//! the slot the endpoint designates. A peer that closes without saying goodbye, sends a
+//! malformed or unexpected frame, aborts, or stays silent past the deadline ends the loop
+//! with an error that names it; the others are told through an Abort frame.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use syncopate_core::net::{LinkProfile, Shaper};
+use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
+use syncopate_core::wire::{
+    f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
+};
+
+const WAKER: Token = Token(usize::MAX);
+
+/// One connection to a peer.
+pub struct Link {
+    /// The peer's rank.
+    pub peer: Rank,
+    /// The connected, authenticated stream.
+    pub stream: std::net::TcpStream,
+    /// How the outgoing direction is emulated.
+    pub profile: LinkProfile,
+}
+
+/// Timing knobs of the loop.
+#[derive(Debug, Clone)]
+pub struct CommOptions {
+    /// Send a heartbeat on a link after this long without sending anything.
+    pub heartbeat: Duration,
+    /// Declare a peer lost after this long without receiving anything from it.
+    pub peer_timeout: Duration,
+    /// Largest payload accepted.
+    pub max_payload: u32,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(500),
+            peer_timeout: Duration::from_secs(5),
+            max_payload: DEFAULT_MAX_PAYLOAD,
+        }
+    }
+}
+
+/// Why the loop stopped with an error. Every variant names the peer and the step.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// The connection closed or failed.
+    #[error("lost {peer} at step {step}: {reason}")]
+    Lost {
+        /// Who.
+        peer: String,
+        /// Step of this process at the time.
+        step: u64,
+        /// What happened.
+        reason: String,
+    },
+    /// The peer sent something that breaks the protocol.
+    #[error("{peer} broke the protocol at step {step}: {error}")]
+    Protocol {
+        /// Who.
+        peer: String,
+        /// Step of this process.
+        step: u64,
+        /// What it sent.
+        error: ProtocolError,
+    },
+    /// The peer gave up and said why.
+    #[error("{peer} aborted at step {step}: {reason}")]
+    Aborted {
+        /// Who.
+        peer: String,
+        /// Step of this process.
+        step: u64,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// This process's own side failed (poll, a closed command channel, ...).
+    #[error("{0}")]
+    Local(String),
+}
+
+/// What the loop should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep going.
+    Continue,
+    /// Say goodbye to every peer, flush, and return.
+    Finish,
+}
+
+/// Status of the links, for the hooks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkStatus {
+    /// Peers that said goodbye.
+    pub goodbyes: usize,
+    /// Links in all.
+    pub links: usize,
+}
+
+/// The role-specific part of a loop: commands in, events out.
+pub trait Hooks<E: ?Sized> {
+    /// Applies commands from other threads (called after every wake-up and round).
+    fn on_commands(&mut self, endpoint: &mut E) -> Result<Flow, CommError>;
+    /// Drains the endpoint's events after frames were handled.
+    fn on_progress(&mut self, endpoint: &mut E, status: LinkStatus) -> Result<Flow, CommError>;
+    /// The step this process is at (for error messages).
+    fn step(&self) -> u64;
+    /// How to name a rank in messages, e.g. `rank 2 (server 0)`.
+    fn describe(&self, rank: Rank) -> String;
+}
+
+enum ReadState {
+    Header {
+        buf: [u8; HEADER_LEN],
+        filled: usize,
+    },
+    Data {
+        header: Header,
+        done: usize,
+    },
+    Bytes {
+        header: Header,
+        buf: Vec<u8>,
+    },
+}
+
+struct LinkState {
+    peer: Rank,
+    stream: TcpStream,
+    shaper: Shaper,
+    read: ReadState,
+    /// Frames scheduled on the emulated link: `(release time, bytes)`.
+    scheduled: VecDeque<(u64, Vec<u8>)>,
+    /// Heartbeats, aborts and goodbyes: bypass the emulation.
+    control: VecDeque<Vec<u8>>,
+    current: Option<(Vec<u8>, usize, bool)>,
+    queued_bytes: usize,
+    pool: Vec<Vec<u8>>,
+    last_recv: Instant,
+    last_send: Instant,
+    last_write_progress: Instant,
+    goodbye_received: bool,
+    goodbye_sent: bool,
+    closed: bool,
+    bytes_sent: u64,
+    bytes_received: u64,
+}
+
+/// Byte counters of one link, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    /// The peer.
+    pub peer: Rank,
+    /// Bytes written to the socket.
+    pub sent: u64,
+    /// Bytes read from the socket.
+    pub received: u64,
+}
+
+/// A communication loop over a set of links.
+pub struct CommLoop {
+    poll: Poll,
+    waker: Arc<Waker>,
+    links: Vec<LinkState>,
+    options: CommOptions,
+    origin: Instant,
+}
+
+impl CommLoop {
+    /// Registers the links; returns the loop and a waker for other threads.
+    pub fn new(links: Vec<Link>, options: CommOptions) -> io::Result<(Self, Arc<Waker>)> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let now = Instant::now();
+        let mut states = Vec::with_capacity(links.len());
+        for (i, link) in links.into_iter().enumerate() {
+            link.stream.set_nonblocking(true)?;
+            link.stream.set_nodelay(true)?;
+            let mut stream = TcpStream::from_std(link.stream);
+            poll.registry().register(
+                &mut stream,
+                Token(i),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            states.push(LinkState {
+                peer: link.peer,
+                stream,
+                shaper: Shaper::new(link.profile),
+                read: ReadState::Header {
+                    buf: [0; HEADER_LEN],
+                    filled: 0,
+                },
+                scheduled: VecDeque::new(),
+                control: VecDeque::new(),
+                current: None,
+                queued_bytes: 0,
+                pool: Vec::new(),
+                last_recv: now,
+                last_send: now,
+                last_write_progress: now,
+                goodbye_received: false,
+                goodbye_sent: false,
+                closed: false,
+                bytes_sent: 0,
+                bytes_received: 0,
+            });
+        }
+        Ok((
+            Self {
+                poll,
+                waker: waker.clone(),
+                links: states,
+                options,
+                origin: now,
+            },
+            waker,
+        ))
+    }
+
+    /// Byte counters of every link.
+    pub fn counters(&self) -> Vec<LinkCounters> {
+        self.links
+            .iter()
+            .map(|l| LinkCounters {
+                peer: l.peer,
+                sent: l.bytes_sent,
+                received: l.bytes_received,
+            })
+            .collect()
+    }
+
+    /// A waker that interrupts the loop's wait (to apply new commands).
+    pub fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// Runs until the hooks say [`Flow::Finish`] (then says goodbye and flushes) or an error.
+    /// On an error every peer is sent an Abort frame carrying it.
+    pub fn run<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        match self.run_inner(endpoint, hooks) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.abort_all(&e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn run_inner<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let mut events = Events::with_capacity(256);
+        // Finishing: first drain every frame the endpoint still has, then say goodbye, then
+        // return once our goodbyes are written and every peer's goodbye has arrived. A link
+        // is not read past its goodbye, so the loop can run again (another endpoint, the
+        // next round) over the same links without mixing rounds.
+        for l in &mut self.links {
+            l.goodbye_received = false;
+            l.goodbye_sent = false;
+        }
+        let mut finishing = false;
+        let mut goodbye_sent = false;
+        loop {
+            if !finishing && hooks.on_commands(endpoint)? == Flow::Finish {
+                finishing = true;
+            }
+            let now = Instant::now();
+            for i in 0..self.links.len() {
+                self.fill(i, endpoint);
+                self.flush(i, hooks)?;
+                self.check_liveness(i, now, hooks)?;
+            }
+            // Transmitting can complete a step (the last frame handed over): report it now
+            // rather than after the next wait.
+            if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
+                finishing = true;
+            }
+            let drained = self
+                .links
+                .iter()
+                .all(|l| l.current.is_none() && l.control.is_empty() && l.scheduled.is_empty());
+            if finishing && drained {
+                if !goodbye_sent {
+                    self.say_goodbye();
+                    goodbye_sent = true;
+                    continue;
+                }
+                if self.links.iter().all(|l| l.goodbye_received) {
+                    return Ok(());
+                }
+            }
+            let timeout = self.next_timeout();
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(CommError::Local(format!("poll failed: {e}")));
+                }
+            }
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let i = ev.token().0;
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    self.read_link(i, endpoint, hooks)?;
+                }
+            }
+            if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
+                finishing = true;
+            }
+        }
+    }
+
+    fn status(&self) -> LinkStatus {
+        LinkStatus {
+            goodbyes: self.links.iter().filter(|l| l.goodbye_received).count(),
+            links: self.links.len(),
+        }
+    }
+
+    fn next_timeout(&self) -> Duration {
+        let now_ns = self.now_ns();
+        let mut t = self.options.heartbeat.min(Duration::from_millis(100));
+        for l in &self.links {
+            if let Some((release, _)) = l.scheduled.front() {
+                if l.current.is_none() {
+                    t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
+                }
+            }
+        }
+        t
+    }
+
+    /// Asks the endpoint for frames while the link has room.
+    fn fill<E: Endpoint + ?Sized>(&mut self, i: usize, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        let link = &mut self.links[i];
+        while link.queued_bytes < link.shaper.profile().buffer_bytes {
+            let mut buf = link.pool.pop().unwrap_or_default();
+            buf.clear();
+            if !endpoint.poll_transmit(link.peer, &mut buf) {
+                link.pool.push(buf);
+                break;
+            }
+            let release = link.shaper.schedule(now_ns, buf.len());
+            link.queued_bytes += buf.len();
+            link.scheduled.push_back((release, buf));
+        }
+    }
+
+    /// Writes what is due on link `i` until the socket would block.
+    fn flush<E: ?Sized>(&mut self, i: usize, hooks: &dyn Hooks<E>) -> Result<(), CommError> {
+        let now_ns = self.now_ns();
+        let now = Instant::now();
+        let heartbeat = self.options.heartbeat;
+        let link = &mut self.links[i];
+        if link.closed {
+            return Ok(());
+        }
+        if link.current.is_none()
+            && link.control.is_empty()
+            && !link.goodbye_sent
+            && now - link.last_send >= heartbeat
+        {
+            link.control
+                .push_back(Header::control(FrameKind::Heartbeat, 0).encode().to_vec());
+        }
+        loop {
+            if link.current.is_none() {
+                if let Some(frame) = link.control.pop_front() {
+                    link.current = Some((frame, 0, false));
+                } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
+                    if let Some((_, frame)) = link.scheduled.pop_front() {
+                        link.current = Some((frame, 0, true));
+                    }
+                } else {
+                    return Ok(());
+                }
+            }
+            let Some((frame, pos, _)) = link.current.as_mut() else {
+                return Ok(());
+            };
+            match link.stream.write(&frame[*pos..]) {
+                Ok(0) => {
+                    return Err(lost(hooks, link.peer, "connection closed while sending"));
+                }
+                Ok(n) => {
+                    *pos += n;
+                    link.bytes_sent += n as u64;
+                    link.last_send = now;
+                    link.last_write_progress = now;
+                    if *pos == frame.len() {
+                        if let Some((frame, _, counted)) = link.current.take() {
+                            if counted {
+                                link.queued_bytes -= frame.len();
+                                link.pool.push(frame);
+                            }
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(lost(hooks, link.peer, &format!("send failed: {e}"))),
+            }
+        }
+    }
+
+    fn check_liveness<E: ?Sized>(
+        &self,
+        i: usize,
+        now: Instant,
+        hooks: &dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let link = &self.links[i];
+        if link.closed || link.goodbye_received {
+            return Ok(());
+        }
+        let timeout = self.options.peer_timeout;
+        if now.saturating_duration_since(link.last_recv) > timeout {
+            return Err(lost(
+                hooks,
+                link.peer,
+                &format!(
+                    "no frame for {:.1} s (process hung or network down)",
+                    timeout.as_secs_f64()
+                ),
+            ));
+        }
+        if link.current.is_some()
+            && now.saturating_duration_since(link.last_write_progress) > timeout
+        {
+            return Err(lost(hooks, link.peer, "it stopped reading (send stalled)"));
+        }
+        Ok(())
+    }
+
+    /// Reads every complete frame available on link `i`.
+    fn read_link<E: Endpoint + ?Sized>(
+        &mut self,
+        i: usize,
+        endpoint: &mut E,
+        hooks: &dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let max_payload = self.options.max_payload;
+        let link = &mut self.links[i];
+        let peer = link.peer;
+        loop {
+            if link.closed || link.goodbye_received {
+                return Ok(());
+            }
+            let read = match &mut link.read {
+                ReadState::Header { buf, filled } => link.stream.read(&mut buf[*filled..]),
+                ReadState::Data { header, done } => {
+                    let slot = endpoint
+                        .recv_slot(peer, header)
+                        .map_err(|e| protocol(hooks, peer, e))?;
+                    let bytes = f32_bytes_mut(slot);
+                    link.stream.read(&mut bytes[*done..])
+                }
+                ReadState::Bytes { header, buf } => {
+                    let start = buf.len();
+                    buf.resize(header.payload_len as usize, 0);
+                    let r = link.stream.read(&mut buf[start..]);
+                    let got = *r.as_ref().unwrap_or(&0);
+                    buf.truncate(start + got);
+                    r
+                }
+            };
+            let n = match read {
+                Ok(0) => return Err(lost(hooks, peer, "connection closed")),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(lost(hooks, peer, &format!("receive failed: {e}"))),
+            };
+            link.bytes_received += n as u64;
+            link.last_recv = Instant::now();
+            let next = match &mut link.read {
+                ReadState::Header { buf, filled } => {
+                    *filled += n;
+                    if *filled < HEADER_LEN {
+                        None
+                    } else {
+                        let header = Header::decode(buf, max_payload)
+                            .map_err(|e: WireError| protocol(hooks, peer, e.into()))?;
+                        Some(match header.kind {
+                            k if k.is_data() && header.payload_len > 0 => {
+                                ReadState::Data { header, done: 0 }
+                            }
+                            FrameKind::Heartbeat => fresh_header(),
+                            k if k.is_data() => {
+                                complete_data(endpoint, peer, &header, hooks)?;
+                                fresh_header()
+                            }
+                            _ if header.payload_len == 0 => {
+                                handle_control(link, &header, &[], hooks)?;
+                                fresh_header()
+                            }
+                            _ => ReadState::Bytes {
+                                header,
+                                buf: Vec::with_capacity(header.payload_len as usize),
+                            },
+                        })
+                    }
+                }
+                ReadState::Data { header, done } => {
+                    *done += n;
+                    if *done < header.payload_len as usize {
+                        None
+                    } else {
+                        let header = *header;
+                        complete_data(endpoint, peer, &header, hooks)?;
+                        Some(fresh_header())
+                    }
+                }
+                ReadState::Bytes { header, buf } => {
+                    if buf.len() < header.payload_len as usize {
+                        None
+                    } else {
+                        let (header, buf) = (*header, std::mem::take(buf));
+                        handle_control(link, &header, &buf, hooks)?;
+                        Some(fresh_header())
+                    }
+                }
+            };
+            if let Some(state) = next {
+                link.read = state;
+            }
+        }
+    }
+
+    fn say_goodbye(&mut self) {
+        for l in &mut self.links {
+            l.control
+                .push_back(Header::control(FrameKind::Goodbye, 0).encode().to_vec());
+            l.goodbye_sent = true;
+        }
+    }
+
+    /// Best effort: tells every peer why this process gives up.
+    fn abort_all(&mut self, reason: &str) {
+        let payload = reason.as_bytes();
+        let len = payload.len().min(4096);
+        let mut frame = Header::control(FrameKind::Abort, len as u32)
+            .encode()
+            .to_vec();
+        frame.extend_from_slice(&payload[..len]);
+        for l in &mut self.links {
+            let _ = l.stream.set_nodelay(true);
+            // A partially written frame would garble the abort; skip such links.
+            if l.current.is_none() {
+                let _ = l.stream.write(&frame);
+            }
+            let _ = l.stream.flush();
+        }
+    }
+}
+
+fn fresh_header() -> ReadState {
+    ReadState::Header {
+        buf: [0; HEADER_LEN],
+        filled: 0,
+    }
+}
+
+fn complete_data<E: Endpoint + ?Sized>(
+    endpoint: &mut E,
+    peer: Rank,
+    header: &Header,
+    hooks: &dyn Hooks<E>,
+) -> Result<(), CommError> {
+    if header.payload_len == 0 {
+        // Make sure the frame is acceptable even without a payload.
+        endpoint
+            .recv_slot(peer, header)
+            .map_err(|e| protocol(hooks, peer, e))?;
+    }
+    endpoint
+        .handle_payload(peer, header)
+        .map_err(|e| protocol(hooks, peer, e))
+}
+
+fn handle_control<E: ?Sized>(
+    link: &mut LinkState,
+    header: &Header,
+    payload: &[u8],
+    hooks: &dyn Hooks<E>,
+) -> Result<(), CommError> {
+    match header.kind {
+        FrameKind::Goodbye => {
+            link.goodbye_received = true;
+            Ok(())
+        }
+        FrameKind::Abort => Err(CommError::Aborted {
+            peer: hooks.describe(link.peer),
+            step: hooks.step(),
+            reason: String::from_utf8_lossy(payload).into_owned(),
+        }),
+        other => Err(CommError::Protocol {
+            peer: hooks.describe(link.peer),
+            step: hooks.step(),
+            error: ProtocolError::Unexpected {
+                from: link.peer,
+                reason: format!("{other:?} frame during training"),
+            },
+        }),
+    }
+}
+
+fn lost<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, reason: &str) -> CommError {
+    CommError::Lost {
+        peer: hooks.describe(peer),
+        step: hooks.step(),
+        reason: reason.into(),
+    }
+}
+
+fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -> CommError {
+    CommError::Protocol {
+        peer: hooks.describe(peer),
+        step: hooks.step(),
+        error,
+    }
+}

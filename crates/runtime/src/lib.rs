@@ -1,0 +1,17 @@
+//! Syncopate's runtime: real processes exchanging frames over TCP.
+//!
+//! It drives the sans-IO state machines of `syncopate-core` with sockets, emulated links
+//! and the training engine of `syncopate-train`; it decides nothing about the protocol
+//! itself.
+
+pub mod auth;
+pub mod bench;
+pub mod comm;
+pub mod env;
+pub mod frame_io;
+pub mod job;
+pub mod launch;
+pub mod process;
+pub mod rendezvous;
+pub mod server;
+pub mod worker;

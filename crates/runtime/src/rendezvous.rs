@@ -1,0 +1,643 @@
+//! Rendezvous and mesh: how the processes of a job find and connect to each other.
+//!
+//! 1. One process (rank 0 of the job, on a thread of its own) runs [`serve_coordinator`]
+//!    on a known address. Every process binds its data listener first, then calls
+//!    [`register`] with that listener's address; the coordinator authenticates each one
+//!    ([`crate::auth::handshake`]), collects `world_size` registrations and sends everyone
+//!    the same table of [`Member`]s.
+//! 2. Each process calls [`connect_mesh`] with the ranks it needs a link to. For every
+//!    pair the higher rank dials the lower rank's data address and both authenticate again,
+//!    so a link is only ever made between two holders of the job token.
+//!
+//! A slow or hostile connection never blocks the others: every accepted connection is
+//! handshaken on its own thread, and everything is bounded by the caller's timeout.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{compat_mismatch, handshake, AuthError, JobToken, PeerInfo, Role};
+use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
+
+/// How often the accept loop polls its listener while idle.
+const POLL: Duration = Duration::from_millis(10);
+/// Pause between attempts to reach a peer that is not listening yet.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// One process of the job as listed in the rendezvous table.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Rank in the job.
+    pub rank: usize,
+    /// What the process is.
+    pub role: Role,
+    /// Where its data listener accepts links.
+    pub data_addr: SocketAddr,
+}
+
+/// A member's registration, sent right after its handshake with the coordinator.
+#[derive(Serialize, Deserialize, Debug)]
+struct Register {
+    rank: usize,
+    role: Role,
+    data_addr: SocketAddr,
+}
+
+/// The coordinator's answer: every member, sorted by rank.
+#[derive(Serialize, Deserialize, Debug)]
+struct Table {
+    members: Vec<Member>,
+}
+
+/// Why the rendezvous or the mesh could not be completed.
+#[derive(Debug, thiserror::Error)]
+pub enum RendezvousError {
+    /// A local socket operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// Not everyone showed up in time.
+    #[error(
+        "{who} timed out after {waited:.1?} waiting for {what} from ranks {missing:?}{}",
+        failures_suffix(.failures)
+    )]
+    Timeout {
+        /// Who was waiting ("the coordinator", "rank 2 (worker)").
+        who: String,
+        /// What it waited for ("registrations", "links").
+        what: &'static str,
+        /// How long it waited.
+        waited: Duration,
+        /// Ranks that never arrived.
+        missing: Vec<usize>,
+        /// Connections that failed or were refused meanwhile.
+        failures: Vec<String>,
+    },
+    /// A peer could not be reached.
+    #[error("could not connect to {peer} within {waited:.1?}: {source}")]
+    Unreachable {
+        /// Who ("the coordinator at ...", "rank 1 at ...").
+        peer: String,
+        /// How long we tried.
+        waited: Duration,
+        /// The last connection error.
+        source: io::Error,
+    },
+    /// The handshake with a peer failed: authentication, compatibility or protocol.
+    #[error("handshake with {peer} failed: {source}")]
+    Handshake {
+        /// Who ("the coordinator at ...", "rank 1 at ...").
+        peer: String,
+        /// Why.
+        source: AuthError,
+    },
+    /// A message exchange after the handshake failed (including an abort by the peer).
+    #[error("rendezvous with {peer} failed: {source}")]
+    Exchange {
+        /// Who.
+        peer: String,
+        /// Why.
+        source: FrameIoError,
+    },
+    /// The peer gave up on us (sent an Abort) and said why.
+    #[error("refused by {by}: {reason}")]
+    Refused {
+        /// Who ("the coordinator at ...").
+        by: String,
+        /// The reason it gave.
+        reason: String,
+    },
+    /// The arguments, or a table or identity received, make no sense.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// `timeout` from now (or a year from now, should `timeout` be absurdly long).
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// Socket timeouts must not be zero.
+fn nonzero(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_millis(1))
+}
+
+fn failures_suffix(failures: &[String]) -> String {
+    if failures.is_empty() {
+        String::new()
+    } else {
+        format!("; failed connections: {}", failures.join("; "))
+    }
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> RendezvousError {
+    let context = context.into();
+    move |source| RendezvousError::Io { context, source }
+}
+
+/// Serves the rendezvous: admits `world_size` members and sends each the table.
+///
+/// Connections that fail the handshake, or whose registration is refused (rank out of
+/// range, rank already taken, rank or role differing from the handshake, model or strategy
+/// differing from members already registered), get an Abort with the reason and are
+/// dropped; the coordinator keeps waiting for the rightful members. If they are not all
+/// there within `timeout`, every registered member is sent an Abort and the error names
+/// the missing ranks and the connections that failed.
+pub fn serve_coordinator(
+    listener: TcpListener,
+    token: &JobToken,
+    info: &PeerInfo,
+    world_size: usize,
+    timeout: Duration,
+) -> Result<Vec<Member>, RendezvousError> {
+    if world_size == 0 {
+        return Err(RendezvousError::Invalid(
+            "a job needs at least one process".into(),
+        ));
+    }
+    let deadline = deadline_after(timeout);
+    let admit = {
+        let (token, info) = (token.clone(), info.clone());
+        move |stream, addr| admit_registration(stream, addr, &token, &info, timeout)
+    };
+    let mut registered = BTreeMap::new();
+    let mut failures = Vec::new();
+    let take = |r: Registration| {
+        let rank = r.register.rank;
+        enroll(r, &mut registered, world_size)?;
+        tracing::debug!("rendezvous: rank {rank} registered");
+        Ok(registered.len() == world_size)
+    };
+    let complete = accept_until(&listener, deadline, admit, take, &mut failures)?;
+    if !complete {
+        let missing: Vec<usize> = (0..world_size)
+            .filter(|r| !registered.contains_key(r))
+            .collect();
+        let reason = format!("rendezvous timed out: ranks {missing:?} never registered");
+        for r in registered.values_mut() {
+            send_abort(&mut r.stream, &reason);
+        }
+        return Err(RendezvousError::Timeout {
+            who: "the coordinator".into(),
+            what: "registrations",
+            waited: timeout,
+            missing,
+            failures,
+        });
+    }
+    broadcast_table(registered)
+}
+
+/// An authenticated connection and what it registered as.
+struct Registration {
+    stream: TcpStream,
+    addr: SocketAddr,
+    info: PeerInfo,
+    register: Register,
+}
+
+/// Handshakes a new connection and reads its registration (runs on its own thread).
+fn admit_registration(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    token: &JobToken,
+    me: &PeerInfo,
+    timeout: Duration,
+) -> Result<Registration, String> {
+    let info = handshake(&mut stream, token, me, false, timeout).map_err(|e| e.to_string())?;
+    let who = format!("{} at {addr}", info.describe());
+    stream
+        .set_read_timeout(Some(nonzero(timeout)))
+        .map_err(|e| format!("{who}: {e}"))?;
+    let register: Register =
+        recv_control(&mut stream).map_err(|e| format!("{who}: no registration: {e}"))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| format!("{who}: {e}"))?;
+    Ok(Registration {
+        stream,
+        addr,
+        info,
+        register,
+    })
+}
+
+/// Adds a registration to the table, or refuses it (Abort sent) with the reason.
+fn enroll(
+    mut r: Registration,
+    registered: &mut BTreeMap<usize, Registration>,
+    world_size: usize,
+) -> Result<(), String> {
+    if let Err(reason) = check_registration(&r, registered, world_size) {
+        send_abort(&mut r.stream, &reason);
+        return Err(format!("{} at {}: {reason}", r.info.describe(), r.addr));
+    }
+    if r.register.data_addr.ip().is_unspecified() {
+        // Bound to 0.0.0.0 / [::]: peers reach it at the address it connected from.
+        r.register.data_addr.set_ip(r.addr.ip());
+    }
+    registered.insert(r.register.rank, r);
+    Ok(())
+}
+
+fn check_registration(
+    r: &Registration,
+    registered: &BTreeMap<usize, Registration>,
+    world_size: usize,
+) -> Result<(), String> {
+    let (reg, info) = (&r.register, &r.info);
+    if reg.rank >= world_size {
+        return Err(format!(
+            "rank {} is out of range for a job of {world_size} processes",
+            reg.rank
+        ));
+    }
+    if reg.rank != info.rank || reg.role != info.role {
+        return Err(format!(
+            "registration as rank {} ({}) contradicts the handshake's {}",
+            reg.rank,
+            reg.role,
+            info.describe()
+        ));
+    }
+    if let Some(other) = registered.get(&reg.rank) {
+        return Err(format!(
+            "rank {} is already registered (from {})",
+            reg.rank, other.addr
+        ));
+    }
+    // Members never handshake with each other here, so check them against one another.
+    let reference = registered.values().find(|o| o.info.role.carries_model());
+    let mismatch =
+        reference.and_then(|o| compat_mismatch(&o.info, &format!("{}'s", o.info.describe()), info));
+    mismatch.map_or(Ok(()), Err)
+}
+
+/// Sends the table to every member; returns it, or the first member that could not get it.
+fn broadcast_table(
+    registered: BTreeMap<usize, Registration>,
+) -> Result<Vec<Member>, RendezvousError> {
+    let members: Vec<Member> = registered
+        .values()
+        .map(|r| Member {
+            rank: r.register.rank,
+            role: r.register.role,
+            data_addr: r.register.data_addr,
+        })
+        .collect();
+    let table = Table {
+        members: members.clone(),
+    };
+    let mut first_error = None;
+    for (rank, mut r) in registered {
+        if let Err(source) = send_control(&mut r.stream, &table) {
+            tracing::warn!("rendezvous: could not send the table to rank {rank}: {source}");
+            first_error.get_or_insert(RendezvousError::Exchange {
+                peer: format!("rank {rank} at {}", r.addr),
+                source,
+            });
+        }
+    }
+    first_error.map_or(Ok(members), Err)
+}
+
+/// Registers with the coordinator and waits for the table of all members.
+///
+/// Connection attempts are retried for up to `timeout` (the coordinator may not be up
+/// yet); the table is then awaited for up to `timeout` again, since it only comes once
+/// every member has registered.
+pub fn register(
+    coordinator: SocketAddr,
+    token: &JobToken,
+    me: &PeerInfo,
+    data_addr: SocketAddr,
+    timeout: Duration,
+) -> Result<Vec<Member>, RendezvousError> {
+    let peer = format!("the coordinator at {coordinator}");
+    let mut stream = connect_with_retry(coordinator, &peer, deadline_after(timeout))?;
+    handshake(&mut stream, token, me, true, timeout).map_err(|source| {
+        RendezvousError::Handshake {
+            peer: peer.clone(),
+            source,
+        }
+    })?;
+    let exchange = |source| match source {
+        FrameIoError::PeerAborted(reason) => RendezvousError::Refused {
+            by: peer.clone(),
+            reason,
+        },
+        source => RendezvousError::Exchange {
+            peer: peer.clone(),
+            source,
+        },
+    };
+    let register = Register {
+        rank: me.rank,
+        role: me.role,
+        data_addr,
+    };
+    send_control(&mut stream, &register).map_err(exchange)?;
+    stream
+        .set_read_timeout(Some(nonzero(timeout)))
+        .map_err(io_error("cannot set the rendezvous timeout"))?;
+    let table: Table = recv_control(&mut stream).map_err(exchange)?;
+    check_table(&table.members, me)?;
+    Ok(table.members)
+}
+
+/// Checks that a received table is sorted by rank without duplicates and lists us.
+fn check_table(members: &[Member], me: &PeerInfo) -> Result<(), RendezvousError> {
+    let sorted = members.windows(2).all(|w| w[0].rank < w[1].rank);
+    let listed = members
+        .iter()
+        .any(|m| m.rank == me.rank && m.role == me.role);
+    if sorted && listed {
+        return Ok(());
+    }
+    Err(RendezvousError::Invalid(format!(
+        "the coordinator's table is malformed (sorted without duplicates: {sorted}, lists {}: {listed})",
+        me.describe()
+    )))
+}
+
+/// Connects to `addr`, retrying until `deadline` while nobody listens there.
+fn connect_with_retry(
+    addr: SocketAddr,
+    peer: &str,
+    deadline: Instant,
+) -> Result<TcpStream, RendezvousError> {
+    let start = Instant::now();
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let attempt = remaining.clamp(Duration::from_millis(1), Duration::from_secs(5));
+        let source = match TcpStream::connect_timeout(&addr, attempt) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => e,
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(RendezvousError::Unreachable {
+                peer: peer.to_owned(),
+                waited: start.elapsed(),
+                source,
+            });
+        }
+        tracing::debug!("{peer} not reachable yet ({source}); retrying");
+        thread::sleep(RETRY.min(remaining));
+    }
+}
+
+/// Builds this process's links: returns one authenticated stream per rank in `peers`,
+/// sorted by rank, with `TCP_NODELAY` set.
+///
+/// For each pair the higher rank dials the lower rank's `data_addr` and the lower rank
+/// accepts on `listener` (left in blocking mode afterwards), so links must be symmetric:
+/// if A lists B, B must list A. The accepting side learns who dialled from the handshake
+/// and refuses ranks it does not expect. Errors name the rank that failed.
+pub fn connect_mesh(
+    me: &PeerInfo,
+    table: &[Member],
+    peers: &[usize],
+    listener: &TcpListener,
+    token: &JobToken,
+    timeout: Duration,
+) -> Result<Vec<(usize, TcpStream)>, RendezvousError> {
+    let deadline = deadline_after(timeout);
+    let wanted = wanted_members(me, table, peers)?;
+    let (lower, higher): (Vec<Member>, Vec<Member>) =
+        wanted.into_iter().partition(|m| m.rank < me.rank);
+    // Dial first, then accept: a rank only dials ranks below it, and rank 0 dials nobody,
+    // so every dial eventually meets an accepting peer.
+    let mut links = Vec::with_capacity(lower.len() + higher.len());
+    for m in &lower {
+        links.push((m.rank, dial(me, m, token, deadline)?));
+    }
+    links.extend(accept_links(
+        me, &higher, listener, token, deadline, timeout,
+    )?);
+    links.sort_by_key(|(rank, _)| *rank);
+    Ok(links)
+}
+
+/// Looks up `peers` in the table (deduplicated), refusing ourselves and unknown ranks.
+fn wanted_members(
+    me: &PeerInfo,
+    table: &[Member],
+    peers: &[usize],
+) -> Result<Vec<Member>, RendezvousError> {
+    let unique: BTreeSet<usize> = peers.iter().copied().collect();
+    unique
+        .into_iter()
+        .map(|rank| {
+            if rank == me.rank {
+                return Err(RendezvousError::Invalid(format!(
+                    "rank {rank} cannot link to itself"
+                )));
+            }
+            table
+                .iter()
+                .find(|m| m.rank == rank)
+                .copied()
+                .ok_or_else(|| {
+                    RendezvousError::Invalid(format!("rank {rank} is not in the rendezvous table"))
+                })
+        })
+        .collect()
+}
+
+/// Dials a lower rank and authenticates it as the member the table says.
+fn dial(
+    me: &PeerInfo,
+    m: &Member,
+    token: &JobToken,
+    deadline: Instant,
+) -> Result<TcpStream, RendezvousError> {
+    let peer = format!("rank {} at {}", m.rank, m.data_addr);
+    let mut stream = connect_with_retry(m.data_addr, &peer, deadline)?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let info = handshake(&mut stream, token, me, true, remaining).map_err(|source| {
+        RendezvousError::Handshake {
+            peer: peer.clone(),
+            source,
+        }
+    })?;
+    if info.rank != m.rank || info.role != m.role {
+        let reason = format!(
+            "{} answered at the address of rank {} ({})",
+            info.describe(),
+            m.rank,
+            m.role
+        );
+        send_abort(&mut stream, &reason);
+        return Err(RendezvousError::Invalid(reason));
+    }
+    stream.set_nodelay(true).map_err(io_error(format!(
+        "cannot set TCP_NODELAY on the link to {peer}"
+    )))?;
+    Ok(stream)
+}
+
+/// Accepts the links from the higher ranks in `expected`.
+fn accept_links(
+    me: &PeerInfo,
+    expected: &[Member],
+    listener: &TcpListener,
+    token: &JobToken,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<(usize, TcpStream)>, RendezvousError> {
+    if expected.is_empty() {
+        return Ok(Vec::new());
+    }
+    let admit = {
+        let (token, me) = (token.clone(), me.clone());
+        move |mut stream: TcpStream, addr: SocketAddr| {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let info =
+                handshake(&mut stream, &token, &me, false, remaining).map_err(|e| e.to_string())?;
+            Ok((stream, addr, info))
+        }
+    };
+    let mut links: BTreeMap<usize, TcpStream> = BTreeMap::new();
+    let take = |(stream, addr, info): (TcpStream, SocketAddr, PeerInfo)| {
+        keep_link(stream, addr, &info, me, expected, &mut links)?;
+        Ok(links.len() == expected.len())
+    };
+    let mut failures = Vec::new();
+    let complete = accept_until(listener, deadline, admit, take, &mut failures)?;
+    if !complete {
+        return Err(RendezvousError::Timeout {
+            who: me.describe(),
+            what: "links",
+            waited: timeout,
+            missing: expected
+                .iter()
+                .map(|m| m.rank)
+                .filter(|r| !links.contains_key(r))
+                .collect(),
+            failures,
+        });
+    }
+    Ok(links.into_iter().collect())
+}
+
+/// Keeps an accepted link if its rank is expected and not linked yet, else refuses it.
+fn keep_link(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    info: &PeerInfo,
+    me: &PeerInfo,
+    expected: &[Member],
+    links: &mut BTreeMap<usize, TcpStream>,
+) -> Result<(), String> {
+    let known = expected
+        .iter()
+        .any(|m| m.rank == info.rank && m.role == info.role);
+    let reason = match links.entry(info.rank) {
+        _ if !known => "is not expected to link to",
+        Entry::Occupied(_) => "is already linked to",
+        Entry::Vacant(slot) => {
+            stream
+                .set_nodelay(true)
+                .map_err(|e| format!("{} at {addr}: {e}", info.describe()))?;
+            slot.insert(stream);
+            return Ok(());
+        }
+    };
+    let reason = format!("{} {reason} {}", info.describe(), me.describe());
+    send_abort(&mut stream, &reason);
+    Err(format!("{addr}: {reason}"))
+}
+
+/// Accepts connections until `take` reports it has everything (`Ok(true)`) or `deadline`
+/// passes (`Ok(false)`).
+///
+/// Each connection is admitted by `admit` (the handshake) on its own thread, so a slow or
+/// hostile peer delays nobody; admitted connections are handed to `take` on this thread.
+/// Failed admissions and refusals by `take` are logged and collected in `failures`.
+fn accept_until<T, A, K>(
+    listener: &TcpListener,
+    deadline: Instant,
+    admit: A,
+    mut take: K,
+    failures: &mut Vec<String>,
+) -> Result<bool, RendezvousError>
+where
+    T: Send + 'static,
+    A: Fn(TcpStream, SocketAddr) -> Result<T, String> + Send + Sync + 'static,
+    K: FnMut(T) -> Result<bool, String>,
+{
+    listener
+        .set_nonblocking(true)
+        .map_err(io_error("cannot poll the listener"))?;
+    let admit = Arc::new(admit);
+    let (tx, rx) = mpsc::channel();
+    let outcome = loop {
+        accept_one(listener, &admit, &tx);
+        match rx.recv_timeout(POLL) {
+            Ok(Ok(item)) => match take(item) {
+                Ok(true) => break true,
+                Ok(false) => {}
+                Err(refusal) => note_failure(failures, refusal),
+            },
+            Ok(Err(failure)) => note_failure(failures, failure),
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+    };
+    listener
+        .set_nonblocking(false)
+        .map_err(io_error("cannot restore the listener to blocking mode"))?;
+    Ok(outcome)
+}
+
+type Admitted<T> = Result<T, String>;
+
+/// Accepts one pending connection, if any, and admits it on a new thread.
+fn accept_one<T, A>(listener: &TcpListener, admit: &Arc<A>, tx: &mpsc::Sender<Admitted<T>>)
+where
+    T: Send + 'static,
+    A: Fn(TcpStream, SocketAddr) -> Admitted<T> + Send + Sync + 'static,
+{
+    let (stream, addr) = match listener.accept() {
+        Ok(pair) => pair,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+        Err(e) => {
+            tracing::warn!("accept failed: {e}");
+            return;
+        }
+    };
+    let (admit, tx) = (Arc::clone(admit), tx.clone());
+    let spawned = thread::Builder::new()
+        .name(format!("admit {addr}"))
+        .spawn(move || {
+            let result = stream
+                .set_nonblocking(false)
+                .map_err(|e| format!("{addr}: {e}"))
+                .and_then(|()| admit(stream, addr));
+            // The receiver is gone once the rendezvous is over; the connection is dropped.
+            let _ = tx.send(result);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a thread for the connection from {addr}: {e}");
+    }
+}
+
+fn note_failure(failures: &mut Vec<String>, failure: String) {
+    tracing::warn!("rendezvous: {failure}");
+    failures.push(failure);
+}

@@ -1,0 +1,407 @@
+//! A worker process: trains its shard on a compute thread while a communication thread
+//! drives the strategy's state machine over the links.
+
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration as StdDuration, Instant};
+
+use mio::Waker;
+use serde::Serialize;
+use syncopate_core::registry::KeyInfo;
+use syncopate_core::strategy::{PsWorker, Rank, RingAllReduce, WorkerEvent, WorkerSync};
+use syncopate_train::data::{Dataset, EpochSampler, Loader};
+use syncopate_train::engine::{BurnEngine, LayerwiseEngine};
+use syncopate_train::trainer::{
+    evaluate, Duration, Evaluation, LocalOptimizer, Observer, OptimConfig,
+};
+use syncopate_train::{checkpoint, TrainError};
+
+use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
+use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
+use crate::process::{join, JoinError};
+
+/// What a worker trains and how.
+#[derive(Debug, Clone)]
+pub struct WorkerPlan {
+    /// Samples per step on this worker.
+    pub batch_size: usize,
+    /// How long.
+    pub duration: Duration,
+    /// Optimizer (applied locally by all-reduce workers, by the servers otherwise).
+    pub optim: OptimConfig,
+    /// Seed of initialisation and shuffling.
+    pub seed: u64,
+    /// Initial weights.
+    pub load: Option<std::path::PathBuf>,
+    /// Where rank 0 saves the final weights.
+    pub save: Option<std::path::PathBuf>,
+}
+
+/// Time spent in each phase over the run, seconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WorkerTimes {
+    /// Waiting for the data loader.
+    pub data: f64,
+    /// Forward and backward (compute; communication overlaps it).
+    pub compute: f64,
+    /// Blocked on communication after backward.
+    pub wait: f64,
+    /// Local optimizer (all-reduce strategies).
+    pub optimizer: f64,
+}
+
+/// A worker's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerSummary {
+    /// This worker's rank.
+    pub rank: Rank,
+    /// Steps run.
+    pub steps: u64,
+    /// Wall time of the training loop (evaluations excluded), seconds.
+    pub train_seconds: f64,
+    /// Samples per second over all workers (N x batch x steps / time).
+    pub samples_per_sec: f64,
+    /// Mean training loss over the last (up to) 20 steps, on this worker's shard.
+    pub final_loss: f64,
+    /// Test evaluation at the end (rank 0 only).
+    pub test: Option<Evaluation>,
+    /// Test accuracy after each epoch (rank 0 only).
+    pub epoch_accuracy: Vec<f64>,
+    /// Per-phase times.
+    pub times: WorkerTimes,
+    /// Bytes per link.
+    pub links: Vec<(Rank, u64, u64)>,
+}
+
+/// Why a worker failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Joining the job failed.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// Communication failed (the message names the peer and the step).
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    /// Something local (a thread, a socket option).
+    #[error("{0}")]
+    Local(String),
+}
+
+enum ToComm {
+    Begin(u64),
+    Gradient(usize, Vec<f32>),
+    BackwardDone,
+    Finish,
+}
+
+enum FromComm {
+    Values(usize, Vec<f32>),
+    StepDone,
+    Failed,
+}
+
+struct WorkerHooks {
+    rx: Receiver<ToComm>,
+    tx: Sender<FromComm>,
+    step: u64,
+    layout: JobLayout,
+}
+
+impl WorkerHooks {
+    fn drain(&mut self, ep: &mut dyn WorkerSync) {
+        while let Some(ev) = ep.poll_event() {
+            let msg = match ev {
+                WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
+                    FromComm::Values(k, ep.take_values(k))
+                }
+                WorkerEvent::StepDone => FromComm::StepDone,
+            };
+            let _ = self.tx.send(msg);
+        }
+    }
+}
+
+impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
+    fn on_commands(
+        &mut self,
+        ep: &mut (dyn WorkerSync + Send + 'static),
+    ) -> Result<Flow, CommError> {
+        loop {
+            match self.rx.try_recv() {
+                Ok(ToComm::Begin(step)) => {
+                    self.step = step;
+                    ep.begin_step(step);
+                }
+                Ok(ToComm::Gradient(key, g)) => ep.handle_gradient(key, &g),
+                Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
+                Ok(ToComm::Finish) => return Ok(Flow::Finish),
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    return Err(CommError::Local("the training thread stopped".into()))
+                }
+            }
+        }
+        self.drain(ep);
+        Ok(Flow::Continue)
+    }
+
+    fn on_progress(
+        &mut self,
+        ep: &mut (dyn WorkerSync + Send + 'static),
+        _: LinkStatus,
+    ) -> Result<Flow, CommError> {
+        self.drain(ep);
+        Ok(Flow::Continue)
+    }
+
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn describe(&self, rank: Rank) -> String {
+        self.layout.describe(rank)
+    }
+}
+
+/// The training side's handle on the communication thread.
+struct Comm {
+    tx: Sender<ToComm>,
+    rx: Receiver<FromComm>,
+    waker: Arc<Waker>,
+    thread: Option<std::thread::JoinHandle<Result<Vec<LinkCounters>, CommError>>>,
+}
+
+impl Comm {
+    fn send(&self, msg: ToComm) -> Result<(), WorkerError> {
+        self.tx
+            .send(msg)
+            .map_err(|_| WorkerError::Local("the communication thread stopped".into()))?;
+        self.waker
+            .wake()
+            .map_err(|e| WorkerError::Local(format!("waking the communication thread: {e}")))
+    }
+
+    /// Waits for the next message; a failure of the communication thread becomes its error.
+    fn recv(&mut self) -> Result<FromComm, WorkerError> {
+        loop {
+            match self.rx.recv_timeout(StdDuration::from_millis(200)) {
+                Ok(FromComm::Failed) | Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.failure());
+                }
+                Ok(msg) => return Ok(msg),
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                        return Err(self.failure());
+                    }
+                }
+            }
+        }
+    }
+
+    fn failure(&mut self) -> WorkerError {
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => WorkerError::Comm(e),
+            Some(Ok(Ok(_))) => WorkerError::Local("the communication thread ended early".into()),
+            Some(Err(_)) => WorkerError::Local("the communication thread panicked".into()),
+            None => WorkerError::Local("the communication thread is gone".into()),
+        }
+    }
+
+    fn finish(mut self) -> Result<Vec<LinkCounters>, WorkerError> {
+        self.send(ToComm::Finish)?;
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Ok(c))) => Ok(c),
+            Some(Ok(Err(e))) => Err(WorkerError::Comm(e)),
+            _ => Err(WorkerError::Local(
+                "the communication thread panicked".into(),
+            )),
+        }
+    }
+}
+
+fn start_comm(
+    links: Vec<Link>,
+    ctx: &ProcessContext,
+    layout: &JobLayout,
+    mut endpoint: Box<dyn WorkerSync + Send>,
+) -> Result<Comm, WorkerError> {
+    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone())
+        .map_err(|e| WorkerError::Local(format!("setting up the links: {e}")))?;
+    let (to_tx, to_rx) = channel();
+    let (from_tx, from_rx) = channel();
+    let mut hooks = WorkerHooks {
+        rx: to_rx,
+        tx: from_tx.clone(),
+        step: 0,
+        layout: layout.clone(),
+    };
+    let thread = std::thread::Builder::new()
+        .name("syncopate-comm".into())
+        .spawn(move || {
+            let r = comm_loop.run(endpoint.as_mut(), &mut hooks);
+            if r.is_err() {
+                let _ = from_tx.send(FromComm::Failed);
+            }
+            r.map(|()| comm_loop.counters())
+        })
+        .map_err(|e| WorkerError::Local(format!("starting the communication thread: {e}")))?;
+    Ok(Comm {
+        tx: to_tx,
+        rx: from_rx,
+        waker,
+        thread: Some(thread),
+    })
+}
+
+/// Runs worker `ctx.rank`: joins the job, trains, and (rank 0) evaluates and saves.
+pub fn run_worker(
+    ctx: &ProcessContext,
+    layout: &JobLayout,
+    mut engine: BurnEngine,
+    data: Dataset,
+    plan: &WorkerPlan,
+    observer: &mut dyn Observer,
+) -> Result<WorkerSummary, WorkerError> {
+    let spec = engine.spec().clone();
+    if let Some(path) = &plan.load {
+        checkpoint::load(&mut engine, path)?;
+    }
+    let keys: Vec<KeyInfo> = spec
+        .keys()
+        .iter()
+        .map(|k| KeyInfo {
+            numel: k.numel,
+            layer: k.layer,
+        })
+        .collect();
+    let endpoint: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
+        Box::new(PsWorker::new(
+            ctx.rank,
+            layout.workers,
+            layout.registry(keys.clone()),
+            layout.strategy.overlaps(),
+            layout.scheduler,
+        ))
+    } else {
+        Box::new(RingAllReduce::new(
+            ctx.rank,
+            layout.workers,
+            keys.clone(),
+            (layout.bucket_bytes / 4).max(1),
+            FRAME_ELEMS,
+            layout.strategy.overlaps(),
+            layout.scheduler,
+        ))
+    };
+    let links = join(ctx, layout, spec.fingerprint())?;
+    let mut comm = start_comm(links, ctx, layout, endpoint)?;
+
+    let sampler = EpochSampler::new(
+        data.train.len(),
+        plan.batch_size,
+        ctx.rank,
+        layout.workers,
+        plan.seed,
+    )?;
+    let per_epoch = sampler.steps_per_epoch() as u64;
+    let total = match plan.duration {
+        Duration::Epochs(e) => e * per_epoch,
+        Duration::Steps(s) => s,
+    };
+    let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
+    let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
+    let mut grads: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
+    let mut loader = Loader::spawn(Arc::new(data.train), sampler, 0, None, 4);
+    let is_ps = layout.strategy.uses_servers();
+    observer.on_start(total);
+    let mut times = WorkerTimes::default();
+    let mut recent = std::collections::VecDeque::new();
+    let mut epoch_accuracy = Vec::new();
+    let mut eval_seconds = 0.0;
+    let start = Instant::now();
+    for step in 0..total {
+        let t = Instant::now();
+        let (epoch, in_epoch, batch) = loader
+            .next_batch()
+            .ok_or_else(|| WorkerError::Local("the data loader stopped early".into()))?;
+        times.data += t.elapsed().as_secs_f64();
+        comm.send(ToComm::Begin(step))?;
+        let t = Instant::now();
+        let out = engine.forward(&batch, &mut |_, _| Ok(()))?;
+        let mut send_error = None;
+        engine.backward(&mut |_, layer_grads| {
+            for (key, g) in layer_grads.iter() {
+                if let Err(e) = comm.send(ToComm::Gradient(key, g.to_vec())) {
+                    send_error = Some(e);
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(e) = send_error {
+            return Err(e);
+        }
+        comm.send(ToComm::BackwardDone)?;
+        times.compute += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        loop {
+            match comm.recv()? {
+                FromComm::Values(key, values) if is_ps => engine.set_param(key, values)?,
+                FromComm::Values(key, values) => grads[key] = values,
+                FromComm::StepDone => break,
+                FromComm::Failed => unreachable!("recv turns failures into errors"),
+            }
+        }
+        times.wait += t.elapsed().as_secs_f64();
+        if !is_ps {
+            let t = Instant::now();
+            optimizer.apply(&mut engine, &grads)?;
+            times.optimizer += t.elapsed().as_secs_f64();
+        }
+        if recent.len() == 20 {
+            recent.pop_front();
+        }
+        recent.push_back(f64::from(out.loss));
+        let elapsed = (start.elapsed().as_secs_f64() - eval_seconds).max(1e-9);
+        let rate = (step + 1) as f64 * (plan.batch_size * layout.workers) as f64 / elapsed;
+        observer.on_step(step + 1, total, &out, rate);
+        if ctx.rank == 0 && in_epoch as u64 + 1 == per_epoch {
+            let t = Instant::now();
+            let eval = evaluate(&mut engine, &data.test, 256)?;
+            eval_seconds += t.elapsed().as_secs_f64();
+            epoch_accuracy.push(eval.accuracy);
+            observer.on_eval(epoch + 1, &eval);
+        }
+    }
+    let train_seconds = start.elapsed().as_secs_f64() - eval_seconds;
+    let test = if ctx.rank == 0 {
+        let eval = evaluate(&mut engine, &data.test, 256)?;
+        if total % per_epoch != 0 {
+            observer.on_eval(total.div_ceil(per_epoch), &eval);
+        }
+        if let Some(path) = &plan.save {
+            checkpoint::save(&engine, path)?;
+        }
+        Some(eval)
+    } else {
+        None
+    };
+    let counters = comm.finish()?;
+    Ok(WorkerSummary {
+        rank: ctx.rank,
+        steps: total,
+        train_seconds,
+        samples_per_sec: total as f64 * (plan.batch_size * layout.workers) as f64
+            / train_seconds.max(1e-9),
+        final_loss: recent.iter().sum::<f64>() / recent.len().max(1) as f64,
+        test,
+        epoch_accuracy,
+        times,
+        links: counters
+            .iter()
+            .map(|c| (c.peer, c.sent, c.received))
+            .collect(),
+    })
+}
