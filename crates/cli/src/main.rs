@@ -30,6 +30,11 @@ enum Command {
     Server(cmd::dist::JobArgs),
     /// List the built-in models with their layers, keys and parameter counts.
     Models(cmd::models::ModelsArgs),
+    /// Benchmark the transport: ring all-reduce bus bandwidth or PS push/pull per size.
+    BenchComm(cmd::bench::BenchArgs),
+    /// One process of `bench-comm` (started by it).
+    #[command(hide = true)]
+    BenchCommProcess(cmd::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +52,8 @@ fn main() -> std::process::ExitCode {
         Command::Worker(a) => cmd::dist::worker_cmd(a),
         Command::Server(a) => cmd::dist::server_cmd(a),
         Command::Models(a) => cmd::models::run(a),
+        Command::BenchComm(a) => cmd::bench::bench_cmd(a),
+        Command::BenchCommProcess(a) => cmd::bench::bench_process(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -175,13 +175,13 @@ struct Comm {
 }
 
 impl Comm {
-    fn send(&self, msg: ToComm) -> Result<(), WorkerError> {
-        self.tx
-            .send(msg)
-            .map_err(|_| WorkerError::Local("the communication thread stopped".into()))?;
-        self.waker
-            .wake()
-            .map_err(|e| WorkerError::Local(format!("waking the communication thread: {e}")))
+    /// Hands a command to the communication thread; if that thread has stopped, its own
+    /// error (which names the peer and the step) is the one returned.
+    fn send(&mut self, msg: ToComm) -> Result<(), WorkerError> {
+        if self.tx.send(msg).is_err() || self.waker.wake().is_err() {
+            return Err(self.failure());
+        }
+        Ok(())
     }
 
     /// Waits for the next message; a failure of the communication thread becomes its error.

@@ -1,0 +1,121 @@
+//! `syncopate bench-comm`: ring all-reduce bus bandwidth or parameter-server push/pull time
+//! over real processes on this machine, for a list of message sizes.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use syncopate_core::net::{parse_bandwidth, parse_size, LinkProfile};
+use syncopate_core::sched::SchedulerKind;
+use syncopate_runtime::auth::JobToken;
+use syncopate_runtime::bench::run_comm_bench;
+use syncopate_runtime::comm::CommOptions;
+use syncopate_runtime::env;
+use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind};
+use syncopate_runtime::launch::{launch, LaunchPlan};
+
+/// Arguments of `syncopate bench-comm` (and of the processes it starts).
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// `allreduce` (ring all-reduce bus bandwidth) or `ps` (push + pull through servers).
+    #[arg(long, default_value = "allreduce")]
+    strategy: String,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Server processes (ps only).
+    #[arg(long, default_value_t = 1)]
+    servers: usize,
+    /// Message sizes, comma-separated (per worker: the buffer reduced, or pushed and pulled).
+    #[arg(long, default_value = "4KiB,64KiB,1MiB,16MiB,100MiB")]
+    sizes: String,
+    /// Emulated bandwidth of every link (default: unlimited).
+    #[arg(long)]
+    bandwidth: Option<String>,
+    /// Send buffer of every link.
+    #[arg(long, default_value = "4MiB")]
+    send_buffer: String,
+}
+
+impl BenchArgs {
+    fn layout(&self) -> Result<JobLayout> {
+        let strategy = match self.strategy.as_str() {
+            "allreduce" => StrategyKind::Allreduce,
+            "ps" => StrategyKind::Ps,
+            other => bail!("--strategy must be allreduce or ps, got {other}"),
+        };
+        let network = LinkProfile {
+            bandwidth_bps: match &self.bandwidth {
+                Some(b) => parse_bandwidth(b)?,
+                None => None,
+            },
+            latency_ns: 0,
+            buffer_bytes: parse_size(&self.send_buffer)?.max(1),
+        };
+        let layout = JobLayout {
+            strategy,
+            workers: self.workers,
+            servers: if strategy.uses_servers() {
+                self.servers
+            } else {
+                0
+            },
+            scheduler: SchedulerKind::Fifo,
+            bucket_bytes: usize::MAX,
+            network,
+        };
+        layout.validate().map_err(anyhow::Error::msg)?;
+        Ok(layout)
+    }
+
+    fn sizes(&self) -> Result<Vec<usize>> {
+        self.sizes
+            .split(',')
+            .map(|s| parse_size(s).with_context(|| format!("size '{s}'")))
+            .collect()
+    }
+}
+
+/// `syncopate bench-comm`: starts the processes and prints rank 0's table.
+pub fn bench_cmd(args: BenchArgs) -> Result<()> {
+    let layout = args.layout()?;
+    args.sizes()?;
+    let exe = std::env::current_exe().context("locating the syncopate executable")?;
+    println!("size_bytes,ranks,median_s,busbw_GBps,iters");
+    launch(&LaunchPlan {
+        exe,
+        args: std::env::args_os().skip(2).collect(),
+        subcommands: ["bench-comm-process".into(), "bench-comm-process".into()],
+        workers: layout.workers,
+        servers: layout.servers,
+        connect_timeout: Duration::from_secs(60),
+        grace: Duration::from_secs(10),
+    })?;
+    Ok(())
+}
+
+/// One process of `bench-comm` (started by it; not for direct use).
+pub fn bench_process(args: BenchArgs) -> Result<()> {
+    let layout = args.layout()?;
+    let env =
+        env::from_env()?.context("bench-comm-process is started by `syncopate bench-comm`")?;
+    let ctx = ProcessContext {
+        rank: env.rank,
+        token: JobToken::resolve(None, None)?,
+        coordinator: format!("{}:{}", env.master_addr, env.master_port).parse()?,
+        host_coordinator: false,
+        bind_ip: "127.0.0.1".parse()?,
+        connect_timeout: Duration::from_secs(60),
+        comm: CommOptions::default(),
+    };
+    let rows = run_comm_bench(&ctx, &layout, &args.sizes()?)?;
+    if ctx.rank == 0 {
+        for r in rows {
+            println!(
+                "{},{},{:.6},{:.3},{}",
+                r.size_bytes, r.ranks, r.median_s, r.busbw_gbps, r.iters
+            );
+        }
+    }
+    Ok(())
+}
