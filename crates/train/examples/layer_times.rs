@@ -30,10 +30,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut bwd = vec![Vec::new(); layers];
     for _ in 0..30 {
         engine.begin_forward(&b)?;
-        for l in 0..layers {
+        for (l, times) in fwd.iter_mut().take(layers).enumerate() {
             let t = Instant::now();
             engine.forward_layer(l)?;
-            fwd[l].push(t.elapsed().as_secs_f64() * 1e3);
+            times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let t = Instant::now();
         engine.finish_forward()?;

@@ -129,7 +129,7 @@ impl JobArgs {
         if let Some(b) = &self.send_buffer {
             network.buffer_bytes = parse_size(b)?.max(1);
         }
-        if !(self.bucket_mb > 0.0) {
+        if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
             bail!("--bucket-mb must be positive");
         }
         let layout = JobLayout {
@@ -145,7 +145,7 @@ impl JobArgs {
     }
 
     fn comm_options(&self) -> Result<CommOptions> {
-        if !(self.peer_timeout > 0.0) {
+        if self.peer_timeout.is_nan() || self.peer_timeout <= 0.0 {
             bail!("--peer-timeout must be positive");
         }
         let timeout = Duration::from_secs_f64(self.peer_timeout);

@@ -14,9 +14,12 @@ use crate::registry::{KeyInfo, Placement, TensorRegistry};
 use crate::sched::SchedulerKind;
 use crate::wire::{Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
+/// Encoded frames in flight on one directed link.
+type InFlight = VecDeque<Vec<u8>>;
+
 /// In-flight frames on each directed link `(from, to)`.
 struct Net {
-    links: Vec<((Rank, Rank), VecDeque<Vec<u8>>)>,
+    links: Vec<((Rank, Rank), InFlight)>,
 }
 
 impl Net {
