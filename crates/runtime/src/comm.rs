@@ -559,7 +559,8 @@ impl CommLoop {
         }
     }
 
-    /// Best effort: tells every peer why this process gives up.
+    /// Best effort: tells every peer why this process gives up (finishing a partly written
+    /// frame first, so the abort arrives on a frame boundary), within a short deadline.
     fn abort_all(&mut self, reason: &str) {
         let payload = reason.as_bytes();
         let len = payload.len().min(4096);
@@ -567,15 +568,40 @@ impl CommLoop {
             .encode()
             .to_vec();
         frame.extend_from_slice(&payload[..len]);
+        let deadline = Instant::now() + Duration::from_millis(500);
         for l in &mut self.links {
-            let _ = l.stream.set_nodelay(true);
-            // A partially written frame would garble the abort; skip such links.
-            if l.current.is_none() {
-                let _ = l.stream.write(&frame);
+            if l.closed {
+                continue;
             }
-            let _ = l.stream.flush();
+            if let Some((current, pos, _)) = l.current.take() {
+                if !write_all_until(&mut l.stream, &current[pos..], deadline) {
+                    continue;
+                }
+            }
+            write_all_until(&mut l.stream, &frame, deadline);
         }
     }
+}
+
+/// Writes `bytes` to a non-blocking stream, retrying until done or `deadline`.
+fn write_all_until(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> bool {
+    while !bytes.is_empty() {
+        match stream.write(bytes) {
+            Ok(0) => return false,
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                if Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 fn fresh_header() -> ReadState {

@@ -268,6 +268,14 @@ struct JobSummary<'a> {
     settings: &'a JobArgs,
 }
 
+/// Steps of a run: what the learning-rate schedule spans, on workers and servers alike.
+fn steps_of(duration: TrainDuration, train_len: usize, batch: usize, workers: usize) -> u64 {
+    match duration {
+        TrainDuration::Steps(n) => n,
+        TrainDuration::Epochs(e) => e * (train_len / (batch * workers).max(1)) as u64,
+    }
+}
+
 /// `syncopate worker`.
 pub fn worker_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
@@ -276,12 +284,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     let duration = s.duration()?;
     let data = s.load_dataset()?;
     let spec = model::build(&s.model, data.train.shape, data.classes)?;
-    let steps_hint = match duration {
-        TrainDuration::Steps(n) => n,
-        TrainDuration::Epochs(e) => {
-            e * (data.train.len() / (s.batch_size * layout.workers).max(1)) as u64
-        }
-    };
+    let steps_hint = steps_of(duration, data.train.len(), s.batch_size, layout.workers);
     let plan = WorkerPlan {
         batch_size: s.batch_size,
         duration,
@@ -360,15 +363,20 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     let ctx = context(&args, &layout, false)?;
     let s = &args.settings;
-    let spec = model::build(&s.model, s.sample_shape()?, 10)?;
+    // The server reads the dataset only to know the run's length in steps, which the
+    // learning-rate schedule it applies depends on (exactly as the workers compute it).
+    let data = s.load_dataset()?;
+    let spec = model::build(&s.model, data.train.shape, data.classes)?;
     let initial = match &args.load {
         Some(path) => checkpoint::load_values(&spec, path)?,
         None => spec.init_params(s.seed),
     };
-    let steps_hint = match s.duration()? {
-        TrainDuration::Steps(n) => n,
-        TrainDuration::Epochs(e) => e * 1000,
-    };
+    let steps_hint = steps_of(
+        s.duration()?,
+        data.train.len(),
+        s.batch_size,
+        layout.workers,
+    );
     let summary = run_server(&ctx, &layout, &spec, initial, s.optim(steps_hint)?)?;
     tracing::info!(updates = summary.updates, "server done");
     Ok(())
