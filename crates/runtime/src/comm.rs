@@ -393,6 +393,10 @@ impl CommLoop {
                     link.current = Some((frame, 0, false));
                 } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
                     if let Some((_, frame)) = link.scheduled.pop_front() {
+                        // The frame has crossed the emulated link: it no longer occupies the
+                        // send buffer, so the next one can start serialising while this one
+                        // is written to the socket.
+                        link.queued_bytes -= frame.len();
                         link.current = Some((frame, 0, true));
                     }
                 } else {
@@ -412,9 +416,8 @@ impl CommLoop {
                     link.last_send = now;
                     link.last_write_progress = now;
                     if *pos == frame.len() {
-                        if let Some((frame, _, counted)) = link.current.take() {
-                            if counted {
-                                link.queued_bytes -= frame.len();
+                        if let Some((frame, _, pooled)) = link.current.take() {
+                            if pooled {
                                 link.pool.push(frame);
                             }
                         }
