@@ -13,8 +13,9 @@ use syncopate_core::strategy::{
 use syncopate_core::{LrSchedule, Sgd, SgdConfig};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
+use crate::error::RunError;
 use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
-use crate::process::{join, JoinError};
+use crate::process::join;
 
 /// One measured size.
 #[derive(Debug, Clone, Serialize)]
@@ -29,20 +30,6 @@ pub struct BenchRow {
     pub busbw_gbps: f64,
     /// Timed iterations.
     pub iters: usize,
-}
-
-/// Why a benchmark failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    /// Joining the job failed.
-    #[error(transparent)]
-    Join(#[from] JoinError),
-    /// Communication failed.
-    #[error(transparent)]
-    Comm(#[from] CommError),
-    /// Local failure.
-    #[error("{0}")]
-    Local(String),
 }
 
 /// Drives one endpoint through `iters` operations of one size inside the loop's thread.
@@ -140,13 +127,13 @@ pub fn run_comm_bench(
     ctx: &ProcessContext,
     layout: &JobLayout,
     sizes: &[usize],
-) -> Result<Vec<BenchRow>, BenchError> {
+) -> Result<Vec<BenchRow>, RunError> {
     let mut rows = Vec::new();
     // One set of links for every size: each size is one run of the loop, and the goodbye
     // exchange at the end of a run keeps the rounds apart.
     let links = join(ctx, layout, BENCH_FINGERPRINT)?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone())
-        .map_err(|e| BenchError::Local(format!("setting up the links: {e}")))?;
+        .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);
         let keys = vec![KeyInfo { numel, layer: 0 }];

@@ -290,7 +290,14 @@ impl CommLoop {
             let now = Instant::now();
             for i in 0..self.links.len() {
                 self.fill(i, endpoint);
-                self.flush(i, hooks)?;
+                if let Err(e) = self.flush(i, hooks) {
+                    // A peer that gave up may have said why just before closing: its Abort
+                    // is the better error.
+                    return Err(match self.read_link(i, endpoint, hooks) {
+                        Err(aborted @ CommError::Aborted { .. }) => aborted,
+                        _ => e,
+                    });
+                }
                 self.check_liveness(i, now, hooks)?;
             }
             // Transmitting can complete a step (the last frame handed over): report it now
@@ -581,7 +588,24 @@ impl CommLoop {
                     continue;
                 }
             }
-            write_all_until(&mut l.stream, &frame, deadline);
+            if write_all_until(&mut l.stream, &frame, deadline) {
+                let _ = l.stream.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        // Read and drop what the peers still send for a moment, so that closing does not
+        // reset connections whose peers have not yet read the abort.
+        let mut sink = vec![0u8; 64 * 1024];
+        let drain_until = Instant::now() + Duration::from_millis(200);
+        let mut open: Vec<usize> = (0..self.links.len()).collect();
+        while !open.is_empty() && Instant::now() < drain_until {
+            open.retain(|&i| match self.links[i].stream.read(&mut sink) {
+                Ok(0) => false,
+                Ok(_) => true,
+                Err(e) => {
+                    e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted
+                }
+            });
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 }

@@ -48,6 +48,17 @@ impl StrategyKind {
     }
 }
 
+/// The synchronisation layer's view of a model's keys.
+pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
+    spec.keys()
+        .iter()
+        .map(|k| KeyInfo {
+            numel: k.numel,
+            layer: k.layer,
+        })
+        .collect()
+}
+
 /// Largest frame payload in elements: big keys travel in frames of at most 4 MiB.
 pub const FRAME_ELEMS: usize = 1 << 20;
 

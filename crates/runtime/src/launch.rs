@@ -114,8 +114,11 @@ pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
         children.push((rank, child));
     }
     let result = supervise(&mut children, plan);
-    // The coordinator ends by itself (success, or its timeout after a failure).
-    let _ = coordinator.join();
+    // After a success the coordinator has finished; after a failure it may still wait for
+    // members that will never come, so it is left to end with this process.
+    if result.is_ok() {
+        let _ = coordinator.join();
+    }
     for p in pipes {
         let _ = p.join();
     }

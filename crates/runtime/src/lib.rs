@@ -8,6 +8,7 @@ pub mod auth;
 pub mod bench;
 pub mod comm;
 pub mod env;
+pub mod error;
 pub mod frame_io;
 pub mod job;
 pub mod launch;

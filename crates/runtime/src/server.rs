@@ -8,8 +8,9 @@ use syncopate_train::model::ModelSpec;
 use syncopate_train::trainer::OptimConfig;
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
-use crate::job::{JobLayout, ProcessContext};
-use crate::process::{join, JoinError};
+use crate::error::RunError;
+use crate::job::{key_infos, JobLayout, ProcessContext};
+use crate::process::join;
 
 /// A server's outcome.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -20,20 +21,6 @@ pub struct ServerSummary {
     pub updates: u64,
     /// Bytes per link: `(peer, sent, received)`.
     pub links: Vec<(Rank, u64, u64)>,
-}
-
-/// Why a server failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// Joining the job failed.
-    #[error(transparent)]
-    Join(#[from] JoinError),
-    /// Communication failed.
-    #[error(transparent)]
-    Comm(#[from] CommError),
-    /// Local failure.
-    #[error("{0}")]
-    Local(String),
 }
 
 struct ServerHooks {
@@ -69,19 +56,12 @@ pub fn run_server(
     spec: &ModelSpec,
     initial: Vec<Vec<f32>>,
     optim: OptimConfig,
-) -> Result<ServerSummary, ServerError> {
-    let keys: Vec<KeyInfo> = spec
-        .keys()
-        .iter()
-        .map(|k| KeyInfo {
-            numel: k.numel,
-            layer: k.layer,
-        })
-        .collect();
+) -> Result<ServerSummary, RunError> {
+    let keys: Vec<KeyInfo> = key_infos(spec);
     let index = ctx
         .rank
         .checked_sub(layout.workers)
-        .ok_or_else(|| ServerError::Local(format!("rank {} is a worker rank", ctx.rank)))?;
+        .ok_or_else(|| RunError::Local(format!("rank {} is a worker rank", ctx.rank)))?;
     let mut server = PsServer::new(
         index,
         layout.workers,
@@ -96,7 +76,7 @@ pub fn run_server(
     );
     let links = join(ctx, layout, spec.fingerprint())?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone())
-        .map_err(|e| ServerError::Local(format!("setting up the links: {e}")))?;
+        .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let mut hooks = ServerHooks {
         layout: layout.clone(),
     };

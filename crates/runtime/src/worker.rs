@@ -9,16 +9,17 @@ use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{PsWorker, Rank, RingAllReduce, WorkerEvent, WorkerSync};
+use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::{BurnEngine, LayerwiseEngine};
 use syncopate_train::trainer::{
     evaluate, Duration, Evaluation, LocalOptimizer, Observer, OptimConfig,
 };
-use syncopate_train::{checkpoint, TrainError};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
-use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
-use crate::process::{join, JoinError};
+use crate::error::RunError;
+use crate::job::{key_infos, JobLayout, ProcessContext, FRAME_ELEMS};
+use crate::process::join;
 
 /// What a worker trains and how.
 #[derive(Debug, Clone)]
@@ -71,23 +72,6 @@ pub struct WorkerSummary {
     pub times: WorkerTimes,
     /// Bytes per link.
     pub links: Vec<(Rank, u64, u64)>,
-}
-
-/// Why a worker failed.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// Joining the job failed.
-    #[error(transparent)]
-    Join(#[from] JoinError),
-    /// Communication failed (the message names the peer and the step).
-    #[error(transparent)]
-    Comm(#[from] CommError),
-    /// Training failed.
-    #[error(transparent)]
-    Train(#[from] TrainError),
-    /// Something local (a thread, a socket option).
-    #[error("{0}")]
-    Local(String),
 }
 
 enum ToComm {
@@ -172,12 +156,13 @@ struct Comm {
     rx: Receiver<FromComm>,
     waker: Arc<Waker>,
     thread: Option<std::thread::JoinHandle<Result<Vec<LinkCounters>, CommError>>>,
+    first_error: Option<String>,
 }
 
 impl Comm {
     /// Hands a command to the communication thread; if that thread has stopped, its own
     /// error (which names the peer and the step) is the one returned.
-    fn send(&mut self, msg: ToComm) -> Result<(), WorkerError> {
+    fn send(&mut self, msg: ToComm) -> Result<(), RunError> {
         if self.tx.send(msg).is_err() || self.waker.wake().is_err() {
             return Err(self.failure());
         }
@@ -185,7 +170,7 @@ impl Comm {
     }
 
     /// Waits for the next message; a failure of the communication thread becomes its error.
-    fn recv(&mut self) -> Result<FromComm, WorkerError> {
+    fn recv(&mut self) -> Result<FromComm, RunError> {
         loop {
             match self.rx.recv_timeout(StdDuration::from_millis(200)) {
                 Ok(FromComm::Failed) | Err(RecvTimeoutError::Disconnected) => {
@@ -201,23 +186,30 @@ impl Comm {
         }
     }
 
-    fn failure(&mut self) -> WorkerError {
-        match self.thread.take().map(|t| t.join()) {
-            Some(Ok(Err(e))) => WorkerError::Comm(e),
-            Some(Ok(Ok(_))) => WorkerError::Local("the communication thread ended early".into()),
-            Some(Err(_)) => WorkerError::Local("the communication thread panicked".into()),
-            None => WorkerError::Local("the communication thread is gone".into()),
-        }
+    /// The communication thread's error; later calls repeat its message.
+    fn failure(&mut self) -> RunError {
+        let err = match self.thread.take().map(|t| t.join()) {
+            Some(Ok(Err(e))) => RunError::Comm(e),
+            Some(Ok(Ok(_))) => RunError::Local("the communication thread ended early".into()),
+            Some(Err(_)) => RunError::Local("the communication thread panicked".into()),
+            None => {
+                return RunError::Local(
+                    self.first_error
+                        .clone()
+                        .unwrap_or_else(|| "the communication thread is gone".into()),
+                )
+            }
+        };
+        self.first_error = Some(err.to_string());
+        err
     }
 
-    fn finish(mut self) -> Result<Vec<LinkCounters>, WorkerError> {
+    fn finish(mut self) -> Result<Vec<LinkCounters>, RunError> {
         self.send(ToComm::Finish)?;
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(Ok(c))) => Ok(c),
-            Some(Ok(Err(e))) => Err(WorkerError::Comm(e)),
-            _ => Err(WorkerError::Local(
-                "the communication thread panicked".into(),
-            )),
+            Some(Ok(Err(e))) => Err(RunError::Comm(e)),
+            _ => Err(RunError::Local("the communication thread panicked".into())),
         }
     }
 }
@@ -227,9 +219,9 @@ fn start_comm(
     ctx: &ProcessContext,
     layout: &JobLayout,
     mut endpoint: Box<dyn WorkerSync + Send>,
-) -> Result<Comm, WorkerError> {
+) -> Result<Comm, RunError> {
     let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone())
-        .map_err(|e| WorkerError::Local(format!("setting up the links: {e}")))?;
+        .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let (to_tx, to_rx) = channel();
     let (from_tx, from_rx) = channel();
     let mut hooks = WorkerHooks {
@@ -247,12 +239,13 @@ fn start_comm(
             }
             r.map(|()| comm_loop.counters())
         })
-        .map_err(|e| WorkerError::Local(format!("starting the communication thread: {e}")))?;
+        .map_err(|e| RunError::Local(format!("starting the communication thread: {e}")))?;
     Ok(Comm {
         tx: to_tx,
         rx: from_rx,
         waker,
         thread: Some(thread),
+        first_error: None,
     })
 }
 
@@ -264,19 +257,12 @@ pub fn run_worker(
     data: Dataset,
     plan: &WorkerPlan,
     observer: &mut dyn Observer,
-) -> Result<WorkerSummary, WorkerError> {
+) -> Result<WorkerSummary, RunError> {
     let spec = engine.spec().clone();
     if let Some(path) = &plan.load {
         checkpoint::load(&mut engine, path)?;
     }
-    let keys: Vec<KeyInfo> = spec
-        .keys()
-        .iter()
-        .map(|k| KeyInfo {
-            numel: k.numel,
-            layer: k.layer,
-        })
-        .collect();
+    let keys: Vec<KeyInfo> = key_infos(&spec);
     let endpoint: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
         Box::new(PsWorker::new(
             ctx.rank,
@@ -326,7 +312,7 @@ pub fn run_worker(
         let t = Instant::now();
         let (epoch, in_epoch, batch) = loader
             .next_batch()
-            .ok_or_else(|| WorkerError::Local("the data loader stopped early".into()))?;
+            .ok_or_else(|| RunError::Local("the data loader stopped early".into()))?;
         times.data += t.elapsed().as_secs_f64();
         comm.send(ToComm::Begin(step))?;
         let t = Instant::now();
@@ -334,6 +320,9 @@ pub fn run_worker(
         let mut send_error = None;
         engine.backward(&mut |_, layer_grads| {
             for (key, g) in layer_grads.iter() {
+                if send_error.is_some() {
+                    break;
+                }
                 if let Err(e) = comm.send(ToComm::Gradient(key, g.to_vec())) {
                     send_error = Some(e);
                 }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use super::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd};
-use crate::registry::TensorRegistry;
+use crate::registry::{Slice, TensorRegistry};
 use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
@@ -19,6 +19,22 @@ fn pending_for(reg: &TensorRegistry, slice: usize) -> Pending {
         priority: reg.keys()[s.key].layer as i64,
         sequence: s.index_in_key as u64,
     }
+}
+
+/// The header of a data frame carrying slice `s`.
+fn slice_header(
+    kind: FrameKind,
+    step: u64,
+    s: &Slice,
+    p: &Pending,
+    sender: Rank,
+    sequence: u64,
+) -> Header {
+    let mut h = Header::data(kind, step, s.key as u32, s.offset as u32, s.len as u32);
+    h.priority = p.priority as i32;
+    h.sequence = sequence;
+    h.sender = sender as u32;
+    h
 }
 
 /// The worker side of the parameter-server strategies (`ps`, `ps-no-overlap`).
@@ -141,16 +157,7 @@ impl Endpoint for PsWorker {
             return false;
         };
         let s = self.reg.slices()[p.item];
-        let mut h = Header::data(
-            FrameKind::Push,
-            self.step,
-            s.key as u32,
-            s.offset as u32,
-            s.len as u32,
-        );
-        h.priority = p.priority as i32;
-        h.sequence = self.sequence;
-        h.sender = self.rank as u32;
+        let h = slice_header(FrameKind::Push, self.step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
         encode_data_frame(out, &h, &self.grads[s.key][s.range()]);
         true
@@ -372,16 +379,8 @@ impl Endpoint for PsServer {
             return false;
         };
         let s = self.reg.slices()[p.item];
-        let mut h = Header::data(
-            FrameKind::Params,
-            self.out_step[p.item],
-            s.key as u32,
-            s.offset as u32,
-            s.len as u32,
-        );
-        h.priority = p.priority as i32;
-        h.sequence = self.sequence;
-        h.sender = self.rank as u32;
+        let step = self.out_step[p.item];
+        let h = slice_header(FrameKind::Params, step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
         encode_data_frame(out, &h, &self.params[s.key][s.range()]);
         true
