@@ -16,6 +16,7 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
 use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
 use crate::process::join;
+use crate::server::ServerHooks;
 
 /// One measured size.
 #[derive(Debug, Clone, Serialize)]
@@ -85,25 +86,6 @@ impl Hooks<dyn WorkerSync + Send> for BenchHooks {
         _: LinkStatus,
     ) -> Result<Flow, CommError> {
         Ok(self.advance(ep))
-    }
-    fn step(&self) -> u64 {
-        self.step
-    }
-    fn describe(&self, rank: Rank) -> String {
-        self.layout.describe(rank)
-    }
-}
-
-impl Hooks<PsServer> for BenchHooks {
-    fn on_commands(&mut self, _: &mut PsServer) -> Result<Flow, CommError> {
-        Ok(Flow::Continue)
-    }
-    fn on_progress(&mut self, _: &mut PsServer, status: LinkStatus) -> Result<Flow, CommError> {
-        Ok(if status.goodbyes == status.links {
-            Flow::Finish
-        } else {
-            Flow::Continue
-        })
     }
     fn step(&self) -> u64 {
         self.step
@@ -204,7 +186,10 @@ pub fn run_comm_bench(
                 optim,
                 layout.scheduler,
             );
-            comm.run(&mut server, &mut hooks)?;
+            let mut server_hooks = ServerHooks {
+                layout: layout.clone(),
+            };
+            comm.run(&mut server, &mut server_hooks)?;
         }
     }
     Ok(rows)

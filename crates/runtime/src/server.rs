@@ -23,8 +23,9 @@ pub struct ServerSummary {
     pub links: Vec<(Rank, u64, u64)>,
 }
 
-struct ServerHooks {
-    layout: JobLayout,
+/// A server's loop: nothing to command, done when every worker has said goodbye.
+pub(crate) struct ServerHooks {
+    pub(crate) layout: JobLayout,
 }
 
 impl Hooks<PsServer> for ServerHooks {
