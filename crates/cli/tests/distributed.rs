@@ -89,10 +89,25 @@ fn synchronous_strategies_reproduce_single_process_training() {
             .arg(&reference);
         run_ok(&mut single);
         let want = read_weights(&reference);
-        for strategy in ["ps", "ps-no-overlap", "allreduce", "allreduce-no-overlap"] {
-            let out = dir.path().join(format!("{strategy}-{workers}.safetensors"));
-            let summary = dir.path().join(format!("{strategy}-{workers}.json"));
-            let servers = if strategy.starts_with("ps") { "2" } else { "0" };
+        let variants: [(&str, &[&str]); 6] = [
+            ("ps", &[]),
+            ("ps-no-overlap", &[]),
+            ("allreduce", &[]),
+            ("allreduce-no-overlap", &[]),
+            // P3's slicing, priority and forward overlap change the timing, never the maths.
+            ("p3", &[]),
+            ("p3", &["--scheduler", "credit", "--credit-bytes", "300KB"]),
+        ];
+        for (i, (strategy, extra)) in variants.into_iter().enumerate() {
+            let out = dir
+                .path()
+                .join(format!("{strategy}-{workers}-{i}.safetensors"));
+            let summary = dir.path().join(format!("{strategy}-{workers}-{i}.json"));
+            let servers = if strategy.starts_with("ps") || strategy == "p3" {
+                "2"
+            } else {
+                "0"
+            };
             let mut launch = Command::new(EXE);
             launch
                 .arg("launch")
@@ -105,6 +120,7 @@ fn synchronous_strategies_reproduce_single_process_training() {
                     servers,
                 ])
                 .args(train_flags(batch, steps))
+                .args(extra)
                 .arg("--save")
                 .arg(&out)
                 .arg("--summary-json")
@@ -127,6 +143,50 @@ fn synchronous_strategies_reproduce_single_process_training() {
             assert!(json["samples_per_sec"].as_f64().unwrap() > 0.0);
         }
     }
+}
+
+/// A compute profile replays over real sockets: every worker ends, steps are counted, and
+/// the bytes on the wire are the scaled model's (pushes out, parameters back).
+#[test]
+fn profile_replay_runs_p3_over_real_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = dir.path().join("profile.json");
+    let mut launch = Command::new(EXE);
+    launch.args([
+        "launch",
+        "--strategy",
+        "p3",
+        "--workers",
+        "2",
+        "--servers",
+        "2",
+        "--model",
+        "profile:resnet50",
+        "--scale",
+        "1/64",
+        "--bandwidth",
+        "10gbit",
+        "--steps",
+        "2",
+        "--batch-size",
+        "128",
+        "--quiet",
+        "--summary-json",
+    ]);
+    launch.arg(&summary);
+    run_ok(&mut launch);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert_eq!(json["steps"], 2);
+    assert!(json["test_accuracy"].is_null(), "a replay has no accuracy");
+    let links = json["worker0"]["links"].as_array().unwrap();
+    let sent: u64 = links.iter().map(|l| l[1].as_u64().unwrap()).sum();
+    // ResNet-50 / 64 is ~400k parameters: ~1.6 MB pushed per step, plus frame headers.
+    let want = 2 * 25_557_032u64.div_ceil(64) * 4;
+    assert!(
+        sent >= want && sent < want + want / 10,
+        "sent {sent}, want ~{want}"
+    );
 }
 
 fn coordinator(

@@ -9,6 +9,7 @@
 pub mod aggregate;
 pub mod net;
 pub mod optim;
+pub mod profile;
 pub mod registry;
 pub mod sched;
 pub mod strategy;

@@ -14,9 +14,9 @@ pub struct LinkProfile {
     /// One-way latency in nanoseconds.
     #[serde(default)]
     pub latency_ns: u64,
-    /// Bytes the sender may have queued on the link (scheduled but not yet delivered); the
-    /// scheduler is asked for the next frame only when the link holds less than this, which
-    /// bounds how far ahead of a late urgent frame the queued ones can be.
+    /// The send window: bytes the sender may have given to the link and not yet serialised;
+    /// the scheduler is asked for the next frame only when the link holds less than this,
+    /// which bounds how far ahead of a late urgent frame the queued ones can be.
     #[serde(default = "default_buffer")]
     pub buffer_bytes: usize,
 }
@@ -25,8 +25,8 @@ fn default_buffer() -> usize {
     DEFAULT_BUFFER_BYTES
 }
 
-/// Default send buffer of a link (2 MiB).
-pub const DEFAULT_BUFFER_BYTES: usize = 2 << 20;
+/// Default send window of a link (256 KiB: 2 ms at 1 Gbit/s, a few P3 slices).
+pub const DEFAULT_BUFFER_BYTES: usize = 256 << 10;
 
 impl Default for LinkProfile {
     fn default() -> Self {
@@ -198,6 +198,17 @@ impl Shaper {
     /// When the link finishes serialising what it has been given.
     pub fn free_at_ns(&self) -> u64 {
         self.free_at_ns
+    }
+
+    /// Bytes given to the link and not yet serialised at `now_ns` (0 without a bandwidth).
+    pub fn backlog_bytes(&self, now_ns: u64) -> usize {
+        match self.profile.bandwidth_bps {
+            Some(bps) => {
+                let ns = self.free_at_ns.saturating_sub(now_ns) as f64;
+                (ns * 1e-9 * bps / 8.0).ceil() as usize
+            }
+            None => 0,
+        }
     }
 }
 

@@ -2,9 +2,14 @@
 //!
 //! A scheduler only orders; the driver decides *when* a link can take another frame (its
 //! bounded in-flight window), so a slice enqueued later can overtake queued ones at the next
-//! frame boundary when the scheduler says so.
+//! frame boundary when the scheduler says so: that is P3's preemption at slice boundaries.
+//!
+//! Every scheduler orders by a total key ([`SchedulerKind::order_key`]), so an endpoint with
+//! one queue per link can also pick the most urgent frame across its links when they share
+//! one network interface.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -17,15 +22,57 @@ pub struct Pending {
     pub priority: i64,
     /// Tie-breaker within a priority (slice sequence within the key).
     pub sequence: u64,
+    /// When the work became ready, as a counter the endpoint increments for every item it
+    /// queues on any link: the FIFO order.
+    pub arrival: u64,
 }
 
 /// Which scheduler a job uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SchedulerKind {
     /// Order of readiness (MXNet KVStore's behaviour: the baseline).
     #[default]
     Fifo,
+    /// P3: lowest layer index first, then slice sequence, then item: a strict total order.
+    Priority,
+    /// ByteScheduler: priority order, with at most a credit of bytes in flight (pushed and
+    /// not yet answered) per worker.
+    Credit,
+}
+
+impl SchedulerKind {
+    /// Every kind, for listings and sweeps.
+    pub const ALL: [SchedulerKind; 3] = [
+        SchedulerKind::Fifo,
+        SchedulerKind::Priority,
+        SchedulerKind::Credit,
+    ];
+
+    /// The name used on the command line and in configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            SchedulerKind::Fifo => "fifo",
+            SchedulerKind::Priority => "priority",
+            SchedulerKind::Credit => "credit",
+        }
+    }
+
+    /// The key this scheduler orders by: smaller goes first. Distinct items have distinct
+    /// keys as long as arrival stamps (FIFO) or items (priority) are distinct.
+    pub fn order_key(self, p: &Pending) -> OrderKey {
+        match self {
+            SchedulerKind::Fifo => (0, p.arrival, p.item as u64),
+            SchedulerKind::Priority | SchedulerKind::Credit => {
+                (p.priority, p.sequence, p.item as u64)
+            }
+        }
+    }
+
+    /// Whether the kind limits the bytes in flight.
+    pub fn uses_credit(self) -> bool {
+        self == SchedulerKind::Credit
+    }
 }
 
 /// Orders the work waiting for one link.
@@ -34,6 +81,8 @@ pub trait Scheduler: Send {
     fn push(&mut self, p: Pending);
     /// Takes the next item to transmit.
     fn pop(&mut self) -> Option<Pending>;
+    /// The item [`Scheduler::pop`] would return.
+    fn peek(&self) -> Option<Pending>;
     /// Items waiting.
     fn len(&self) -> usize;
     /// Whether nothing waits.
@@ -55,8 +104,62 @@ impl Scheduler for Fifo {
     fn pop(&mut self) -> Option<Pending> {
         self.queue.pop_front()
     }
+    fn peek(&self) -> Option<Pending> {
+        self.queue.front().copied()
+    }
     fn len(&self) -> usize {
         self.queue.len()
+    }
+}
+
+/// Smallest [`SchedulerKind::order_key`] first (P3's priority queue; ByteScheduler's order).
+#[derive(Debug)]
+pub struct PriorityQueue {
+    kind: SchedulerKind,
+    heap: BinaryHeap<Reverse<(OrderKey, Entry)>>,
+}
+
+/// What schedulers sort by: smaller goes first.
+pub type OrderKey = (i64, u64, u64);
+
+/// A pending item in the heap; compared only through the key beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry(Pending);
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.arrival.cmp(&other.0.arrival)
+    }
+}
+
+impl PriorityQueue {
+    /// An empty queue ordered as `kind` orders.
+    pub fn new(kind: SchedulerKind) -> Self {
+        Self {
+            kind,
+            heap: BinaryHeap::new(),
+        }
+    }
+}
+
+impl Scheduler for PriorityQueue {
+    fn push(&mut self, p: Pending) {
+        self.heap.push(Reverse((self.kind.order_key(&p), Entry(p))));
+    }
+    fn pop(&mut self) -> Option<Pending> {
+        self.heap.pop().map(|Reverse((_, e))| e.0)
+    }
+    fn peek(&self) -> Option<Pending> {
+        self.heap.peek().map(|Reverse((_, e))| e.0)
+    }
+    fn len(&self) -> usize {
+        self.heap.len()
     }
 }
 
@@ -64,25 +167,114 @@ impl Scheduler for Fifo {
 pub fn new_scheduler(kind: SchedulerKind) -> Box<dyn Scheduler> {
     match kind {
         SchedulerKind::Fifo => Box::new(Fifo::default()),
+        SchedulerKind::Priority | SchedulerKind::Credit => Box::new(PriorityQueue::new(kind)),
     }
+}
+
+/// Among several per-link queues, the index of the one whose head goes first under `kind`
+/// (`None` when all are empty or not `eligible`).
+pub fn most_urgent<'a>(
+    kind: SchedulerKind,
+    queues: impl Iterator<Item = (usize, &'a dyn Scheduler)>,
+) -> Option<usize> {
+    queues
+        .filter_map(|(i, q)| q.peek().map(|p| (kind.order_key(&p), i)))
+        .min()
+        .map(|(_, i)| i)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn pending(item: usize, priority: i64, sequence: u64, arrival: u64) -> Pending {
+        Pending {
+            item,
+            priority,
+            sequence,
+            arrival,
+        }
+    }
+
+    fn drain(s: &mut dyn Scheduler) -> Vec<usize> {
+        std::iter::from_fn(|| s.pop()).map(|p| p.item).collect()
+    }
 
     #[test]
     fn fifo_keeps_readiness_order() {
         let mut s = new_scheduler(SchedulerKind::Fifo);
         for (i, prio) in [(0, 5), (1, 1), (2, 3)] {
-            s.push(Pending {
-                item: i,
-                priority: prio,
-                sequence: 0,
-            });
+            s.push(pending(i, prio, 0, i as u64));
         }
-        let order: Vec<usize> = std::iter::from_fn(|| s.pop()).map(|p| p.item).collect();
-        assert_eq!(order, vec![0, 1, 2]);
+        assert_eq!(drain(s.as_mut()), vec![0, 1, 2]);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn priority_takes_the_layer_nearest_the_input_first() {
+        let mut s = new_scheduler(SchedulerKind::Priority);
+        s.push(pending(0, 5, 0, 0));
+        s.push(pending(1, 1, 1, 1));
+        s.push(pending(2, 1, 0, 2));
+        s.push(pending(3, 3, 0, 3));
+        assert_eq!(s.peek().map(|p| p.item), Some(2));
+        assert_eq!(drain(s.as_mut()), vec![2, 1, 3, 0]);
+    }
+
+    /// A high-priority slice enqueued behind 100 queued low-priority slices is sent next.
+    #[test]
+    fn late_urgent_slice_overtakes_queued_ones() {
+        let mut s = new_scheduler(SchedulerKind::Priority);
+        for i in 0..100 {
+            s.push(pending(i, 10, i as u64, i as u64));
+        }
+        assert_eq!(s.pop().map(|p| p.item), Some(0));
+        s.push(pending(1000, 0, 0, 100));
+        assert_eq!(s.pop().map(|p| p.item), Some(1000));
+        assert_eq!(s.len(), 99);
+    }
+
+    #[test]
+    fn most_urgent_compares_heads_across_queues() {
+        let mut a = new_scheduler(SchedulerKind::Priority);
+        let mut b = new_scheduler(SchedulerKind::Priority);
+        a.push(pending(0, 4, 0, 0));
+        b.push(pending(1, 2, 0, 1));
+        let qs = [a.as_ref(), b.as_ref()];
+        let pick = most_urgent(SchedulerKind::Priority, qs.iter().copied().enumerate());
+        assert_eq!(pick, Some(1));
+        let pick = most_urgent(SchedulerKind::Fifo, qs.iter().copied().enumerate());
+        assert_eq!(pick, Some(0));
+    }
+
+    proptest! {
+        /// The priority order is total and deterministic: whatever the insertion order (and
+        /// whatever pops are interleaved), items leave sorted by (priority, sequence, item).
+        #[test]
+        fn priority_order_is_total_and_deterministic(
+            items in proptest::collection::vec((0i64..6, 0u64..4), 1..80),
+            shuffle_seed in any::<u64>(),
+        ) {
+            let all: Vec<Pending> = items
+                .iter()
+                .enumerate()
+                .map(|(i, &(p, s))| pending(i, p, s, i as u64))
+                .collect();
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            let mut x = shuffle_seed | 1;
+            for i in (1..order.len()).rev() {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            let mut s = new_scheduler(SchedulerKind::Priority);
+            for &i in &order {
+                s.push(all[i]);
+            }
+            let got = drain(s.as_mut());
+            let mut want: Vec<usize> = (0..all.len()).collect();
+            want.sort_by_key(|&i| SchedulerKind::Priority.order_key(&all[i]));
+            prop_assert_eq!(got, want);
+        }
     }
 }

@@ -114,7 +114,7 @@ pub fn run_comm_bench(
     // One set of links for every size: each size is one run of the loop, and the goodbye
     // exchange at the end of a run keeps the rounds apart.
     let links = join(ctx, layout, BENCH_FINGERPRINT)?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone())
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);
@@ -139,6 +139,7 @@ pub fn run_comm_bench(
                     layout.registry(keys),
                     true,
                     layout.scheduler,
+                    layout.credit_bytes,
                 ))
             } else {
                 Box::new(RingAllReduce::new(

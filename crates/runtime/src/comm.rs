@@ -1,9 +1,15 @@
 //! The communication loop: drives one sans-IO [`Endpoint`] over a set of TCP links with
 //! non-blocking I/O (mio), emulated link timing, heartbeats and liveness deadlines.
 //!
-//! Frames go out when the endpoint's scheduler offers them and the link holds less than its
-//! send buffer; each frame is released to the socket at the time the link's [`Shaper`]
-//! says it would have crossed the emulated link. Incoming payloads are read straight into
+//! The process has one emulated network interface (a [`Shaper`]) shared by all its links, as
+//! a host's NIC is: frames go out when the endpoint's scheduler offers them (the most urgent
+//! across the links, [`Endpoint::poll_transmit_any`]) while the interface holds less than its
+//! send window of bytes not yet serialised, and each frame is released to its socket at the
+//! time the shaper says it would have crossed the emulated link (serialisation, then the
+//! latency). A small window is what makes priority preemption real: a late urgent slice
+//! waits behind at most a window of bytes. Only the sending side is shaped; a receiver's
+//! ingress is not limited separately. Without a bandwidth limit each link holds at most a
+//! window of frames not yet written to its socket. Incoming payloads are read straight into
 //! the slot the endpoint designates. A peer that closes without saying goodbye, sends a
 //! malformed or unexpected frame, aborts, or stays silent past the deadline ends the loop
 //! with an error that names it; the others are told through an Abort frame.
@@ -29,8 +35,6 @@ pub struct Link {
     pub peer: Rank,
     /// The connected, authenticated stream.
     pub stream: std::net::TcpStream,
-    /// How the outgoing direction is emulated.
-    pub profile: LinkProfile,
 }
 
 /// Timing knobs of the loop.
@@ -140,7 +144,6 @@ enum ReadState {
 struct LinkState {
     peer: Rank,
     stream: TcpStream,
-    shaper: Shaper,
     read: ReadState,
     /// Frames scheduled on the emulated link: `(release time, bytes)`.
     scheduled: VecDeque<(u64, Vec<u8>)>,
@@ -148,7 +151,6 @@ struct LinkState {
     control: VecDeque<Vec<u8>>,
     current: Option<(Vec<u8>, usize, bool)>,
     queued_bytes: usize,
-    pool: Vec<Vec<u8>>,
     last_recv: Instant,
     last_send: Instant,
     last_write_progress: Instant,
@@ -177,11 +179,25 @@ pub struct CommLoop {
     links: Vec<LinkState>,
     options: CommOptions,
     origin: Instant,
+    nic: Shaper,
+    /// Whether the last fill stopped because the interface's window was full (so the loop
+    /// must wake when it drains below the window).
+    window_full: bool,
+    /// Frame buffers for reuse.
+    pool: Vec<Vec<u8>>,
+    /// Scratch list of the links that can take a frame, rotated for fairness.
+    open: Vec<Rank>,
+    rotation: usize,
 }
 
 impl CommLoop {
-    /// Registers the links; returns the loop and a waker for other threads.
-    pub fn new(links: Vec<Link>, options: CommOptions) -> io::Result<(Self, Arc<Waker>)> {
+    /// Registers the links, which share one emulated interface of profile `network`; returns
+    /// the loop and a waker for other threads.
+    pub fn new(
+        links: Vec<Link>,
+        options: CommOptions,
+        network: LinkProfile,
+    ) -> io::Result<(Self, Arc<Waker>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let now = Instant::now();
@@ -198,7 +214,6 @@ impl CommLoop {
             states.push(LinkState {
                 peer: link.peer,
                 stream,
-                shaper: Shaper::new(link.profile),
                 read: ReadState::Header {
                     buf: [0; HEADER_LEN],
                     filled: 0,
@@ -207,7 +222,6 @@ impl CommLoop {
                 control: VecDeque::new(),
                 current: None,
                 queued_bytes: 0,
-                pool: Vec::new(),
                 last_recv: now,
                 last_send: now,
                 last_write_progress: now,
@@ -225,6 +239,11 @@ impl CommLoop {
                 links: states,
                 options,
                 origin: now,
+                nic: Shaper::new(network),
+                window_full: false,
+                pool: Vec::new(),
+                open: Vec::new(),
+                rotation: 0,
             },
             waker,
         ))
@@ -288,8 +307,8 @@ impl CommLoop {
                 finishing = true;
             }
             let now = Instant::now();
+            self.fill(endpoint);
             for i in 0..self.links.len() {
-                self.fill(i, endpoint);
                 if let Err(e) = self.flush(i, hooks) {
                     // A peer that gave up may have said why just before closing: its Abort
                     // is the better error.
@@ -357,21 +376,49 @@ impl CommLoop {
                 }
             }
         }
+        if self.window_full {
+            let window_ns = self.nic.transmission_ns(self.nic.profile().buffer_bytes);
+            let below = self.nic.free_at_ns().saturating_sub(window_ns);
+            t = t.min(Duration::from_nanos(below.saturating_sub(now_ns)));
+        }
         t
     }
 
-    /// Asks the endpoint for frames while the link has room.
-    fn fill<E: Endpoint + ?Sized>(&mut self, i: usize, endpoint: &mut E) {
+    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room.
+    fn fill<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
         let now_ns = self.now_ns();
-        let link = &mut self.links[i];
-        while link.queued_bytes < link.shaper.profile().buffer_bytes {
-            let mut buf = link.pool.pop().unwrap_or_default();
-            buf.clear();
-            if !endpoint.poll_transmit(link.peer, &mut buf) {
-                link.pool.push(buf);
-                break;
+        let window = self.nic.profile().buffer_bytes;
+        let shaped = self.nic.profile().bandwidth_bps.is_some();
+        self.window_full = false;
+        loop {
+            if shaped && self.nic.backlog_bytes(now_ns) >= window {
+                self.window_full = true;
+                return;
             }
-            let release = link.shaper.schedule(now_ns, buf.len());
+            self.open.clear();
+            self.open.extend(
+                self.links
+                    .iter()
+                    .filter(|l| shaped || l.queued_bytes < window)
+                    .map(|l| l.peer),
+            );
+            if self.open.is_empty() {
+                return;
+            }
+            let turn = self.rotation % self.open.len();
+            self.open.rotate_left(turn);
+            self.rotation = self.rotation.wrapping_add(1);
+            let mut buf = self.pool.pop().unwrap_or_default();
+            buf.clear();
+            let Some(peer) = endpoint.poll_transmit_any(&self.open, &mut buf) else {
+                self.pool.push(buf);
+                return;
+            };
+            let Some(link) = self.links.iter_mut().find(|l| l.peer == peer) else {
+                self.pool.push(buf);
+                return;
+            };
+            let release = self.nic.schedule(now_ns, buf.len());
             link.queued_bytes += buf.len();
             link.scheduled.push_back((release, buf));
         }
@@ -382,6 +429,7 @@ impl CommLoop {
         let now_ns = self.now_ns();
         let now = Instant::now();
         let heartbeat = self.options.heartbeat;
+        let pool = &mut self.pool;
         let link = &mut self.links[i];
         if link.closed {
             return Ok(());
@@ -425,7 +473,7 @@ impl CommLoop {
                     if *pos == frame.len() {
                         if let Some((frame, _, pooled)) = link.current.take() {
                             if pooled {
-                                link.pool.push(frame);
+                                pool.push(frame);
                             }
                         }
                     }

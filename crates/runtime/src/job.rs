@@ -24,6 +24,9 @@ pub enum StrategyKind {
     Allreduce,
     /// Ring all-reduce after the whole backward (baseline).
     AllreduceNoOverlap,
+    /// P3: parameter server with 40,000-parameter slices placed round robin, priority
+    /// scheduling by layer, and the next forward starting layer by layer as slices return.
+    P3,
 }
 
 impl StrategyKind {
@@ -34,19 +37,49 @@ impl StrategyKind {
             StrategyKind::PsNoOverlap => "ps-no-overlap",
             StrategyKind::Allreduce => "allreduce",
             StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
+            StrategyKind::P3 => "p3",
         }
     }
 
     /// Whether it needs parameter servers.
     pub fn uses_servers(self) -> bool {
-        matches!(self, StrategyKind::Ps | StrategyKind::PsNoOverlap)
+        matches!(
+            self,
+            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3
+        )
     }
 
-    /// Whether communication overlaps backward.
+    /// Whether communication overlaps backward (and, for parameter servers, the next
+    /// forward: layer `k` runs as soon as its parameters are back).
     pub fn overlaps(self) -> bool {
-        matches!(self, StrategyKind::Ps | StrategyKind::Allreduce)
+        matches!(
+            self,
+            StrategyKind::Ps | StrategyKind::Allreduce | StrategyKind::P3
+        )
+    }
+
+    /// The scheduler used when none is asked for.
+    pub fn default_scheduler(self) -> SchedulerKind {
+        match self {
+            StrategyKind::P3 => SchedulerKind::Priority,
+            _ => SchedulerKind::Fifo,
+        }
+    }
+
+    /// Parameters per slice when none is asked for (before any `--scale`).
+    pub fn default_slice_params(self) -> usize {
+        match self {
+            StrategyKind::P3 => P3_SLICE_PARAMS,
+            _ => FRAME_ELEMS,
+        }
     }
 }
+
+/// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
+pub const P3_SLICE_PARAMS: usize = 40_000;
+
+/// ByteScheduler-style credit when none is asked for: 4 P3 slices.
+pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
 
 /// The synchronisation layer's view of a model's keys.
 pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
@@ -73,6 +106,10 @@ pub struct JobLayout {
     pub servers: usize,
     /// Scheduler of every link.
     pub scheduler: SchedulerKind,
+    /// Parameter-server slice size in parameters (frames are never larger).
+    pub slice_params: usize,
+    /// Bytes a worker may have pushed and not yet had answered under the credit scheduler.
+    pub credit_bytes: usize,
     /// All-reduce bucket capacity in bytes.
     pub bucket_bytes: usize,
     /// Emulated profile of every link.
@@ -114,15 +151,42 @@ impl JobLayout {
         }
     }
 
-    /// The parameter-server registry of a model with these keys.
+    /// The parameter-server registry of a model with these keys: P3 places slices round
+    /// robin, the other strategies place whole keys balanced by bytes (MXNet's KVStore).
     pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
-        TensorRegistry::new(keys, FRAME_ELEMS, self.servers, Placement::KeysByBytes)
+        let placement = match self.strategy {
+            StrategyKind::P3 => Placement::SlicesRoundRobin,
+            _ => Placement::KeysByBytes,
+        };
+        let slice = self.slice_params.clamp(1, FRAME_ELEMS);
+        TensorRegistry::new(keys, slice, self.servers, placement)
+    }
+
+    /// What every process must agree on besides the model, for the handshake:
+    /// `p3/priority/slice=40000`.
+    pub fn sync_descriptor(&self) -> String {
+        let mut d = format!("{}/{}", self.strategy.name(), self.scheduler.name());
+        if self.strategy.uses_servers() {
+            d.push_str(&format!("/slice={}", self.slice_params));
+        } else {
+            d.push_str(&format!("/bucket={}", self.bucket_bytes));
+        }
+        if self.scheduler.uses_credit() {
+            d.push_str(&format!("/credit={}", self.credit_bytes));
+        }
+        d
     }
 
     /// Checks the layout against the strategy.
     pub fn validate(&self) -> Result<(), String> {
         if self.workers == 0 {
             return Err("a job needs at least one worker (--workers)".into());
+        }
+        if self.slice_params == 0 {
+            return Err("--slice-params must be at least 1".into());
+        }
+        if self.scheduler.uses_credit() && self.credit_bytes == 0 {
+            return Err("--credit-bytes must be positive".into());
         }
         if self.strategy.uses_servers() && self.servers == 0 {
             return Err(format!(

@@ -37,7 +37,7 @@ pub fn peer_info(ctx: &ProcessContext, layout: &JobLayout, fingerprint: u64) -> 
         ctx.rank,
         role,
         fingerprint,
-        layout.strategy.name(),
+        &layout.sync_descriptor(),
         layout.workers,
         layout.servers,
     )
@@ -109,10 +109,6 @@ pub fn join(
     )?;
     Ok(streams
         .into_iter()
-        .map(|(peer, stream)| Link {
-            peer,
-            stream,
-            profile: layout.network,
-        })
+        .map(|(peer, stream)| Link { peer, stream })
         .collect())
 }

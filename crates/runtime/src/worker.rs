@@ -11,7 +11,7 @@ use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{PsWorker, Rank, RingAllReduce, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
-use syncopate_train::engine::{BurnEngine, LayerwiseEngine};
+use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::{
     evaluate, Duration, Evaluation, LocalOptimizer, Observer, OptimConfig,
 };
@@ -70,6 +70,8 @@ pub struct WorkerSummary {
     pub epoch_accuracy: Vec<f64>,
     /// Per-phase times.
     pub times: WorkerTimes,
+    /// Wall time of every step, seconds (evaluations excluded).
+    pub step_seconds: Vec<f64>,
     /// Bytes per link.
     pub links: Vec<(Rank, u64, u64)>,
 }
@@ -220,7 +222,7 @@ fn start_comm(
     layout: &JobLayout,
     mut endpoint: Box<dyn WorkerSync + Send>,
 ) -> Result<Comm, RunError> {
-    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone())
+    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let (to_tx, to_rx) = channel();
     let (from_tx, from_rx) = channel();
@@ -249,11 +251,66 @@ fn start_comm(
     })
 }
 
-/// Runs worker `ctx.rank`: joins the job, trains, and (rank 0) evaluates and saves.
-pub fn run_worker(
+/// Parameter values still arriving from the last step (parameter-server strategies with
+/// forward overlap): the next forward installs each layer's keys just before it runs.
+struct PendingSync {
+    /// Keys whose fresh values are installed.
+    have: Vec<bool>,
+    /// Whether the last step's StepDone has arrived.
+    step_done: bool,
+    /// Seconds spent blocked on it.
+    waited: f64,
+}
+
+impl PendingSync {
+    fn new(keys: usize) -> Self {
+        Self {
+            have: vec![true; keys],
+            step_done: true,
+            waited: 0.0,
+        }
+    }
+
+    fn start(&mut self) {
+        self.have.iter_mut().for_each(|h| *h = false);
+        self.step_done = false;
+    }
+
+    /// Receives until every key in `keys` is installed (and, with `all`, until StepDone).
+    fn wait_for(
+        &mut self,
+        comm: &mut Comm,
+        engine: &mut dyn LayerwiseEngine,
+        keys: std::ops::Range<usize>,
+        all: bool,
+    ) -> Result<(), RunError> {
+        let t = Instant::now();
+        while !self.have[keys.clone()].iter().all(|&h| h) || (all && !self.step_done) {
+            match comm.recv()? {
+                FromComm::Values(key, values) => {
+                    engine.set_param(key, values)?;
+                    if let Some(h) = self.have.get_mut(key) {
+                        *h = true;
+                    }
+                }
+                FromComm::StepDone => self.step_done = true,
+                FromComm::Failed => unreachable!("recv turns failures into errors"),
+            }
+        }
+        self.waited += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+/// Runs worker `ctx.rank`: joins the job, trains (or replays a compute profile), and
+/// (rank 0) evaluates and saves.
+///
+/// Parameter-server strategies with overlap start the next step's forward as soon as the
+/// first layer's parameters are back: layer `k` waits only for its own keys.
+pub fn run_worker<E: LayerwiseEngine>(
     ctx: &ProcessContext,
     layout: &JobLayout,
-    mut engine: BurnEngine,
+    mut engine: E,
     data: Dataset,
     plan: &WorkerPlan,
     observer: &mut dyn Observer,
@@ -263,6 +320,8 @@ pub fn run_worker(
         checkpoint::load(&mut engine, path)?;
     }
     let keys: Vec<KeyInfo> = key_infos(&spec);
+    let layer_keys = spec.layer_keys();
+    let can_evaluate = !spec.is_profile();
     let endpoint: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
         Box::new(PsWorker::new(
             ctx.rank,
@@ -270,6 +329,7 @@ pub fn run_worker(
             layout.registry(keys.clone()),
             layout.strategy.overlaps(),
             layout.scheduler,
+            layout.credit_bytes,
         ))
     } else {
         Box::new(RingAllReduce::new(
@@ -302,21 +362,51 @@ pub fn run_worker(
     let mut grads: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
     let mut loader = Loader::spawn(Arc::new(data.train), sampler, 0, None, 4);
     let is_ps = layout.strategy.uses_servers();
+    let forward_overlap = is_ps && layout.strategy.overlaps();
+    let mut sync = PendingSync::new(keys.len());
     observer.on_start(total);
     let mut times = WorkerTimes::default();
     let mut recent = std::collections::VecDeque::new();
     let mut epoch_accuracy = Vec::new();
     let mut eval_seconds = 0.0;
     let start = Instant::now();
+    let mut step_seconds = Vec::with_capacity(total as usize);
     for step in 0..total {
+        let step_start = Instant::now();
         let t = Instant::now();
         let (epoch, in_epoch, batch) = loader
             .next_batch()
             .ok_or_else(|| RunError::Local("the data loader stopped early".into()))?;
         times.data += t.elapsed().as_secs_f64();
-        comm.send(ToComm::Begin(step))?;
+        // Ring neighbours may send this step's frames as soon as they are ahead, so the
+        // step begins before the forward; with forward overlap it begins once the last
+        // step's values are all back (they are needed layer by layer during the forward).
+        if !forward_overlap {
+            comm.send(ToComm::Begin(step))?;
+        }
         let t = Instant::now();
-        let out = engine.forward(&batch, &mut |_, _| Ok(()))?;
+        let waited_before = sync.waited;
+        let mut comm_error = None;
+        let out = engine.forward(&batch, &mut |layer, eng| {
+            let keys = layer_keys.get(layer).cloned().unwrap_or(0..0);
+            match sync.wait_for(&mut comm, eng, keys, false) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let msg = e.to_string();
+                    comm_error = Some(e);
+                    Err(syncopate_train::TrainError::Model(msg))
+                }
+            }
+        });
+        if let Some(e) = comm_error {
+            return Err(e);
+        }
+        let out = out?;
+        // Every key is in by now; the step's end follows its last key.
+        if forward_overlap {
+            sync.wait_for(&mut comm, &mut engine, 0..0, true)?;
+            comm.send(ToComm::Begin(step))?;
+        }
         let mut send_error = None;
         engine.backward(&mut |_, layer_grads| {
             for (key, g) in layer_grads.iter() {
@@ -333,17 +423,21 @@ pub fn run_worker(
             return Err(e);
         }
         comm.send(ToComm::BackwardDone)?;
-        times.compute += t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        loop {
-            match comm.recv()? {
-                FromComm::Values(key, values) if is_ps => engine.set_param(key, values)?,
-                FromComm::Values(key, values) => grads[key] = values,
-                FromComm::StepDone => break,
-                FromComm::Failed => unreachable!("recv turns failures into errors"),
+        times.compute += t.elapsed().as_secs_f64() - (sync.waited - waited_before);
+        if forward_overlap {
+            sync.start();
+        } else {
+            let t = Instant::now();
+            loop {
+                match comm.recv()? {
+                    FromComm::Values(key, values) if is_ps => engine.set_param(key, values)?,
+                    FromComm::Values(key, values) => grads[key] = values,
+                    FromComm::StepDone => break,
+                    FromComm::Failed => unreachable!("recv turns failures into errors"),
+                }
             }
+            times.wait += t.elapsed().as_secs_f64();
         }
-        times.wait += t.elapsed().as_secs_f64();
         if !is_ps {
             let t = Instant::now();
             optimizer.apply(&mut engine, &grads)?;
@@ -353,10 +447,13 @@ pub fn run_worker(
             recent.pop_front();
         }
         recent.push_back(f64::from(out.loss));
+        step_seconds.push(step_start.elapsed().as_secs_f64());
         let elapsed = (start.elapsed().as_secs_f64() - eval_seconds).max(1e-9);
         let rate = (step + 1) as f64 * (plan.batch_size * layout.workers) as f64 / elapsed;
         observer.on_step(step + 1, total, &out, rate);
-        if ctx.rank == 0 && in_epoch as u64 + 1 == per_epoch {
+        if ctx.rank == 0 && can_evaluate && in_epoch as u64 + 1 == per_epoch {
+            let all = 0..keys.len();
+            sync.wait_for(&mut comm, &mut engine, all, true)?;
             let t = Instant::now();
             let eval = evaluate(&mut engine, &data.test, 256)?;
             eval_seconds += t.elapsed().as_secs_f64();
@@ -364,19 +461,23 @@ pub fn run_worker(
             observer.on_eval(epoch + 1, &eval);
         }
     }
+    sync.wait_for(&mut comm, &mut engine, 0..keys.len(), true)?;
+    times.wait += sync.waited;
     let train_seconds = start.elapsed().as_secs_f64() - eval_seconds;
-    let test = if ctx.rank == 0 {
+    let test = if ctx.rank == 0 && can_evaluate {
         let eval = evaluate(&mut engine, &data.test, 256)?;
         if total % per_epoch != 0 {
             observer.on_eval(total.div_ceil(per_epoch), &eval);
-        }
-        if let Some(path) = &plan.save {
-            checkpoint::save(&engine, path)?;
         }
         Some(eval)
     } else {
         None
     };
+    if ctx.rank == 0 {
+        if let Some(path) = &plan.save {
+            checkpoint::save(&engine, path)?;
+        }
+    }
     let counters = comm.finish()?;
     Ok(WorkerSummary {
         rank: ctx.rank,
@@ -388,6 +489,7 @@ pub fn run_worker(
         test,
         epoch_accuracy,
         times,
+        step_seconds,
         links: counters
             .iter()
             .map(|c| (c.peer, c.sent, c.received))

@@ -11,7 +11,7 @@ use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::run_comm_bench;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
-use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind};
+use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES};
 use syncopate_runtime::launch::{launch, LaunchPlan};
 
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
@@ -61,6 +61,8 @@ impl BenchArgs {
                 0
             },
             scheduler: SchedulerKind::Fifo,
+            slice_params: strategy.default_slice_params(),
+            credit_bytes: DEFAULT_CREDIT_BYTES,
             bucket_bytes: usize::MAX,
             network,
         };

@@ -17,7 +17,7 @@ use syncopate_runtime::launch::{launch, LaunchPlan};
 use syncopate_runtime::server::run_server;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::checkpoint;
-use syncopate_train::engine::BurnEngine;
+use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
@@ -36,11 +36,37 @@ pub enum StrategyArg {
     Allreduce,
     /// Ring all-reduce after the whole backward (baseline).
     AllreduceNoOverlap,
+    /// P3: 40,000-parameter slices round robin over the servers, priority by layer (first
+    /// layer first), preemption at slice boundaries, next forward layer by layer.
+    P3,
+}
+
+/// Schedulers on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SchedulerArg {
+    /// Order of readiness (MXNet KVStore's baseline).
+    Fifo,
+    /// Layer nearest the input first (P3).
+    Priority,
+    /// Priority order with at most --credit-bytes pushed and unanswered (ByteScheduler).
+    Credit,
+}
+
+impl From<SchedulerArg> for SchedulerKind {
+    fn from(s: SchedulerArg) -> Self {
+        match s {
+            SchedulerArg::Fifo => SchedulerKind::Fifo,
+            SchedulerArg::Priority => SchedulerKind::Priority,
+            SchedulerArg::Credit => SchedulerKind::Credit,
+        }
+    }
 }
 
 impl From<StrategyArg> for StrategyKind {
     fn from(s: StrategyArg) -> Self {
         match s {
+            StrategyArg::P3 => StrategyKind::P3,
             StrategyArg::Ps => StrategyKind::Ps,
             StrategyArg::PsNoOverlap => StrategyKind::PsNoOverlap,
             StrategyArg::Allreduce => StrategyKind::Allreduce,
@@ -78,6 +104,22 @@ pub struct JobArgs {
     /// All-reduce bucket size in MB (PyTorch DDP's default: 25).
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
+    /// Order of the frames on every link (default: priority for p3, fifo otherwise). Also
+    /// applies to ps and allreduce, so each P3 mechanism can be switched on alone.
+    #[arg(long, value_enum)]
+    pub scheduler: Option<SchedulerArg>,
+    /// Parameter-server slice size in parameters (default: 40000 for p3; whole keys, in
+    /// frames of at most 1Mi values, for ps).
+    #[arg(long)]
+    pub slice_params: Option<usize>,
+    /// Credit of the credit scheduler: bytes pushed and not yet answered, e.g. 640KB.
+    #[arg(long, default_value = "640000")]
+    pub credit_bytes: String,
+    /// Scale profile models down: every tensor, the bandwidth, slices, buckets, credit and
+    /// send window are multiplied by this factor (e.g. 1/16) while compute times stay, so
+    /// the communication-to-computation ratio is the full-size model's at --bandwidth.
+    #[arg(long, value_name = "F")]
+    pub scale: Option<String>,
     /// Job token as 64 hex digits (default: $SYNCOPATE_TOKEN, then --token-file,
     /// then $SYNCOPATE_TOKEN_FILE; `launch` generates one).
     #[arg(long, hide_env_values = true)]
@@ -132,16 +174,74 @@ impl JobArgs {
         if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
             bail!("--bucket-mb must be positive");
         }
+        let strategy: StrategyKind = self.strategy.into();
+        let factor = self.scale_factor()?;
+        let scaled = |bytes: usize| ((bytes as f64 * factor).ceil() as usize).max(1);
+        network.bandwidth_bps = network.bandwidth_bps.map(|b| b * factor);
+        network.buffer_bytes = scaled(network.buffer_bytes);
         let layout = JobLayout {
-            strategy: self.strategy.into(),
+            strategy,
             workers: self.workers,
             servers: self.servers,
-            scheduler: SchedulerKind::Fifo,
-            bucket_bytes: (self.bucket_mb * 1e6) as usize,
+            scheduler: self
+                .scheduler
+                .map_or(strategy.default_scheduler(), Into::into),
+            slice_params: scaled(self.slice_params.unwrap_or(strategy.default_slice_params())),
+            credit_bytes: scaled(parse_size(&self.credit_bytes)?),
+            bucket_bytes: scaled((self.bucket_mb * 1e6) as usize),
             network,
         };
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)
+    }
+
+    /// `--scale` as a factor in (0, 1]; 1 without it.
+    fn scale_factor(&self) -> Result<f64> {
+        let Some(text) = &self.scale else {
+            return Ok(1.0);
+        };
+        if !model::is_profile_name(&self.settings.model) {
+            bail!(
+                "--scale applies to profile:NAME models only (the model is {})",
+                self.settings.model
+            );
+        }
+        let parsed = match text.split_once('/') {
+            Some((a, b)) => a
+                .trim()
+                .parse::<f64>()
+                .and_then(|a| b.trim().parse::<f64>().map(|b| a / b)),
+            None => text.trim().parse::<f64>(),
+        };
+        match parsed {
+            Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+            _ => bail!("--scale '{text}' is not a factor in (0, 1] such as 1/16 or 0.25"),
+        }
+    }
+
+    /// The model and the data it trains on: a real model with its dataset, or a compute
+    /// profile with a tiny placeholder dataset (its batches only set the step's sample count).
+    fn model_and_data(&self) -> Result<(model::ModelSpec, syncopate_train::data::Dataset)> {
+        let s = &self.settings;
+        if model::is_profile_name(&s.model) {
+            if s.steps.is_none() {
+                bail!("profile models replay compute only: give --steps N");
+            }
+            let spec = model::profile_model(&s.model, 1.0 / self.scale_factor()?)?;
+            let data = syncopate_train::data::SyntheticSpec {
+                train_len: s.batch_size.max(1) * self.workers.max(1),
+                test_len: 1,
+                shape: [1, 1, 1],
+                classes: 2,
+                noise: 1.0,
+                seed: s.seed,
+            }
+            .generate();
+            return Ok((spec, data));
+        }
+        let data = s.load_dataset()?;
+        let spec = model::build(&s.model, data.train.shape, data.classes)?;
+        Ok((spec, data))
     }
 
     fn comm_options(&self) -> Result<CommOptions> {
@@ -163,11 +263,15 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     // Everything after `launch` is passed on unchanged: the processes parse the same flags.
     let forwarded: Vec<_> = std::env::args_os().skip(2).collect();
+    let scale = match &args.scale {
+        Some(f) => format!(" (model scaled by {f}: bytes and bandwidth)"),
+        None => String::new(),
+    };
     eprintln!(
-        "launching {} worker(s) and {} server(s), strategy {}, network {}",
+        "launching {} worker(s) and {} server(s), {}, network {}{scale}",
         layout.workers,
         layout.servers,
-        layout.strategy.name(),
+        layout.sync_descriptor(),
         describe_network(&layout.network)
     );
     launch(&LaunchPlan {
@@ -282,8 +386,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     let ctx = context(&args, &layout, true)?;
     let s = &args.settings;
     let duration = s.duration()?;
-    let data = s.load_dataset()?;
-    let spec = model::build(&s.model, data.train.shape, data.classes)?;
+    let (spec, data) = args.model_and_data()?;
     let steps_hint = steps_of(duration, data.train.len(), s.batch_size, layout.workers);
     let plan = WorkerPlan {
         batch_size: s.batch_size,
@@ -297,23 +400,23 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             None
         },
     };
-    let engine = BurnEngine::new(spec.clone(), s.seed)?;
     let test_len = data.test.len();
-    let summary = if ctx.rank == 0 {
-        let mut progress = TrainProgress::new(steps_hint, args.quiet);
-        let r = run_worker(&ctx, &layout, engine, data, &plan, &mut progress);
-        progress.finish();
-        r?
+    let mut progress = TrainProgress::new(steps_hint, args.quiet);
+    let mut notices = RankNotices { rank: ctx.rank };
+    let observer: &mut dyn syncopate_train::trainer::Observer = if ctx.rank == 0 {
+        &mut progress
     } else {
-        run_worker(
-            &ctx,
-            &layout,
-            engine,
-            data,
-            &plan,
-            &mut RankNotices { rank: ctx.rank },
-        )?
+        &mut notices
     };
+    let summary = if spec.is_profile() {
+        let engine = ProfileEngine::new(spec.clone(), s.seed)?;
+        run_worker(&ctx, &layout, engine, data, &plan, observer)
+    } else {
+        let engine = BurnEngine::new(spec.clone(), s.seed)?;
+        run_worker(&ctx, &layout, engine, data, &plan, observer)
+    };
+    progress.finish();
+    let summary = summary?;
     if ctx.rank != 0 {
         return Ok(());
     }
@@ -365,8 +468,7 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
     let s = &args.settings;
     // The server reads the dataset only to know the run's length in steps, which the
     // learning-rate schedule it applies depends on (exactly as the workers compute it).
-    let data = s.load_dataset()?;
-    let spec = model::build(&s.model, data.train.shape, data.classes)?;
+    let (spec, data) = args.model_and_data()?;
     let initial = match &args.load {
         Some(path) => checkpoint::load_values(&spec, path)?,
         None => spec.init_params(s.seed),

@@ -79,6 +79,13 @@ pub trait Endpoint {
     /// returns whether it did. The driver calls it only when the link has room.
     fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool;
 
+    /// Appends the most urgent frame for any of `links` (those with room, when the links
+    /// share one network interface) and returns its link. The default takes the first link
+    /// in the given order that has a frame; the driver rotates the order for fairness.
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        links.iter().copied().find(|&l| self.poll_transmit(l, out))
+    }
+
     /// Where the payload of a data frame announced by `header` from `link` goes: the driver
     /// reads exactly `header.length` values into the returned slice, then calls
     /// [`Endpoint::handle_payload`]. Refuses frames that do not fit the protocol state.

@@ -9,15 +9,17 @@ use super::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd};
 use crate::registry::{Slice, TensorRegistry};
-use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
+use crate::sched::{most_urgent, new_scheduler, Pending, Scheduler, SchedulerKind};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
-fn pending_for(reg: &TensorRegistry, slice: usize) -> Pending {
+fn pending_for(reg: &TensorRegistry, slice: usize, arrival: &mut u64) -> Pending {
     let s = reg.slices()[slice];
+    *arrival += 1;
     Pending {
         item: slice,
         priority: reg.keys()[s.key].layer as i64,
         sequence: s.index_in_key as u64,
+        arrival: *arrival,
     }
 }
 
@@ -37,12 +39,19 @@ fn slice_header(
     h
 }
 
-/// The worker side of the parameter-server strategies (`ps`, `ps-no-overlap`).
+/// The worker side of the parameter-server strategies (`ps`, `ps-no-overlap`, `p3`).
 pub struct PsWorker {
     rank: Rank,
     workers: usize,
     reg: TensorRegistry,
     overlap: bool,
+    kind: SchedulerKind,
+    /// Bytes that may be pushed and not yet answered (credit scheduling only).
+    credit: Option<usize>,
+    in_flight: usize,
+    /// Order keys of the slices pushed and not yet answered (credit scheduling only).
+    in_flight_keys: std::collections::BTreeSet<(i64, u64, u64)>,
+    arrival: u64,
     step: u64,
     grads: Vec<Vec<f32>>,
     params: Vec<Vec<f32>>,
@@ -58,13 +67,15 @@ pub struct PsWorker {
 impl PsWorker {
     /// Worker `rank` of `workers`, talking to the servers of `reg` (ranks `workers..`).
     /// With `overlap`, each key is pushed as soon as its gradient is handed over; without,
-    /// only after [`WorkerSync::handle_backward_done`].
+    /// only after [`WorkerSync::handle_backward_done`]. Under [`SchedulerKind::Credit`], at
+    /// most `credit_bytes` of payload are pushed and not yet answered (at least one slice).
     pub fn new(
         rank: Rank,
         workers: usize,
         reg: TensorRegistry,
         overlap: bool,
         scheduler: SchedulerKind,
+        credit_bytes: usize,
     ) -> Self {
         let keys = reg.keys().len();
         let slices = reg.slices().len();
@@ -72,6 +83,11 @@ impl PsWorker {
             rank,
             workers,
             overlap,
+            kind: scheduler,
+            credit: scheduler.uses_credit().then_some(credit_bytes),
+            in_flight: 0,
+            in_flight_keys: Default::default(),
+            arrival: 0,
             step: 0,
             grads: reg.keys().iter().map(|k| vec![0.0; k.numel]).collect(),
             params: vec![Vec::new(); keys],
@@ -95,9 +111,45 @@ impl PsWorker {
 
     fn release(&mut self, key: usize) {
         for slice in self.reg.slices_of(key) {
-            let p = pending_for(&self.reg, slice);
+            let p = pending_for(&self.reg, slice, &mut self.arrival);
             self.queues[self.reg.owner(slice)].push(p);
         }
+    }
+
+    /// Whether the credit allows pushing `p` now: it fits, or it is more urgent than every
+    /// slice in flight. The exception keeps workers that pushed in different orders from
+    /// waiting on each other forever: the most urgent unfinished slice can always go.
+    fn credit_allows(&self, p: &Pending) -> bool {
+        match self.credit {
+            Some(credit) => {
+                self.in_flight + self.reg.slices()[p.item].len * 4 <= credit
+                    || self
+                        .in_flight_keys
+                        .first()
+                        .is_none_or(|&first| self.kind.order_key(p) < first)
+            }
+            None => true,
+        }
+    }
+
+    /// Pushes the head of server `server`'s queue into `out`.
+    fn transmit_from(&mut self, server: usize, out: &mut Vec<u8>) -> bool {
+        let Some(p) = self.queues[server].peek() else {
+            return false;
+        };
+        if !self.credit_allows(&p) {
+            return false;
+        }
+        self.queues[server].pop();
+        let s = self.reg.slices()[p.item];
+        let h = slice_header(FrameKind::Push, self.step, &s, &p, self.rank, self.sequence);
+        self.sequence += 1;
+        if self.credit.is_some() {
+            self.in_flight += s.len * 4;
+            self.in_flight_keys.insert(self.kind.order_key(&p));
+        }
+        encode_data_frame(out, &h, &self.grads[s.key][s.range()]);
+        true
     }
 }
 
@@ -150,17 +202,20 @@ impl WorkerSync for PsWorker {
 
 impl Endpoint for PsWorker {
     fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
-        let Some(server) = self.server_index(link) else {
-            return false;
-        };
-        let Some(p) = self.queues[server].pop() else {
-            return false;
-        };
-        let s = self.reg.slices()[p.item];
-        let h = slice_header(FrameKind::Push, self.step, &s, &p, self.rank, self.sequence);
-        self.sequence += 1;
-        encode_data_frame(out, &h, &self.grads[s.key][s.range()]);
-        true
+        match self.server_index(link) {
+            Some(server) => self.transmit_from(server, out),
+            None => false,
+        }
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let queues = links.iter().filter_map(|&l| {
+            self.server_index(l)
+                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
+        });
+        let server = most_urgent(self.kind, queues)?;
+        self.transmit_from(server, out)
+            .then_some(self.workers + server)
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
@@ -205,6 +260,16 @@ impl Endpoint for PsWorker {
             .find_slice(h.key as usize, h.offset as usize, h.length as usize)
             .ok_or_else(|| ProtocolError::unexpected(link, h, "no such slice"))?;
         self.received[slice] = true;
+        if self.credit.is_some() {
+            self.in_flight = self.in_flight.saturating_sub(h.length as usize * 4);
+            let s = self.reg.slices()[slice];
+            let key = (
+                self.reg.keys()[s.key].layer as i64,
+                s.index_in_key as u64,
+                slice as u64,
+            );
+            self.in_flight_keys.remove(&key);
+        }
         let key = h.key as usize;
         self.slices_left[key] -= 1;
         if self.slices_left[key] == 0 {
@@ -238,6 +303,8 @@ pub struct PsServer {
     slice_step: Vec<u64>,
     pushed_by: Vec<Vec<bool>>,
     out: Vec<Box<dyn Scheduler>>,
+    kind: SchedulerKind,
+    arrival: u64,
     out_step: Vec<u64>,
     updates: u64,
     sequence: u64,
@@ -298,6 +365,8 @@ impl PsServer {
             slice_step: vec![0; slices],
             pushed_by: vec![vec![false; workers]; slices],
             out: (0..workers).map(|_| new_scheduler(scheduler)).collect(),
+            kind: scheduler,
+            arrival: 0,
             out_step: vec![0; slices],
             updates: 0,
             sequence: 0,
@@ -372,10 +441,7 @@ impl PsServer {
 
 impl Endpoint for PsServer {
     fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
-        let Some(queue) = self.out.get_mut(link) else {
-            return false;
-        };
-        let Some(p) = queue.pop() else {
+        let Some(p) = self.out.get_mut(link).and_then(|q| q.pop()) else {
             return false;
         };
         let s = self.reg.slices()[p.item];
@@ -384,6 +450,15 @@ impl Endpoint for PsServer {
         self.sequence += 1;
         encode_data_frame(out, &h, &self.params[s.key][s.range()]);
         true
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let queues = links
+            .iter()
+            .filter(|&&l| l < self.workers)
+            .map(|&l| (l, self.out[l].as_ref() as &dyn Scheduler));
+        let link = most_urgent(self.kind, queues)?;
+        self.poll_transmit(link, out).then_some(link)
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
@@ -421,7 +496,7 @@ impl Endpoint for PsServer {
             self.out_step[slice] = h.step;
             self.slice_step[slice] = h.step + 1;
             self.updates += 1;
-            let p = pending_for(&self.reg, slice);
+            let p = pending_for(&self.reg, slice, &mut self.arrival);
             for q in &mut self.out {
                 q.push(p);
             }

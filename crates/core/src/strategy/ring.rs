@@ -203,6 +203,7 @@ impl RingAllReduce {
             item: self.sends.len() - 1,
             priority,
             sequence: s.offset as u64,
+            arrival: self.sends.len() as u64,
         });
     }
 

@@ -111,13 +111,30 @@ fn drive(
                 let i = rng.gen_range(0..net.links.len());
                 let (from, to) = net.links[i].0;
                 let mut out = Vec::new();
-                let sent = if from < n {
-                    workers[from].poll_transmit(to, &mut out)
+                let ep: &mut dyn Endpoint = if from < n {
+                    workers[from].as_mut()
                 } else {
-                    servers[from - n].poll_transmit(to, &mut out)
+                    &mut servers[from - n]
                 };
-                if sent {
-                    net.links[i].1.push_back(out);
+                // Half the time the sender picks among all its links, as over a shared NIC.
+                let sent_to = if rng.gen_bool(0.5) {
+                    ep.poll_transmit(to, &mut out).then_some(to)
+                } else {
+                    let tos: Vec<Rank> = net
+                        .links
+                        .iter()
+                        .filter(|l| l.0 .0 == from)
+                        .map(|l| l.0 .1)
+                        .collect();
+                    ep.poll_transmit_any(&tos, &mut out)
+                };
+                if let Some(to) = sent_to {
+                    let j = net
+                        .links
+                        .iter()
+                        .position(|l| l.0 == (from, to))
+                        .expect("link exists");
+                    net.links[j].1.push_back(out);
                 }
             }
             _ => {
@@ -207,6 +224,8 @@ proptest! {
         slice in 1usize..30,
         round_robin: bool,
         overlap: bool,
+        scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
+        credit_bytes in 4usize..200,
         seed: u64,
     ) {
         let placement = if round_robin { Placement::SlicesRoundRobin } else { Placement::KeysByBytes };
@@ -215,10 +234,10 @@ proptest! {
         let cfg = SgdConfig { momentum: 0.9, weight_decay: 1e-3 };
         let optim = ServerOptim { sgd: Sgd::new(cfg), lr: 0.1, schedule: LrSchedule::Constant };
         let mut ss: Vec<PsServer> = (0..servers)
-            .map(|i| PsServer::new(i, n, reg.clone(), init.clone(), optim, SchedulerKind::Fifo))
+            .map(|i| PsServer::new(i, n, reg.clone(), init.clone(), optim, scheduler))
             .collect();
         let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
-            .map(|r| Box::new(PsWorker::new(r, n, reg.clone(), overlap, SchedulerKind::Fifo)) as Box<dyn WorkerSync>)
+            .map(|r| Box::new(PsWorker::new(r, n, reg.clone(), overlap, scheduler, credit_bytes)) as Box<dyn WorkerSync>)
             .collect();
         let results = drive(&mut ws, &mut ss, &sizes, 3, seed);
         let sgd = Sgd::new(cfg);
@@ -271,7 +290,7 @@ fn wrong_frames_are_refused_with_the_sender_named() {
         .to_string()
         .contains("step"));
 
-    let mut worker = PsWorker::new(0, 2, reg, true, SchedulerKind::Fifo);
+    let mut worker = PsWorker::new(0, 2, reg, true, SchedulerKind::Fifo, 0);
     worker.begin_step(3);
     let params = Header::data(crate::wire::FrameKind::Params, 2, 0, 0, 4);
     assert!(worker
@@ -287,4 +306,58 @@ fn wrong_frames_are_refused_with_the_sender_named() {
         .unwrap_err()
         .to_string()
         .contains("left"));
+}
+
+/// P3's preemption: with the priority scheduler, a slice of the first layer handed over
+/// after 100 queued slices of a later layer is the next frame on the wire.
+#[test]
+fn late_first_layer_slice_preempts_queued_slices() {
+    let reg = TensorRegistry::new(keys(&[4, 400]), 4, 1, Placement::SlicesRoundRobin);
+    let mut worker = PsWorker::new(0, 1, reg.clone(), true, SchedulerKind::Priority, 0);
+    worker.begin_step(0);
+    worker.handle_gradient(1, &[0.5; 400]);
+    let mut out = Vec::new();
+    assert!(worker.poll_transmit(1, &mut out));
+    worker.handle_gradient(0, &[0.25; 4]);
+    out.clear();
+    assert_eq!(worker.poll_transmit_any(&[1], &mut out), Some(1));
+    let mut hb = [0u8; HEADER_LEN];
+    hb.copy_from_slice(&out[..HEADER_LEN]);
+    let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).unwrap();
+    assert_eq!(
+        (h.key, h.offset),
+        (0, 0),
+        "the first layer's slice goes next"
+    );
+
+    // FIFO keeps readiness order: the 99 queued slices of layer 1 go first.
+    let mut fifo = PsWorker::new(0, 1, reg, true, SchedulerKind::Fifo, 0);
+    fifo.begin_step(0);
+    fifo.handle_gradient(1, &[0.5; 400]);
+    fifo.handle_gradient(0, &[0.25; 4]);
+    let mut keys_sent = Vec::new();
+    while {
+        out.clear();
+        fifo.poll_transmit(1, &mut out)
+    } {
+        hb.copy_from_slice(&out[..HEADER_LEN]);
+        keys_sent.push(Header::decode(&hb, DEFAULT_MAX_PAYLOAD).unwrap().key);
+    }
+    assert_eq!(keys_sent.len(), 101);
+    assert_eq!(keys_sent.last(), Some(&0));
+}
+
+/// Credit scheduling keeps at most the credit in flight (one slice when nothing is).
+#[test]
+fn credit_bounds_the_bytes_in_flight() {
+    let reg = TensorRegistry::new(keys(&[40]), 4, 1, Placement::SlicesRoundRobin);
+    let mut worker = PsWorker::new(0, 1, reg, true, SchedulerKind::Credit, 32);
+    worker.begin_step(0);
+    worker.handle_gradient(0, &[1.0; 40]);
+    let mut out = Vec::new();
+    let mut sent = 0;
+    while worker.poll_transmit(1, &mut out) {
+        sent += 1;
+    }
+    assert_eq!(sent, 2, "two 16-byte slices fit a 32-byte credit");
 }

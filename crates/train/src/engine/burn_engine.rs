@@ -128,6 +128,13 @@ impl BurnEngine {
 
     /// An engine for `spec` with the given initial parameter values (one `Vec` per key).
     pub fn with_params(spec: ModelSpec, values: Vec<Vec<f32>>) -> Result<Self> {
+        if spec.is_profile() {
+            return Err(TrainError::Model(format!(
+                "{} is a compute profile: it is replayed by distributed jobs \
+                 (`syncopate launch --model {}`), not trained",
+                spec.name, spec.name
+            )));
+        }
         let inner_device = Device::flex();
         let device = inner_device.clone().autodiff();
         let bn = spec
@@ -304,6 +311,9 @@ impl BurnEngine {
                 let w = params[0].clone().reshape([in_channels, out_features]);
                 Ok(Act::Flat(linear(pooled, w, Some(params[1].clone()))))
             }
+            LayerOp::Profiled { .. } => Err(TrainError::Model(format!(
+                "layer {name} is a profiled layer: it has no computation"
+            ))),
         }
     }
 

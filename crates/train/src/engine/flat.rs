@@ -1,12 +1,19 @@
 //! Zero-copy flat views of parameters and gradients.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 use burn::backend::flex::FlexTensor;
 
-/// A contiguous `&[f32]` view of a parameter or gradient, sharing the tensor's storage.
+/// A contiguous `&[f32]` view of a parameter or gradient, sharing the tensor's storage (or a
+/// shared buffer, for engines that hold plain vectors).
 pub struct FlatView {
-    tensor: FlexTensor,
+    storage: Storage,
+}
+
+enum Storage {
+    Tensor(FlexTensor),
+    Shared(Arc<[f32]>),
 }
 
 impl FlatView {
@@ -17,7 +24,16 @@ impl FlatView {
         } else {
             tensor.to_contiguous()
         };
-        Self { tensor }
+        Self {
+            storage: Storage::Tensor(tensor),
+        }
+    }
+
+    /// Wraps a shared buffer.
+    pub(crate) fn shared(values: Arc<[f32]>) -> Self {
+        Self {
+            storage: Storage::Shared(values),
+        }
     }
 }
 
@@ -25,8 +41,11 @@ impl Deref for FlatView {
     type Target = [f32];
 
     fn deref(&self) -> &[f32] {
-        // `new` guarantees a contiguous f32 tensor, so the view always exists.
-        self.tensor.as_slice::<f32>().unwrap_or(&[])
+        match &self.storage {
+            // `new` guarantees a contiguous f32 tensor, so the view always exists.
+            Storage::Tensor(t) => t.as_slice::<f32>().unwrap_or(&[]),
+            Storage::Shared(v) => v,
+        }
     }
 }
 

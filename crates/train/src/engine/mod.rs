@@ -10,9 +10,11 @@
 
 mod burn_engine;
 mod flat;
+mod profile_engine;
 
 pub use burn_engine::BurnEngine;
 pub use flat::{FlatView, LayerGrads};
+pub use profile_engine::ProfileEngine;
 
 use crate::data::Batch;
 use crate::error::Result;

@@ -83,6 +83,14 @@ pub enum LayerOp {
         /// Output features.
         out_features: usize,
     },
+    /// A layer of a compute profile: its compute is replayed by waiting, not computed
+    /// (see [`crate::engine::ProfileEngine`]).
+    Profiled {
+        /// Forward time, nanoseconds.
+        forward_ns: u64,
+        /// Backward time, nanoseconds.
+        backward_ns: u64,
+    },
 }
 
 /// One layer: the unit of forward/backward segmentation.
@@ -127,6 +135,45 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// A model replayed from a compute profile: one layer per profiled node, one key per
+    /// node with parameters.
+    pub fn from_profile(profile: &syncopate_core::profile::ModelProfile) -> Self {
+        let layers = profile
+            .layers
+            .iter()
+            .map(|l| LayerSpec {
+                name: l.name.clone(),
+                op: LayerOp::Profiled {
+                    forward_ns: l.forward_ns,
+                    backward_ns: l.backward_ns,
+                },
+                params: if l.param_count > 0 {
+                    vec![ParamSpec {
+                        name: "params".into(),
+                        shape: vec![l.param_count],
+                        init: Init::Uniform { bound: 0.01 },
+                    }]
+                } else {
+                    Vec::new()
+                },
+                output_shape: Vec::new(),
+            })
+            .collect();
+        Self {
+            name: format!("profile:{}", profile.name),
+            input: [1, 1, 1],
+            classes: 1,
+            layers,
+        }
+    }
+
+    /// Whether the model is a compute profile (replayed, not trained).
+    pub fn is_profile(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.op, LayerOp::Profiled { .. }))
+    }
+
     /// Every parameter tensor, numbered from the input.
     pub fn keys(&self) -> Vec<KeySpec> {
         let mut keys = Vec::new();

@@ -1,0 +1,119 @@
+//! Running a study's matrix: one `syncopate launch` after another, each in its own run
+//! directory; a run whose `summary.json` exists is finished and skipped, so an interrupted
+//! study resumes where it stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::config::{RunSpec, StudyConfig};
+
+/// Outcome of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Ran now and succeeded.
+    Done,
+    /// Finished by an earlier invocation.
+    Skipped,
+    /// Failed; the message says why (the run's `log.txt` has its output).
+    Failed(String),
+}
+
+/// The file a finished run leaves.
+pub fn summary_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("summary.json")
+}
+
+/// Runs every run of `config` not yet finished under `dir`, with a progress bar.
+pub fn run_matrix(
+    config: &StudyConfig,
+    dir: &Path,
+    run_timeout: Duration,
+    quiet: bool,
+) -> Result<Vec<(RunSpec, RunOutcome)>> {
+    let exe = std::env::current_exe().context("locating the syncopate executable")?;
+    let runs = config.runs();
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(runs.len() as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} elapsed, ~{eta} left  {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut outcomes = Vec::with_capacity(runs.len());
+    for run in runs {
+        bar.set_message(run.id.clone());
+        let run_dir = dir.join("runs").join(&run.id);
+        let outcome = if summary_path(&run_dir).is_file() {
+            RunOutcome::Skipped
+        } else {
+            match execute(&exe, &run, &run_dir, run_timeout) {
+                Ok(()) => RunOutcome::Done,
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    bar.println(format!("run {} failed: {msg}", run.id));
+                    RunOutcome::Failed(msg)
+                }
+            }
+        };
+        outcomes.push((run, outcome));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(outcomes)
+}
+
+/// One run: writes its resolved command as `config.toml`, its output as `log.txt`, and (on
+/// success) `summary.json`, written to a temporary name first so a killed run never looks
+/// finished.
+fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Result<()> {
+    std::fs::create_dir_all(run_dir)
+        .with_context(|| format!("creating {}", run_dir.display()))?;
+    std::fs::write(
+        run_dir.join("config.toml"),
+        toml::to_string_pretty(run).context("encoding the run's config")?,
+    )?;
+    let partial = run_dir.join("summary.json.partial");
+    let log = std::fs::File::create(run_dir.join("log.txt"))?;
+    let mut child = Command::new(exe)
+        .arg("launch")
+        .args(&run.args)
+        .arg("--quiet")
+        .arg("--summary-json")
+        .arg(&partial)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting syncopate launch")?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "no result after {} s (see {})",
+                timeout.as_secs(),
+                run_dir.join("log.txt").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !status.success() {
+        anyhow::bail!(
+            "launch exited with {status} (see {})",
+            run_dir.join("log.txt").display()
+        );
+    }
+    std::fs::rename(&partial, summary_path(run_dir))
+        .with_context(|| format!("the run wrote no summary ({})", partial.display()))?;
+    Ok(())
+}

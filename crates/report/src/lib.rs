@@ -1,0 +1,405 @@
+//! Reports for Syncopate: SVG charts drawn with `plotters` (SVG backend only, so no fonts or
+//! system libraries are needed: text is written as SVG `<text>` elements) and a small
+//! self-contained HTML page builder to put them in.
+//!
+//! Charts never panic on awkward data: non-finite values, magnitudes beyond 1e300 and, on a
+//! log axis, non-positive values are skipped, and empty, single-point or constant data still gives a valid SVG.
+#![warn(missing_docs)]
+
+mod html;
+
+pub use html::HtmlReport;
+
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+
+/// The smallest chart width and height, in pixels, that [`LineChart::to_svg`] and
+/// [`StackedBars::to_svg`] accept (smaller leaves no room for the plot).
+pub const MIN_SIZE: u32 = 120;
+
+/// The largest chart width and height, in pixels, that the charts accept (pixel coordinates
+/// must stay far from `i32` overflow).
+pub const MAX_SIZE: u32 = 20_000;
+
+/// Ten distinct colours (Tableau 10); series and parts cycle through them.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(78, 121, 167),
+    RGBColor(242, 142, 43),
+    RGBColor(225, 87, 89),
+    RGBColor(118, 183, 178),
+    RGBColor(89, 161, 79),
+    RGBColor(237, 201, 72),
+    RGBColor(176, 122, 161),
+    RGBColor(255, 157, 167),
+    RGBColor(156, 117, 95),
+    RGBColor(186, 176, 172),
+];
+
+fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Why a chart could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// The requested width or height is outside [`MIN_SIZE`]..=[`MAX_SIZE`].
+    #[error("chart size {width}x{height} is outside {MIN_SIZE}..={MAX_SIZE} pixels per side")]
+    InvalidSize {
+        /// Requested width in pixels.
+        width: u32,
+        /// Requested height in pixels.
+        height: u32,
+    },
+    /// A stacked-bar part does not have exactly one value per category.
+    #[error("stacked bars: part `{part}` has {got} values but there are {expected} categories")]
+    PartLength {
+        /// Name of the offending part.
+        part: String,
+        /// Number of categories.
+        expected: usize,
+        /// Number of values the part has.
+        got: usize,
+    },
+    /// `plotters` reported a drawing failure.
+    #[error("plotters could not draw the chart: {0}")]
+    Render(String),
+}
+
+fn render<E: std::fmt::Display>(e: E) -> ChartError {
+    ChartError::Render(e.to_string())
+}
+
+/// How a series is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineStyle {
+    /// A solid line through the points.
+    Solid,
+    /// A dashed line, e.g. for an ideal bound.
+    Dashed,
+    /// Markers only, no line.
+    Points,
+}
+
+/// Axis scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// Linear axis.
+    Linear,
+    /// Base-10 logarithmic axis; non-positive values are skipped.
+    Log,
+}
+
+/// One line on a chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Name shown in the legend.
+    pub name: String,
+    /// `(x, y)` points, drawn in order; unusable points break the line.
+    pub points: Vec<(f64, f64)>,
+    /// How the series is drawn.
+    pub style: LineStyle,
+}
+
+/// A line chart: several series against one x axis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineChart {
+    /// Title drawn above the plot.
+    pub title: String,
+    /// Label of the x axis.
+    pub x_label: String,
+    /// Label of the y axis.
+    pub y_label: String,
+    /// Scale of the x axis.
+    pub x_scale: Scale,
+    /// Scale of the y axis.
+    pub y_scale: Scale,
+    /// The series, each in its own colour.
+    pub series: Vec<Series>,
+    /// Picture width in pixels.
+    pub width: u32,
+    /// Picture height in pixels.
+    pub height: u32,
+}
+
+/// A stacked bar chart (e.g. a step's time broken into forward, backward, waiting, optimizer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StackedBars {
+    /// Title drawn above the plot.
+    pub title: String,
+    /// Label of the y axis.
+    pub y_label: String,
+    /// One bar per category, labelled with its name.
+    pub categories: Vec<String>,
+    /// `(part name, one value per category)`, stacked bottom-up in this order. Negative,
+    /// non-finite and larger than 1e300 values are drawn as zero.
+    pub parts: Vec<(String, Vec<f64>)>,
+    /// Picture width in pixels.
+    pub width: u32,
+    /// Picture height in pixels.
+    pub height: u32,
+}
+
+/// Largest magnitude drawn: beyond it, axis spans overflow and `plotters` cannot place ticks.
+const LIMIT: f64 = 1e300;
+
+fn usable(v: f64, scale: Scale) -> bool {
+    v.abs() <= LIMIT && (scale == Scale::Linear || v > 0.0)
+}
+
+/// Axis range covering `values` (unusable ones skipped), padded by 5% of the span (in log
+/// space for a log axis); a default range when nothing is usable.
+fn axis_range(values: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
+    let log = scale == Scale::Log;
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.filter(|&v| usable(v, scale)) {
+        let t = if log { v.log10() } else { v };
+        lo = lo.min(t);
+        hi = hi.max(t);
+    }
+    if lo > hi {
+        return if log { (1.0, 10.0) } else { (0.0, 1.0) };
+    }
+    let pad = if hi > lo {
+        (hi / 2.0 - lo / 2.0) * 0.1
+    } else if log {
+        0.5
+    } else if lo == 0.0 {
+        1.0
+    } else {
+        lo.abs() * 0.1
+    };
+    let (mut a, mut b) = (lo - pad, hi + pad);
+    if !(a.is_finite() && b.is_finite() && a < b) {
+        (a, b) = (lo, hi);
+    }
+    if log {
+        (10f64.powf(a), 10f64.powf(b))
+    } else {
+        (a, b)
+    }
+}
+
+/// Tick label: up to three decimals, scientific notation for very large or small values.
+fn fmt_tick(v: &f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(1e-3..1e5).contains(&a) {
+        return format!("{v:.1e}");
+    }
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
+fn check_size(width: u32, height: u32) -> Result<(), ChartError> {
+    let ok = |v| (MIN_SIZE..=MAX_SIZE).contains(&v);
+    if !(ok(width) && ok(height)) {
+        return Err(ChartError::InvalidSize { width, height });
+    }
+    Ok(())
+}
+
+impl LineChart {
+    /// Renders the chart as a standalone SVG document.
+    pub fn to_svg(&self) -> Result<String, ChartError> {
+        check_size(self.width, self.height)?;
+        let all = || self.series.iter().flat_map(|s| s.points.iter());
+        let (x0, x1) = axis_range(all().map(|p| p.0), self.x_scale);
+        let (y0, y1) = axis_range(all().map(|p| p.1), self.y_scale);
+        let mut buf = String::new();
+        {
+            let root =
+                SVGBackend::with_string(&mut buf, (self.width, self.height)).into_drawing_area();
+            root.fill(&WHITE).map_err(render)?;
+            let mut builder = ChartBuilder::on(&root);
+            builder
+                .caption(&self.title, ("sans-serif", 24))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(64);
+            use Scale::{Linear, Log};
+            match (self.x_scale, self.y_scale) {
+                (Linear, Linear) => self.draw(builder.build_cartesian_2d(x0..x1, y0..y1)),
+                (Log, Linear) => {
+                    self.draw(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1))
+                }
+                (Linear, Log) => {
+                    self.draw(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale()))
+                }
+                (Log, Log) => self
+                    .draw(builder.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())),
+            }?;
+            root.present().map_err(render)?;
+        }
+        Ok(buf)
+    }
+
+    /// Draws mesh, series and legend on a chart of any combination of axis scales.
+    fn draw<'a, 'b: 'a, X, Y, E>(
+        &self,
+        chart: Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>, E>,
+    ) -> Result<(), ChartError>
+    where
+        X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+        E: std::fmt::Display,
+    {
+        let mut chart = chart.map_err(render)?;
+        chart
+            .configure_mesh()
+            .label_style(("sans-serif", 14))
+            .axis_desc_style(("sans-serif", 16))
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_label_formatter(&fmt_tick)
+            .y_label_formatter(&fmt_tick)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(render)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let c = colour(i);
+            let line = c.stroke_width(2);
+            // Runs of consecutive usable points; an unusable point breaks the line.
+            let runs = s
+                .points
+                .split(|&(x, y)| !(usable(x, self.x_scale) && usable(y, self.y_scale)));
+            for run in runs.filter(|r| !r.is_empty()) {
+                let markers = || run.iter().map(|&p| Circle::new(p, 3, c.filled()));
+                match s.style {
+                    _ if run.len() == 1 => chart.draw_series(markers()).map(drop),
+                    LineStyle::Solid => chart
+                        .draw_series(LineSeries::new(run.to_vec(), line))
+                        .map(drop),
+                    LineStyle::Dashed => chart
+                        .draw_series(DashedLineSeries::new(run.to_vec(), 8, 5, line))
+                        .map(drop),
+                    LineStyle::Points => chart.draw_series(markers()).map(drop),
+                }
+                .map_err(render)?;
+            }
+            // An empty element carries the legend entry, so even a series with no usable
+            // point is listed.
+            let anno = chart
+                .draw_series(Vec::<PathElement<(f64, f64)>>::new())
+                .map_err(render)?;
+            anno.label(s.name.as_str());
+            match s.style {
+                LineStyle::Solid => {
+                    anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line))
+                }
+                LineStyle::Dashed => anno.legend(move |(x, y)| {
+                    DashedPathElement::new(vec![(x, y), (x + 20, y)], 5, 3, line)
+                }),
+                LineStyle::Points => {
+                    anno.legend(move |(x, y)| Circle::new((x + 10, y), 3, c.filled()))
+                }
+            };
+        }
+        if !self.series.is_empty() {
+            chart
+                .configure_series_labels()
+                .label_font(("sans-serif", 14))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(render)?;
+        }
+        Ok(())
+    }
+}
+
+impl StackedBars {
+    /// Renders the chart as a standalone SVG document.
+    pub fn to_svg(&self) -> Result<String, ChartError> {
+        check_size(self.width, self.height)?;
+        let n = self.categories.len();
+        for (part, values) in &self.parts {
+            if values.len() != n {
+                return Err(ChartError::PartLength {
+                    part: part.clone(),
+                    expected: n,
+                    got: values.len(),
+                });
+            }
+        }
+        let clean = |v: f64| if v > 0.0 && v <= LIMIT { v } else { 0.0 };
+        let total = |i: usize| self.parts.iter().map(|(_, v)| clean(v[i])).sum::<f64>();
+        let top = (0..n)
+            .map(total)
+            .filter(|t| t.is_finite())
+            .fold(0.0, f64::max);
+        // Headroom for the legend (one row per part) in the upper right.
+        let headroom = 1.15 + 0.06 * self.parts.len().min(10) as f64;
+        let top = if top > 0.0 { top * headroom } else { 1.0 };
+        let mut buf = String::new();
+        {
+            let root =
+                SVGBackend::with_string(&mut buf, (self.width, self.height)).into_drawing_area();
+            root.fill(&WHITE).map_err(render)?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&self.title, ("sans-serif", 24))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(64)
+                // Integer x units (f64 axes have no default formatting to combine with custom key
+                // points): bar i spans [10i + 1, 10i + 9], its label is the key point 10i + 5.
+                .build_cartesian_2d(
+                    (0..n.max(1).saturating_mul(10))
+                        .with_key_points((0..n).map(|i| i * 10 + 5).collect()),
+                    0.0..top,
+                )
+                .map_err(render)?;
+            let cat_label = |v: &usize| self.categories.get(v / 10).cloned().unwrap_or_default();
+            chart
+                .configure_mesh()
+                .label_style(("sans-serif", 14))
+                .axis_desc_style(("sans-serif", 16))
+                .disable_x_mesh()
+                .x_label_formatter(&cat_label)
+                .y_label_formatter(&fmt_tick)
+                .y_desc(&self.y_label)
+                .light_line_style(WHITE.mix(0.0))
+                .draw()
+                .map_err(render)?;
+            let mut base = vec![0.0; n];
+            for (k, (name, values)) in self.parts.iter().enumerate() {
+                let c = colour(k);
+                let bars: Vec<_> = (0..n)
+                    .map(|i| {
+                        let (y0, y1) = (base[i], base[i] + clean(values[i]));
+                        base[i] = y1;
+                        Rectangle::new([(i * 10 + 1, y0), (i * 10 + 9, y1)], c.filled())
+                    })
+                    .collect();
+                chart
+                    .draw_series(bars)
+                    .map_err(render)?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled())
+                    });
+            }
+            if !self.parts.is_empty() {
+                chart
+                    .configure_series_labels()
+                    .label_font(("sans-serif", 14))
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperRight)
+                    .draw()
+                    .map_err(render)?;
+            }
+            drop(chart);
+            root.present().map_err(render)?;
+        }
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+use super::*;
+
+fn chart(series: Vec<Series>, x_scale: Scale, y_scale: Scale) -> LineChart {
+    LineChart {
+        title: "Throughput vs workers".into(),
+        x_label: "workers".into(),
+        y_label: "samples/s".into(),
+        x_scale,
+        y_scale,
+        series,
+        width: 640,
+        height: 400,
+    }
+}
+
+fn series(name: &str, points: Vec<(f64, f64)>, style: LineStyle) -> Series {
+    Series {
+        name: name.into(),
+        points,
+        style,
+    }
+}
+
+fn svg_ok(svg: &str) {
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+}
+
+#[test]
+fn line_chart_three_series_log_x() {
+    let xs = [1.0, 2.0, 4.0, 8.0, 16.0];
+    let c = chart(
+        vec![
+            series(
+                "ring allreduce",
+                xs.iter().map(|&x| (x, 100.0 * x * 0.9)).collect(),
+                LineStyle::Solid,
+            ),
+            series(
+                "linear ideal",
+                xs.iter().map(|&x| (x, 100.0 * x)).collect(),
+                LineStyle::Dashed,
+            ),
+            series(
+                "parameter server",
+                xs.iter().map(|&x| (x, 100.0 * x.sqrt())).collect(),
+                LineStyle::Points,
+            ),
+        ],
+        Scale::Log,
+        Scale::Linear,
+    );
+    let svg = c.to_svg().unwrap();
+    svg_ok(&svg);
+    for text in [
+        "ring allreduce",
+        "linear ideal",
+        "parameter server",
+        "workers",
+        "samples/s",
+        "Throughput vs workers",
+    ] {
+        assert!(svg.contains(text), "missing {text}");
+    }
+    // Three distinct colours.
+    for c in &PALETTE[..3] {
+        assert!(
+            svg.contains(&format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)),
+            "missing colour {c:?}"
+        );
+    }
+}
+
+#[test]
+fn awkward_line_data_renders() {
+    let nan = f64::NAN;
+    let cases = vec![
+        vec![],
+        vec![series("one", vec![(3.0, 5.0)], LineStyle::Solid)],
+        vec![series("empty", vec![], LineStyle::Dashed)],
+        vec![series(
+            "nan",
+            vec![
+                (nan, 1.0),
+                (1.0, nan),
+                (2.0, 3.0),
+                (nan, nan),
+                (3.0, 4.0),
+                (4.0, 1.0),
+            ],
+            LineStyle::Dashed,
+        )],
+        vec![series("all nan", vec![(nan, nan); 3], LineStyle::Solid)],
+        vec![series(
+            "flat",
+            vec![(1.0, 2.0), (2.0, 2.0), (3.0, 2.0)],
+            LineStyle::Solid,
+        )],
+        vec![series(
+            "same x",
+            vec![(0.0, 0.0), (0.0, 0.0)],
+            LineStyle::Points,
+        )],
+        vec![series(
+            "negative",
+            vec![(-1.0, -5.0), (0.0, 0.0), (1.0, 7.0)],
+            LineStyle::Solid,
+        )],
+        vec![series(
+            "huge",
+            vec![
+                (-f64::MAX, f64::MAX),
+                (f64::MAX, -f64::MAX),
+                (f64::INFINITY, 1.0),
+            ],
+            LineStyle::Solid,
+        )],
+        vec![series(
+            "tiny",
+            vec![(1e-300, 1e-300), (f64::MIN_POSITIVE, 2e-300)],
+            LineStyle::Dashed,
+        )],
+    ];
+    for s in cases {
+        for xs in [Scale::Linear, Scale::Log] {
+            for ys in [Scale::Linear, Scale::Log] {
+                let svg = chart(s.clone(), xs, ys).to_svg().unwrap();
+                svg_ok(&svg);
+                for ser in &s {
+                    assert!(svg.contains(&ser.name));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn series_names_are_escaped_in_svg() {
+    let svg = chart(
+        vec![series(
+            "a<b & \"c\"",
+            vec![(1.0, 1.0), (2.0, 2.0)],
+            LineStyle::Solid,
+        )],
+        Scale::Linear,
+        Scale::Linear,
+    )
+    .to_svg()
+    .unwrap();
+    assert!(svg.contains("a&lt;b &amp; &quot;c&quot;"));
+}
+
+#[test]
+fn bad_size_is_an_error() {
+    let mut c = chart(vec![], Scale::Linear, Scale::Linear);
+    c.width = 0;
+    assert!(matches!(c.to_svg(), Err(ChartError::InvalidSize { .. })));
+    let mut b = bars();
+    b.height = 10;
+    assert!(matches!(b.to_svg(), Err(ChartError::InvalidSize { .. })));
+    b.height = MAX_SIZE + 1;
+    assert!(matches!(b.to_svg(), Err(ChartError::InvalidSize { .. })));
+    (b.width, b.height) = (MIN_SIZE, MIN_SIZE);
+    svg_ok(&b.to_svg().unwrap());
+    (c.width, c.height) = (MIN_SIZE, MIN_SIZE);
+    c.series = vec![series("s", vec![(1.0, 1.0), (2.0, 3.0)], LineStyle::Dashed)];
+    svg_ok(&c.to_svg().unwrap());
+}
+
+fn bars() -> StackedBars {
+    StackedBars {
+        title: "Step time breakdown".into(),
+        y_label: "ms".into(),
+        categories: vec!["ps".into(), "ring".into(), "hierarchical".into()],
+        parts: vec![
+            ("forward".into(), vec![10.0, 10.0, 10.0]),
+            ("backward".into(), vec![20.0, 20.0, 21.0]),
+            ("waiting".into(), vec![15.0, 5.0, 2.0]),
+            ("optimizer".into(), vec![3.0, 3.0, 3.0]),
+        ],
+        width: 640,
+        height: 400,
+    }
+}
+
+#[test]
+fn stacked_bars_render() {
+    let svg = bars().to_svg().unwrap();
+    svg_ok(&svg);
+    for text in [
+        "forward",
+        "backward",
+        "waiting",
+        "optimizer",
+        "ps",
+        "ring",
+        "hierarchical",
+        "ms",
+        "Step time breakdown",
+    ] {
+        assert!(svg.contains(text), "missing {text}");
+    }
+}
+
+#[test]
+fn awkward_bars() {
+    let mut b = bars();
+    b.parts[0].1 = vec![f64::NAN, -3.0, f64::INFINITY];
+    b.parts[1].1 = vec![f64::MAX, 1e300, 1e-300];
+    svg_ok(&b.to_svg().unwrap());
+    b.parts.clear();
+    svg_ok(&b.to_svg().unwrap());
+    b.categories.clear();
+    svg_ok(&b.to_svg().unwrap());
+    b.parts.push(("zero".into(), vec![]));
+    svg_ok(&b.to_svg().unwrap());
+    b.parts.push(("short".into(), vec![1.0]));
+    let err = b.to_svg().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ChartError::PartLength {
+                expected: 0,
+                got: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn tick_format() {
+    assert_eq!(fmt_tick(&0.0), "0");
+    assert_eq!(fmt_tick(&-0.0), "0");
+    assert_eq!(fmt_tick(&2.5), "2.5");
+    assert_eq!(fmt_tick(&100.0), "100");
+    assert_eq!(fmt_tick(&1e6), "1.0e6");
+    assert_eq!(fmt_tick(&0.0001), "1.0e-4");
+}
+
+#[test]
+fn html_escapes_and_is_self_contained() {
+    let mut r = HtmlReport::new("Run <1> & 'friends'");
+    r.heading("<script>alert(1)</script>");
+    r.paragraph("a \"quoted\" & <b>bold</b> claim");
+    r.table(
+        &["strategy", "<script>"],
+        &[
+            vec!["ring".into(), "<script>x</script>".into()],
+            vec!["ps".into()],
+        ],
+    );
+    r.svg(&bars().to_svg().unwrap());
+    r.svg(&chart(vec![], Scale::Log, Scale::Log).to_svg().unwrap());
+    let page = r.finish();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert!(!page.contains("<script>"));
+    assert!(page.contains("<h2>&lt;script&gt;alert(1)&lt;/script&gt;</h2>"));
+    assert!(page.contains("<td>&lt;script&gt;x&lt;/script&gt;</td>"));
+    assert!(page.contains("<th>&lt;script&gt;</th>"));
+    assert!(page.contains("Run &lt;1&gt; &amp; &#39;friends&#39;"));
+    assert!(page.contains("a &quot;quoted&quot; &amp; &lt;b&gt;bold&lt;/b&gt; claim"));
+    assert_eq!(page.matches("<svg").count(), 2);
+    // The only external-looking references are the SVG namespace declarations.
+    let ns = r#"xmlns="http://www.w3.org/2000/svg""#;
+    assert_eq!(page.matches(ns).count(), 2);
+    let urls = page.matches("http://").count() + page.matches("https://").count();
+    assert_eq!(urls, page.matches(ns).count());
+}
