@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod cmd;
 mod progress;
+mod study;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -32,6 +33,11 @@ enum Command {
     Models(cmd::models::ModelsArgs),
     /// Benchmark the transport: ring all-reduce bus bandwidth or PS push/pull per size.
     BenchComm(cmd::bench::BenchArgs),
+    /// Run a study: a matrix of jobs (models x strategies x bandwidths x workers x seeds)
+    /// one after another, resumable, then its report (results.csv, report.html).
+    Study(study::StudyArgs),
+    /// Rebuild a study's report from its finished runs.
+    Report(study::ReportArgs),
     /// One process of `bench-comm` (started by it).
     #[command(hide = true)]
     BenchCommProcess(cmd::bench::BenchArgs),
@@ -54,6 +60,8 @@ fn main() -> std::process::ExitCode {
         Command::Models(a) => cmd::models::run(a),
         Command::BenchComm(a) => cmd::bench::bench_cmd(a),
         Command::BenchCommProcess(a) => cmd::bench::bench_process(a),
+        Command::Study(a) => study::study_cmd(a),
+        Command::Report(a) => study::report_cmd(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

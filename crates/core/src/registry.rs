@@ -35,8 +35,10 @@ impl Slice {
 /// How slices are spread over servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Placement {
-    /// Whole keys, balanced by bytes (largest first onto the least-loaded server), as
-    /// MXNet's KVStore places keys. All slices of a key go to the key's server.
+    /// Balanced by bytes: slices largest first, each onto the least-loaded server. A key
+    /// that fits one slice stays whole on one server; a key larger than a slice is spread
+    /// over the servers, as MXNet's KVStore splits arrays above
+    /// `MXNET_KVSTORE_BIGARRAY_BOUND` (so no single server carries a VGG's fc6 alone).
     KeysByBytes,
     /// Slice after slice, round robin over the servers (P3's placement).
     SlicesRoundRobin,
@@ -81,21 +83,21 @@ impl TensorRegistry {
             (0, _) => vec![0; slices.len()],
             (_, Placement::SlicesRoundRobin) => (0..slices.len()).map(|i| i % servers).collect(),
             (_, Placement::KeysByBytes) => {
-                let mut order: Vec<usize> = (0..keys.len()).collect();
-                // Largest first; ties by key so the placement is deterministic.
-                order.sort_by(|&a, &b| keys[b].numel.cmp(&keys[a].numel).then(a.cmp(&b)));
+                let mut order: Vec<usize> = (0..slices.len()).collect();
+                // Largest first; ties by position so the placement is deterministic.
+                order.sort_by(|&a, &b| slices[b].len.cmp(&slices[a].len).then(a.cmp(&b)));
                 let mut load = vec![0usize; servers];
-                let mut key_owner = vec![0; keys.len()];
-                for k in order {
+                let mut owner = vec![0; slices.len()];
+                for i in order {
                     let (server, _) = load
                         .iter()
                         .enumerate()
-                        .min_by_key(|&(i, &l)| (l, i))
+                        .min_by_key(|&(s, &l)| (l, s))
                         .unwrap_or((0, &0));
-                    key_owner[k] = server;
-                    load[server] += keys[k].numel;
+                    owner[i] = server;
+                    load[server] += slices[i].len;
                 }
-                slices.iter().map(|s| key_owner[s.key]).collect()
+                owner
             }
         };
         Self {
@@ -200,14 +202,20 @@ mod tests {
     }
 
     #[test]
-    fn keys_by_bytes_balances_and_keeps_keys_whole() {
-        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 7, 2, Placement::KeysByBytes);
+    fn keys_by_bytes_balances_keeps_small_keys_whole_and_spreads_big_ones() {
+        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 100, 2, Placement::KeysByBytes);
         assert_eq!(reg.server_loads(), vec![110, 110]);
         for key in 0..4 {
             let owners: std::collections::HashSet<_> =
                 reg.slices_of(key).map(|i| reg.owner(i)).collect();
             assert_eq!(owners.len(), 1);
         }
+        // A key of 400 next to small ones: its 4 slices are spread, the loads balanced.
+        let reg = TensorRegistry::new(keys(&[10, 400, 20]), 100, 4, Placement::KeysByBytes);
+        let owners: std::collections::HashSet<_> = reg.slices_of(1).map(|i| reg.owner(i)).collect();
+        assert_eq!(owners.len(), 4);
+        assert_eq!(reg.server_loads().iter().max(), Some(&120));
+        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 7, 2, Placement::KeysByBytes);
         assert_eq!(reg.find_slice(0, 7, 6), None);
         assert_eq!(reg.find_slice(9, 0, 1), None);
     }

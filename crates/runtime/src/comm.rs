@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::timer::PreciseTimer;
 use syncopate_core::net::{LinkProfile, Shaper};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
 use syncopate_core::wire::{
@@ -28,6 +30,7 @@ use syncopate_core::wire::{
 };
 
 const WAKER: Token = Token(usize::MAX);
+const TIMER: Token = Token(usize::MAX - 1);
 
 /// One connection to a peer.
 pub struct Link {
@@ -176,6 +179,7 @@ pub struct LinkCounters {
 pub struct CommLoop {
     poll: Poll,
     waker: Arc<Waker>,
+    timer: PreciseTimer,
     links: Vec<LinkState>,
     options: CommOptions,
     origin: Instant,
@@ -200,6 +204,7 @@ impl CommLoop {
     ) -> io::Result<(Self, Arc<Waker>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let timer = PreciseTimer::new(poll.registry(), TIMER)?;
         let now = Instant::now();
         let mut states = Vec::with_capacity(links.len());
         for (i, link) in links.into_iter().enumerate() {
@@ -236,6 +241,7 @@ impl CommLoop {
             Self {
                 poll,
                 waker: waker.clone(),
+                timer,
                 links: states,
                 options,
                 origin: now,
@@ -339,13 +345,27 @@ impl CommLoop {
                 }
             }
             let timeout = self.next_timeout();
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            // Sub-millisecond deadlines (frame releases) go to the precise timer; the poll's
+            // own timeout is whole milliseconds.
+            if timeout < Duration::from_millis(50) {
+                self.timer
+                    .arm(timeout)
+                    .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
+            }
+            if let Err(e) = self
+                .poll
+                .poll(&mut events, Some(timeout.max(Duration::from_millis(50))))
+            {
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(CommError::Local(format!("poll failed: {e}")));
                 }
             }
             for ev in events.iter() {
                 if ev.token() == WAKER {
+                    continue;
+                }
+                if ev.token() == TIMER {
+                    self.timer.clear();
                     continue;
                 }
                 let i = ev.token().0;

@@ -15,4 +15,5 @@ pub mod launch;
 pub mod process;
 pub mod rendezvous;
 pub mod server;
+pub mod timer;
 pub mod worker;

@@ -134,7 +134,10 @@ impl StudyConfig {
         }
         for m in &self.models {
             if m.bandwidths.is_empty() && self.bandwidths.is_empty() {
-                bail!("model {} has no bandwidths (give `bandwidths` in the study or the model)", m.name);
+                bail!(
+                    "model {} has no bandwidths (give `bandwidths` in the study or the model)",
+                    m.name
+                );
             }
         }
         Ok(())
@@ -268,7 +271,7 @@ scheduler = "priority"
         let ids: std::collections::HashSet<_> = runs.iter().map(|r| &r.id).collect();
         assert_eq!(ids.len(), runs.len(), "run ids are unique");
         let first = &runs[0];
-        assert_eq!(first.id, "profile_vgg19-ps_fifo-1gbit-w2-s42");
+        assert_eq!(first.id, "profile_vgg19-ps_fifo_-1gbit-w2-s42");
         assert!(first.args.windows(2).any(|w| w == ["--scale", "1/16"]));
         assert!(first.args.windows(2).any(|w| w == ["--servers", "2"]));
         let lenet = runs.iter().find(|r| r.model == "lenet").unwrap();

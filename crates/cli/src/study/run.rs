@@ -42,8 +42,10 @@ pub fn run_matrix(
         ProgressBar::new(runs.len() as u64)
     };
     bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} elapsed, ~{eta} left  {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} runs, {elapsed} elapsed, ~{eta} left  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut outcomes = Vec::with_capacity(runs.len());
     for run in runs {
@@ -72,8 +74,7 @@ pub fn run_matrix(
 /// success) `summary.json`, written to a temporary name first so a killed run never looks
 /// finished.
 fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Result<()> {
-    std::fs::create_dir_all(run_dir)
-        .with_context(|| format!("creating {}", run_dir.display()))?;
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::write(
         run_dir.join("config.toml"),
         toml::to_string_pretty(run).context("encoding the run's config")?,

@@ -1,0 +1,308 @@
+//! A study's results: one row per finished run (`results.csv`) and `report.html` with
+//! throughput against bandwidth per model next to the ideal bound, a step breakdown and a
+//! summary table.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use syncopate_core::net::parse_bandwidth;
+use syncopate_report::{HtmlReport, LineChart, LineStyle, Scale, Series, StackedBars};
+use syncopate_train::model::{self, LayerOp};
+
+use super::config::{RunSpec, StudyConfig};
+use super::run::summary_path;
+
+/// The figures of one finished run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    /// Run id.
+    pub id: String,
+    /// Model.
+    pub model: String,
+    /// Variant label.
+    pub variant: String,
+    /// Bandwidth as written.
+    pub bandwidth: String,
+    /// Bandwidth in Gbit/s (NaN when unlimited).
+    pub bandwidth_gbps: f64,
+    /// Workers.
+    pub workers: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Mean step time after the warm-up steps, seconds.
+    pub step_seconds: f64,
+    /// Samples per second over all workers, after the warm-up.
+    pub samples_per_sec: f64,
+    /// Ideal samples/s: workers x batch / max(compute, communication); NaN when unknown.
+    pub ideal_samples_per_sec: f64,
+    /// Measured over ideal.
+    pub fraction_of_ideal: f64,
+    /// Per-step seconds of compute and of waiting on communication (worker 0).
+    pub compute_per_step: f64,
+    /// Seconds per step blocked on communication (worker 0).
+    pub wait_per_step: f64,
+    /// Test accuracy (NaN for profile replays).
+    pub test_accuracy: f64,
+    /// Wall time of the training loop, seconds.
+    pub wall_seconds: f64,
+}
+
+/// Reads every finished run of `config` under `dir`.
+pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<RunRow>> {
+    let mut rows = Vec::new();
+    for run in config.runs() {
+        let path = summary_path(&dir.join("runs").join(&run.id));
+        if !path.is_file() {
+            continue;
+        }
+        let json: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?;
+        rows.push(row(config, &run, &json)?);
+    }
+    Ok(rows)
+}
+
+fn row(config: &StudyConfig, run: &RunSpec, json: &serde_json::Value) -> Result<RunRow> {
+    let w0 = &json["worker0"];
+    let steps: Vec<f64> = w0["step_seconds"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+        .unwrap_or_default();
+    let warm = (config.warmup_steps as usize).min(steps.len().saturating_sub(1));
+    let measured = &steps[warm..];
+    let step_seconds = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
+    let samples = (config.batch_size * run.workers) as f64;
+    let samples_per_sec = samples / step_seconds;
+    let bandwidth_bps = parse_bandwidth(&run.bandwidth)?;
+    let ideal =
+        ideal_step_seconds(&run.model, bandwidth_bps).map_or(f64::NAN, |ideal| samples / ideal);
+    let n = steps.len().max(1) as f64;
+    let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    Ok(RunRow {
+        id: run.id.clone(),
+        model: run.model.clone(),
+        variant: run.variant.clone(),
+        bandwidth: run.bandwidth.clone(),
+        bandwidth_gbps: bandwidth_bps.map_or(f64::NAN, |b| b / 1e9),
+        workers: run.workers,
+        seed: run.seed,
+        step_seconds,
+        samples_per_sec,
+        ideal_samples_per_sec: ideal,
+        fraction_of_ideal: samples_per_sec / ideal,
+        compute_per_step: num(&w0["times"]["compute"]) / n,
+        wait_per_step: num(&w0["times"]["wait"]) / n,
+        test_accuracy: num(&json["test_accuracy"]),
+        wall_seconds: num(&json["wall_seconds"]),
+    })
+}
+
+/// The ideal step time of a profile model at `bandwidth_bps` (full size): compute (every
+/// layer's forward and backward) or pushing every parameter once through the worker's
+/// interface, whichever is longer; pulls travel the other direction at the same time.
+pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Option<f64> {
+    if !model::is_profile_name(model_name) {
+        return None;
+    }
+    let spec = model::profile_model(model_name, 1.0).ok()?;
+    let compute_ns: u64 = spec
+        .layers
+        .iter()
+        .map(|l| match l.op {
+            LayerOp::Profiled {
+                forward_ns,
+                backward_ns,
+            } => forward_ns + backward_ns,
+            _ => 0,
+        })
+        .sum();
+    let comm = bandwidth_bps.map_or(0.0, |b| spec.num_params() as f64 * 32.0 / b);
+    Some((compute_ns as f64 * 1e-9).max(comm))
+}
+
+/// Writes `results.csv` and `report.html` under `dir`; returns the report's path.
+pub fn write_report(
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[RunRow],
+) -> Result<std::path::PathBuf> {
+    let mut csv = String::from(
+        "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,samples_per_sec,\
+         ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,test_accuracy,\
+         wall_seconds\n",
+    );
+    for r in rows {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2}\n",
+            r.id,
+            r.model,
+            quote(&r.variant),
+            r.bandwidth,
+            r.bandwidth_gbps,
+            r.workers,
+            r.seed,
+            r.step_seconds,
+            r.samples_per_sec,
+            r.ideal_samples_per_sec,
+            r.fraction_of_ideal,
+            r.compute_per_step,
+            r.wait_per_step,
+            r.test_accuracy,
+            r.wall_seconds
+        ));
+    }
+    std::fs::write(dir.join("results.csv"), csv)?;
+
+    let mut html = HtmlReport::new(&format!("Study {}", config.name));
+    if !config.description.is_empty() {
+        html.paragraph(&config.description);
+    }
+    html.paragraph(&format!(
+        "{} finished runs; {} steps each, the first {} left out of the throughput; batch {} per \
+         worker. The ideal bound of a profile model is workers x batch / max(compute, model bytes / \
+         bandwidth).",
+        rows.len(),
+        config.steps,
+        config.warmup_steps,
+        config.batch_size
+    ));
+    let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
+    models.dedup();
+    for model in models {
+        let of_model: Vec<&RunRow> = rows.iter().filter(|r| r.model == model).collect();
+        html.heading(model);
+        let mut series = Vec::new();
+        let mut variants: Vec<&str> = of_model.iter().map(|r| r.variant.as_str()).collect();
+        variants.dedup();
+        variants.sort_unstable();
+        variants.dedup();
+        for v in &variants {
+            series.push(Series {
+                name: v.to_string(),
+                points: of_model
+                    .iter()
+                    .filter(|r| r.variant == *v)
+                    .map(|r| (r.bandwidth_gbps, r.samples_per_sec))
+                    .collect(),
+                style: LineStyle::Solid,
+            });
+        }
+        let mut ideal: Vec<(f64, f64)> = of_model
+            .iter()
+            .map(|r| (r.bandwidth_gbps, r.ideal_samples_per_sec))
+            .filter(|p| p.1.is_finite())
+            .collect();
+        ideal.sort_by(|a, b| a.0.total_cmp(&b.0));
+        ideal.dedup_by(|a, b| a.0 == b.0);
+        if !ideal.is_empty() {
+            series.push(Series {
+                name: "ideal max(compute, comm)".into(),
+                points: ideal,
+                style: LineStyle::Dashed,
+            });
+        }
+        let chart = LineChart {
+            title: format!("{model}: throughput vs bandwidth"),
+            x_label: "bandwidth per worker, Gbit/s (full-size model)".into(),
+            y_label: "samples/s (all workers)".into(),
+            x_scale: Scale::Log,
+            y_scale: Scale::Linear,
+            series,
+            width: 820,
+            height: 480,
+        };
+        let svg = chart.to_svg()?;
+        let file: String = model
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        std::fs::write(dir.join(format!("throughput-{file}.svg")), &svg)?;
+        html.svg(&svg);
+        let categories: Vec<String> = of_model
+            .iter()
+            .map(|r| format!("{} @ {}", r.variant, r.bandwidth))
+            .collect();
+        let bars = StackedBars {
+            title: format!("{model}: step breakdown (worker 0)"),
+            y_label: "seconds per step".into(),
+            categories,
+            parts: vec![
+                (
+                    "compute".into(),
+                    of_model.iter().map(|r| r.compute_per_step).collect(),
+                ),
+                (
+                    "waiting on communication".into(),
+                    of_model.iter().map(|r| r.wait_per_step).collect(),
+                ),
+            ],
+            width: 820.max(60 * of_model.len() as u32),
+            height: 420,
+        };
+        html.svg(&bars.to_svg()?);
+    }
+    html.heading("All runs");
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.model.clone(),
+                r.variant.clone(),
+                r.bandwidth.clone(),
+                r.workers.to_string(),
+                format!("{:.3}", r.step_seconds),
+                format!("{:.1}", r.samples_per_sec),
+                format!("{:.1}", r.ideal_samples_per_sec),
+                format!("{:.0} %", r.fraction_of_ideal * 100.0),
+                if r.test_accuracy.is_finite() {
+                    format!("{:.2} %", r.test_accuracy * 100.0)
+                } else {
+                    "-".into()
+                },
+            ]
+        })
+        .collect();
+    html.table(
+        &[
+            "model",
+            "variant",
+            "bandwidth",
+            "workers",
+            "step s",
+            "samples/s",
+            "ideal samples/s",
+            "of ideal",
+            "accuracy",
+        ],
+        &table,
+    );
+    let path = dir.join("report.html");
+    std::fs::write(&path, html.finish())?;
+    Ok(path)
+}
+
+fn quote(s: &str) -> String {
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ideal_bound_is_the_longer_of_compute_and_communication() {
+        let compute = ideal_step_seconds("profile:vgg19", None).unwrap();
+        assert!((0.7..0.9).contains(&compute), "{compute}");
+        // 143.7 M parameters at 1 Gbit/s: 4.6 s of pushing.
+        let slow = ideal_step_seconds("profile:vgg19", Some(1e9)).unwrap();
+        assert!((slow - 143_667_240.0 * 32.0 / 1e9).abs() < 1e-9);
+        assert_eq!(ideal_step_seconds("lenet", Some(1e9)), None);
+    }
+}
