@@ -89,21 +89,37 @@ fn build_report(config: &StudyConfig, dir: &std::path::Path) -> Result<PathBuf> 
 }
 
 fn print_table(rows: &[report::RunRow]) {
+    let or_dash = |v: f64, text: String| if v.is_finite() { text } else { "-".into() };
     println!(
-        "{:<18} {:<22} {:>10} {:>3} {:>9} {:>11} {:>9} {:>9}",
-        "model", "variant", "bandwidth", "w", "step s", "samples/s", "ideal", "of ideal"
+        "{:<18} {:<26} {:>10} {:>3} {:>8} {:>10} {:>9} {:>8} {:>9}",
+        "model",
+        "variant",
+        "bandwidth",
+        "w",
+        "step s",
+        "samples/s",
+        "ideal",
+        "of ideal",
+        "accuracy"
     );
     for r in rows {
         println!(
-            "{:<18} {:<22} {:>10} {:>3} {:>9.3} {:>11.1} {:>9.1} {:>8.0}%",
+            "{:<18} {:<26} {:>10} {:>3} {:>8.3} {:>10.1} {:>9} {:>8} {:>9}",
             r.model,
             r.variant,
             r.bandwidth,
             r.workers,
             r.step_seconds,
             r.samples_per_sec,
-            r.ideal_samples_per_sec,
-            r.fraction_of_ideal * 100.0
+            or_dash(
+                r.ideal_samples_per_sec,
+                format!("{:.1}", r.ideal_samples_per_sec)
+            ),
+            or_dash(
+                r.fraction_of_ideal,
+                format!("{:.0} %", r.fraction_of_ideal * 100.0)
+            ),
+            or_dash(r.test_accuracy, format!("{:.2} %", r.test_accuracy * 100.0)),
         );
     }
 }
