@@ -36,6 +36,10 @@ enum Command {
     /// Run a study: a matrix of jobs (models x strategies x bandwidths x workers x seeds)
     /// one after another, resumable, then its report (results.csv, report.html).
     Study(study::StudyArgs),
+    /// Simulate strategies on virtual time with the very state machines the runtime runs:
+    /// step time, throughput, link utilisation, a trace; lists of strategies, bandwidths or
+    /// workers make a sweep (CSV and plot).
+    Simulate(cmd::simulate::SimulateArgs),
     /// Rebuild a study's report from its finished runs.
     Report(study::ReportArgs),
     /// One process of `bench-comm` (started by it).
@@ -62,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchCommProcess(a) => cmd::bench::bench_process(a),
         Command::Study(a) => study::study_cmd(a),
         Command::Report(a) => study::report_cmd(a),
+        Command::Simulate(a) => cmd::simulate::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,6 +1,8 @@
 //! The tensor registry: keys (parameter tensors numbered from the input), their cutting into
 //! slices, and the placement of slices on parameter servers.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// One parameter tensor as the synchronisation layer sees it.
@@ -44,13 +46,14 @@ pub enum Placement {
     SlicesRoundRobin,
 }
 
-/// Keys, their slices, and which server owns each slice.
+/// Keys, their slices, and which server owns each slice. Immutable once built; clones share
+/// the tables (every endpoint of a simulated cluster holds one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorRegistry {
-    keys: Vec<KeyInfo>,
-    slices: Vec<Slice>,
-    key_slices: Vec<std::ops::Range<usize>>,
-    owner: Vec<usize>,
+    keys: Arc<[KeyInfo]>,
+    slices: Arc<[Slice]>,
+    key_slices: Arc<[std::ops::Range<usize>]>,
+    owner: Arc<[usize]>,
     servers: usize,
 }
 
@@ -101,10 +104,10 @@ impl TensorRegistry {
             }
         };
         Self {
-            keys,
-            slices,
-            key_slices,
-            owner,
+            keys: keys.into(),
+            slices: slices.into(),
+            key_slices: key_slices.into(),
+            owner: owner.into(),
             servers,
         }
     }

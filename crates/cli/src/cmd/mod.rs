@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod dist;
 pub mod models;
+pub mod simulate;
 pub mod train;

@@ -1,0 +1,279 @@
+//! `syncopate simulate`: the core's strategies on virtual time, from 4 to 1,024+ workers.
+//! Several strategies, bandwidths or worker counts make a sweep: a table, a CSV and a plot.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
+use syncopate_core::profile::ModelProfile;
+use syncopate_core::sched::SchedulerKind;
+use syncopate_report::{LineChart, LineStyle, Scale, Series};
+use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport, Strategy};
+
+/// `syncopate simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// A compute profile: profile:resnet50, profile:vgg16, profile:vgg19, profile:sockeye or
+    /// profile:FILE (PipeDream graph.txt).
+    #[arg(long, default_value = "profile:resnet50")]
+    pub model: String,
+    /// Strategies, comma-separated: ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap.
+    #[arg(long, default_value = "p3")]
+    pub strategy: String,
+    /// Workers, comma-separated for a sweep.
+    #[arg(long, default_value = "4")]
+    pub workers: String,
+    /// Parameter servers of ps and p3 (default: as many as workers).
+    #[arg(long)]
+    pub servers: Option<usize>,
+    /// Every host's NIC bandwidth, comma-separated for a sweep (e.g. 1gbit,10gbit).
+    #[arg(long, default_value = "10gbit")]
+    pub bandwidth: String,
+    /// One-way latency of every link.
+    #[arg(long, default_value = "0ms")]
+    pub latency: String,
+    /// Send window of every NIC (bytes offered and not yet serialised).
+    #[arg(long, default_value = "256KiB")]
+    pub send_buffer: String,
+    /// Also serialise at the receiver's NIC (incast); the runtime shapes only egress.
+    #[arg(long)]
+    pub ingress: bool,
+    /// Scheduler (default: the strategy's).
+    #[arg(long)]
+    pub scheduler: Option<String>,
+    /// Steps to simulate.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Samples per step per worker (the profiles were measured at 128).
+    #[arg(long, default_value_t = 128)]
+    pub batch_size: usize,
+    /// Compute jitter: each layer time times a uniform factor in 1 +- J.
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// Seed of the jitter.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Scale of the state machines' buffers in (0, 1] (the wire is charged full size);
+    /// default: small enough that all hosts together hold about 50 M values.
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Write a Chrome/Perfetto trace of these steps (e.g. 2..4) to --trace.
+    #[arg(long, value_name = "A..B")]
+    pub trace_steps: Option<String>,
+    /// Trace file (with --trace-steps).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Folder for a sweep's results.csv and throughput.svg.
+    #[arg(long, default_value = "runs/simulate")]
+    pub out: PathBuf,
+    /// Write the (last) report as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+    s.split(',').map(|p| parse(p.trim())).collect()
+}
+
+fn strategy(s: &str) -> Result<Strategy> {
+    Ok(match s {
+        "ps" => Strategy::Ps,
+        "ps-no-overlap" => Strategy::PsNoOverlap,
+        "p3" => Strategy::P3,
+        "allreduce" => Strategy::Allreduce,
+        "allreduce-no-overlap" => Strategy::AllreduceNoOverlap,
+        _ => {
+            bail!("unknown strategy '{s}' (ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap)")
+        }
+    })
+}
+
+fn scheduler(s: &str) -> Result<SchedulerKind> {
+    SchedulerKind::ALL
+        .into_iter()
+        .find(|k| k.name() == s)
+        .with_context(|| format!("unknown scheduler '{s}' (fifo, priority, credit)"))
+}
+
+/// Resolves `profile:NAME` or `profile:FILE`.
+fn profile(model: &str) -> Result<ModelProfile> {
+    let Some(what) = model.strip_prefix("profile:") else {
+        bail!("the simulator replays compute profiles: use --model profile:NAME (got {model})");
+    };
+    if ModelProfile::builtin_names().contains(&what) {
+        return Ok(ModelProfile::builtin(what)?);
+    }
+    let text = std::fs::read_to_string(what)
+        .with_context(|| format!("'{what}' is neither a built-in profile nor a readable file"))?;
+    Ok(ModelProfile::parse(what, &text)?)
+}
+
+/// Runs the simulations and prints their figures.
+pub fn run(args: SimulateArgs) -> Result<()> {
+    let profile = profile(&args.model)?;
+    let strategies = list(&args.strategy, strategy)?;
+    let workers = list(&args.workers, |w| {
+        w.parse::<usize>()
+            .with_context(|| format!("--workers '{w}'"))
+    })?;
+    let bandwidths = list(&args.bandwidth, |b| {
+        Ok((b.to_string(), parse_bandwidth(b)?))
+    })?;
+    let latency_ns = parse_duration_ns(&args.latency)?;
+    let window = parse_size(&args.send_buffer)?.max(1);
+    let trace_steps = match &args.trace_steps {
+        Some(r) => {
+            let (a, b) = r
+                .split_once("..")
+                .with_context(|| format!("--trace-steps '{r}' is not A..B"))?;
+            Some(a.trim().parse::<u64>()?..b.trim().parse::<u64>()?)
+        }
+        None => None,
+    };
+    let sweep = strategies.len() * workers.len() * bandwidths.len() > 1;
+    println!(
+        "{:<22} {:>6} {:>7} {:>10} {:>9} {:>11} {:>9} {:>9} {:>8}",
+        "strategy",
+        "workers",
+        "servers",
+        "bandwidth",
+        "step s",
+        "samples/s",
+        "w util",
+        "s util",
+        "wall s"
+    );
+    let mut rows: Vec<(Strategy, usize, String, f64, SimReport)> = Vec::new();
+    for &s in &strategies {
+        for &n in &workers {
+            for (name, bps) in &bandwidths {
+                let servers = if s.uses_servers() {
+                    args.servers.unwrap_or(n)
+                } else {
+                    0
+                };
+                let mut config = SimConfig::new(s, n, servers);
+                if let Some(k) = &args.scheduler {
+                    config.scheduler = scheduler(k)?;
+                }
+                config.network = LinkProfile {
+                    bandwidth_bps: *bps,
+                    latency_ns,
+                    buffer_bytes: window,
+                };
+                config.shape_ingress = args.ingress;
+                config.steps = args.steps;
+                config.batch = args.batch_size;
+                config.jitter = args.jitter;
+                config.seed = args.seed;
+                config.trace_steps = trace_steps.clone();
+                let hosts = (n + servers) as f64;
+                config.scale = match args.scale {
+                    Some(f) => f,
+                    None => (5e7 / (hosts * profile.param_count().max(1) as f64)).min(1.0),
+                };
+                let start = Instant::now();
+                let report = simulate(&profile, &config).with_context(|| {
+                    format!("simulating {} with {n} workers at {name}", s.name())
+                })?;
+                let wall = start.elapsed().as_secs_f64();
+                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                println!(
+                    "{:<22} {:>6} {:>7} {:>10} {:>9.4} {:>11.1} {:>8.0}% {:>8.0}% {:>8.2}",
+                    format!("{}/{}", s.name(), config.scheduler.name()),
+                    n,
+                    servers,
+                    name,
+                    report.mean_step_seconds,
+                    report.samples_per_sec,
+                    mean(&report.worker_utilisation) * 100.0,
+                    mean(&report.server_utilisation) * 100.0,
+                    wall
+                );
+                if let (Some(path), Some(_)) = (&args.trace, &trace_steps) {
+                    std::fs::write(path, chrome_trace_json(&report.trace))
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+                rows.push((s, n, name.clone(), bps.unwrap_or(f64::NAN), report));
+            }
+        }
+    }
+    if let (Some(path), Some((_, _, _, _, report))) = (&args.json, rows.last()) {
+        std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if sweep {
+        write_sweep(&args, &profile, &rows, bandwidths.len() > 1)?;
+    }
+    Ok(())
+}
+
+fn write_sweep(
+    args: &SimulateArgs,
+    profile: &ModelProfile,
+    rows: &[(Strategy, usize, String, f64, SimReport)],
+    by_bandwidth: bool,
+) -> Result<()> {
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut csv = String::from("model,strategy,scheduler,workers,servers,bandwidth,bandwidth_gbps,step_seconds,samples_per_sec\n");
+    for (s, n, name, bps, r) in rows {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{:.6},{:.2}\n",
+            profile.name,
+            s.name(),
+            r.config.scheduler.name(),
+            n,
+            r.config.servers,
+            name,
+            bps / 1e9,
+            r.mean_step_seconds,
+            r.samples_per_sec
+        ));
+    }
+    std::fs::write(args.out.join("results.csv"), csv)?;
+    let mut series: Vec<Series> = Vec::new();
+    for (s, n, _, bps, r) in rows {
+        let label = if by_bandwidth {
+            format!("{} ({n} workers)", s.name())
+        } else {
+            s.name().to_string()
+        };
+        let x = if by_bandwidth { bps / 1e9 } else { *n as f64 };
+        match series.iter_mut().find(|x| x.name == label) {
+            Some(existing) => existing.points.push((x, r.samples_per_sec)),
+            None => series.push(Series {
+                name: label,
+                points: vec![(x, r.samples_per_sec)],
+                style: LineStyle::Solid,
+            }),
+        }
+    }
+    let chart = LineChart {
+        title: format!("simulated {}: throughput", profile.name),
+        x_label: if by_bandwidth {
+            "bandwidth per host, Gbit/s".into()
+        } else {
+            "workers".into()
+        },
+        y_label: "samples/s (all workers)".into(),
+        x_scale: Scale::Log,
+        y_scale: if by_bandwidth {
+            Scale::Linear
+        } else {
+            Scale::Log
+        },
+        series,
+        width: 820,
+        height: 480,
+    };
+    std::fs::write(args.out.join("throughput.svg"), chart.to_svg()?)?;
+    println!(
+        "sweep: {} and {}",
+        args.out.join("results.csv").display(),
+        args.out.join("throughput.svg").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Builds a job's processes as the runtime does: the (scaled) keys of the model, the
+//! registry, every rank's state machine and the peers it has links to.
+
+use std::ops::Range;
+
+use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
+use syncopate_core::profile::ModelProfile;
+use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
+use syncopate_core::strategy::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerSync};
+
+use crate::config::{SimConfig, Strategy, FRAME_ELEMS};
+
+/// A rank's state machine.
+pub(crate) enum Role {
+    /// A worker (any strategy).
+    Worker(Box<dyn WorkerSync>),
+    /// A parameter server.
+    Server(Box<PsServer>),
+}
+
+/// The model's keys at the configured scale (one per layer with parameters, numbered from the
+/// input) and the keys owned by each layer.
+pub(crate) fn model_keys(
+    profile: &ModelProfile,
+    cfg: &SimConfig,
+) -> (Vec<KeyInfo>, Vec<Range<usize>>) {
+    let keys: Vec<KeyInfo> = profile
+        .keys()
+        .into_iter()
+        .map(|(layer, numel)| KeyInfo {
+            numel: cfg.scaled(numel),
+            layer,
+        })
+        .collect();
+    let mut next = 0;
+    let layer_keys = (0..profile.layers.len())
+        .map(|layer| {
+            let start = next;
+            while keys.get(next).is_some_and(|k| k.layer == layer) {
+                next += 1;
+            }
+            start..next
+        })
+        .collect();
+    (keys, layer_keys)
+}
+
+/// The parameter-server registry: P3 places slices round robin, the others place keys
+/// balanced by bytes (MXNet's KVStore), as the runtime does.
+pub(crate) fn registry(cfg: &SimConfig, keys: &[KeyInfo]) -> TensorRegistry {
+    let placement = match cfg.strategy {
+        Strategy::P3 => Placement::SlicesRoundRobin,
+        _ => Placement::KeysByBytes,
+    };
+    TensorRegistry::new(keys.to_vec(), cfg.slice_elems(), cfg.servers, placement)
+}
+
+/// For every key, `(server index, slices)` of each server owning part of it.
+pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
+    (0..reg.keys().len())
+        .map(|key| {
+            let mut per_server = vec![0u32; reg.servers()];
+            reg.slices_of(key)
+                .for_each(|s| per_server[reg.owner(s)] += 1);
+            let owners = per_server.into_iter().enumerate().filter(|&(_, n)| n > 0);
+            owners.collect()
+        })
+        .collect()
+}
+
+/// Every rank's state machine: workers `0..N`, then servers.
+pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Role> {
+    let n = cfg.workers;
+    let overlap = cfg.strategy.overlaps();
+    if !cfg.strategy.uses_servers() {
+        let bucket = cfg.scaled((cfg.bucket_bytes / 4).max(1));
+        let segment = cfg.scaled(FRAME_ELEMS);
+        return (0..n)
+            .map(|r| {
+                let ring = RingAllReduce::new(
+                    r,
+                    n,
+                    keys.to_vec(),
+                    bucket,
+                    segment,
+                    overlap,
+                    cfg.scheduler,
+                );
+                Role::Worker(Box::new(ring))
+            })
+            .collect();
+    }
+    let reg = registry(cfg, keys);
+    let credit = cfg.scaled(cfg.credit_bytes);
+    let optim = ServerOptim {
+        sgd: Sgd::new(SgdConfig {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        }),
+        lr: 0.01,
+        schedule: LrSchedule::Constant,
+    };
+    let workers = (0..n).map(|r| {
+        let w = PsWorker::new(r, n, reg.clone(), overlap, cfg.scheduler, credit);
+        Role::Worker(Box::new(w))
+    });
+    let servers = (0..cfg.servers).map(|i| {
+        let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
+        let s = PsServer::new(i, n, reg.clone(), initial, optim, cfg.scheduler);
+        Role::Server(Box::new(s))
+    });
+    workers.chain(servers).collect()
+}
+
+/// The ranks `rank` has links to (the runtime's `JobLayout::peers`).
+pub(crate) fn peers(cfg: &SimConfig, rank: Rank) -> Vec<Rank> {
+    let n = cfg.workers;
+    if cfg.strategy.uses_servers() {
+        return if rank < n {
+            (n..n + cfg.servers).collect()
+        } else {
+            (0..n).collect()
+        };
+    }
+    if n < 2 {
+        return Vec::new();
+    }
+    let mut p = vec![(rank + n - 1) % n, (rank + 1) % n];
+    p.sort_unstable();
+    p.dedup();
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syncopate_core::profile::LayerProfile;
+
+    fn layer(params: usize) -> LayerProfile {
+        LayerProfile {
+            name: format!("l{params}"),
+            op: "op".into(),
+            forward_ns: 1,
+            backward_ns: 2,
+            param_count: params,
+        }
+    }
+
+    #[test]
+    fn keys_are_scaled_and_owned_by_their_layers() {
+        let profile = ModelProfile {
+            name: "m".into(),
+            layers: vec![layer(0), layer(1000), layer(0), layer(33)],
+        };
+        let mut cfg = SimConfig::new(Strategy::P3, 2, 1);
+        cfg.scale = 0.125;
+        let (keys, owned) = model_keys(&profile, &cfg);
+        assert_eq!(
+            keys,
+            vec![
+                KeyInfo {
+                    numel: 125,
+                    layer: 1
+                },
+                KeyInfo { numel: 5, layer: 3 }
+            ]
+        );
+        assert_eq!(owned, vec![0..0, 0..1, 1..1, 1..2]);
+        assert_eq!(roles(&cfg, &keys).len(), 3);
+        assert_eq!(peers(&cfg, 0), vec![2]);
+        assert_eq!(peers(&cfg, 2), vec![0, 1]);
+        let ring = SimConfig::new(Strategy::Allreduce, 2, 0);
+        assert_eq!(peers(&ring, 1), vec![0]);
+        cfg.slice_params = Some(200);
+        cfg.servers = 3;
+        let owners = key_owners(&registry(&cfg, &keys));
+        assert_eq!(owners, vec![vec![(0, 2), (1, 2), (2, 1)], vec![(2, 1)]]);
+    }
+}

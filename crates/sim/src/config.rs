@@ -1,0 +1,239 @@
+//! What to simulate: strategy, cluster, network, scale-down and trace window.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use syncopate_core::net::{LinkProfile, DEFAULT_BUFFER_BYTES};
+use syncopate_core::sched::SchedulerKind;
+use syncopate_core::wire::HEADER_LEN;
+
+use crate::SimError;
+
+/// P3's slice size in parameters (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
+pub const P3_SLICE_PARAMS: usize = 40_000;
+/// Largest frame payload in elements, as in the runtime: big keys travel in 4 MiB frames.
+pub const FRAME_ELEMS: usize = 1 << 20;
+/// All-reduce bucket capacity when none is asked for (PyTorch DDP's 25 MB).
+pub const DEFAULT_BUCKET_BYTES: usize = 25_000_000;
+/// Credit-scheduler budget when none is asked for: 4 P3 slices.
+pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
+
+/// How a step's gradients and parameters are synchronised (the runtime's strategies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Sharded parameter server, keys pushed as backward produces them, forward overlap.
+    Ps,
+    /// Parameter server, everything pushed after the whole backward.
+    PsNoOverlap,
+    /// P3: 40,000-parameter slices round robin, priority scheduling, forward overlap.
+    P3,
+    /// Ring all-reduce over buckets launched as backward fills them.
+    Allreduce,
+    /// Ring all-reduce after the whole backward.
+    AllreduceNoOverlap,
+}
+
+impl Strategy {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ps => "ps",
+            Strategy::PsNoOverlap => "ps-no-overlap",
+            Strategy::P3 => "p3",
+            Strategy::Allreduce => "allreduce",
+            Strategy::AllreduceNoOverlap => "allreduce-no-overlap",
+        }
+    }
+
+    /// Whether it needs parameter servers.
+    pub fn uses_servers(self) -> bool {
+        matches!(self, Strategy::Ps | Strategy::PsNoOverlap | Strategy::P3)
+    }
+
+    /// Whether communication overlaps backward (and, with servers, the next forward).
+    pub fn overlaps(self) -> bool {
+        matches!(self, Strategy::Ps | Strategy::P3 | Strategy::Allreduce)
+    }
+
+    /// The scheduler the runtime uses when none is asked for.
+    pub fn default_scheduler(self) -> SchedulerKind {
+        match self {
+            Strategy::P3 => SchedulerKind::Priority,
+            _ => SchedulerKind::Fifo,
+        }
+    }
+
+    /// Parameters per slice when none is asked for (full-size model).
+    pub fn default_slice_params(self) -> usize {
+        match self {
+            Strategy::P3 => P3_SLICE_PARAMS,
+            _ => FRAME_ELEMS,
+        }
+    }
+}
+
+/// Everything a simulation depends on (recorded in its report).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimConfig {
+    /// Strategy.
+    pub strategy: Strategy,
+    /// Scheduler of every endpoint.
+    pub scheduler: SchedulerKind,
+    /// Bytes a worker may have pushed and not yet had answered (credit scheduler, full size).
+    pub credit_bytes: usize,
+    /// Workers (ranks `0..workers`).
+    pub workers: usize,
+    /// Parameter servers (ranks `workers..workers + servers`); 0 for all-reduce.
+    pub servers: usize,
+    /// Every host's NIC: bandwidth, latency, send window (`buffer_bytes`).
+    pub network: LinkProfile,
+    /// Also serialise frames at the receiver's NIC (the runtime shapes only egress).
+    pub shape_ingress: bool,
+    /// Scale-down of the state machines' buffers, in `(0, 1]`; the wire is charged full size.
+    pub scale: f64,
+    /// Parameter-server slice size in full-size parameters (`None`: the strategy's default).
+    pub slice_params: Option<usize>,
+    /// All-reduce bucket capacity in full-size bytes.
+    pub bucket_bytes: usize,
+    /// Steps to simulate.
+    pub steps: u64,
+    /// Samples per step on each worker (for the throughput).
+    pub batch: usize,
+    /// Compute jitter: every layer time is multiplied by a uniform factor in `1 ± jitter`.
+    pub jitter: f64,
+    /// Seed of the jitter.
+    pub seed: u64,
+    /// Steps whose compute and frames are recorded as trace events.
+    pub trace_steps: Option<Range<u64>>,
+}
+
+impl SimConfig {
+    /// The runtime's defaults for `strategy` on `workers` workers and `servers` servers:
+    /// 10 Gbit/s links without latency and a 256 KiB window, full scale, 10 steps of 128.
+    pub fn new(strategy: Strategy, workers: usize, servers: usize) -> Self {
+        Self {
+            strategy,
+            scheduler: strategy.default_scheduler(),
+            credit_bytes: DEFAULT_CREDIT_BYTES,
+            workers,
+            servers,
+            network: LinkProfile {
+                bandwidth_bps: Some(10e9),
+                latency_ns: 0,
+                buffer_bytes: DEFAULT_BUFFER_BYTES,
+            },
+            shape_ingress: false,
+            scale: 1.0,
+            slice_params: None,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            steps: 10,
+            batch: 128,
+            jitter: 0.0,
+            seed: 0,
+            trace_steps: None,
+        }
+    }
+
+    /// Checks the configuration against the strategy.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let fail = |why: String| Err(SimError::Config(why));
+        let s = self.strategy.name();
+        if self.workers == 0 {
+            return fail("at least one worker is needed".into());
+        }
+        if self.strategy.uses_servers() && self.servers == 0 {
+            return fail(format!("strategy {s} needs at least one server"));
+        }
+        if !self.strategy.uses_servers() && self.servers > 0 {
+            return fail(format!("strategy {s} uses no server; set servers to 0"));
+        }
+        if !(self.scale > 0.0 && self.scale <= 1.0) {
+            return fail(format!("scale {} is not in (0, 1]", self.scale));
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return fail(format!("jitter {} is not in [0, 1)", self.jitter));
+        }
+        if self
+            .network
+            .bandwidth_bps
+            .is_some_and(|b| !(b > 0.0 && b.is_finite()))
+        {
+            return fail("bandwidth must be positive and finite".into());
+        }
+        if self.network.buffer_bytes == 0 {
+            return fail("the send window (buffer_bytes) must be positive".into());
+        }
+        if self.slice_params == Some(0) || self.bucket_bytes < 4 || self.batch == 0 {
+            return fail("slice_params, bucket_bytes and batch must be positive".into());
+        }
+        if self.scheduler.uses_credit() && self.credit_bytes == 0 {
+            return fail("credit_bytes must be positive under the credit scheduler".into());
+        }
+        if self.steps == 0 {
+            return fail("at least one step is needed".into());
+        }
+        Ok(())
+    }
+
+    /// What a full-size count of `n` elements (or bytes) becomes at this scale: rounded up,
+    /// at least 1 unless `n` is 0.
+    pub fn scaled(&self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            ((n as f64 * self.scale).ceil() as usize).max(1)
+        }
+    }
+
+    /// Slice length in the state machines (the runtime clamps slices to a frame).
+    pub fn slice_elems(&self) -> usize {
+        let full = self
+            .slice_params
+            .unwrap_or(self.strategy.default_slice_params());
+        self.scaled(full.clamp(1, FRAME_ELEMS))
+    }
+
+    /// Bytes the network charges for a frame carrying `elems` scaled values: the header plus
+    /// the full-size payload, `48 + elems * 4 / scale`.
+    pub fn wire_bytes(&self, elems: usize) -> usize {
+        HEADER_LEN + (elems as f64 * 4.0 / self.scale).round() as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_rounds_up_and_the_wire_charges_full_size() {
+        let mut c = SimConfig::new(Strategy::P3, 2, 1);
+        c.scale = 1.0 / 16.0;
+        assert_eq!(c.scaled(0), 0);
+        assert_eq!(c.scaled(1), 1);
+        assert_eq!(c.scaled(33), 3);
+        assert_eq!(c.slice_elems(), 2_500);
+        assert_eq!(c.wire_bytes(2_500), 48 + 160_000);
+        c.slice_params = Some(10 << 20);
+        assert_eq!(
+            c.slice_elems(),
+            FRAME_ELEMS / 16,
+            "slices are clamped to a frame"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let bad = |f: fn(&mut SimConfig)| {
+            let mut c = SimConfig::new(Strategy::Ps, 2, 1);
+            f(&mut c);
+            c.validate().map_err(|e| e.to_string()).unwrap_err()
+        };
+        assert!(bad(|c| c.servers = 0).contains("server"));
+        assert!(bad(|c| c.strategy = Strategy::Allreduce).contains("no server"));
+        assert!(bad(|c| c.scale = 0.0).contains("scale"));
+        assert!(bad(|c| c.jitter = 1.5).contains("jitter"));
+        assert!(bad(|c| c.workers = 0).contains("worker"));
+        assert!(SimConfig::new(Strategy::Allreduce, 3, 0).validate().is_ok());
+    }
+}

@@ -1,0 +1,498 @@
+//! The event loop: hosts (a state machine, a NIC and links), frames in flight, the workers'
+//! compute, and the counters that become the report.
+
+use std::ops::Range;
+use std::rc::Rc;
+
+use syncopate_core::profile::ModelProfile;
+use syncopate_core::registry::KeyInfo;
+use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+
+use crate::build::{key_owners, model_keys, peers, registry, roles, Role};
+use crate::nic::Nic;
+use crate::offer::{Frontier, Outbox};
+use crate::queue::{Event, EventQueue};
+use crate::report::{HostTraffic, Lane, SimReport, Tracer};
+use crate::rng::Jitter;
+use crate::trainer::{Action, Trainer};
+use crate::{SimConfig, SimError};
+
+/// When endpoints are asked for frames, and on which links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Polling {
+    /// Only when something that can produce a frame happened (a gradient handed over; a
+    /// frame delivered to a ring or credit worker; a slice updated on a server), and only on
+    /// the links that can hold the most urgent frame (see [`crate::offer`]).
+    Lean,
+    /// As the runtime does: after every event, on every link (O(workers) per server frame);
+    /// the reference that `Lean` is tested against.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Exhaustive,
+}
+
+struct Host {
+    role: Role,
+    /// The peers, twice over, so that a rotation is a sub-slice.
+    links: Vec<Rank>,
+    rotation: usize,
+    nic: Nic,
+    traffic: HostTraffic,
+}
+
+struct InFlight {
+    from: Rank,
+    to: Rank,
+    header: Header,
+    buf: Vec<u8>,
+    bytes: usize,
+    /// When the frame starts arriving (first bit, or start of ingress serialisation).
+    recv_start: u64,
+}
+
+/// One simulation run.
+pub(crate) struct Sim<'a> {
+    cfg: &'a SimConfig,
+    profile: &'a ModelProfile,
+    polling: Polling,
+    /// Whether a delivery can give a worker something to send (ring forwarding, credit).
+    sends_on_delivery: bool,
+    hosts: Vec<Host>,
+    trainers: Vec<Trainer>,
+    jitter: Vec<Jitter>,
+    frontiers: Vec<Frontier>,
+    /// Parameter-server workers only.
+    outboxes: Vec<Outbox>,
+    key_owners: Vec<Vec<(usize, u32)>>,
+    updates: Vec<u64>,
+    keys: Vec<KeyInfo>,
+    layer_keys: Rc<[Range<usize>]>,
+    grad: Vec<f32>,
+    queue: EventQueue,
+    frames: Vec<Option<InFlight>>,
+    free_slots: Vec<usize>,
+    pool: Vec<Vec<u8>>,
+    now: u64,
+    events: u64,
+    frames_sent: u64,
+    step_end: Vec<u64>,
+    tracer: Tracer,
+}
+
+/// The header of a frame `from` produced.
+fn decode(buf: &[u8], from: Rank) -> Result<Header, ProtocolError> {
+    let head: Option<&[u8; HEADER_LEN]> = buf.get(..HEADER_LEN).and_then(|b| b.try_into().ok());
+    let head = head.ok_or_else(|| ProtocolError::Unexpected {
+        from,
+        reason: format!("frame of {} bytes is shorter than a header", buf.len()),
+    })?;
+    Ok(Header::decode(head, DEFAULT_MAX_PAYLOAD)?)
+}
+
+fn frame_name(h: &Header, from: Rank, to: Rank) -> String {
+    format!("{:?} key {} @{} {from}->{to}", h.kind, h.key, h.offset)
+}
+
+/// Hands the endpoint's events to its trainer; records when steps complete. Returns whether
+/// there was any.
+fn drain(ep: &mut dyn WorkerSync, trainer: &mut Trainer, step_end: &mut [u64], now: u64) -> bool {
+    let mut any = false;
+    while let Some(ev) = ep.poll_event() {
+        any = true;
+        trainer.on_event(ev);
+        if ev == WorkerEvent::StepDone {
+            if let Some(end) = step_end.get_mut((trainer.steps_done() as usize).saturating_sub(1)) {
+                *end = (*end).max(now);
+            }
+        }
+    }
+    any
+}
+
+impl<'a> Sim<'a> {
+    /// Builds the job of `cfg` on `profile`.
+    pub fn new(
+        profile: &'a ModelProfile,
+        cfg: &'a SimConfig,
+        polling: Polling,
+    ) -> Result<Self, SimError> {
+        cfg.validate()?;
+        let (keys, layer_keys) = model_keys(profile, cfg);
+        let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
+        let forward_overlap = cfg.strategy.uses_servers() && cfg.strategy.overlaps();
+        let hosts = roles(cfg, &keys)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, role)| {
+                let p = peers(cfg, rank);
+                Host {
+                    role,
+                    links: p.iter().chain(&p).copied().collect(),
+                    rotation: 0,
+                    nic: Nic::new(cfg.network, cfg.shape_ingress),
+                    traffic: HostTraffic::default(),
+                }
+            })
+            .collect();
+        let n = cfg.workers;
+        Ok(Self {
+            cfg,
+            profile,
+            polling,
+            sends_on_delivery: !cfg.strategy.uses_servers() || cfg.scheduler.uses_credit(),
+            hosts,
+            trainers: (0..n)
+                .map(|_| Trainer::new(cfg.steps, forward_overlap, layer_keys.clone()))
+                .collect(),
+            jitter: (0..n)
+                .map(|w| Jitter::new(cfg.seed, w as u64, cfg.jitter))
+                .collect(),
+            frontiers: vec![Frontier::default(); cfg.servers],
+            outboxes: vec![Outbox::new(n, cfg.servers); if cfg.servers > 0 { n } else { 0 }],
+            key_owners: if cfg.servers > 0 {
+                key_owners(&registry(cfg, &keys))
+            } else {
+                Vec::new()
+            },
+            updates: vec![0; cfg.servers],
+            grad: vec![1e-3; keys.iter().map(|k| k.numel).max().unwrap_or(0)],
+            keys,
+            layer_keys,
+            queue: EventQueue::default(),
+            frames: Vec::new(),
+            free_slots: Vec::new(),
+            pool: Vec::new(),
+            now: 0,
+            events: 0,
+            frames_sent: 0,
+            step_end: vec![0; cfg.steps as usize],
+            tracer: Tracer::new(cfg.trace_steps.clone()),
+        })
+    }
+
+    /// Runs every event and builds the report.
+    pub fn run(mut self) -> Result<SimReport, SimError> {
+        for w in 0..self.cfg.workers {
+            self.drive(w, false)?;
+        }
+        while let Some((t, ev)) = self.queue.pop() {
+            self.now = t;
+            self.events += 1;
+            match ev {
+                Event::ComputeDone(w) => {
+                    self.trainers[w].compute_done();
+                    self.drive(w, false)?;
+                }
+                Event::NicReady(h) => {
+                    self.hosts[h].nic.wake_at = None;
+                    if h < self.cfg.workers {
+                        self.drive(h, true)?;
+                    } else {
+                        self.fill(h)?;
+                    }
+                }
+                Event::Arrive(slot) => self.arrive(slot)?,
+                Event::Deliver(slot) => self.deliver(slot)?,
+            }
+        }
+        let stuck: Vec<String> = (self.trainers.iter().enumerate())
+            .filter(|(_, t)| !t.finished())
+            .take(4)
+            .map(|(w, t)| format!("worker {w} at {}", t.describe()))
+            .collect();
+        if !stuck.is_empty() {
+            return Err(SimError::Stalled {
+                time_ns: self.now,
+                what: stuck.join("; "),
+            });
+        }
+        Ok(self.report())
+    }
+
+    fn internal(&self, what: String) -> SimError {
+        SimError::Internal {
+            time_ns: self.now,
+            what,
+        }
+    }
+
+    /// Runs worker `w`'s loop until it computes or waits, offering its NIC frames whenever
+    /// it may have some (`poll`: it may already, e.g. a frame was just delivered to a ring
+    /// worker), until its endpoint has no more events (transmitting can end a ring step).
+    fn drive(&mut self, w: usize, poll: bool) -> Result<(), SimError> {
+        let mut may_send = poll || self.polling == Polling::Exhaustive;
+        let profile = self.profile;
+        loop {
+            let Role::Worker(ep) = &mut self.hosts[w].role else {
+                return Err(self.internal(format!("rank {w} is not a worker")));
+            };
+            let trainer = &mut self.trainers[w];
+            loop {
+                let action = trainer.next();
+                may_send |= !matches!(action, Action::Idle | Action::Compute { .. });
+                match action {
+                    Action::Idle => break,
+                    Action::Begin(step) => ep.begin_step(step),
+                    Action::Compute { layer, backward } => {
+                        let l = &profile.layers[layer];
+                        let ns = self.jitter[w].apply(if backward {
+                            l.backward_ns
+                        } else {
+                            l.forward_ns
+                        });
+                        let (now, step) = (self.now, trainer.step());
+                        self.queue.push(now + ns, Event::ComputeDone(w));
+                        let what = if backward { "backward" } else { "forward" };
+                        let name = || format!("{what} {}", l.name);
+                        self.tracer
+                            .record(step, w, Lane::Compute, (now, now + ns), name);
+                        continue;
+                    }
+                    Action::Gradients(layer) => {
+                        for key in self.layer_keys[layer].clone() {
+                            ep.handle_gradient(key, &self.grad[..self.keys[key].numel]);
+                            if let Some(outbox) = self.outboxes.get_mut(w) {
+                                outbox.handed(&self.key_owners[key]);
+                            }
+                        }
+                    }
+                    Action::BackwardDone => ep.handle_backward_done(),
+                }
+                drain(ep.as_mut(), trainer, &mut self.step_end, self.now);
+            }
+            if !std::mem::take(&mut may_send) {
+                return Ok(());
+            }
+            self.fill(w)?;
+            let Role::Worker(ep) = &mut self.hosts[w].role else {
+                return Ok(());
+            };
+            if !drain(
+                ep.as_mut(),
+                &mut self.trainers[w],
+                &mut self.step_end,
+                self.now,
+            ) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Asks host `h`'s endpoint for frames while its NIC's backlog is below the window (the
+    /// runtime's `fill`); arms a wake-up for when the backlog drains below it.
+    fn fill(&mut self, h: Rank) -> Result<(), SimError> {
+        let workers = self.cfg.workers;
+        loop {
+            let now = self.now;
+            let host = &mut self.hosts[h];
+            if !host.nic.has_room(now) {
+                if host.nic.wake_at.is_none() {
+                    let at = host.nic.room_at(now);
+                    host.nic.wake_at = Some(at);
+                    self.queue.push(at, Event::NicReady(h));
+                }
+                return Ok(());
+            }
+            let mut buf = self.pool.pop().unwrap_or_default();
+            buf.clear();
+            let n = host.links.len() / 2;
+            let to = match &mut host.role {
+                Role::Worker(_) if n == 0 => None,
+                Role::Worker(ep) if self.polling == Polling::Lean && h < self.outboxes.len() => {
+                    ep.poll_transmit_any(self.outboxes[h].candidates(), &mut buf)
+                }
+                Role::Worker(ep) => {
+                    let turn = host.rotation % n;
+                    host.rotation = host.rotation.wrapping_add(1);
+                    ep.poll_transmit_any(&host.links[turn..turn + n], &mut buf)
+                }
+                Role::Server(ep) => match self.polling {
+                    Polling::Lean => {
+                        ep.poll_transmit_any(self.frontiers[h - workers].candidates(), &mut buf)
+                    }
+                    Polling::Exhaustive => ep.poll_transmit_any(&host.links[..n], &mut buf),
+                },
+            };
+            let Some(to) = to else {
+                self.pool.push(buf);
+                if h >= workers && !self.frontiers[h - workers].is_empty() {
+                    return Err(
+                        self.internal(format!("server rank {h} holds replies but sent none"))
+                    );
+                }
+                return Ok(());
+            };
+            let header = decode(&buf, h).map_err(|source| SimError::Protocol {
+                time_ns: now,
+                host: to,
+                from: h,
+                source,
+            })?;
+            let checked = if h >= workers {
+                let slice = (header.step, header.key, header.offset);
+                self.frontiers[h - workers].sent(slice, to, workers)
+            } else {
+                self.outboxes.get_mut(h).map_or(Ok(()), |o| o.sent(to))
+            };
+            if let Err(what) = checked {
+                return Err(self.internal(format!("rank {h}: {what}")));
+            }
+            let bytes = self.cfg.wire_bytes(header.length as usize);
+            let host = &mut self.hosts[h];
+            let start = now.max(host.nic.egress.free_at_ns());
+            let arrival = host.nic.egress.schedule(now, bytes);
+            let done = host.nic.egress.free_at_ns();
+            host.traffic.bytes_sent += bytes as u64;
+            self.frames_sent += 1;
+            self.tracer
+                .record(header.step, h, Lane::Send, (start, done), || {
+                    frame_name(&header, h, to)
+                });
+            let recv_start = start + (arrival - done);
+            let frame = InFlight {
+                from: h,
+                to,
+                header,
+                buf,
+                bytes,
+                recv_start,
+            };
+            let slot = match self.free_slots.pop() {
+                Some(slot) => {
+                    self.frames[slot] = Some(frame);
+                    slot
+                }
+                None => {
+                    self.frames.push(Some(frame));
+                    self.frames.len() - 1
+                }
+            };
+            let ingress = self.cfg.shape_ingress;
+            self.queue.push(
+                arrival,
+                if ingress {
+                    Event::Arrive(slot)
+                } else {
+                    Event::Deliver(slot)
+                },
+            );
+        }
+    }
+
+    /// A frame reached its receiver's NIC: it serialises through the ingress.
+    fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
+        let now = self.now;
+        let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        if let Some(ingress) = self.hosts[f.to].nic.ingress.as_mut() {
+            f.recv_start = now.max(ingress.free_at_ns());
+            self.queue
+                .push(ingress.schedule(now, f.bytes), Event::Deliver(slot));
+        }
+        Ok(())
+    }
+
+    /// A frame is handed to its receiver: its payload is read into the slot the endpoint
+    /// designates, then the receiver reacts (replies, forwards, computes).
+    fn deliver(&mut self, slot: usize) -> Result<(), SimError> {
+        let Some(f) = self.frames.get_mut(slot).and_then(Option::take) else {
+            return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        self.free_slots.push(slot);
+        let (now, to, h) = (self.now, f.to, f.header);
+        self.hosts[to].traffic.bytes_received += f.bytes as u64;
+        self.tracer
+            .record(h.step, to, Lane::Receive, (f.recv_start, now), || {
+                frame_name(&h, f.from, to)
+            });
+        let ep: &mut dyn Endpoint = match &mut self.hosts[to].role {
+            Role::Worker(w) => w.as_mut(),
+            Role::Server(s) => s.as_mut(),
+        };
+        let payload = f.buf.get(HEADER_LEN..).unwrap_or_default();
+        let result = match ep.recv_slot(f.from, &h).map(f32_bytes_mut) {
+            Ok(dst) if dst.len() == payload.len() => {
+                dst.copy_from_slice(payload);
+                ep.handle_payload(f.from, &h)
+            }
+            Ok(dst) => Err(ProtocolError::Unexpected {
+                from: f.from,
+                reason: format!(
+                    "{}-byte slot for a {}-byte payload",
+                    dst.len(),
+                    payload.len()
+                ),
+            }),
+            Err(e) => Err(e),
+        };
+        self.pool.push(f.buf);
+        result.map_err(|source| SimError::Protocol {
+            time_ns: now,
+            host: to,
+            from: f.from,
+            source,
+        })?;
+        match &mut self.hosts[to].role {
+            Role::Server(s) => {
+                let i = to - self.cfg.workers;
+                let updates = s.updates();
+                if updates == self.updates[i] + 1 {
+                    self.updates[i] = updates;
+                    self.frontiers[i].updated((h.step, h.key, h.offset));
+                    self.fill(to)
+                } else if updates != self.updates[i] {
+                    Err(self.internal(format!(
+                        "server rank {to} applied {updates} updates at once"
+                    )))
+                } else if self.polling == Polling::Exhaustive {
+                    self.fill(to)
+                } else {
+                    Ok(())
+                }
+            }
+            Role::Worker(ep) => {
+                drain(ep.as_mut(), &mut self.trainers[to], &mut self.step_end, now);
+                self.drive(to, self.sends_on_delivery)
+            }
+        }
+    }
+
+    fn report(self) -> SimReport {
+        let cfg = self.cfg;
+        let elapsed = self.step_end.last().copied().unwrap_or(0);
+        let secs = elapsed as f64 * 1e-9;
+        let mut prev = 0;
+        let step_seconds = (self.step_end.iter())
+            .map(|&e| {
+                let d = e.saturating_sub(prev);
+                prev = e;
+                d as f64 * 1e-9
+            })
+            .collect();
+        let mean = secs / cfg.steps as f64;
+        let util = |t: &HostTraffic| match cfg.network.bandwidth_bps {
+            Some(bps) if elapsed > 0 => t.bytes_sent as f64 * 8.0 / (bps * secs),
+            _ => 0.0,
+        };
+        let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
+        SimReport {
+            model: self.profile.name.clone(),
+            config: cfg.clone(),
+            step_end_ns: self.step_end,
+            step_seconds,
+            mean_step_seconds: mean,
+            samples_per_sec: if mean > 0.0 {
+                (cfg.workers * cfg.batch) as f64 / mean
+            } else {
+                0.0
+            },
+            worker_utilisation: traffic[..cfg.workers].iter().map(util).collect(),
+            server_utilisation: traffic[cfg.workers..].iter().map(util).collect(),
+            traffic,
+            frames: self.frames_sent,
+            events: self.events,
+            trace: self.tracer.into_events(),
+        }
+    }
+}

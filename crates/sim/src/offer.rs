@@ -1,0 +1,148 @@
+//! Which links the simulator offers an endpoint's `poll_transmit_any`: only those whose
+//! queue can hold the frame the endpoint would pick among all of them, which gives the very
+//! same choice at a fraction of the cost. The simulator checks every frame against this
+//! bookkeeping, and its tests compare with offering every link.
+//!
+//! Servers: `PsServer` queues every updated slice for all `N` workers at once and picks the
+//! smallest `(order key, link)` over the queue heads: an O(N) scan per frame, O(N²) per
+//! slice, which dominates a 1,024-worker simulation. The workers served with a given reply
+//! always form a prefix `0..next` (by induction: the most urgent reply `x` is at the head of
+//! link `next(x)` and of no lower link), so only the links `{next(x)}` can win.
+//!
+//! Parameter-server workers: a queue is empty unless a slice owned by that server was handed
+//! over and not yet sent, and empty queues never win; counting slices per server suffices.
+
+use syncopate_core::strategy::Rank;
+
+/// Replies one server still has to hand out, and how far each has got.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Frontier {
+    /// `(step, key, offset)` of an updated slice and the next worker to get it.
+    replies: Vec<((u64, u32, u32), usize)>,
+    links: Vec<usize>,
+}
+
+impl Frontier {
+    /// The slice `(step, key, offset)` was updated: it is queued for every worker.
+    pub fn updated(&mut self, slice: (u64, u32, u32)) {
+        self.replies.push((slice, 0));
+    }
+
+    /// Whether every reply has been handed out.
+    pub fn is_empty(&self) -> bool {
+        self.replies.is_empty()
+    }
+
+    /// The links whose queue heads can be the most urgent (one per reply still being handed
+    /// out, so possibly repeated: the choice among them does not depend on order or repeats).
+    pub fn candidates(&mut self) -> &[usize] {
+        self.links.clear();
+        self.links.extend(self.replies.iter().map(|r| r.1));
+        &self.links
+    }
+
+    /// The reply for `slice` went to `link`, of `workers` workers. Errs (with what was
+    /// expected) if that breaks the prefix order or the slice was not updated.
+    pub fn sent(
+        &mut self,
+        slice: (u64, u32, u32),
+        link: usize,
+        workers: usize,
+    ) -> Result<(), String> {
+        let Some(i) = self.replies.iter().position(|r| r.0 == slice) else {
+            return Err(format!("reply {slice:?} to {link} was never queued"));
+        };
+        let next = &mut self.replies[i].1;
+        if *next != link {
+            return Err(format!("reply {slice:?} went to {link}, expected {next}"));
+        }
+        *next += 1;
+        if *next == workers {
+            self.replies.remove(i);
+        }
+        Ok(())
+    }
+}
+
+/// Slices a parameter-server worker was handed and has not sent, per server.
+#[derive(Debug, Clone)]
+pub(crate) struct Outbox {
+    first: Rank,
+    owed: Vec<u32>,
+    links: Vec<Rank>,
+}
+
+impl Outbox {
+    /// A worker talking to servers of ranks `first..first + servers`.
+    pub fn new(first: Rank, servers: usize) -> Self {
+        Self {
+            first,
+            owed: vec![0; servers],
+            links: Vec::with_capacity(servers),
+        }
+    }
+
+    /// A key was handed over: `(server index, slices)` of each server owning part of it.
+    pub fn handed(&mut self, owners: &[(usize, u32)]) {
+        for &(server, slices) in owners {
+            self.owed[server] += slices;
+        }
+    }
+
+    /// A slice went to server rank `link`.
+    pub fn sent(&mut self, link: Rank) -> Result<(), String> {
+        match link
+            .checked_sub(self.first)
+            .and_then(|s| self.owed.get_mut(s))
+        {
+            Some(owed) if *owed > 0 => {
+                *owed -= 1;
+                Ok(())
+            }
+            _ => Err(format!("a slice went to rank {link}, which was owed none")),
+        }
+    }
+
+    /// The server links that may have a slice queued, ascending.
+    pub fn candidates(&mut self) -> &[Rank] {
+        self.links.clear();
+        let owed = self.owed.iter().enumerate().filter(|(_, &o)| o > 0);
+        self.links.extend(owed.map(|(s, _)| self.first + s));
+        &self.links
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracks_prefixes_and_refuses_out_of_order_replies() {
+        let mut f = Frontier::default();
+        f.updated((0, 1, 0));
+        f.updated((0, 2, 0));
+        assert_eq!(f.candidates(), &[0, 0]);
+        f.sent((0, 2, 0), 0, 2).unwrap();
+        assert_eq!(f.candidates(), &[0, 1]);
+        assert!(f.sent((0, 2, 0), 0, 2).unwrap_err().contains("expected 1"));
+        f.sent((0, 2, 0), 1, 2).unwrap();
+        assert_eq!(f.candidates(), &[0]);
+        f.sent((0, 1, 0), 0, 2).unwrap();
+        f.sent((0, 1, 0), 1, 2).unwrap();
+        assert!(f.is_empty());
+        assert!(f.sent((0, 1, 0), 0, 2).is_err());
+    }
+
+    #[test]
+    fn outbox_offers_the_servers_still_owed_a_slice() {
+        let mut o = Outbox::new(4, 3);
+        assert!(o.candidates().is_empty());
+        o.handed(&[(0, 1), (2, 2)]);
+        assert_eq!(o.candidates(), &[4, 6]);
+        o.sent(6).unwrap();
+        o.sent(4).unwrap();
+        assert_eq!(o.candidates(), &[6]);
+        assert!(o.sent(5).unwrap_err().contains("rank 5"));
+        assert!(o.sent(3).is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! What a simulation reports, and its trace as Chrome/Perfetto JSON.
+
+use std::fmt::Write;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::SimConfig;
+
+/// Bytes one host put on and took off the network (full-size bytes, headers included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostTraffic {
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+}
+
+/// Which track of its host an event is drawn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lane {
+    /// Forward and backward compute (Chrome `tid` 0).
+    Compute,
+    /// A frame serialising on the host's egress (`tid` 1).
+    Send,
+    /// A frame arriving at the host (`tid` 2): its bits coming in, or its ingress serialisation.
+    Receive,
+}
+
+/// One interval of the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// Rank of the host.
+    pub host: usize,
+    /// Track within the host.
+    pub lane: Lane,
+    /// What happened, e.g. `forward node4` or `Push key 3 @0 0->2`.
+    pub name: String,
+    /// Start, virtual nanoseconds.
+    pub start_ns: u64,
+    /// Duration, nanoseconds.
+    pub dur_ns: u64,
+}
+
+/// The outcome of a simulation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimReport {
+    /// Model name of the profile.
+    pub model: String,
+    /// The configuration simulated.
+    pub config: SimConfig,
+    /// When each step was complete on every worker (its last StepDone), virtual ns.
+    pub step_end_ns: Vec<u64>,
+    /// Duration of each step (between consecutive step ends; the first from 0), seconds.
+    pub step_seconds: Vec<f64>,
+    /// Mean step time: the last step's end over the number of steps, seconds.
+    pub mean_step_seconds: f64,
+    /// Samples per second over all workers: `workers * batch / mean_step_seconds`.
+    pub samples_per_sec: f64,
+    /// Traffic per rank (workers, then servers).
+    pub traffic: Vec<HostTraffic>,
+    /// Egress utilisation of each worker: bytes sent / (bandwidth x elapsed); 0 unshaped.
+    pub worker_utilisation: Vec<f64>,
+    /// Egress utilisation of each server.
+    pub server_utilisation: Vec<f64>,
+    /// Frames transmitted.
+    pub frames: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Trace events of the steps in `config.trace_steps`, in the order they were recorded.
+    pub trace: Vec<TraceEvent>,
+}
+
+/// Collects the trace events of a window of steps.
+#[derive(Debug, Default)]
+pub(crate) struct Tracer {
+    window: Option<Range<u64>>,
+    events: Vec<TraceEvent>,
+}
+
+impl Tracer {
+    /// Records the steps in `window` (nothing when `None`).
+    pub fn new(window: Option<Range<u64>>) -> Self {
+        Self {
+            window,
+            events: Vec::new(),
+        }
+    }
+
+    /// Records `[start, end)` on `host`'s `lane` if `step` is in the window (the name is
+    /// only built then).
+    pub fn record(
+        &mut self,
+        step: u64,
+        host: usize,
+        lane: Lane,
+        span: (u64, u64),
+        name: impl FnOnce() -> String,
+    ) {
+        if self.window.as_ref().is_some_and(|w| w.contains(&step)) {
+            let (start_ns, end) = span;
+            let name = name();
+            self.events.push(TraceEvent {
+                host,
+                lane,
+                name,
+                start_ns,
+                dur_ns: end.saturating_sub(start_ns),
+            });
+        }
+    }
+
+    /// The events, in the order they were recorded.
+    pub fn into_events(self) -> Vec<TraceEvent> {
+        self.events
+    }
+}
+
+fn escape_json(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// The events as a Chrome trace (`chrome://tracing`, Perfetto): complete (`"ph":"X"`) events
+/// with microsecond times, `pid` = host rank, `tid` = lane (0 compute, 1 send, 2 receive).
+pub fn chrome_trace_json(events: &[TraceEvent]) -> String {
+    let mut out = String::from("{\"traceEvents\":[");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"name\":\"");
+        escape_json(&e.name, &mut out);
+        let tid = match e.lane {
+            Lane::Compute => 0,
+            Lane::Send => 1,
+            Lane::Receive => 2,
+        };
+        let _ = write!(
+            out,
+            "\",\"ph\":\"X\",\"ts\":{}.{:03},\"dur\":{}.{:03},\"pid\":{},\"tid\":{}}}",
+            e.start_ns / 1000,
+            e.start_ns % 1000,
+            e.dur_ns / 1000,
+            e.dur_ns % 1000,
+            e.host,
+            tid
+        );
+    }
+    out.push_str("]}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chrome_trace_is_valid_json_in_microseconds() {
+        let events = vec![
+            TraceEvent {
+                host: 3,
+                lane: Lane::Send,
+                name: "say \"hi\"\\\n".into(),
+                start_ns: 1_234_567,
+                dur_ns: 5,
+            },
+            TraceEvent {
+                host: 0,
+                lane: Lane::Compute,
+                name: "forward".into(),
+                start_ns: 0,
+                dur_ns: 2_000,
+            },
+        ];
+        let json: serde_json::Value = serde_json::from_str(&chrome_trace_json(&events)).unwrap();
+        let first = &json["traceEvents"][0];
+        assert_eq!(first["name"], "say \"hi\"\\\n");
+        assert_eq!(first["ph"], "X");
+        assert_eq!(first["ts"].as_f64(), Some(1234.567));
+        assert_eq!(first["dur"].as_f64(), Some(0.005));
+        assert_eq!(
+            (first["pid"].as_u64(), first["tid"].as_u64()),
+            (Some(3), Some(1))
+        );
+        assert_eq!(json["traceEvents"][1]["dur"].as_f64(), Some(2.0));
+        assert_eq!(chrome_trace_json(&[]), "{\"traceEvents\":[]}");
+    }
+}

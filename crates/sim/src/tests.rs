@@ -1,0 +1,300 @@
+//! End-to-end checks of the simulator: closed forms, determinism, strategy comparisons and
+//! scale, all through the public [`simulate`] entry point.
+
+use proptest::prelude::*;
+use syncopate_core::net::{LinkProfile, Shaper};
+use syncopate_core::profile::{LayerProfile, ModelProfile};
+use syncopate_core::sched::SchedulerKind;
+
+use crate::engine::{Polling, Sim};
+use crate::{chrome_trace_json, simulate, Lane, SimConfig, SimReport, Strategy};
+
+const GBIT: f64 = 1e9;
+
+/// A model of the given layers `(params, forward ns, backward ns)`.
+fn model(layers: &[(usize, u64, u64)]) -> ModelProfile {
+    ModelProfile {
+        name: "test".into(),
+        layers: (layers.iter().enumerate())
+            .map(
+                |(i, &(param_count, forward_ns, backward_ns))| LayerProfile {
+                    name: format!("layer{i}"),
+                    op: "test".into(),
+                    forward_ns,
+                    backward_ns,
+                    param_count,
+                },
+            )
+            .collect(),
+    }
+}
+
+fn config(
+    strategy: Strategy,
+    workers: usize,
+    servers: usize,
+    bps: f64,
+    latency_ns: u64,
+) -> SimConfig {
+    let mut c = SimConfig::new(strategy, workers, servers);
+    c.network.bandwidth_bps = Some(bps);
+    c.network.latency_ns = latency_ns;
+    c
+}
+
+/// Serialisation time of a frame of `bytes` at `bps`, as the core's shaper rounds it.
+fn ser_ns(bps: f64, bytes: usize) -> u64 {
+    Shaper::new(LinkProfile {
+        bandwidth_bps: Some(bps),
+        ..LinkProfile::default()
+    })
+    .transmission_ns(bytes)
+}
+
+fn run(profile: &ModelProfile, c: &SimConfig) -> SimReport {
+    match simulate(profile, c) {
+        Ok(r) => r,
+        Err(e) => panic!("simulation failed: {e}"),
+    }
+}
+
+/// One worker, one server, one key of 3 Mi values (three 1 Mi-value frames of F bytes, T to
+/// serialise), no compute. The worker pushes the three frames back to back (the window is
+/// refilled before the NIC idles): push i is in at `iT + L`; the server answers each at
+/// once, and its replies leave back to back from `T + L`, so the last is in at `4T + 2L`.
+/// In general n frames through two store-and-forward serialisations take `(n + 1)T + 2L`,
+/// not the `2(nT + L)` of push-then-pull. Shaping ingress adds two more serialisation
+/// stages: `(n + 3)T + 2L`. Every step repeats the first: the next forward waits for the
+/// values. The scaled model (1/64) charges the same bytes, so it must give the same times.
+#[test]
+fn ps_step_time_matches_the_closed_form_to_the_nanosecond() {
+    let (bps, latency) = (GBIT, 50_000);
+    let profile = model(&[(3 << 20, 0, 0)]);
+    let t = ser_ns(bps, 48 + (4 << 20));
+    assert_eq!(t, 33_554_816);
+    for (scale, window, ingress, want) in [
+        (1.0, 256 << 10, false, 4 * t + 2 * latency),
+        (1.0 / 64.0, 256 << 10, false, 4 * t + 2 * latency),
+        (1.0, 64 << 20, false, 4 * t + 2 * latency),
+        (1.0, 256 << 10, true, 6 * t + 2 * latency),
+    ] {
+        let mut c = config(Strategy::Ps, 1, 1, bps, latency);
+        (c.scale, c.network.buffer_bytes, c.shape_ingress, c.steps) = (scale, window, ingress, 3);
+        let r = run(&profile, &c);
+        assert_eq!(
+            r.step_end_ns,
+            vec![want, 2 * want, 3 * want],
+            "scale {scale} window {window} ingress {ingress}"
+        );
+        assert_eq!(r.traffic[0].bytes_sent, 3 * 3 * (48 + (4 << 20)));
+        assert_eq!(r.traffic[1].bytes_received, r.traffic[0].bytes_sent);
+        assert_eq!(r.frames, 3 * 6);
+    }
+}
+
+/// Ring all-reduce of one bucket of S bytes over n workers, no compute. With one segment per
+/// chunk (m = 1) the 2(n-1) ring steps are sequential hops of one frame each:
+/// `2(n-1)(T_chunk + L)`, T_chunk the time of `48 + S/n` bytes. With m segments per chunk and
+/// `L <= (m-1)T_seg` every NIC sends its `2(n-1)m` frames back to back (each forwarded
+/// segment arrives before the NIC is free), so the last frame lands at `2(n-1)m T_seg + L`:
+/// the pipelining hides all but one latency. Both are within 2 % of the textbook
+/// `2(n-1)/n S/B + 2(n-1)L` when L is small next to the transfer (case 2).
+#[test]
+fn ring_allreduce_matches_the_closed_form() {
+    let textbook = |n: u64, s: f64, l: u64| {
+        2.0 * (n - 1) as f64 / n as f64 * s * 8.0 + (2 * (n - 1) * l) as f64
+    };
+    // n = 8, S = 8 MiB: chunks of 256 Ki values, one segment each.
+    let (n, latency) = (8usize, 100_000u64);
+    let profile = model(&[(8 << 18, 0, 0)]);
+    let t_chunk = ser_ns(GBIT, 48 + (1 << 20));
+    let mut c = config(Strategy::Allreduce, n, 0, GBIT, latency);
+    c.steps = 2;
+    let r = run(&profile, &c);
+    let want = 2 * (n as u64 - 1) * (t_chunk + latency);
+    assert_eq!(r.step_end_ns, vec![want, 2 * want]);
+    let book = textbook(n as u64, (32 << 20) as f64 / 4.0, latency);
+    assert!((want as f64 / book - 1.0).abs() < 0.02, "{want} vs {book}");
+
+    // n = 4, S = 32 MiB: chunks of 2 Mi values, m = 2 segments of 1 Mi; also scaled 1/256.
+    let (n, latency) = (4usize, 1_000u64);
+    let profile = model(&[(8 << 20, 0, 0)]);
+    let t_seg = ser_ns(GBIT, 48 + (4 << 20));
+    let want = 2 * (n as u64 - 1) * 2 * t_seg + latency;
+    for scale in [1.0, 1.0 / 256.0] {
+        let mut c = config(Strategy::Allreduce, n, 0, GBIT, latency);
+        (c.bucket_bytes, c.scale, c.steps) = (64 << 20, scale, 2);
+        let r = run(&profile, &c);
+        assert_eq!(r.step_end_ns, vec![want, 2 * want], "scale {scale}");
+        let book = textbook(n as u64, (32 << 20) as f64, latency);
+        assert!((want as f64 / book - 1.0).abs() < 0.02, "{want} vs {book}");
+        let per_worker = 2 * 3 * 2 * (48 + (4u64 << 20)) * 2;
+        assert!(r
+            .traffic
+            .iter()
+            .all(|t| t.bytes_sent == per_worker && t.bytes_received == per_worker));
+    }
+}
+
+/// Without a bandwidth limit or latency, communication is instant: every strategy's step is
+/// exactly the compute (forward + backward of every layer).
+#[test]
+fn an_infinitely_fast_network_leaves_only_compute() {
+    let profile = ModelProfile::builtin("resnet50").unwrap();
+    let compute = profile.forward_ns() + profile.backward_ns();
+    for (strategy, servers) in [
+        (Strategy::Ps, 2),
+        (Strategy::P3, 3),
+        (Strategy::PsNoOverlap, 2),
+        (Strategy::Allreduce, 0),
+        (Strategy::AllreduceNoOverlap, 0),
+    ] {
+        let mut c = SimConfig::new(strategy, 3, servers);
+        (c.network.bandwidth_bps, c.scale, c.steps) = (None, 1.0 / 1024.0, 3);
+        let r = run(&profile, &c);
+        assert_eq!(
+            r.step_end_ns,
+            vec![compute, 2 * compute, 3 * compute],
+            "{strategy:?}"
+        );
+        assert!(r.worker_utilisation.iter().all(|&u| u == 0.0));
+    }
+}
+
+#[test]
+fn same_config_same_report_and_the_seed_matters() {
+    let profile = ModelProfile::builtin("resnet50").unwrap();
+    let mut c = config(Strategy::P3, 6, 2, 5.0 * GBIT, 20_000);
+    (c.scale, c.steps, c.jitter, c.seed, c.trace_steps) = (1.0 / 256.0, 3, 0.05, 1, Some(1..2));
+    let a = run(&profile, &c);
+    let b = run(&profile, &c);
+    assert_eq!(a, b);
+    assert!(!a.trace.is_empty());
+    let json = serde_json::to_string(&a).unwrap();
+    let back: SimReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, a);
+    c.seed = 2;
+    let other = run(&profile, &c);
+    assert_ne!(a.step_end_ns, other.step_end_ns);
+    c.jitter = 0.0;
+    let plain = run(&profile, &c);
+    assert_ne!(plain.step_end_ns, a.step_end_ns);
+}
+
+/// The trace holds the traced steps only: compute of every layer on every worker, one send
+/// and one receive per frame, and forms a valid Chrome trace.
+#[test]
+fn trace_covers_the_window_only() {
+    let profile = model(&[
+        (1000, 10_000, 20_000),
+        (0, 5_000, 5_000),
+        (3000, 10_000, 20_000),
+    ]);
+    let mut c = config(Strategy::P3, 2, 2, GBIT, 1_000);
+    (c.steps, c.slice_params, c.trace_steps) = (4, Some(700), Some(1..3));
+    let r = run(&profile, &c);
+    let count = |lane| r.trace.iter().filter(|e| e.lane == lane).count();
+    assert_eq!(count(Lane::Compute), 2 * 2 * 2 * 3);
+    assert_eq!(count(Lane::Send), r.frames as usize / 2);
+    assert_eq!(count(Lane::Send), count(Lane::Receive));
+    let json: serde_json::Value = serde_json::from_str(&chrome_trace_json(&r.trace)).unwrap();
+    assert_eq!(
+        json["traceEvents"].as_array().map(Vec::len),
+        Some(r.trace.len())
+    );
+}
+
+/// P3 (slices, round robin, priority) is never slower than FIFO `ps` on VGG-19, and faster
+/// where the network is the bottleneck but not hopelessly so.
+#[test]
+fn p3_beats_fifo_ps_on_vgg19() {
+    let profile = ModelProfile::builtin("vgg19").unwrap();
+    for gbit in [1.0, 5.0, 25.0] {
+        let mean = |strategy| {
+            let mut c = config(strategy, 4, 4, gbit * GBIT, 10_000);
+            (c.scale, c.steps) = (1.0 / 16.0, 4);
+            run(&profile, &c).mean_step_seconds
+        };
+        let (ps, p3) = (mean(Strategy::Ps), mean(Strategy::P3));
+        eprintln!("vgg19 {gbit} Gbit/s: ps {ps:.4} s, p3 {p3:.4} s");
+        assert!(p3 <= ps, "{gbit} Gbit/s: p3 {p3} > ps {ps}");
+        if gbit == 5.0 {
+            assert!(
+                p3 < 0.95 * ps,
+                "5 Gbit/s: p3 {p3} not clearly faster than ps {ps}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sixty_four_workers_resnet50_p3() {
+    let profile = ModelProfile::builtin("resnet50").unwrap();
+    let mut c = config(Strategy::P3, 64, 8, 10.0 * GBIT, 10_000);
+    (c.scale, c.steps) = (1.0 / 256.0, 2);
+    let r = run(&profile, &c);
+    assert_eq!(r.step_end_ns.len(), 2);
+    assert!(r.step_end_ns[0] > 0 && r.step_end_ns[1] > r.step_end_ns[0]);
+    // Every worker pushes every slice once a step; every server answers all workers.
+    let pushed: u64 = r.traffic[..64].iter().map(|t| t.bytes_sent).sum();
+    let answered: u64 = r.traffic[64..].iter().map(|t| t.bytes_sent).sum();
+    assert_eq!(pushed, answered);
+    let sent: u64 = r.traffic.iter().map(|t| t.bytes_sent).sum();
+    assert_eq!(
+        sent,
+        r.traffic.iter().map(|t| t.bytes_received).sum::<u64>()
+    );
+    // About 25.5 M parameters (4 bytes each, at full size) a step each way per worker.
+    let per_step = pushed as f64 / 64.0 / 2.0;
+    assert!(
+        (per_step / (profile.param_count() as f64 * 4.0) - 1.0).abs() < 0.02,
+        "{per_step}"
+    );
+    assert!(r.server_utilisation.iter().all(|&u| u > 0.0 && u <= 1.0));
+}
+
+#[test]
+fn bad_configs_are_errors() {
+    let profile = model(&[(10, 1, 1)]);
+    let c = SimConfig::new(Strategy::Ps, 1, 0);
+    assert!(simulate(&profile, &c)
+        .unwrap_err()
+        .to_string()
+        .contains("server"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Lean polling (servers offered only their frontier links, endpoints polled only after
+    /// what can produce a frame) gives exactly the report of polling every link after every
+    /// event, as the runtime does (and the frontier invariant holds on every frame).
+    #[test]
+    fn lean_polling_equals_exhaustive_polling(
+        workers in 1usize..9,
+        servers in 1usize..4,
+        sizes in prop::collection::vec(0usize..30_000, 1..6),
+        strategy in prop::sample::select(vec![
+            Strategy::Ps, Strategy::P3, Strategy::PsNoOverlap, Strategy::Allreduce, Strategy::AllreduceNoOverlap,
+        ]),
+        scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
+        ingress: bool,
+        window in 1usize..100_000,
+        jitter in 0.0f64..0.3,
+        seed: u64,
+    ) {
+        let servers = if strategy.uses_servers() { servers } else { 0 };
+        let layers: Vec<(usize, u64, u64)> = sizes.iter().map(|&s| (s, s as u64 * 3, s as u64 * 7)).collect();
+        let profile = model(&layers);
+        let mut c = config(strategy, workers, servers, 2.0 * GBIT, 3_000);
+        (c.scheduler, c.shape_ingress, c.network.buffer_bytes) = (scheduler, ingress, window);
+        (c.jitter, c.seed, c.steps, c.slice_params, c.credit_bytes) = (jitter, seed, 3, Some(4_000), 20_000);
+        c.bucket_bytes = 40_000;
+        let full = Sim::new(&profile, &c, Polling::Exhaustive).and_then(Sim::run);
+        let lean = Sim::new(&profile, &c, Polling::Lean).and_then(Sim::run);
+        match (full, lean) {
+            (Ok(full), Ok(lean)) => prop_assert_eq!(full, lean),
+            (full, lean) => prop_assert!(false, "{:?} / {:?}", full.err(), lean.err()),
+        }
+    }
+}
