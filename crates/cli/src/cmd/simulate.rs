@@ -28,15 +28,21 @@ pub struct SimulateArgs {
     /// Parameter servers of ps and p3 (default: as many as workers).
     #[arg(long)]
     pub servers: Option<usize>,
-    /// Every host's NIC bandwidth, comma-separated for a sweep (e.g. 1gbit,10gbit).
-    #[arg(long, default_value = "10gbit")]
-    pub bandwidth: String,
-    /// One-way latency of every link.
-    #[arg(long, default_value = "0ms")]
-    pub latency: String,
-    /// Send window of every NIC (bytes offered and not yet serialised).
-    #[arg(long, default_value = "256KiB")]
-    pub send_buffer: String,
+    /// Every host's NIC bandwidth, comma-separated for a sweep (e.g. 1gbit,10gbit); default
+    /// 10gbit, or the --network profile's.
+    #[arg(long)]
+    pub bandwidth: Option<String>,
+    /// One-way latency of every link (default 0, or the --network profile's).
+    #[arg(long)]
+    pub latency: Option<String>,
+    /// Send window of every NIC, bytes offered and not yet serialised (default 256KiB, or the
+    /// --network profile's).
+    #[arg(long)]
+    pub send_buffer: Option<String>,
+    /// The runtime's TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags
+    /// override it.
+    #[arg(long, value_name = "FILE")]
+    pub network: Option<PathBuf>,
     /// Also serialise at the receiver's NIC (incast); the runtime shapes only egress.
     #[arg(long)]
     pub ingress: bool,
@@ -118,11 +124,34 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         w.parse::<usize>()
             .with_context(|| format!("--workers '{w}'"))
     })?;
-    let bandwidths = list(&args.bandwidth, |b| {
-        Ok((b.to_string(), parse_bandwidth(b)?))
-    })?;
-    let latency_ns = parse_duration_ns(&args.latency)?;
-    let window = parse_size(&args.send_buffer)?.max(1);
+    let base = match &args.network {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading network profile {}", path.display()))?;
+            toml::from_str::<LinkProfile>(&text)
+                .with_context(|| format!("network profile {}", path.display()))?
+        }
+        None => LinkProfile {
+            bandwidth_bps: Some(10e9),
+            ..LinkProfile::default()
+        },
+    };
+    let bandwidths = match &args.bandwidth {
+        Some(list_text) => list(list_text, |b| Ok((b.to_string(), parse_bandwidth(b)?)))?,
+        None => vec![(
+            base.bandwidth_bps
+                .map_or("unlimited".into(), |b| format!("{}gbit", b / 1e9)),
+            base.bandwidth_bps,
+        )],
+    };
+    let latency_ns = match &args.latency {
+        Some(l) => parse_duration_ns(l)?,
+        None => base.latency_ns,
+    };
+    let window = match &args.send_buffer {
+        Some(b) => parse_size(b)?.max(1),
+        None => base.buffer_bytes,
+    };
     let trace_steps = match &args.trace_steps {
         Some(r) => {
             let (a, b) = r
@@ -180,8 +209,13 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 })?;
                 let wall = start.elapsed().as_secs_f64();
                 let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                let server_util = if servers == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}%", mean(&report.server_utilisation) * 100.0)
+                };
                 println!(
-                    "{:<22} {:>6} {:>7} {:>10} {:>9.4} {:>11.1} {:>8.0}% {:>8.0}% {:>8.2}",
+                    "{:<22} {:>6} {:>7} {:>10} {:>9.4} {:>11.1} {:>8.0}% {:>9} {:>8.2}",
                     format!("{}/{}", s.name(), config.scheduler.name()),
                     n,
                     servers,
@@ -189,7 +223,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     report.mean_step_seconds,
                     report.samples_per_sec,
                     mean(&report.worker_utilisation) * 100.0,
-                    mean(&report.server_utilisation) * 100.0,
+                    server_util,
                     wall
                 );
                 if let (Some(path), Some(_)) = (&args.trace, &trace_steps) {
