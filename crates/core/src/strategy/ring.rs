@@ -64,6 +64,9 @@ pub struct RingAllReduce {
     /// Reduce frames of the next step that arrived early: `(bucket, ring_step, offset, len)`.
     next_step_early: Vec<(usize, u64, usize, usize)>,
     step: u64,
+    /// Whether `begin_step` has been called for `step` (before the first call, frames of
+    /// step 0 are early, like frames of the next step).
+    begun: bool,
     sends: Vec<Send>,
     queue: Box<dyn Scheduler>,
     events: VecDeque<WorkerEvent>,
@@ -137,6 +140,7 @@ impl RingAllReduce {
             incoming,
             state: Vec::new(),
             next_step_early: Vec::new(),
+            begun: false,
             step: 0,
             sends: Vec::new(),
             queue: new_scheduler(scheduler),
@@ -314,7 +318,8 @@ impl RingAllReduce {
             return Err(err("segment does not match the ring schedule"));
         }
         let st = &self.state[b];
-        let next_step = h.step == self.step + 1 && !gather;
+        let next_step =
+            (h.step == self.step + 1 || (!self.begun && h.step == self.step)) && !gather;
         if h.step != self.step && !next_step {
             return Err(err(&format!(
                 "wrong step (this worker is at step {})",
@@ -339,6 +344,7 @@ impl RingAllReduce {
 impl WorkerSync for RingAllReduce {
     fn begin_step(&mut self, step: u64) {
         self.step = step;
+        self.begun = true;
         self.reset_state();
         for (b, s, off, len) in std::mem::take(&mut self.next_step_early) {
             self.state[b].got_reduce[off] = true;
@@ -416,7 +422,7 @@ impl Endpoint for RingAllReduce {
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let b = self.check(link, h)?;
         let (off, len, s) = (h.offset as usize, h.length as usize, h.sequence);
-        if h.step != self.step {
+        if h.step != self.step || !self.begun {
             self.next_step_early.push((b, s, off, len));
             return Ok(());
         }

@@ -361,3 +361,46 @@ fn credit_bounds_the_bytes_in_flight() {
     }
     assert_eq!(sent, 2, "two 16-byte slices fit a 32-byte credit");
 }
+
+/// A neighbour may start step 0 and send its first segments before this worker has begun
+/// the step: they are kept, not wiped by `begin_step` (this once hung real jobs).
+#[test]
+fn ring_keeps_frames_that_arrive_before_the_first_step_begins() {
+    let n = 2;
+    let sizes = [6usize];
+    let mut ws: Vec<RingAllReduce> = (0..n)
+        .map(|r| RingAllReduce::new(r, n, keys(&sizes), 100, 2, true, SchedulerKind::Fifo))
+        .collect();
+    let mut net = Net::new(&[(0, 1), (1, 0)]);
+    // Worker 1 runs ahead: begins, hands its gradient, sends all it can to worker 0.
+    ws[1].begin_step(0);
+    ws[1].handle_gradient(0, &grad(0, 1, 0, 6));
+    let mut out = Vec::new();
+    while ws[1].poll_transmit(0, &mut out) {
+        net.links[1].1.push_back(std::mem::take(&mut out));
+    }
+    while net.deliver(1, &mut ws[0]) {}
+    // Only now worker 0 begins the step.
+    ws[0].begin_step(0);
+    ws[0].handle_gradient(0, &grad(0, 0, 0, 6));
+    let mut done = [false; 2];
+    for _ in 0..100 {
+        for (from, to, link) in [(0usize, 1usize, 0usize), (1, 0, 1)] {
+            while ws[from].poll_transmit(to, &mut out) {
+                net.links[link].1.push_back(std::mem::take(&mut out));
+            }
+        }
+        while net.deliver(0, &mut ws[1]) {}
+        while net.deliver(1, &mut ws[0]) {}
+        for (w, d) in ws.iter_mut().zip(done.iter_mut()) {
+            while let Some(ev) = w.poll_event() {
+                *d |= ev == WorkerEvent::StepDone;
+            }
+        }
+    }
+    assert_eq!(done, [true, true], "both workers finish the step");
+    let want = mean_grad(0, n, 0, 6);
+    for w in &mut ws {
+        assert!(close(&w.take_values(0), &want));
+    }
+}
