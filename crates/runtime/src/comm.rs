@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 
+use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
+use std::sync::atomic::Ordering;
 use syncopate_core::net::{LinkProfile, Shaper};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
 use syncopate_core::wire::{
@@ -192,6 +194,8 @@ pub struct CommLoop {
     /// Scratch list of the links that can take a frame, rotated for fairness.
     open: Vec<Rank>,
     rotation: usize,
+    /// Bytes on all links, for the resource sampler.
+    traffic: Arc<TrafficTotals>,
 }
 
 impl CommLoop {
@@ -250,6 +254,7 @@ impl CommLoop {
                 pool: Vec::new(),
                 open: Vec::new(),
                 rotation: 0,
+                traffic: Arc::new(TrafficTotals::default()),
             },
             waker,
         ))
@@ -265,6 +270,11 @@ impl CommLoop {
                 received: l.bytes_received,
             })
             .collect()
+    }
+
+    /// The running byte totals of all links (shared with a sampler).
+    pub fn traffic(&self) -> Arc<TrafficTotals> {
+        self.traffic.clone()
     }
 
     /// A waker that interrupts the loop's wait (to apply new commands).
@@ -450,6 +460,7 @@ impl CommLoop {
         let now = Instant::now();
         let heartbeat = self.options.heartbeat;
         let pool = &mut self.pool;
+        let traffic = &self.traffic;
         let link = &mut self.links[i];
         if link.closed {
             return Ok(());
@@ -488,6 +499,7 @@ impl CommLoop {
                 Ok(n) => {
                     *pos += n;
                     link.bytes_sent += n as u64;
+                    traffic.sent.fetch_add(n as u64, Ordering::Relaxed);
                     link.last_send = now;
                     link.last_write_progress = now;
                     if *pos == frame.len() {
@@ -574,6 +586,7 @@ impl CommLoop {
                 Err(e) => return Err(lost(hooks, peer, &format!("receive failed: {e}"))),
             };
             link.bytes_received += n as u64;
+            self.traffic.received.fetch_add(n as u64, Ordering::Relaxed);
             link.last_recv = Instant::now();
             let next = match &mut link.read {
                 ReadState::Header { buf, filled } => {

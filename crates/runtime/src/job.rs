@@ -221,4 +221,46 @@ pub struct ProcessContext {
     pub connect_timeout: Duration,
     /// Heartbeat and liveness settings.
     pub comm: CommOptions,
+    /// Where and how often to sample this process's resources (`None`: no sampling).
+    pub metrics: Option<MetricsOptions>,
+}
+
+/// Resource sampling of a process: `dir/metrics-rank<R>.csv` every `interval`.
+#[derive(Debug, Clone)]
+pub struct MetricsOptions {
+    /// Folder of the CSV files (one per process).
+    pub dir: std::path::PathBuf,
+    /// Sampling interval.
+    pub interval: Duration,
+}
+
+impl ProcessContext {
+    /// Starts this process's resource sampler if metrics were asked for.
+    pub fn start_sampler(
+        &self,
+        traffic: std::sync::Arc<crate::sampler::TrafficTotals>,
+    ) -> Result<Option<crate::sampler::ResourceSampler>, crate::error::RunError> {
+        let Some(m) = &self.metrics else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(&m.dir).map_err(|e| {
+            crate::error::RunError::Local(format!("creating {}: {e}", m.dir.display()))
+        })?;
+        let path = m.dir.join(format!("metrics-rank{}.csv", self.rank));
+        crate::sampler::ResourceSampler::start(m.interval, traffic, Some(path))
+            .map(Some)
+            .map_err(|e| crate::error::RunError::Local(format!("starting the sampler: {e}")))
+    }
+}
+
+/// Stops a sampler and writes its CSV.
+pub fn finish_sampler(
+    sampler: Option<crate::sampler::ResourceSampler>,
+) -> Result<(), crate::error::RunError> {
+    if let Some(s) = sampler {
+        s.finish().map_err(|e| {
+            crate::error::RunError::Local(format!("writing the resource samples: {e}"))
+        })?;
+    }
+    Ok(())
 }

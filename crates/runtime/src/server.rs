@@ -81,7 +81,9 @@ pub fn run_server(
     let mut hooks = ServerHooks {
         layout: layout.clone(),
     };
+    let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(&mut server, &mut hooks)?;
+    crate::job::finish_sampler(sampler)?;
     Ok(ServerSummary {
         rank: ctx.rank,
         updates: server.updates(),

@@ -159,6 +159,7 @@ struct Comm {
     waker: Arc<Waker>,
     thread: Option<std::thread::JoinHandle<Result<Vec<LinkCounters>, CommError>>>,
     first_error: Option<String>,
+    traffic: Arc<crate::sampler::TrafficTotals>,
 }
 
 impl Comm {
@@ -224,6 +225,7 @@ fn start_comm(
 ) -> Result<Comm, RunError> {
     let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
+    let traffic = comm_loop.traffic();
     let (to_tx, to_rx) = channel();
     let (from_tx, from_rx) = channel();
     let mut hooks = WorkerHooks {
@@ -248,6 +250,7 @@ fn start_comm(
         waker,
         thread: Some(thread),
         first_error: None,
+        traffic,
     })
 }
 
@@ -344,6 +347,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     };
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, endpoint)?;
+    let resources = ctx.start_sampler(comm.traffic.clone())?;
 
     let sampler = EpochSampler::new(
         data.train.len(),
@@ -479,6 +483,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         }
     }
     let counters = comm.finish()?;
+    crate::job::finish_sampler(resources)?;
     Ok(WorkerSummary {
         rank: ctx.rank,
         steps: total,

@@ -109,6 +109,7 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         bind_ip: "127.0.0.1".parse()?,
         connect_timeout: Duration::from_secs(60),
         comm: CommOptions::default(),
+        metrics: None,
     };
     let rows = run_comm_bench(&ctx, &layout, &args.sizes()?)?;
     if ctx.rank == 0 {

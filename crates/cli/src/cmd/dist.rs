@@ -12,7 +12,7 @@ use syncopate_core::sched::SchedulerKind;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
-use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind};
+use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
 use syncopate_runtime::launch::{launch, LaunchPlan};
 use syncopate_runtime::server::run_server;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
@@ -143,6 +143,13 @@ pub struct JobArgs {
     /// Where worker 0 saves the final weights.
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+    /// Every process samples its CPU, memory, disk and network into
+    /// DIR/metrics-rank<R>.csv.
+    #[arg(long, value_name = "DIR")]
+    pub metrics_dir: Option<PathBuf>,
+    /// Seconds between resource samples.
+    #[arg(long, default_value_t = 1.0)]
+    pub metrics_interval: f64,
     /// Where worker 0 writes the job's final figures as JSON.
     #[arg(long, value_name = "FILE")]
     pub summary_json: Option<PathBuf>,
@@ -339,6 +346,10 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
         bind_ip: args.bind.unwrap_or_else(|| local_ip_towards(coordinator)),
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         comm: args.comm_options()?,
+        metrics: args.metrics_dir.as_ref().map(|dir| MetricsOptions {
+            dir: dir.clone(),
+            interval: Duration::from_secs_f64(args.metrics_interval.max(0.01)),
+        }),
     })
 }
 

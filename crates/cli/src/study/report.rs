@@ -244,6 +244,7 @@ pub fn write_report(
         };
         html.svg(&bars.to_svg()?);
     }
+    resource_charts(&mut html, dir, rows)?;
     html.heading("All runs");
     let table: Vec<Vec<String>> = rows
         .iter()
@@ -282,6 +283,87 @@ pub fn write_report(
     let path = dir.join("report.html");
     std::fs::write(&path, html.finish())?;
     Ok(path)
+}
+
+/// Most runs whose per-process resource charts go into the report (every run's CSVs stay in
+/// its directory).
+const RESOURCE_CHART_RUNS: usize = 6;
+
+/// CPU, memory and network over time for every process of the first runs.
+fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result<()> {
+    let with_metrics: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| {
+            dir.join("runs")
+                .join(&r.id)
+                .join("metrics-rank0.csv")
+                .is_file()
+        })
+        .collect();
+    if with_metrics.is_empty() {
+        return Ok(());
+    }
+    html.heading("Resources per process");
+    html.paragraph(&format!(
+        "CPU (user + system, % of one core), resident memory and bytes sent per process, sampled \
+         every second; charts for the first {} of {} runs (every run's metrics-rank<R>.csv is in \
+         its directory).",
+        RESOURCE_CHART_RUNS.min(with_metrics.len()),
+        with_metrics.len()
+    ));
+    for r in with_metrics.into_iter().take(RESOURCE_CHART_RUNS) {
+        let run_dir = dir.join("runs").join(&r.id);
+        let mut cpu = Vec::new();
+        let mut rss = Vec::new();
+        let mut net = Vec::new();
+        for rank in 0.. {
+            let path = run_dir.join(format!("metrics-rank{rank}.csv"));
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                break;
+            };
+            let rows: Vec<Vec<f64>> = text
+                .lines()
+                .skip(1)
+                .map(|l| {
+                    l.split(',')
+                        .map(|v| v.parse().unwrap_or(f64::NAN))
+                        .collect()
+                })
+                .filter(|v: &Vec<f64>| v.len() == 8)
+                .collect();
+            let name = if rank < r.workers {
+                format!("worker {rank}")
+            } else {
+                format!("server {}", rank - r.workers)
+            };
+            let series = |f: &dyn Fn(&[f64]) -> f64| Series {
+                name: name.clone(),
+                points: rows.iter().map(|v| (v[0], f(v))).collect(),
+                style: LineStyle::Solid,
+            };
+            cpu.push(series(&|v| v[1] + v[2]));
+            rss.push(series(&|v| v[3] / 1e6));
+            net.push(series(&|v| v[6] / 1e6));
+        }
+        for (what, unit, series) in [
+            ("CPU", "% of one core", cpu),
+            ("memory (RSS)", "MB", rss),
+            ("sent on the links", "MB (cumulative)", net),
+        ] {
+            let chart = LineChart {
+                title: format!("{} - {}: {what}", r.model, r.variant),
+                x_label: "seconds since the process started".into(),
+                y_label: unit.into(),
+                x_scale: Scale::Linear,
+                y_scale: Scale::Linear,
+                series,
+                width: 640,
+                height: 320,
+            };
+            html.svg(&chart.to_svg()?);
+        }
+    }
+    Ok(())
 }
 
 fn quote(s: &str) -> String {

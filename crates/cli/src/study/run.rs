@@ -87,6 +87,8 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
         .arg("--quiet")
         .arg("--summary-json")
         .arg(&partial)
+        .arg("--metrics-dir")
+        .arg(run_dir)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
