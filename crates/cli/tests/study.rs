@@ -53,8 +53,19 @@ strategy = "p3"
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
     let html = std::fs::read_to_string(out.join("tiny/report.html")).unwrap();
     assert!(html.contains("<svg") && html.contains("throughput vs bandwidth"));
-    // Interrupted study: one run's summary is gone; only that run runs again.
+    assert!(html.contains("CPU") && html.contains("training loss vs wall time"));
+    // Every run records its processes' resources and worker 0's steps.
     let runs = out.join("tiny/runs");
+    for run in std::fs::read_dir(&runs).unwrap() {
+        let dir = run.unwrap().path();
+        for rank in 0..3 {
+            let m = std::fs::read_to_string(dir.join(format!("metrics-rank{rank}.csv"))).unwrap();
+            assert!(m.starts_with("t_s,cpu_user_pct") && m.lines().count() >= 3, "{m}");
+        }
+        let steps = std::fs::read_to_string(dir.join("steps-rank0.csv")).unwrap();
+        assert_eq!(steps.lines().count(), 1 + 3, "{steps}");
+    }
+    // Interrupted study: one run's summary is gone; only that run runs again.
     let victim = std::fs::read_dir(&runs)
         .unwrap()
         .next()

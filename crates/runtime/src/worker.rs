@@ -375,8 +375,12 @@ pub fn run_worker<E: LayerwiseEngine>(
     let mut eval_seconds = 0.0;
     let start = Instant::now();
     let mut step_seconds = Vec::with_capacity(total as usize);
+    let mut step_rows =
+        String::from("step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n");
+    let mut eval_rows = String::from("epoch,step,t_s,test_accuracy,test_loss\n");
     for step in 0..total {
         let step_start = Instant::now();
+        let (times_before, waited_before_step) = (times, sync.waited);
         let t = Instant::now();
         let (epoch, in_epoch, batch) = loader
             .next_batch()
@@ -452,6 +456,17 @@ pub fn run_worker<E: LayerwiseEngine>(
         }
         recent.push_back(f64::from(out.loss));
         step_seconds.push(step_start.elapsed().as_secs_f64());
+        step_rows.push_str(&format!(
+            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4}\n",
+            step + 1,
+            start.elapsed().as_secs_f64() - eval_seconds,
+            step_start.elapsed().as_secs_f64(),
+            out.loss,
+            times.data - times_before.data,
+            times.compute - times_before.compute,
+            times.wait - times_before.wait + (sync.waited - waited_before_step),
+            times.optimizer - times_before.optimizer
+        ));
         let elapsed = (start.elapsed().as_secs_f64() - eval_seconds).max(1e-9);
         let rate = (step + 1) as f64 * (plan.batch_size * layout.workers) as f64 / elapsed;
         observer.on_step(step + 1, total, &out, rate);
@@ -462,6 +477,14 @@ pub fn run_worker<E: LayerwiseEngine>(
             let eval = evaluate(&mut engine, &data.test, 256)?;
             eval_seconds += t.elapsed().as_secs_f64();
             epoch_accuracy.push(eval.accuracy);
+            eval_rows.push_str(&format!(
+                "{},{},{:.3},{:.5},{:.5}\n",
+                epoch + 1,
+                step + 1,
+                start.elapsed().as_secs_f64() - eval_seconds,
+                eval.accuracy,
+                eval.loss
+            ));
             observer.on_eval(epoch + 1, &eval);
         }
     }
@@ -472,6 +495,14 @@ pub fn run_worker<E: LayerwiseEngine>(
         let eval = evaluate(&mut engine, &data.test, 256)?;
         if total % per_epoch != 0 {
             observer.on_eval(total.div_ceil(per_epoch), &eval);
+            eval_rows.push_str(&format!(
+                "{},{},{:.3},{:.5},{:.5}\n",
+                total.div_ceil(per_epoch),
+                total,
+                train_seconds,
+                eval.accuracy,
+                eval.loss
+            ));
         }
         Some(eval)
     } else {
@@ -484,6 +515,16 @@ pub fn run_worker<E: LayerwiseEngine>(
     }
     let counters = comm.finish()?;
     crate::job::finish_sampler(resources)?;
+    if let Some(m) = &ctx.metrics {
+        let write = |name: String, text: &str| {
+            std::fs::write(m.dir.join(&name), text)
+                .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
+        };
+        write(format!("steps-rank{}.csv", ctx.rank), &step_rows)?;
+        if ctx.rank == 0 && can_evaluate {
+            write("evals-rank0.csv".into(), &eval_rows)?;
+        }
+    }
     Ok(WorkerSummary {
         rank: ctx.rank,
         steps: total,

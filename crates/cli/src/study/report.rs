@@ -243,6 +243,7 @@ pub fn write_report(
             height: 420,
         };
         html.svg(&bars.to_svg()?);
+        convergence_charts(&mut html, dir, model, &of_model)?;
     }
     resource_charts(&mut html, dir, rows)?;
     html.heading("All runs");
@@ -283,6 +284,66 @@ pub fn write_report(
     let path = dir.join("report.html");
     std::fs::write(&path, html.finish())?;
     Ok(path)
+}
+
+/// `(x, y)` columns of a CSV file, rows with non-finite values left out.
+fn csv_points(path: &Path, x: usize, y: usize) -> Vec<(f64, f64)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let v: Vec<f64> = l
+                .split(',')
+                .map(|c| c.parse().unwrap_or(f64::NAN))
+                .collect();
+            Some((*v.get(x)?, *v.get(y)?))
+        })
+        .filter(|(a, b)| a.is_finite() && b.is_finite())
+        .collect()
+}
+
+/// Training loss (worker 0's shard) and test accuracy against wall time, one line per run.
+fn convergence_charts(
+    html: &mut HtmlReport,
+    dir: &Path,
+    model: &str,
+    runs: &[&RunRow],
+) -> Result<()> {
+    for (what, file, x, y, unit) in [
+        ("training loss", "steps-rank0.csv", 1, 3, "loss (worker 0)"),
+        ("test accuracy", "evals-rank0.csv", 2, 3, "accuracy"),
+    ] {
+        let series: Vec<Series> = runs
+            .iter()
+            .map(|r| Series {
+                name: format!("{} @ {}", r.variant, r.bandwidth),
+                points: csv_points(&dir.join("runs").join(&r.id).join(file), x, y),
+                style: if what == "test accuracy" {
+                    LineStyle::Points
+                } else {
+                    LineStyle::Solid
+                },
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let chart = LineChart {
+            title: format!("{model}: {what} vs wall time"),
+            x_label: "seconds of training".into(),
+            y_label: unit.into(),
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            series,
+            width: 820,
+            height: 420,
+        };
+        html.svg(&chart.to_svg()?);
+    }
+    Ok(())
 }
 
 /// Most runs whose per-process resource charts go into the report (every run's CSVs stay in
