@@ -60,7 +60,10 @@ strategy = "p3"
         let dir = run.unwrap().path();
         for rank in 0..3 {
             let m = std::fs::read_to_string(dir.join(format!("metrics-rank{rank}.csv"))).unwrap();
-            assert!(m.starts_with("t_s,cpu_user_pct") && m.lines().count() >= 3, "{m}");
+            assert!(
+                m.starts_with("t_s,cpu_user_pct") && m.lines().count() >= 3,
+                "{m}"
+            );
         }
         let steps = std::fs::read_to_string(dir.join("steps-rank0.csv")).unwrap();
         assert_eq!(steps.lines().count(), 1 + 3, "{steps}");
