@@ -171,10 +171,30 @@ fn profile_replay_runs_p3_over_real_links() {
         "--batch-size",
         "128",
         "--quiet",
-        "--summary-json",
+        "--trace-steps",
+        "1..2",
+        "--metrics-dir",
     ]);
-    launch.arg(&summary);
+    launch.arg(dir.path()).arg("--summary-json").arg(&summary);
     run_ok(&mut launch);
+    // One merged Chrome trace: both workers' forward and backward spans of step 1.
+    let trace: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("trace.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    for pid in 0..2 {
+        let of = |prefix: &str| {
+            events.iter().any(|e| {
+                e["pid"] == pid
+                    && e["ph"] == "X"
+                    && e["args"]["step"] == 1
+                    && e["name"].as_str().unwrap().starts_with(prefix)
+            })
+        };
+        assert!(of("forward") && of("backward"), "worker {pid}: {events:?}");
+    }
+    assert!(events
+        .iter()
+        .all(|e| e["args"]["step"].is_null() || e["args"]["step"] == 1));
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     assert_eq!(json["steps"], 2);

@@ -232,6 +232,8 @@ pub struct MetricsOptions {
     pub dir: std::path::PathBuf,
     /// Sampling interval.
     pub interval: Duration,
+    /// Steps whose timeline workers record into `dir/trace-rank<R>.json`.
+    pub trace_steps: Option<std::ops::Range<u64>>,
 }
 
 impl ProcessContext {

@@ -17,4 +17,5 @@ pub mod rendezvous;
 pub mod sampler;
 pub mod server;
 pub mod timer;
+pub mod trace;
 pub mod worker;

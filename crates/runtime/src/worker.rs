@@ -20,6 +20,7 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStat
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext, FRAME_ELEMS};
 use crate::process::join;
+use crate::trace::TraceRecorder;
 
 /// What a worker trains and how.
 #[derive(Debug, Clone)]
@@ -378,6 +379,17 @@ pub fn run_worker<E: LayerwiseEngine>(
     let mut step_rows =
         String::from("step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n");
     let mut eval_rows = String::from("epoch,step,t_s,test_accuracy,test_loss\n");
+    let mut tracer = ctx
+        .metrics
+        .as_ref()
+        .and_then(|m| m.trace_steps.clone())
+        .map(|window| TraceRecorder::new(ctx.rank, window));
+    let layer_names: Vec<String> = spec.layers.iter().map(|l| l.name.clone()).collect();
+    let span = |tracer: &mut Option<TraceRecorder>, step, cat: &str, name: &str, a, b| {
+        if let Some(t) = tracer.as_mut() {
+            t.span(step, cat, name, a, b);
+        }
+    };
     for step in 0..total {
         let step_start = Instant::now();
         let (times_before, waited_before_step) = (times, sync.waited);
@@ -386,6 +398,7 @@ pub fn run_worker<E: LayerwiseEngine>(
             .next_batch()
             .ok_or_else(|| RunError::Local("the data loader stopped early".into()))?;
         times.data += t.elapsed().as_secs_f64();
+        span(&mut tracer, step, "data", "load batch", t, Instant::now());
         // Ring neighbours may send this step's frames as soon as they are ahead, so the
         // step begins before the forward; with forward overlap it begins once the last
         // step's values are all back (they are needed layer by layer during the forward).
@@ -395,9 +408,21 @@ pub fn run_worker<E: LayerwiseEngine>(
         let t = Instant::now();
         let waited_before = sync.waited;
         let mut comm_error = None;
+        let mut layer_start = Instant::now();
         let out = engine.forward(&batch, &mut |layer, eng| {
+            let entry = Instant::now();
+            if layer > 0 {
+                let name = format!("forward {}", layer_names[layer - 1]);
+                span(&mut tracer, step, "compute", &name, layer_start, entry);
+            }
             let keys = layer_keys.get(layer).cloned().unwrap_or(0..0);
-            match sync.wait_for(&mut comm, eng, keys, false) {
+            let waited = sync.wait_for(&mut comm, eng, keys, false);
+            layer_start = Instant::now();
+            if layer_start - entry > StdDuration::from_micros(50) {
+                let name = format!("wait params {}", layer_names[layer]);
+                span(&mut tracer, step, "wait", &name, entry, layer_start);
+            }
+            match waited {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     let msg = e.to_string();
@@ -410,13 +435,34 @@ pub fn run_worker<E: LayerwiseEngine>(
             return Err(e);
         }
         let out = out?;
+        if let Some(last) = layer_names.last() {
+            let name = format!("forward {last} + loss");
+            span(
+                &mut tracer,
+                step,
+                "compute",
+                &name,
+                layer_start,
+                Instant::now(),
+            );
+        }
         // Every key is in by now; the step's end follows its last key.
         if forward_overlap {
+            let t = Instant::now();
             sync.wait_for(&mut comm, &mut engine, 0..0, true)?;
+            span(
+                &mut tracer,
+                step,
+                "wait",
+                "wait step done",
+                t,
+                Instant::now(),
+            );
             comm.send(ToComm::Begin(step))?;
         }
         let mut send_error = None;
-        engine.backward(&mut |_, layer_grads| {
+        let mut layer_start = Instant::now();
+        engine.backward(&mut |layer, layer_grads| {
             for (key, g) in layer_grads.iter() {
                 if send_error.is_some() {
                     break;
@@ -425,6 +471,10 @@ pub fn run_worker<E: LayerwiseEngine>(
                     send_error = Some(e);
                 }
             }
+            let now = Instant::now();
+            let name = format!("backward {}", layer_names[layer]);
+            span(&mut tracer, step, "compute", &name, layer_start, now);
+            layer_start = now;
             Ok(())
         })?;
         if let Some(e) = send_error {
@@ -445,11 +495,27 @@ pub fn run_worker<E: LayerwiseEngine>(
                 }
             }
             times.wait += t.elapsed().as_secs_f64();
+            span(
+                &mut tracer,
+                step,
+                "wait",
+                "wait step done",
+                t,
+                Instant::now(),
+            );
         }
         if !is_ps {
             let t = Instant::now();
             optimizer.apply(&mut engine, &grads)?;
             times.optimizer += t.elapsed().as_secs_f64();
+            span(
+                &mut tracer,
+                step,
+                "optimizer",
+                "optimizer",
+                t,
+                Instant::now(),
+            );
         }
         if recent.len() == 20 {
             recent.pop_front();
@@ -521,6 +587,10 @@ pub fn run_worker<E: LayerwiseEngine>(
                 .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
         };
         write(format!("steps-rank{}.csv", ctx.rank), &step_rows)?;
+        if let Some(t) = &tracer {
+            t.write(&m.dir, &format!("worker {}", ctx.rank))
+                .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
+        }
         if ctx.rank == 0 && can_evaluate {
             write("evals-rank0.csv".into(), &eval_rows)?;
         }

@@ -15,6 +15,7 @@ use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
 use syncopate_runtime::launch::{launch, LaunchPlan};
 use syncopate_runtime::server::run_server;
+use syncopate_runtime::trace::merge_traces;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::checkpoint;
 use syncopate_train::engine::{BurnEngine, ProfileEngine};
@@ -150,6 +151,11 @@ pub struct JobArgs {
     /// Seconds between resource samples.
     #[arg(long, default_value_t = 1.0)]
     pub metrics_interval: f64,
+    /// Record a timeline of these steps (e.g. 10..20, 0-based, end excluded) into
+    /// --metrics-dir: one trace-rank<R>.json per worker, merged by `launch` into trace.json
+    /// (Chrome trace format; open it in Perfetto).
+    #[arg(long, value_name = "A..B", requires = "metrics_dir")]
+    pub trace_steps: Option<String>,
     /// Where worker 0 writes the job's final figures as JSON.
     #[arg(long, value_name = "FILE")]
     pub summary_json: Option<PathBuf>,
@@ -200,6 +206,20 @@ impl JobArgs {
         };
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)
+    }
+
+    /// `--trace-steps A..B` as a range.
+    fn trace_window(&self) -> Result<Option<std::ops::Range<u64>>> {
+        let Some(text) = &self.trace_steps else {
+            return Ok(None);
+        };
+        let parsed = text
+            .split_once("..")
+            .and_then(|(a, b)| Some(a.trim().parse::<u64>().ok()?..b.trim().parse::<u64>().ok()?));
+        match parsed {
+            Some(r) if r.start < r.end => Ok(Some(r)),
+            _ => bail!("--trace-steps '{text}' is not A..B with A < B (e.g. 10..20)"),
+        }
     }
 
     /// `--scale` as a factor in (0, 1]; 1 without it.
@@ -267,6 +287,7 @@ impl JobArgs {
 /// `syncopate launch`: every process of the job on this machine.
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
+    args.trace_window()?;
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     // Everything after `launch` is passed on unchanged: the processes parse the same flags.
     let forwarded: Vec<_> = std::env::args_os().skip(2).collect();
@@ -290,6 +311,14 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: Duration::from_secs(10),
     })?;
+    if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
+        if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
+            eprintln!(
+                "timeline: {} (open it in https://ui.perfetto.dev)",
+                path.display()
+            );
+        }
+    }
     Ok(())
 }
 
@@ -346,10 +375,14 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
         bind_ip: args.bind.unwrap_or_else(|| local_ip_towards(coordinator)),
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         comm: args.comm_options()?,
-        metrics: args.metrics_dir.as_ref().map(|dir| MetricsOptions {
-            dir: dir.clone(),
-            interval: Duration::from_secs_f64(args.metrics_interval.max(0.01)),
-        }),
+        metrics: match &args.metrics_dir {
+            Some(dir) => Some(MetricsOptions {
+                dir: dir.clone(),
+                interval: Duration::from_secs_f64(args.metrics_interval.max(0.01)),
+                trace_steps: args.trace_window()?,
+            }),
+            None => None,
+        },
     })
 }
 
