@@ -288,6 +288,9 @@ impl JobArgs {
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.trace_window()?;
+    if model::is_profile_name(&args.settings.model) && args.settings.steps.is_none() {
+        bail!("profile models replay compute only: give --steps N");
+    }
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     // Everything after `launch` is passed on unchanged: the processes parse the same flags.
     let forwarded: Vec<_> = std::env::args_os().skip(2).collect();
