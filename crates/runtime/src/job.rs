@@ -3,83 +3,17 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use syncopate_core::net::LinkProfile;
-use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
+use syncopate_core::registry::{KeyInfo, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::Rank;
 
 use crate::auth::JobToken;
 use crate::comm::CommOptions;
 
-/// How a step's gradients and parameters are synchronised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyKind {
-    /// Sharded parameter server; each layer pushed as soon as backward produces it.
-    Ps,
-    /// Parameter server; everything pushed after the whole backward (baseline).
-    PsNoOverlap,
-    /// Ring all-reduce over gradient buckets launched as backward fills them.
-    Allreduce,
-    /// Ring all-reduce after the whole backward (baseline).
-    AllreduceNoOverlap,
-    /// P3: parameter server with 40,000-parameter slices placed round robin, priority
-    /// scheduling by layer, and the next forward starting layer by layer as slices return.
-    P3,
-}
-
-impl StrategyKind {
-    /// The name used on the command line and in the handshake.
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::Ps => "ps",
-            StrategyKind::PsNoOverlap => "ps-no-overlap",
-            StrategyKind::Allreduce => "allreduce",
-            StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
-            StrategyKind::P3 => "p3",
-        }
-    }
-
-    /// Whether it needs parameter servers.
-    pub fn uses_servers(self) -> bool {
-        matches!(
-            self,
-            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3
-        )
-    }
-
-    /// Whether communication overlaps backward (and, for parameter servers, the next
-    /// forward: layer `k` runs as soon as its parameters are back).
-    pub fn overlaps(self) -> bool {
-        matches!(
-            self,
-            StrategyKind::Ps | StrategyKind::Allreduce | StrategyKind::P3
-        )
-    }
-
-    /// The scheduler used when none is asked for.
-    pub fn default_scheduler(self) -> SchedulerKind {
-        match self {
-            StrategyKind::P3 => SchedulerKind::Priority,
-            _ => SchedulerKind::Fifo,
-        }
-    }
-
-    /// Parameters per slice when none is asked for (before any `--scale`).
-    pub fn default_slice_params(self) -> usize {
-        match self {
-            StrategyKind::P3 => P3_SLICE_PARAMS,
-            _ => FRAME_ELEMS,
-        }
-    }
-}
-
-/// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
-pub const P3_SLICE_PARAMS: usize = 40_000;
-
-/// ByteScheduler-style credit when none is asked for: 4 P3 slices.
-pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
+pub use syncopate_core::strategy::{
+    StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,
+};
 
 /// The synchronisation layer's view of a model's keys.
 pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
@@ -91,9 +25,6 @@ pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
         })
         .collect()
 }
-
-/// Largest frame payload in elements: big keys travel in frames of at most 4 MiB.
-pub const FRAME_ELEMS: usize = 1 << 20;
 
 /// The process layout and the synchronisation settings shared by every process of a job.
 #[derive(Debug, Clone)]
@@ -133,33 +64,13 @@ impl JobLayout {
 
     /// The ranks `rank` needs a link to.
     pub fn peers(&self, rank: Rank) -> Vec<Rank> {
-        if self.strategy.uses_servers() {
-            if rank < self.workers {
-                (self.workers..self.world_size()).collect()
-            } else {
-                (0..self.workers).collect()
-            }
-        } else if self.workers < 2 {
-            Vec::new()
-        } else {
-            let left = (rank + self.workers - 1) % self.workers;
-            let right = (rank + 1) % self.workers;
-            let mut p = vec![left, right];
-            p.sort_unstable();
-            p.dedup();
-            p
-        }
+        self.strategy.peers(self.workers, self.servers, rank)
     }
 
-    /// The parameter-server registry of a model with these keys: P3 places slices round
-    /// robin, the other strategies place whole keys balanced by bytes (MXNet's KVStore).
+    /// The parameter-server registry of a model with these keys.
     pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
-        let placement = match self.strategy {
-            StrategyKind::P3 => Placement::SlicesRoundRobin,
-            _ => Placement::KeysByBytes,
-        };
-        let slice = self.slice_params.clamp(1, FRAME_ELEMS);
-        TensorRegistry::new(keys, slice, self.servers, placement)
+        self.strategy
+            .registry(keys, self.slice_params, self.servers)
     }
 
     /// What every process must agree on besides the model, for the handshake:

@@ -5,10 +5,10 @@ use std::ops::Range;
 
 use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::profile::ModelProfile;
-use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
+use syncopate_core::registry::{KeyInfo, TensorRegistry};
 use syncopate_core::strategy::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerSync};
 
-use crate::config::{SimConfig, Strategy, FRAME_ELEMS};
+use crate::config::{SimConfig, FRAME_ELEMS};
 
 /// A rank's state machine.
 pub(crate) enum Role {
@@ -48,11 +48,8 @@ pub(crate) fn model_keys(
 /// The parameter-server registry: P3 places slices round robin, the others place keys
 /// balanced by bytes (MXNet's KVStore), as the runtime does.
 pub(crate) fn registry(cfg: &SimConfig, keys: &[KeyInfo]) -> TensorRegistry {
-    let placement = match cfg.strategy {
-        Strategy::P3 => Placement::SlicesRoundRobin,
-        _ => Placement::KeysByBytes,
-    };
-    TensorRegistry::new(keys.to_vec(), cfg.slice_elems(), cfg.servers, placement)
+    cfg.strategy
+        .registry(keys.to_vec(), cfg.slice_elems(), cfg.servers)
 }
 
 /// For every key, `(server index, slices)` of each server owning part of it.
@@ -114,26 +111,13 @@ pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Role> {
 
 /// The ranks `rank` has links to (the runtime's `JobLayout::peers`).
 pub(crate) fn peers(cfg: &SimConfig, rank: Rank) -> Vec<Rank> {
-    let n = cfg.workers;
-    if cfg.strategy.uses_servers() {
-        return if rank < n {
-            (n..n + cfg.servers).collect()
-        } else {
-            (0..n).collect()
-        };
-    }
-    if n < 2 {
-        return Vec::new();
-    }
-    let mut p = vec![(rank + n - 1) % n, (rank + 1) % n];
-    p.sort_unstable();
-    p.dedup();
-    p
+    cfg.strategy.peers(cfg.workers, cfg.servers, rank)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Strategy;
     use syncopate_core::profile::LayerProfile;
 
     fn layer(params: usize) -> LayerProfile {

@@ -9,69 +9,12 @@ use syncopate_core::wire::HEADER_LEN;
 
 use crate::SimError;
 
-/// P3's slice size in parameters (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
-pub const P3_SLICE_PARAMS: usize = 40_000;
-/// Largest frame payload in elements, as in the runtime: big keys travel in 4 MiB frames.
-pub const FRAME_ELEMS: usize = 1 << 20;
+pub use syncopate_core::strategy::{
+    StrategyKind as Strategy, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,
+};
+
 /// All-reduce bucket capacity when none is asked for (PyTorch DDP's 25 MB).
 pub const DEFAULT_BUCKET_BYTES: usize = 25_000_000;
-/// Credit-scheduler budget when none is asked for: 4 P3 slices.
-pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
-
-/// How a step's gradients and parameters are synchronised (the runtime's strategies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// Sharded parameter server, keys pushed as backward produces them, forward overlap.
-    Ps,
-    /// Parameter server, everything pushed after the whole backward.
-    PsNoOverlap,
-    /// P3: 40,000-parameter slices round robin, priority scheduling, forward overlap.
-    P3,
-    /// Ring all-reduce over buckets launched as backward fills them.
-    Allreduce,
-    /// Ring all-reduce after the whole backward.
-    AllreduceNoOverlap,
-}
-
-impl Strategy {
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Ps => "ps",
-            Strategy::PsNoOverlap => "ps-no-overlap",
-            Strategy::P3 => "p3",
-            Strategy::Allreduce => "allreduce",
-            Strategy::AllreduceNoOverlap => "allreduce-no-overlap",
-        }
-    }
-
-    /// Whether it needs parameter servers.
-    pub fn uses_servers(self) -> bool {
-        matches!(self, Strategy::Ps | Strategy::PsNoOverlap | Strategy::P3)
-    }
-
-    /// Whether communication overlaps backward (and, with servers, the next forward).
-    pub fn overlaps(self) -> bool {
-        matches!(self, Strategy::Ps | Strategy::P3 | Strategy::Allreduce)
-    }
-
-    /// The scheduler the runtime uses when none is asked for.
-    pub fn default_scheduler(self) -> SchedulerKind {
-        match self {
-            Strategy::P3 => SchedulerKind::Priority,
-            _ => SchedulerKind::Fifo,
-        }
-    }
-
-    /// Parameters per slice when none is asked for (full-size model).
-    pub fn default_slice_params(self) -> usize {
-        match self {
-            Strategy::P3 => P3_SLICE_PARAMS,
-            _ => FRAME_ELEMS,
-        }
-    }
-}
 
 /// Everything a simulation depends on (recorded in its report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -84,15 +84,8 @@ fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
 }
 
 fn strategy(s: &str) -> Result<Strategy> {
-    Ok(match s {
-        "ps" => Strategy::Ps,
-        "ps-no-overlap" => Strategy::PsNoOverlap,
-        "p3" => Strategy::P3,
-        "allreduce" => Strategy::Allreduce,
-        "allreduce-no-overlap" => Strategy::AllreduceNoOverlap,
-        _ => {
-            bail!("unknown strategy '{s}' (ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap)")
-        }
+    Strategy::from_name(s).with_context(|| {
+        format!("unknown strategy '{s}' (ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap)")
     })
 }
 

@@ -173,7 +173,8 @@ impl StudyConfig {
         workers: usize,
         seed: u64,
     ) -> RunSpec {
-        let uses_servers = matches!(variant.strategy.as_str(), "ps" | "ps-no-overlap" | "p3");
+        let uses_servers = syncopate_core::strategy::StrategyKind::from_name(&variant.strategy)
+            .is_some_and(|s| s.uses_servers());
         let servers = if uses_servers {
             self.servers.unwrap_or(workers)
         } else {

@@ -6,11 +6,13 @@
 //! training loop). Links are named by the peer's rank. No clocks, threads or sockets: the
 //! runtime and the in-process tests drive the very same code.
 
+mod kind;
 mod ps;
 mod ring;
 #[cfg(test)]
 mod tests;
 
+pub use kind::{StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 

@@ -1,0 +1,147 @@
+//! Which strategy a job runs, and what follows from it alone: its defaults, how its
+//! parameter-server registry is cut and placed, and which ranks talk to which. The runtime
+//! and the simulator both build their jobs from this one description.
+
+use serde::{Deserialize, Serialize};
+
+use super::Rank;
+use crate::registry::{KeyInfo, Placement, TensorRegistry};
+use crate::sched::SchedulerKind;
+
+/// Largest frame payload in elements: big keys travel in frames of at most 4 MiB.
+pub const FRAME_ELEMS: usize = 1 << 20;
+
+/// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
+pub const P3_SLICE_PARAMS: usize = 40_000;
+
+/// ByteScheduler-style credit when none is asked for: 4 P3 slices.
+pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
+
+/// How a step's gradients and parameters are synchronised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// Sharded parameter server; each layer pushed as soon as backward produces it.
+    Ps,
+    /// Parameter server; everything pushed after the whole backward (baseline).
+    PsNoOverlap,
+    /// Ring all-reduce over gradient buckets launched as backward fills them.
+    Allreduce,
+    /// Ring all-reduce after the whole backward (baseline).
+    AllreduceNoOverlap,
+    /// P3: parameter server with 40,000-parameter slices placed round robin, priority
+    /// scheduling by layer, and the next forward starting layer by layer as slices return.
+    P3,
+}
+
+impl StrategyKind {
+    /// Every strategy.
+    pub const ALL: [StrategyKind; 5] = [
+        StrategyKind::Ps,
+        StrategyKind::PsNoOverlap,
+        StrategyKind::Allreduce,
+        StrategyKind::AllreduceNoOverlap,
+        StrategyKind::P3,
+    ];
+
+    /// The strategy named `name` (as [`StrategyKind::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The name used on the command line and in the handshake.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Ps => "ps",
+            StrategyKind::PsNoOverlap => "ps-no-overlap",
+            StrategyKind::Allreduce => "allreduce",
+            StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
+            StrategyKind::P3 => "p3",
+        }
+    }
+
+    /// Whether it needs parameter servers.
+    pub fn uses_servers(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3
+        )
+    }
+
+    /// Whether communication overlaps backward (and, for parameter servers, the next
+    /// forward: layer `k` runs as soon as its parameters are back).
+    pub fn overlaps(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Ps | StrategyKind::Allreduce | StrategyKind::P3
+        )
+    }
+
+    /// The scheduler used when none is asked for.
+    pub fn default_scheduler(self) -> SchedulerKind {
+        match self {
+            StrategyKind::P3 => SchedulerKind::Priority,
+            _ => SchedulerKind::Fifo,
+        }
+    }
+
+    /// Parameters per slice when none is asked for (before any `--scale`).
+    pub fn default_slice_params(self) -> usize {
+        match self {
+            StrategyKind::P3 => P3_SLICE_PARAMS,
+            _ => FRAME_ELEMS,
+        }
+    }
+
+    /// The parameter-server registry of keys `keys` cut into slices of `slice_params`
+    /// (at most one frame): P3 places slices round robin, the other strategies balance
+    /// them by bytes (MXNet's KVStore).
+    pub fn registry(
+        self,
+        keys: Vec<KeyInfo>,
+        slice_params: usize,
+        servers: usize,
+    ) -> TensorRegistry {
+        let placement = match self {
+            StrategyKind::P3 => Placement::SlicesRoundRobin,
+            _ => Placement::KeysByBytes,
+        };
+        TensorRegistry::new(keys, slice_params.clamp(1, FRAME_ELEMS), servers, placement)
+    }
+
+    /// The ranks `rank` has links to: workers to every server and servers to every worker
+    /// (parameter servers), or each worker to its ring neighbours.
+    pub fn peers(self, workers: usize, servers: usize, rank: Rank) -> Vec<Rank> {
+        if self.uses_servers() {
+            return if rank < workers {
+                (workers..workers + servers).collect()
+            } else {
+                (0..workers).collect()
+            };
+        }
+        if workers < 2 {
+            return Vec::new();
+        }
+        let mut p = vec![(rank + workers - 1) % workers, (rank + 1) % workers];
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_topologies() {
+        for s in StrategyKind::ALL {
+            assert_eq!(StrategyKind::from_name(s.name()), Some(s));
+        }
+        assert_eq!(StrategyKind::P3.peers(2, 2, 0), vec![2, 3]);
+        assert_eq!(StrategyKind::Ps.peers(2, 2, 3), vec![0, 1]);
+        assert_eq!(StrategyKind::Allreduce.peers(4, 0, 0), vec![1, 3]);
+        assert_eq!(StrategyKind::Allreduce.peers(2, 0, 1), vec![0]);
+        assert!(StrategyKind::Allreduce.peers(1, 0, 0).is_empty());
+    }
+}
