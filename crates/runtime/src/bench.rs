@@ -7,14 +7,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::strategy::{
-    PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerEvent, WorkerSync,
-};
+use syncopate_core::strategy::{PsServer, Rank, ServerOptim, WorkerEvent, WorkerSync};
 use syncopate_core::{LrSchedule, Sgd, SgdConfig};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
-use crate::job::{JobLayout, ProcessContext, FRAME_ELEMS};
+use crate::job::{JobLayout, ProcessContext};
 use crate::process::join;
 use crate::server::ServerHooks;
 
@@ -132,26 +130,8 @@ pub fn run_comm_bench(
             worker: ctx.rank < layout.workers,
         };
         if hooks.worker {
-            let mut ep: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
-                Box::new(PsWorker::new(
-                    ctx.rank,
-                    layout.workers,
-                    layout.registry(keys),
-                    true,
-                    layout.scheduler,
-                    layout.credit_bytes,
-                ))
-            } else {
-                Box::new(RingAllReduce::new(
-                    ctx.rank,
-                    layout.workers,
-                    keys,
-                    numel,
-                    FRAME_ELEMS,
-                    true,
-                    layout.scheduler,
-                ))
-            };
+            // One bucket of the whole buffer (the bench's layout has unbounded buckets).
+            let mut ep = layout.worker_endpoint(ctx.rank, keys);
             comm.run(ep.as_mut(), &mut hooks)?;
             let mut t = hooks.times.clone();
             t.sort_by(|a, b| a.total_cmp(b));

@@ -67,6 +67,35 @@ impl JobLayout {
         self.strategy.peers(self.workers, self.servers, rank)
     }
 
+    /// The state machine of worker `rank` for a model with these keys.
+    pub fn worker_endpoint(
+        &self,
+        rank: Rank,
+        keys: Vec<KeyInfo>,
+    ) -> Box<dyn syncopate_core::strategy::WorkerSync + Send> {
+        use syncopate_core::strategy::{PsWorker, RingAllReduce};
+        if self.strategy.uses_servers() {
+            Box::new(PsWorker::new(
+                rank,
+                self.workers,
+                self.registry(keys),
+                self.strategy.overlaps(),
+                self.scheduler,
+                self.credit_bytes,
+            ))
+        } else {
+            Box::new(RingAllReduce::new(
+                rank,
+                self.workers,
+                keys,
+                (self.bucket_bytes / 4).max(1),
+                FRAME_ELEMS,
+                self.strategy.overlaps(),
+                self.scheduler,
+            ))
+        }
+    }
+
     /// The parameter-server registry of a model with these keys.
     pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
         self.strategy

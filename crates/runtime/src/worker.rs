@@ -8,7 +8,7 @@ use std::time::{Duration as StdDuration, Instant};
 use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::strategy::{PsWorker, Rank, RingAllReduce, WorkerEvent, WorkerSync};
+use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
@@ -18,7 +18,7 @@ use syncopate_train::trainer::{
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
 use crate::error::RunError;
-use crate::job::{key_infos, JobLayout, ProcessContext, FRAME_ELEMS};
+use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
 use crate::trace::TraceRecorder;
 
@@ -326,26 +326,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     let keys: Vec<KeyInfo> = key_infos(&spec);
     let layer_keys = spec.layer_keys();
     let can_evaluate = !spec.is_profile();
-    let endpoint: Box<dyn WorkerSync + Send> = if layout.strategy.uses_servers() {
-        Box::new(PsWorker::new(
-            ctx.rank,
-            layout.workers,
-            layout.registry(keys.clone()),
-            layout.strategy.overlaps(),
-            layout.scheduler,
-            layout.credit_bytes,
-        ))
-    } else {
-        Box::new(RingAllReduce::new(
-            ctx.rank,
-            layout.workers,
-            keys.clone(),
-            (layout.bucket_bytes / 4).max(1),
-            FRAME_ELEMS,
-            layout.strategy.overlaps(),
-            layout.scheduler,
-        ))
-    };
+    let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, endpoint)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
