@@ -195,6 +195,27 @@ fn profile_replay_runs_p3_over_real_links() {
     assert!(events
         .iter()
         .all(|e| e["args"]["step"].is_null() || e["args"]["step"] == 1));
+    // Per slice: every worker queues, sends and gets back each slice once; the servers
+    // (tracks 2 and 3) receive each push and apply each slice once.
+    let count = |pid: Option<u64>, cat: &str| {
+        events
+            .iter()
+            .filter(|e| pid.is_none_or(|p| e["pid"] == p) && e["cat"] == cat)
+            .count()
+    };
+    let slices = count(Some(0), "enqueue");
+    assert!(slices > 100, "{slices} slices queued");
+    for pid in 0..2 {
+        assert_eq!(count(Some(pid), "enqueue"), slices);
+        assert_eq!(count(Some(pid), "send"), slices);
+        assert_eq!(count(Some(pid), "receive"), slices);
+    }
+    assert_eq!(count(None, "apply"), slices);
+    for pid in 2..4 {
+        assert!(count(Some(pid), "apply") > 0, "server track {pid}");
+        assert!(count(Some(pid), "send") > 0, "server track {pid}");
+    }
+    assert_eq!(count(None, "receive"), 4 * slices);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     assert_eq!(json["steps"], 2);
@@ -207,6 +228,25 @@ fn profile_replay_runs_p3_over_real_links() {
         sent >= want && sent < want + want / 10,
         "sent {sent}, want ~{want}"
     );
+    // The sampler's per-link counters end at the transport's totals.
+    let csv = std::fs::read_to_string(dir.path().join("metrics-rank0.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let last: Vec<&str> = csv.lines().last().unwrap().split(',').collect();
+    for link in links {
+        let peer = link[0].as_u64().unwrap();
+        let column = |name: String| {
+            let i = header.iter().position(|h| *h == name).unwrap();
+            last[i].parse::<u64>().unwrap()
+        };
+        assert_eq!(
+            column(format!("sent_to_rank{peer}")),
+            link[1].as_u64().unwrap()
+        );
+        assert_eq!(
+            column(format!("received_from_rank{peer}")),
+            link[2].as_u64().unwrap()
+        );
+    }
 }
 
 fn coordinator(

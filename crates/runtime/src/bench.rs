@@ -169,6 +169,8 @@ pub fn run_comm_bench(
             );
             let mut server_hooks = ServerHooks {
                 layout: layout.clone(),
+                tracer: None,
+                updates: 0,
             };
             comm.run(&mut server, &mut server_hooks)?;
         }

@@ -24,7 +24,6 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
-use std::sync::atomic::Ordering;
 use syncopate_core::net::{LinkProfile, Shaper};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
 use syncopate_core::wire::{
@@ -129,6 +128,26 @@ pub trait Hooks<E: ?Sized> {
     fn step(&self) -> u64;
     /// How to name a rank in messages, e.g. `rank 2 (server 0)`.
     fn describe(&self, rank: Rank) -> String;
+    /// Whether to report every data frame ([`Hooks::on_frame_sent`],
+    /// [`Hooks::on_frame_received`]), for timelines.
+    fn traces_frames(&self) -> bool {
+        false
+    }
+    /// A data frame went out: handed to the network interface at `queued`, its last byte
+    /// written to the socket at `written`.
+    fn on_frame_sent(&mut self, _header: &Header, _queued: Instant, _written: Instant) {}
+    /// A data frame from `peer` came in: its header at `arrived`, its last byte at `read`;
+    /// the endpoint had handled it at `handled`.
+    fn on_frame_received(
+        &mut self,
+        _endpoint: &E,
+        _peer: Rank,
+        _header: &Header,
+        _arrived: Instant,
+        _read: Instant,
+        _handled: Instant,
+    ) {
+    }
 }
 
 enum ReadState {
@@ -139,6 +158,7 @@ enum ReadState {
     Data {
         header: Header,
         done: usize,
+        arrived: Instant,
     },
     Bytes {
         header: Header,
@@ -150,11 +170,12 @@ struct LinkState {
     peer: Rank,
     stream: TcpStream,
     read: ReadState,
-    /// Frames scheduled on the emulated link: `(release time, bytes)`.
-    scheduled: VecDeque<(u64, Vec<u8>)>,
+    /// Frames scheduled on the emulated link: `(release time, bytes, handed over at)`.
+    scheduled: VecDeque<(u64, Vec<u8>, Instant)>,
     /// Heartbeats, aborts and goodbyes: bypass the emulation.
     control: VecDeque<Vec<u8>>,
-    current: Option<(Vec<u8>, usize, bool)>,
+    /// The frame being written, how much of it is, and (data frames) when it was handed over.
+    current: Option<(Vec<u8>, usize, Option<Instant>)>,
     queued_bytes: usize,
     last_recv: Instant,
     last_send: Instant,
@@ -210,6 +231,7 @@ impl CommLoop {
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let timer = PreciseTimer::new(poll.registry(), TIMER)?;
         let now = Instant::now();
+        let traffic = Arc::new(TrafficTotals::for_peers(links.iter().map(|l| l.peer)));
         let mut states = Vec::with_capacity(links.len());
         for (i, link) in links.into_iter().enumerate() {
             link.stream.set_nonblocking(true)?;
@@ -254,7 +276,7 @@ impl CommLoop {
                 pool: Vec::new(),
                 open: Vec::new(),
                 rotation: 0,
-                traffic: Arc::new(TrafficTotals::default()),
+                traffic,
             },
             waker,
         ))
@@ -400,7 +422,7 @@ impl CommLoop {
         let now_ns = self.now_ns();
         let mut t = self.options.heartbeat.min(Duration::from_millis(100));
         for l in &self.links {
-            if let Some((release, _)) = l.scheduled.front() {
+            if let Some((release, _, _)) = l.scheduled.front() {
                 if l.current.is_none() {
                     t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
                 }
@@ -450,12 +472,12 @@ impl CommLoop {
             };
             let release = self.nic.schedule(now_ns, buf.len());
             link.queued_bytes += buf.len();
-            link.scheduled.push_back((release, buf));
+            link.scheduled.push_back((release, buf, Instant::now()));
         }
     }
 
     /// Writes what is due on link `i` until the socket would block.
-    fn flush<E: ?Sized>(&mut self, i: usize, hooks: &dyn Hooks<E>) -> Result<(), CommError> {
+    fn flush<E: ?Sized>(&mut self, i: usize, hooks: &mut dyn Hooks<E>) -> Result<(), CommError> {
         let now_ns = self.now_ns();
         let now = Instant::now();
         let heartbeat = self.options.heartbeat;
@@ -476,14 +498,14 @@ impl CommLoop {
         loop {
             if link.current.is_none() {
                 if let Some(frame) = link.control.pop_front() {
-                    link.current = Some((frame, 0, false));
-                } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
-                    if let Some((_, frame)) = link.scheduled.pop_front() {
+                    link.current = Some((frame, 0, None));
+                } else if link.scheduled.front().is_some_and(|(t, _, _)| *t <= now_ns) {
+                    if let Some((_, frame, queued)) = link.scheduled.pop_front() {
                         // The frame has crossed the emulated link: it no longer occupies the
                         // send buffer, so the next one can start serialising while this one
                         // is written to the socket.
                         link.queued_bytes -= frame.len();
-                        link.current = Some((frame, 0, true));
+                        link.current = Some((frame, 0, Some(queued)));
                     }
                 } else {
                     return Ok(());
@@ -494,17 +516,18 @@ impl CommLoop {
             };
             match link.stream.write(&frame[*pos..]) {
                 Ok(0) => {
-                    return Err(lost(hooks, link.peer, "connection closed while sending"));
+                    return Err(lost(&*hooks, link.peer, "connection closed while sending"));
                 }
                 Ok(n) => {
                     *pos += n;
                     link.bytes_sent += n as u64;
-                    traffic.sent.fetch_add(n as u64, Ordering::Relaxed);
+                    traffic.add_sent(i, n as u64);
                     link.last_send = now;
                     link.last_write_progress = now;
                     if *pos == frame.len() {
-                        if let Some((frame, _, pooled)) = link.current.take() {
-                            if pooled {
+                        if let Some((frame, _, queued)) = link.current.take() {
+                            if let Some(queued) = queued {
+                                report_sent(&mut *hooks, &frame, queued);
                                 pool.push(frame);
                             }
                         }
@@ -512,7 +535,7 @@ impl CommLoop {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(lost(hooks, link.peer, &format!("send failed: {e}"))),
+                Err(e) => return Err(lost(&*hooks, link.peer, &format!("send failed: {e}"))),
             }
         }
     }
@@ -551,7 +574,7 @@ impl CommLoop {
         &mut self,
         i: usize,
         endpoint: &mut E,
-        hooks: &dyn Hooks<E>,
+        hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
         let max_payload = self.options.max_payload;
         let link = &mut self.links[i];
@@ -562,10 +585,10 @@ impl CommLoop {
             }
             let read = match &mut link.read {
                 ReadState::Header { buf, filled } => link.stream.read(&mut buf[*filled..]),
-                ReadState::Data { header, done } => {
+                ReadState::Data { header, done, .. } => {
                     let slot = endpoint
                         .recv_slot(peer, header)
-                        .map_err(|e| protocol(hooks, peer, e))?;
+                        .map_err(|e| protocol(&*hooks, peer, e))?;
                     let bytes = f32_bytes_mut(slot);
                     link.stream.read(&mut bytes[*done..])
                 }
@@ -579,14 +602,14 @@ impl CommLoop {
                 }
             };
             let n = match read {
-                Ok(0) => return Err(lost(hooks, peer, "connection closed")),
+                Ok(0) => return Err(lost(&*hooks, peer, "connection closed")),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(lost(hooks, peer, &format!("receive failed: {e}"))),
+                Err(e) => return Err(lost(&*hooks, peer, &format!("receive failed: {e}"))),
             };
             link.bytes_received += n as u64;
-            self.traffic.received.fetch_add(n as u64, Ordering::Relaxed);
+            self.traffic.add_received(i, n as u64);
             link.last_recv = Instant::now();
             let next = match &mut link.read {
                 ReadState::Header { buf, filled } => {
@@ -595,18 +618,20 @@ impl CommLoop {
                         None
                     } else {
                         let header = Header::decode(buf, max_payload)
-                            .map_err(|e: WireError| protocol(hooks, peer, e.into()))?;
+                            .map_err(|e: WireError| protocol(&*hooks, peer, e.into()))?;
                         Some(match header.kind {
-                            k if k.is_data() && header.payload_len > 0 => {
-                                ReadState::Data { header, done: 0 }
-                            }
+                            k if k.is_data() && header.payload_len > 0 => ReadState::Data {
+                                header,
+                                done: 0,
+                                arrived: Instant::now(),
+                            },
                             FrameKind::Heartbeat => fresh_header(),
                             k if k.is_data() => {
-                                complete_data(endpoint, peer, &header, hooks)?;
+                                complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
                                 fresh_header()
                             }
                             _ if header.payload_len == 0 => {
-                                handle_control(link, &header, &[], hooks)?;
+                                handle_control(link, &header, &[], &*hooks)?;
                                 fresh_header()
                             }
                             _ => ReadState::Bytes {
@@ -616,13 +641,17 @@ impl CommLoop {
                         })
                     }
                 }
-                ReadState::Data { header, done } => {
+                ReadState::Data {
+                    header,
+                    done,
+                    arrived,
+                } => {
                     *done += n;
                     if *done < header.payload_len as usize {
                         None
                     } else {
-                        let header = *header;
-                        complete_data(endpoint, peer, &header, hooks)?;
+                        let (header, arrived) = (*header, *arrived);
+                        complete_data(endpoint, peer, &header, arrived, hooks)?;
                         Some(fresh_header())
                     }
                 }
@@ -631,7 +660,7 @@ impl CommLoop {
                         None
                     } else {
                         let (header, buf) = (*header, std::mem::take(buf));
-                        handle_control(link, &header, &buf, hooks)?;
+                        handle_control(link, &header, &buf, &*hooks)?;
                         Some(fresh_header())
                     }
                 }
@@ -723,17 +752,36 @@ fn complete_data<E: Endpoint + ?Sized>(
     endpoint: &mut E,
     peer: Rank,
     header: &Header,
-    hooks: &dyn Hooks<E>,
+    arrived: Instant,
+    hooks: &mut dyn Hooks<E>,
 ) -> Result<(), CommError> {
     if header.payload_len == 0 {
         // Make sure the frame is acceptable even without a payload.
         endpoint
             .recv_slot(peer, header)
-            .map_err(|e| protocol(hooks, peer, e))?;
+            .map_err(|e| protocol(&*hooks, peer, e))?;
     }
+    let read = Instant::now();
     endpoint
         .handle_payload(peer, header)
-        .map_err(|e| protocol(hooks, peer, e))
+        .map_err(|e| protocol(&*hooks, peer, e))?;
+    if hooks.traces_frames() {
+        hooks.on_frame_received(endpoint, peer, header, arrived, read, Instant::now());
+    }
+    Ok(())
+}
+
+/// Tells the hooks that a data frame's last byte was written (if they trace frames).
+fn report_sent<E: ?Sized>(hooks: &mut dyn Hooks<E>, frame: &[u8], queued: Instant) {
+    if !hooks.traces_frames() {
+        return;
+    }
+    let header = frame
+        .first_chunk::<HEADER_LEN>()
+        .and_then(|b| Header::decode(b, u32::MAX).ok());
+    if let Some(header) = header {
+        hooks.on_frame_sent(&header, queued, Instant::now());
+    }
 }
 
 fn handle_control<E: ?Sized>(

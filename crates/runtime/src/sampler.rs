@@ -8,17 +8,63 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes on all of a process's links, shared between the transport and the sampler.
+/// Bytes on a process's links, per link and in total, shared between the transport and the
+/// sampler.
 #[derive(Debug, Default)]
 pub struct TrafficTotals {
     /// Bytes written to the links' sockets.
     pub sent: AtomicU64,
     /// Bytes read from them.
     pub received: AtomicU64,
+    /// Per link, in the transport's link order.
+    pub links: Vec<LinkTraffic>,
+}
+
+/// Bytes on one link.
+#[derive(Debug, Default)]
+pub struct LinkTraffic {
+    /// The peer's rank.
+    pub peer: usize,
+    /// Bytes written to the socket.
+    pub sent: AtomicU64,
+    /// Bytes read from it.
+    pub received: AtomicU64,
+}
+
+impl TrafficTotals {
+    /// Counters for links to `peers` (in that order).
+    pub fn for_peers(peers: impl IntoIterator<Item = usize>) -> Self {
+        Self {
+            links: peers
+                .into_iter()
+                .map(|peer| LinkTraffic {
+                    peer,
+                    ..LinkTraffic::default()
+                })
+                .collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Counts `n` bytes sent on link `index`.
+    pub fn add_sent(&self, index: usize, n: u64) {
+        self.sent.fetch_add(n, Ordering::Relaxed);
+        if let Some(l) = self.links.get(index) {
+            l.sent.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` bytes received on link `index`.
+    pub fn add_received(&self, index: usize, n: u64) {
+        self.received.fetch_add(n, Ordering::Relaxed);
+        if let Some(l) = self.links.get(index) {
+            l.received.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 /// One sample.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Seconds since the sampler started.
     pub t: f64,
@@ -36,15 +82,27 @@ pub struct Sample {
     pub net_sent_bytes: u64,
     /// Bytes received on the links so far.
     pub net_received_bytes: u64,
+    /// Per link: `(peer, bytes sent, bytes received)` so far.
+    pub links: Vec<(usize, u64, u64)>,
 }
 
-/// The CSV header of [`Sample`] rows.
+/// The CSV header of [`Sample`] rows; per-link columns (`sent_to_rank<R>`,
+/// `received_from_rank<R>`) follow.
 pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
+
+/// The CSV header for samples of these links.
+pub fn csv_header(links: &[(usize, u64, u64)]) -> String {
+    let mut header = CSV_HEADER.to_string();
+    for (peer, _, _) in links {
+        header.push_str(&format!(",sent_to_rank{peer},received_from_rank{peer}"));
+    }
+    header
+}
 
 impl Sample {
     /// The sample as a CSV row.
     pub fn csv_row(&self) -> String {
-        format!(
+        let mut row = format!(
             "{:.3},{:.1},{:.1},{},{},{},{},{}",
             self.t,
             self.cpu_user_pct,
@@ -54,7 +112,11 @@ impl Sample {
             self.disk_write_bytes,
             self.net_sent_bytes,
             self.net_received_bytes
-        )
+        );
+        for (_, sent, received) in &self.links {
+            row.push_str(&format!(",{sent},{received}"));
+        }
+        row
     }
 }
 
@@ -133,6 +195,17 @@ impl ResourceSampler {
                         disk_write_bytes: write,
                         net_sent_bytes: traffic.sent.load(Ordering::Relaxed),
                         net_received_bytes: traffic.received.load(Ordering::Relaxed),
+                        links: traffic
+                            .links
+                            .iter()
+                            .map(|l| {
+                                (
+                                    l.peer,
+                                    l.sent.load(Ordering::Relaxed),
+                                    l.received.load(Ordering::Relaxed),
+                                )
+                            })
+                            .collect(),
                     });
                     last = (now, ticks);
                     if flag.load(Ordering::Relaxed) {
@@ -175,7 +248,8 @@ impl Drop for ResourceSampler {
 /// Writes samples as CSV.
 pub fn write_csv(path: &Path, samples: &[Sample]) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(f, "{CSV_HEADER}")?;
+    let links = samples.first().map_or(&[][..], |s| &s.links[..]);
+    writeln!(f, "{}", csv_header(links))?;
     for s in samples {
         writeln!(f, "{}", s.csv_row())?;
     }
@@ -190,7 +264,7 @@ mod tests {
     /// N bytes shows at least N written, the link totals are passed through.
     #[test]
     fn samples_track_a_known_load() {
-        let traffic = Arc::new(TrafficTotals::default());
+        let traffic = Arc::new(TrafficTotals::for_peers([3, 5]));
         let sampler =
             ResourceSampler::start(Duration::from_millis(100), traffic.clone(), None).unwrap();
         let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
@@ -204,12 +278,16 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
-        traffic.sent.store(12345, Ordering::Relaxed);
+        traffic.add_sent(0, 12000);
+        traffic.add_sent(1, 345);
+        traffic.add_received(1, 77);
         let samples = sampler.finish().unwrap();
         assert!(samples.len() >= 3, "{samples:?}");
         let last = samples.last().unwrap();
         let first = samples.first().unwrap();
         assert_eq!(last.net_sent_bytes, 12345);
+        assert_eq!(last.net_received_bytes, 77);
+        assert_eq!(last.links, vec![(3, 12000, 0), (5, 345, 77)]);
         assert!(last.rss_bytes > 1 << 20);
         let written = last.disk_write_bytes - first.disk_write_bytes;
         assert!(
@@ -235,10 +313,15 @@ mod tests {
             disk_write_bytes: 2,
             net_sent_bytes: 3,
             net_received_bytes: 4,
+            links: vec![(2, 3, 4)],
         };
-        write_csv(&path, &[s, s]).unwrap();
+        write_csv(&path, &[s.clone(), s]).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 3);
         assert!(text.starts_with(CSV_HEADER));
+        let header: Vec<_> = text.lines().next().unwrap().split(',').collect();
+        let row: Vec<_> = text.lines().nth(1).unwrap().split(',').collect();
+        assert_eq!(header.len(), row.len());
+        assert_eq!(header[8..], ["sent_to_rank2", "received_from_rank2"]);
     }
 }

@@ -7,10 +7,15 @@ use syncopate_core::Sgd;
 use syncopate_train::model::ModelSpec;
 use syncopate_train::trainer::OptimConfig;
 
+use std::time::Instant;
+
+use syncopate_core::wire::Header;
+
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
+use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
 
 /// A server's outcome.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -26,6 +31,10 @@ pub struct ServerSummary {
 /// A server's loop: nothing to command, done when every worker has said goodbye.
 pub(crate) struct ServerHooks {
     pub(crate) layout: JobLayout,
+    /// The frames' timeline, when a window of steps is recorded.
+    pub(crate) tracer: Option<TraceRecorder>,
+    /// Slice updates seen so far (a push that raises it applied a slice).
+    pub(crate) updates: u64,
 }
 
 impl Hooks<PsServer> for ServerHooks {
@@ -47,6 +56,42 @@ impl Hooks<PsServer> for ServerHooks {
 
     fn describe(&self, rank: Rank) -> String {
         self.layout.describe(rank)
+    }
+
+    fn traces_frames(&self) -> bool {
+        self.tracer.is_some()
+    }
+
+    fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
+        if let Some(t) = self.tracer.as_mut() {
+            let name = frame_label(header);
+            t.span_on(SEND, header.step, "send", &name, queued, written);
+        }
+    }
+
+    fn on_frame_received(
+        &mut self,
+        server: &PsServer,
+        peer: Rank,
+        header: &Header,
+        arrived: Instant,
+        read: Instant,
+        handled: Instant,
+    ) {
+        let applied = server.updates() > self.updates;
+        self.updates = server.updates();
+        let Some(t) = self.tracer.as_mut() else {
+            return;
+        };
+        let name = format!("{} from {peer}", frame_label(header));
+        if applied {
+            // The last push of a slice: aggregate, optimizer, replies queued.
+            t.span_on(RECEIVE, header.step, "receive", &name, arrived, read);
+            let name = format!("apply k{} @{}+{}", header.key, header.offset, header.length);
+            t.span_on(RECEIVE, header.step, "apply", &name, read, handled);
+        } else {
+            t.span_on(RECEIVE, header.step, "receive", &name, arrived, handled);
+        }
     }
 }
 
@@ -80,10 +125,20 @@ pub fn run_server(
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let mut hooks = ServerHooks {
         layout: layout.clone(),
+        tracer: ctx
+            .metrics
+            .as_ref()
+            .and_then(|m| m.trace_steps.clone())
+            .map(|window| TraceRecorder::new(ctx.rank, window)),
+        updates: 0,
     };
     let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(&mut server, &mut hooks)?;
     crate::job::finish_sampler(sampler)?;
+    if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
+        t.write(&m.dir, &format!("server {index}"))
+            .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
+    }
     Ok(ServerSummary {
         rank: ctx.rank,
         updates: server.updates(),

@@ -1,13 +1,25 @@
 //! Timelines in the Chrome trace event format (viewable in Perfetto): each process records
-//! the spans of a window of steps (forward and backward per layer, waits on communication,
-//! the optimizer, data loading) into `trace-rank<R>.json`; [`merge_traces`] joins a job's
+//! the spans of a window of steps into `trace-rank<R>.json`; [`merge_traces`] joins a job's
 //! files into one `trace.json` with one track per process.
+//!
+//! A worker's track has three threads: [`COMPUTE`] (forward and backward per layer, waits on
+//! communication, the optimizer, data loading), [`SEND`] (per frame, from the moment the
+//! scheduler handed it to the network interface to its last byte on the socket; gradient
+//! slices entering the scheduler's queue are instants there) and [`RECEIVE`] (per frame, from
+//! its header to its last byte; applying a slice on a server is a span of its own).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+/// Thread of the compute spans.
+pub const COMPUTE: usize = 0;
+/// Thread of the frames sent (and of gradient slices queued for sending).
+pub const SEND: usize = 1;
+/// Thread of the frames received (and of slices applied by a server).
+pub const RECEIVE: usize = 2;
 
 /// One complete span ("ph": "X").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -16,7 +28,7 @@ pub struct TraceEvent {
     pub name: String,
     /// Category: `compute`, `wait`, `data`, `optimizer`.
     pub cat: String,
-    /// Phase: always "X" (complete event) for spans, "M" for metadata.
+    /// Phase: "X" (complete event) for spans, "i" for instants, "M" for metadata.
     pub ph: String,
     /// Start, microseconds since the Unix epoch (a clock every process of a machine shares).
     pub ts: f64,
@@ -25,7 +37,7 @@ pub struct TraceEvent {
     pub dur: f64,
     /// Process: the rank.
     pub pid: usize,
-    /// Thread: 0.
+    /// Thread: [`COMPUTE`], [`SEND`] or [`RECEIVE`].
     pub tid: usize,
     /// Extra fields (the step; a metadata event's name).
     #[serde(default)]
@@ -62,43 +74,100 @@ impl TraceRecorder {
         self.window.contains(&step)
     }
 
-    /// Records a span of `step` from `start` to `end`.
+    /// Records a compute-thread span of `step` from `start` to `end`.
     pub fn span(&mut self, step: u64, cat: &str, name: &str, start: Instant, end: Instant) {
+        self.span_on(COMPUTE, step, cat, name, start, end);
+    }
+
+    /// Records a span of `step` on thread `tid`.
+    pub fn span_on(
+        &mut self,
+        tid: usize,
+        step: u64,
+        cat: &str,
+        name: &str,
+        start: Instant,
+        end: Instant,
+    ) {
         if !self.records(step) {
             return;
         }
-        let us = |t: Instant| {
-            self.origin_us + t.saturating_duration_since(self.origin).as_secs_f64() * 1e6
-        };
-        self.events.push(TraceEvent {
+        let event = TraceEvent {
             name: name.to_string(),
             cat: cat.to_string(),
             ph: "X".into(),
-            ts: us(start),
+            ts: self.micros(start),
             dur: end.saturating_duration_since(start).as_secs_f64() * 1e6,
             pid: self.rank,
-            tid: 0,
+            tid,
             args: serde_json::json!({ "step": step }),
-        });
+        };
+        self.events.push(event);
     }
 
-    /// Writes `dir/trace-rank<R>.json` (a JSON array of events, with the process's name).
+    /// Records an instant of `step` on thread `tid`.
+    pub fn instant(&mut self, tid: usize, step: u64, cat: &str, name: &str, at: Instant) {
+        if !self.records(step) {
+            return;
+        }
+        let event = TraceEvent {
+            name: name.to_string(),
+            cat: cat.to_string(),
+            ph: "i".into(),
+            ts: self.micros(at),
+            dur: 0.0,
+            pid: self.rank,
+            tid,
+            args: serde_json::json!({ "step": step }),
+        };
+        self.events.push(event);
+    }
+
+    /// Takes over the events of `other` (another thread's recorder of this process).
+    pub fn absorb(&mut self, other: TraceRecorder) {
+        self.events.extend(other.events);
+    }
+
+    fn micros(&self, t: Instant) -> f64 {
+        // Instants before the origin (another thread's recorder) count backwards.
+        let after = t.saturating_duration_since(self.origin).as_secs_f64();
+        let before = self.origin.saturating_duration_since(t).as_secs_f64();
+        self.origin_us + (after - before) * 1e6
+    }
+
+    /// Writes `dir/trace-rank<R>.json` (a JSON array of events, with the process's and the
+    /// threads' names).
     pub fn write(&self, dir: &Path, process_name: &str) -> std::io::Result<PathBuf> {
-        let mut events = vec![TraceEvent {
-            name: "process_name".into(),
+        let meta = |name: &str, tid: usize, value: &str| TraceEvent {
+            name: name.into(),
             cat: String::new(),
             ph: "M".into(),
             ts: 0.0,
             dur: 0.0,
             pid: self.rank,
-            tid: 0,
-            args: serde_json::json!({ "name": process_name }),
-        }];
+            tid,
+            args: serde_json::json!({ "name": value }),
+        };
+        let mut events = vec![
+            meta("process_name", COMPUTE, process_name),
+            meta("thread_name", COMPUTE, "compute"),
+            meta("thread_name", SEND, "send"),
+            meta("thread_name", RECEIVE, "receive"),
+        ];
         events.extend(self.events.iter().cloned());
         let path = dir.join(format!("trace-rank{}.json", self.rank));
         std::fs::write(&path, serde_json::to_string(&events)?)?;
         Ok(path)
     }
+}
+
+/// A frame's name on the timeline: `push k3 @40000+40000` (kind, key, offset, values).
+pub fn frame_label(header: &syncopate_core::wire::Header) -> String {
+    let kind = format!("{:?}", header.kind).to_lowercase();
+    format!(
+        "{kind} k{} @{}+{}",
+        header.key, header.offset, header.length
+    )
 }
 
 /// Joins every `trace-rank<R>.json` in `dir` into `dir/trace.json`
@@ -155,8 +224,8 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let events = json["traceEvents"].as_array().unwrap();
-        // Per process: one metadata event and the one span of step 1.
-        assert_eq!(events.len(), 4);
+        // Per process: four metadata events and the one span of step 1.
+        assert_eq!(events.len(), 10);
         let spans: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
         assert_eq!(spans.len(), 2);
         assert!(spans
@@ -167,5 +236,28 @@ mod tests {
         assert!(merge_traces(tempfile::tempdir().unwrap().path())
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn instants_and_other_threads_keep_their_step_window_and_thread() {
+        let mut compute = TraceRecorder::new(3, 5..6);
+        let mut frames = TraceRecorder::new(3, 5..6);
+        let t = Instant::now();
+        frames.instant(SEND, 5, "enqueue", "enqueue k0", t);
+        frames.instant(SEND, 6, "enqueue", "enqueue k0", t);
+        frames.span_on(RECEIVE, 5, "receive", "params k0 @0+10", t, t);
+        compute.absorb(frames);
+        assert_eq!(compute.events.len(), 2);
+        assert_eq!(compute.events[0].ph, "i");
+        assert_eq!(compute.events[0].tid, SEND);
+        assert_eq!(compute.events[1].tid, RECEIVE);
+        let header = syncopate_core::wire::Header::data(
+            syncopate_core::wire::FrameKind::Push,
+            5,
+            3,
+            40000,
+            40000,
+        );
+        assert_eq!(frame_label(&header), "push k3 @40000+40000");
     }
 }

@@ -20,7 +20,8 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStat
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
-use crate::trace::TraceRecorder;
+use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
+use syncopate_core::wire::Header;
 
 /// What a worker trains and how.
 #[derive(Debug, Clone)]
@@ -95,9 +96,31 @@ struct WorkerHooks {
     tx: Sender<FromComm>,
     step: u64,
     layout: JobLayout,
+    /// The frames' timeline (send and receive threads), when a window is recorded.
+    tracer: Option<TraceRecorder>,
+    /// Per key, its slices as `(offset, length)` (parameter-server strategies), for the
+    /// timeline's enqueue instants.
+    slices: Vec<Vec<(usize, usize)>>,
 }
 
 impl WorkerHooks {
+    /// Marks on the timeline that `key`'s gradient (each of its slices) entered the queue.
+    fn trace_enqueue(&mut self, key: usize) {
+        let Some(t) = self.tracer.as_mut().filter(|t| t.records(self.step)) else {
+            return;
+        };
+        let now = Instant::now();
+        match self.slices.get(key) {
+            Some(slices) if !slices.is_empty() => {
+                for (offset, len) in slices {
+                    let name = format!("enqueue k{key} @{offset}+{len}");
+                    t.instant(SEND, self.step, "enqueue", &name, now);
+                }
+            }
+            _ => t.instant(SEND, self.step, "enqueue", &format!("enqueue k{key}"), now),
+        }
+    }
+
     fn drain(&mut self, ep: &mut dyn WorkerSync) {
         while let Some(ev) = ep.poll_event() {
             let msg = match ev {
@@ -122,7 +145,10 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
                     self.step = step;
                     ep.begin_step(step);
                 }
-                Ok(ToComm::Gradient(key, g)) => ep.handle_gradient(key, &g),
+                Ok(ToComm::Gradient(key, g)) => {
+                    self.trace_enqueue(key);
+                    ep.handle_gradient(key, &g);
+                }
                 Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
                 Ok(ToComm::Finish) => return Ok(Flow::Finish),
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
@@ -151,14 +177,44 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
     fn describe(&self, rank: Rank) -> String {
         self.layout.describe(rank)
     }
+
+    fn traces_frames(&self) -> bool {
+        self.tracer.is_some()
+    }
+
+    fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
+        if let Some(t) = self.tracer.as_mut() {
+            let name = frame_label(header);
+            t.span_on(SEND, header.step, "send", &name, queued, written);
+        }
+    }
+
+    fn on_frame_received(
+        &mut self,
+        _: &(dyn WorkerSync + Send + 'static),
+        peer: Rank,
+        header: &Header,
+        arrived: Instant,
+        _read: Instant,
+        handled: Instant,
+    ) {
+        if let Some(t) = self.tracer.as_mut() {
+            let name = format!("{} from {peer}", frame_label(header));
+            t.span_on(RECEIVE, header.step, "receive", &name, arrived, handled);
+        }
+    }
 }
+
+/// What the communication thread hands back: the links' byte counters and the frames'
+/// timeline.
+type CommResult = Result<(Vec<LinkCounters>, Option<TraceRecorder>), CommError>;
 
 /// The training side's handle on the communication thread.
 struct Comm {
     tx: Sender<ToComm>,
     rx: Receiver<FromComm>,
     waker: Arc<Waker>,
-    thread: Option<std::thread::JoinHandle<Result<Vec<LinkCounters>, CommError>>>,
+    thread: Option<std::thread::JoinHandle<CommResult>>,
     first_error: Option<String>,
     traffic: Arc<crate::sampler::TrafficTotals>,
 }
@@ -208,7 +264,7 @@ impl Comm {
         err
     }
 
-    fn finish(mut self) -> Result<Vec<LinkCounters>, RunError> {
+    fn finish(mut self) -> Result<(Vec<LinkCounters>, Option<TraceRecorder>), RunError> {
         self.send(ToComm::Finish)?;
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(Ok(c))) => Ok(c),
@@ -222,6 +278,7 @@ fn start_comm(
     links: Vec<Link>,
     ctx: &ProcessContext,
     layout: &JobLayout,
+    keys: &[KeyInfo],
     mut endpoint: Box<dyn WorkerSync + Send>,
 ) -> Result<Comm, RunError> {
     let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
@@ -229,11 +286,27 @@ fn start_comm(
     let traffic = comm_loop.traffic();
     let (to_tx, to_rx) = channel();
     let (from_tx, from_rx) = channel();
+    let tracer = ctx
+        .metrics
+        .as_ref()
+        .and_then(|m| m.trace_steps.clone())
+        .map(|window| TraceRecorder::new(ctx.rank, window));
+    let mut slices = vec![Vec::new(); keys.len()];
+    if tracer.is_some() && layout.strategy.uses_servers() {
+        let registry = layout.registry(keys.to_vec());
+        for s in registry.slices() {
+            if let Some(of_key) = slices.get_mut(s.key) {
+                of_key.push((s.offset, s.len));
+            }
+        }
+    }
     let mut hooks = WorkerHooks {
         rx: to_rx,
         tx: from_tx.clone(),
         step: 0,
         layout: layout.clone(),
+        tracer,
+        slices,
     };
     let thread = std::thread::Builder::new()
         .name("syncopate-comm".into())
@@ -242,7 +315,7 @@ fn start_comm(
             if r.is_err() {
                 let _ = from_tx.send(FromComm::Failed);
             }
-            r.map(|()| comm_loop.counters())
+            r.map(|()| (comm_loop.counters(), hooks.tracer.take()))
         })
         .map_err(|e| RunError::Local(format!("starting the communication thread: {e}")))?;
     Ok(Comm {
@@ -328,7 +401,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     let can_evaluate = !spec.is_profile();
     let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
     let links = join(ctx, layout, spec.fingerprint())?;
-    let mut comm = start_comm(links, ctx, layout, endpoint)?;
+    let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
 
     let sampler = EpochSampler::new(
@@ -560,7 +633,10 @@ pub fn run_worker<E: LayerwiseEngine>(
             checkpoint::save(&engine, path)?;
         }
     }
-    let counters = comm.finish()?;
+    let (counters, frame_trace) = comm.finish()?;
+    if let (Some(t), Some(frames)) = (tracer.as_mut(), frame_trace) {
+        t.absorb(frames);
+    }
     crate::job::finish_sampler(resources)?;
     if let Some(m) = &ctx.metrics {
         let write = |name: String, text: &str| {

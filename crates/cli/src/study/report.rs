@@ -366,8 +366,8 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
     }
     html.heading("Resources per process");
     html.paragraph(&format!(
-        "CPU (user + system, % of one core), resident memory and bytes sent per process, sampled \
-         every second; charts for the first {} of {} runs (every run's metrics-rank<R>.csv is in \
+        "CPU (user + system, % of one core), resident memory, bytes sent and disk bytes read and \
+         written per process, sampled every second; charts for the first {} of {} runs (every run's metrics-rank<R>.csv is in \
          its directory).",
         RESOURCE_CHART_RUNS.min(with_metrics.len()),
         with_metrics.len()
@@ -377,6 +377,7 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
         let mut cpu = Vec::new();
         let mut rss = Vec::new();
         let mut net = Vec::new();
+        let mut disk = Vec::new();
         for rank in 0.. {
             let path = run_dir.join(format!("metrics-rank{rank}.csv"));
             let Ok(text) = std::fs::read_to_string(&path) else {
@@ -390,7 +391,7 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
                         .map(|v| v.parse().unwrap_or(f64::NAN))
                         .collect()
                 })
-                .filter(|v: &Vec<f64>| v.len() == 8)
+                .filter(|v: &Vec<f64>| v.len() >= 8)
                 .collect();
             let name = if rank < r.workers {
                 format!("worker {rank}")
@@ -405,11 +406,13 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
             cpu.push(series(&|v| v[1] + v[2]));
             rss.push(series(&|v| v[3] / 1e6));
             net.push(series(&|v| v[6] / 1e6));
+            disk.push(series(&|v| (v[4] + v[5]) / 1e6));
         }
         for (what, unit, series) in [
             ("CPU", "% of one core", cpu),
             ("memory (RSS)", "MB", rss),
             ("sent on the links", "MB (cumulative)", net),
+            ("disk read + written", "MB (cumulative)", disk),
         ] {
             let chart = LineChart {
                 title: format!("{} - {}: {what}", r.model, r.variant),
