@@ -525,11 +525,9 @@ impl CommLoop {
                     link.last_send = now;
                     link.last_write_progress = now;
                     if *pos == frame.len() {
-                        if let Some((frame, _, queued)) = link.current.take() {
-                            if let Some(queued) = queued {
-                                report_sent(&mut *hooks, &frame, queued);
-                                pool.push(frame);
-                            }
+                        if let Some((frame, _, Some(queued))) = link.current.take() {
+                            report_sent(&mut *hooks, &frame, queued);
+                            pool.push(frame);
                         }
                     }
                 }

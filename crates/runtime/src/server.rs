@@ -15,7 +15,7 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
-use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
+use crate::trace::{frame_label, TraceRecorder, RECEIVE};
 
 /// A server's outcome.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -64,8 +64,7 @@ impl Hooks<PsServer> for ServerHooks {
 
     fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
         if let Some(t) = self.tracer.as_mut() {
-            let name = frame_label(header);
-            t.span_on(SEND, header.step, "send", &name, queued, written);
+            t.frame_sent(header, queued, written);
         }
     }
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use syncopate_core::wire::Header;
 
 /// Thread of the compute spans.
 pub const COMPUTE: usize = 0;
@@ -89,33 +90,41 @@ impl TraceRecorder {
         start: Instant,
         end: Instant,
     ) {
-        if !self.records(step) {
-            return;
-        }
-        let event = TraceEvent {
-            name: name.to_string(),
-            cat: cat.to_string(),
-            ph: "X".into(),
-            ts: self.micros(start),
-            dur: end.saturating_duration_since(start).as_secs_f64() * 1e6,
-            pid: self.rank,
-            tid,
-            args: serde_json::json!({ "step": step }),
-        };
-        self.events.push(event);
+        let dur = end.saturating_duration_since(start).as_secs_f64() * 1e6;
+        self.record(tid, step, cat, name, "X", start, dur);
     }
 
     /// Records an instant of `step` on thread `tid`.
     pub fn instant(&mut self, tid: usize, step: u64, cat: &str, name: &str, at: Instant) {
+        self.record(tid, step, cat, name, "i", at, 0.0);
+    }
+
+    /// Records a frame's trip through the network interface (the [`SEND`] thread).
+    pub fn frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
+        let name = frame_label(header);
+        self.span_on(SEND, header.step, "send", &name, queued, written);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        tid: usize,
+        step: u64,
+        cat: &str,
+        name: &str,
+        ph: &str,
+        at: Instant,
+        dur: f64,
+    ) {
         if !self.records(step) {
             return;
         }
         let event = TraceEvent {
             name: name.to_string(),
             cat: cat.to_string(),
-            ph: "i".into(),
+            ph: ph.into(),
             ts: self.micros(at),
-            dur: 0.0,
+            dur,
             pid: self.rank,
             tid,
             args: serde_json::json!({ "step": step }),
@@ -162,7 +171,7 @@ impl TraceRecorder {
 }
 
 /// A frame's name on the timeline: `push k3 @40000+40000` (kind, key, offset, values).
-pub fn frame_label(header: &syncopate_core::wire::Header) -> String {
+pub fn frame_label(header: &Header) -> String {
     let kind = format!("{:?}", header.kind).to_lowercase();
     format!(
         "{kind} k{} @{}+{}",

@@ -184,8 +184,7 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
 
     fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
         if let Some(t) = self.tracer.as_mut() {
-            let name = frame_label(header);
-            t.span_on(SEND, header.step, "send", &name, queued, written);
+            t.frame_sent(header, queued, written);
         }
     }
 
