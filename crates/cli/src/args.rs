@@ -71,12 +71,15 @@ pub struct TrainSettings {
     /// Base learning rate (with the default cosine schedule, LeNet reaches 98.9 % on MNIST
     /// in 2 epochs).
     #[arg(long, default_value_t = 0.02)]
+    #[serde(serialize_with = "shortest_f32")]
     pub lr: f32,
     /// SGD momentum.
     #[arg(long, default_value_t = 0.9)]
+    #[serde(serialize_with = "shortest_f32")]
     pub momentum: f32,
     /// L2 weight decay.
     #[arg(long, default_value_t = 0.0)]
+    #[serde(serialize_with = "shortest_f32")]
     pub weight_decay: f32,
     /// Learning-rate schedule (cosine anneals to 0 over the run's steps).
     #[arg(long, value_enum, default_value = "cosine")]
@@ -86,6 +89,7 @@ pub struct TrainSettings {
     pub lr_step_every: u64,
     /// Decay factor of the `step` schedule.
     #[arg(long, default_value_t = 0.1)]
+    #[serde(serialize_with = "shortest_f32")]
     pub lr_gamma: f32,
     /// Seed of initialisation, shuffling and synthetic data: same seed, same weights.
     #[arg(long, default_value_t = 42)]
@@ -166,6 +170,12 @@ impl TrainSettings {
         data::load(kind, self.data.as_deref(), &synthetic)
             .with_context(|| format!("loading dataset {}", kind.name()))
     }
+}
+
+/// Writes an `f32` as the shortest decimal that reads back as it (0.02, not
+/// 0.019999999552965164), for resolved configs that people read.
+fn shortest_f32<S: serde::Serializer>(v: &f32, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(v.to_string().parse::<f64>().unwrap_or(f64::from(*v)))
 }
 
 /// Parses `CxHxW`.

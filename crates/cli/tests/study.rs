@@ -19,7 +19,7 @@ batch_size = 8
 workers = [2]
 servers = 1
 bandwidths = ["unlimited", "1gbit"]
-args = ["--dataset", "synthetic", "--synthetic-samples", "256"]
+args = ["--dataset", "synthetic", "--synthetic-samples", "256", "--eval-every", "1", "--target-accuracy", "0.01"]
 [[models]]
 name = "lenet"
 [[variants]]
@@ -54,6 +54,10 @@ strategy = "p3"
     let html = std::fs::read_to_string(out.join("tiny/report.html")).unwrap();
     assert!(html.contains("<svg") && html.contains("throughput vs bandwidth"));
     assert!(html.contains("CPU") && html.contains("training loss vs wall time"));
+    assert!(
+        html.contains("training time to 1.0 % test accuracy"),
+        "{html}"
+    );
     // Every run records its processes' resources and worker 0's steps.
     let runs = out.join("tiny/runs");
     for run in std::fs::read_dir(&runs).unwrap() {
@@ -67,6 +71,23 @@ strategy = "p3"
         }
         let steps = std::fs::read_to_string(dir.join("steps-rank0.csv")).unwrap();
         assert_eq!(steps.lines().count(), 1 + 3, "{steps}");
+        // Evaluations every step; any accuracy reaches 1 %, so the first one sets the time.
+        let evals = std::fs::read_to_string(dir.join("evals-rank0.csv")).unwrap();
+        assert_eq!(evals.lines().count(), 1 + 3, "{evals}");
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["steps_to_accuracy"], 1, "{summary}");
+        assert!(summary["time_to_accuracy_s"].as_f64().unwrap() > 0.0);
+        // The resolved config and the final weights.
+        let config: toml::Value =
+            toml::from_str(&std::fs::read_to_string(dir.join("config.toml")).unwrap()).unwrap();
+        assert!(["ps", "p3"].contains(&config["sync"]["strategy"].as_str().unwrap()));
+        assert_eq!(config["job"]["workers"].as_integer(), Some(2));
+        assert_eq!(config["job"]["settings"]["model"].as_str(), Some("lenet"));
+        assert!(config["sync"]["slice_params"].as_integer().unwrap() > 0);
+        let weights = std::fs::read(dir.join("weights.safetensors")).unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&weights).unwrap();
+        assert!(tensors.len() >= 8, "{:?}", tensors.names());
     }
     // Interrupted study: one run's summary is gone; only that run runs again.
     let victim = std::fs::read_dir(&runs)

@@ -38,6 +38,11 @@ pub struct WorkerPlan {
     pub load: Option<std::path::PathBuf>,
     /// Where rank 0 saves the final weights.
     pub save: Option<std::path::PathBuf>,
+    /// Rank 0 also evaluates every this many steps (besides at the end of every epoch).
+    pub eval_every: Option<u64>,
+    /// Test accuracy (a fraction) whose first evaluation at or above it sets the time to
+    /// accuracy.
+    pub target_accuracy: Option<f64>,
 }
 
 /// Time spent in each phase over the run, seconds.
@@ -70,12 +75,62 @@ pub struct WorkerSummary {
     pub test: Option<Evaluation>,
     /// Test accuracy after each epoch (rank 0 only).
     pub epoch_accuracy: Vec<f64>,
+    /// Every evaluation (rank 0 only), in order.
+    pub evaluations: Vec<EvalPoint>,
+    /// Training seconds (evaluations excluded) until the first evaluation that reached the
+    /// target accuracy; `None` without a target or when no evaluation reached it.
+    pub time_to_accuracy: Option<f64>,
+    /// Steps until then.
+    pub steps_to_accuracy: Option<u64>,
     /// Per-phase times.
     pub times: WorkerTimes,
     /// Wall time of every step, seconds (evaluations excluded).
     pub step_seconds: Vec<f64>,
     /// Bytes per link.
     pub links: Vec<(Rank, u64, u64)>,
+}
+
+/// One evaluation of the test set during training.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EvalPoint {
+    /// Steps done.
+    pub step: u64,
+    /// Training seconds so far (evaluations excluded).
+    pub seconds: f64,
+    /// Test accuracy, a fraction.
+    pub accuracy: f64,
+    /// Test loss.
+    pub loss: f64,
+}
+
+/// Rank 0's evaluations, as CSV rows and as points.
+struct EvalLog {
+    csv: String,
+    points: Vec<EvalPoint>,
+}
+
+impl Default for EvalLog {
+    fn default() -> Self {
+        Self {
+            csv: String::from("epoch,step,t_s,test_accuracy,test_loss\n"),
+            points: Vec::new(),
+        }
+    }
+}
+
+impl EvalLog {
+    fn push(&mut self, epoch: u64, step: u64, seconds: f64, eval: &Evaluation) {
+        self.csv.push_str(&format!(
+            "{epoch},{step},{seconds:.3},{:.5},{:.5}\n",
+            eval.accuracy, eval.loss
+        ));
+        self.points.push(EvalPoint {
+            step,
+            seconds,
+            accuracy: eval.accuracy,
+            loss: eval.loss,
+        });
+    }
 }
 
 enum ToComm {
@@ -431,7 +486,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     let mut step_seconds = Vec::with_capacity(total as usize);
     let mut step_rows =
         String::from("step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n");
-    let mut eval_rows = String::from("epoch,step,t_s,test_accuracy,test_loss\n");
+    let mut evals = EvalLog::default();
     let mut tracer = ctx
         .metrics
         .as_ref()
@@ -589,22 +644,20 @@ pub fn run_worker<E: LayerwiseEngine>(
         let elapsed = (start.elapsed().as_secs_f64() - eval_seconds).max(1e-9);
         let rate = (step + 1) as f64 * (plan.batch_size * layout.workers) as f64 / elapsed;
         observer.on_step(step + 1, total, &out, rate);
-        if ctx.rank == 0 && can_evaluate && in_epoch as u64 + 1 == per_epoch {
+        let epoch_end = in_epoch as u64 + 1 == per_epoch;
+        let periodic = plan.eval_every.is_some_and(|n| (step + 1) % n.max(1) == 0);
+        if ctx.rank == 0 && can_evaluate && (epoch_end || periodic) {
             let all = 0..keys.len();
             sync.wait_for(&mut comm, &mut engine, all, true)?;
+            let trained = start.elapsed().as_secs_f64() - eval_seconds;
             let t = Instant::now();
             let eval = evaluate(&mut engine, &data.test, 256)?;
             eval_seconds += t.elapsed().as_secs_f64();
-            epoch_accuracy.push(eval.accuracy);
-            eval_rows.push_str(&format!(
-                "{},{},{:.3},{:.5},{:.5}\n",
-                epoch + 1,
-                step + 1,
-                start.elapsed().as_secs_f64() - eval_seconds,
-                eval.accuracy,
-                eval.loss
-            ));
-            observer.on_eval(epoch + 1, &eval);
+            evals.push(epoch + 1, step + 1, trained, &eval);
+            if epoch_end {
+                epoch_accuracy.push(eval.accuracy);
+                observer.on_eval(epoch + 1, &eval);
+            }
         }
     }
     sync.wait_for(&mut comm, &mut engine, 0..keys.len(), true)?;
@@ -614,14 +667,9 @@ pub fn run_worker<E: LayerwiseEngine>(
         let eval = evaluate(&mut engine, &data.test, 256)?;
         if total % per_epoch != 0 {
             observer.on_eval(total.div_ceil(per_epoch), &eval);
-            eval_rows.push_str(&format!(
-                "{},{},{:.3},{:.5},{:.5}\n",
-                total.div_ceil(per_epoch),
-                total,
-                train_seconds,
-                eval.accuracy,
-                eval.loss
-            ));
+        }
+        if evals.points.last().is_none_or(|e| e.step != total) {
+            evals.push(total.div_ceil(per_epoch), total, train_seconds, &eval);
         }
         Some(eval)
     } else {
@@ -632,6 +680,11 @@ pub fn run_worker<E: LayerwiseEngine>(
             checkpoint::save(&engine, path)?;
         }
     }
+    let reached = plan
+        .target_accuracy
+        .and_then(|target| evals.points.iter().find(|e| e.accuracy >= target));
+    let (time_to_accuracy, steps_to_accuracy) =
+        (reached.map(|e| e.seconds), reached.map(|e| e.step));
     let (counters, frame_trace) = comm.finish()?;
     if let (Some(t), Some(frames)) = (tracer.as_mut(), frame_trace) {
         t.absorb(frames);
@@ -648,7 +701,7 @@ pub fn run_worker<E: LayerwiseEngine>(
                 .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
         }
         if ctx.rank == 0 && can_evaluate {
-            write("evals-rank0.csv".into(), &eval_rows)?;
+            write("evals-rank0.csv".into(), &evals.csv)?;
         }
     }
     Ok(WorkerSummary {
@@ -660,6 +713,9 @@ pub fn run_worker<E: LayerwiseEngine>(
         final_loss: recent.iter().sum::<f64>() / recent.len().max(1) as f64,
         test,
         epoch_accuracy,
+        evaluations: evals.points,
+        time_to_accuracy,
+        steps_to_accuracy,
         times,
         step_seconds,
         links: counters

@@ -156,6 +156,14 @@ pub struct JobArgs {
     /// (Chrome trace format; open it in Perfetto).
     #[arg(long, value_name = "A..B", requires = "metrics_dir")]
     pub trace_steps: Option<String>,
+    /// Worker 0 also evaluates the test set every N steps (besides after every epoch);
+    /// the time spent evaluating is left out of every training time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub eval_every: Option<u64>,
+    /// Test accuracy to reach (a fraction, e.g. 0.97): the summary's time_to_accuracy_s is
+    /// the training time until the first evaluation at or above it (pair with --eval-every).
+    #[arg(long, value_name = "F")]
+    pub target_accuracy: Option<f64>,
     /// Where worker 0 writes the job's final figures as JSON.
     #[arg(long, value_name = "FILE")]
     pub summary_json: Option<PathBuf>,
@@ -284,10 +292,61 @@ impl JobArgs {
     }
 }
 
+/// What `config.toml` in a job's --metrics-dir holds: every flag with its default filled
+/// in, and what the flags resolved to.
+#[derive(Serialize)]
+struct ResolvedConfig<'a> {
+    sync: ResolvedSync,
+    job: &'a JobArgs,
+}
+
+/// The synchronisation settings a job runs with, after defaults and --scale.
+#[derive(Serialize)]
+struct ResolvedSync {
+    strategy: &'static str,
+    scheduler: &'static str,
+    descriptor: String,
+    slice_params: usize,
+    credit_bytes: usize,
+    bucket_bytes: usize,
+    /// The network in words (an absent bandwidth_bps below means unlimited).
+    network_summary: String,
+    network: LinkProfile,
+}
+
+/// Writes the job's resolved configuration as `dir/config.toml`.
+fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayout) -> Result<()> {
+    let config = ResolvedConfig {
+        sync: ResolvedSync {
+            strategy: layout.strategy.name(),
+            scheduler: layout.scheduler.name(),
+            descriptor: layout.sync_descriptor(),
+            slice_params: layout.slice_params,
+            credit_bytes: layout.credit_bytes,
+            bucket_bytes: layout.bucket_bytes,
+            network_summary: describe_network(&layout.network),
+            network: layout.network,
+        },
+        job: args,
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("config.toml");
+    let text = toml::to_string_pretty(&config).context("encoding the resolved config")?;
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
 /// `syncopate launch`: every process of the job on this machine.
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.trace_window()?;
+    if let Some(t) = args.target_accuracy {
+        if !(t > 0.0 && t <= 1.0) {
+            bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
+        }
+    }
+    if let Some(dir) = &args.metrics_dir {
+        write_resolved_config(dir, &args, &layout)?;
+    }
     if model::is_profile_name(&args.settings.model) && args.settings.steps.is_none() {
         bail!("profile models replay compute only: give --steps N");
     }
@@ -415,6 +474,9 @@ struct JobSummary<'a> {
     wall_seconds: f64,
     samples_per_sec: f64,
     epoch_accuracy: &'a [f64],
+    target_accuracy: Option<f64>,
+    time_to_accuracy_s: Option<f64>,
+    steps_to_accuracy: Option<u64>,
     worker0: &'a WorkerSummary,
     settings: &'a JobArgs,
 }
@@ -441,11 +503,15 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         optim: s.optim(steps_hint)?,
         seed: s.seed,
         load: args.load.clone(),
-        save: if ctx.rank == 0 {
-            args.save.clone()
-        } else {
-            None
+        // A job with a metrics directory keeps its final weights there (real models only).
+        save: match (&args.save, &args.metrics_dir) {
+            _ if ctx.rank != 0 => None,
+            (Some(path), _) => Some(path.clone()),
+            (None, Some(dir)) if !spec.is_profile() => Some(dir.join("weights.safetensors")),
+            _ => None,
         },
+        eval_every: args.eval_every,
+        target_accuracy: args.target_accuracy,
     };
     let test_len = data.test.len();
     let mut progress = TrainProgress::new(steps_hint, args.quiet);
@@ -485,6 +551,20 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         summary.times.compute,
         summary.times.wait
     );
+    if let Some(target) = args.target_accuracy {
+        match (summary.time_to_accuracy, summary.steps_to_accuracy) {
+            (Some(t), Some(step)) => println!(
+                "reached {:.2} % test accuracy after {t:.1} s of training (step {step})",
+                target * 100.0
+            ),
+            _ => println!(
+                "never reached {:.2} % test accuracy (evaluations: every epoch{})",
+                target * 100.0,
+                args.eval_every
+                    .map_or(String::new(), |n| format!(" and every {n} steps"))
+            ),
+        }
+    }
     if let Some(path) = &args.summary_json {
         let file = JobSummary {
             command: "launch",
@@ -499,6 +579,9 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             wall_seconds: summary.train_seconds,
             samples_per_sec: summary.samples_per_sec,
             epoch_accuracy: &summary.epoch_accuracy,
+            target_accuracy: args.target_accuracy,
+            time_to_accuracy_s: summary.time_to_accuracy,
+            steps_to_accuracy: summary.steps_to_accuracy,
             worker0: &summary,
             settings: &args,
         };

@@ -91,7 +91,7 @@ fn build_report(config: &StudyConfig, dir: &std::path::Path) -> Result<PathBuf> 
 fn print_table(rows: &[report::RunRow]) {
     let or_dash = |v: f64, text: String| if v.is_finite() { text } else { "-".into() };
     println!(
-        "{:<18} {:<26} {:>10} {:>3} {:>8} {:>10} {:>9} {:>8} {:>9}",
+        "{:<18} {:<26} {:>10} {:>3} {:>8} {:>10} {:>9} {:>8} {:>9} {:>18}",
         "model",
         "variant",
         "bandwidth",
@@ -100,11 +100,12 @@ fn print_table(rows: &[report::RunRow]) {
         "samples/s",
         "ideal",
         "of ideal",
-        "accuracy"
+        "accuracy",
+        "time to accuracy"
     );
     for r in rows {
         println!(
-            "{:<18} {:<26} {:>10} {:>3} {:>8.3} {:>10.1} {:>9} {:>8} {:>9}",
+            "{:<18} {:<26} {:>10} {:>3} {:>8.3} {:>10.1} {:>9} {:>8} {:>9} {:>18}",
             r.model,
             r.variant,
             r.bandwidth,
@@ -120,6 +121,7 @@ fn print_table(rows: &[report::RunRow]) {
                 format!("{:.0} %", r.fraction_of_ideal * 100.0)
             ),
             or_dash(r.test_accuracy, format!("{:.2} %", r.test_accuracy * 100.0)),
+            report::time_to_accuracy_cell(r),
         );
     }
 }

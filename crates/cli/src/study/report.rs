@@ -46,6 +46,11 @@ pub struct RunRow {
     pub test_accuracy: f64,
     /// Wall time of the training loop, seconds.
     pub wall_seconds: f64,
+    /// The target accuracy of the run (NaN without one).
+    pub target_accuracy: f64,
+    /// Training seconds until an evaluation first reached the target (NaN: never, or no
+    /// target).
+    pub time_to_accuracy: f64,
 }
 
 /// Reads every finished run of `config` under `dir`.
@@ -97,6 +102,8 @@ fn row(config: &StudyConfig, run: &RunSpec, json: &serde_json::Value) -> Result<
         wait_per_step: num(&w0["times"]["wait"]) / n,
         test_accuracy: num(&json["test_accuracy"]),
         wall_seconds: num(&json["wall_seconds"]),
+        target_accuracy: num(&json["target_accuracy"]),
+        time_to_accuracy: num(&json["time_to_accuracy_s"]),
     })
 }
 
@@ -132,11 +139,11 @@ pub fn write_report(
     let mut csv = String::from(
         "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,samples_per_sec,\
          ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,test_accuracy,\
-         wall_seconds\n",
+         wall_seconds,target_accuracy,time_to_accuracy_s\n",
     );
     for r in rows {
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2}\n",
+            "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2}\n",
             r.id,
             r.model,
             quote(&r.variant),
@@ -151,7 +158,9 @@ pub fn write_report(
             r.compute_per_step,
             r.wait_per_step,
             r.test_accuracy,
-            r.wall_seconds
+            r.wall_seconds,
+            r.target_accuracy,
+            r.time_to_accuracy
         ));
     }
     std::fs::write(dir.join("results.csv"), csv)?;
@@ -243,6 +252,7 @@ pub fn write_report(
             height: 420,
         };
         html.svg(&bars.to_svg()?);
+        time_to_accuracy_chart(&mut html, model, &of_model)?;
         convergence_charts(&mut html, dir, model, &of_model)?;
     }
     resource_charts(&mut html, dir, rows)?;
@@ -264,6 +274,7 @@ pub fn write_report(
                 } else {
                     "-".into()
                 },
+                time_to_accuracy_cell(r),
             ]
         })
         .collect();
@@ -278,12 +289,68 @@ pub fn write_report(
             "ideal samples/s",
             "of ideal",
             "accuracy",
+            "time to accuracy",
         ],
         &table,
     );
     let path = dir.join("report.html");
     std::fs::write(&path, html.finish())?;
     Ok(path)
+}
+
+/// `12.3 s to 97 %`, `not reached (97 %)` or `-` without a target.
+pub fn time_to_accuracy_cell(r: &RunRow) -> String {
+    match (
+        r.target_accuracy.is_finite(),
+        r.time_to_accuracy.is_finite(),
+    ) {
+        (false, _) => "-".into(),
+        (true, true) => format!(
+            "{:.1} s to {:.1} %",
+            r.time_to_accuracy,
+            r.target_accuracy * 100.0
+        ),
+        (true, false) => format!("not reached ({:.1} %)", r.target_accuracy * 100.0),
+    }
+}
+
+/// Training time until the target accuracy, one bar per run (runs that never reached it
+/// have no bar); nothing when no run has a target.
+fn time_to_accuracy_chart(html: &mut HtmlReport, model: &str, runs: &[&RunRow]) -> Result<()> {
+    let Some(target) = runs
+        .iter()
+        .map(|r| r.target_accuracy)
+        .find(|t| t.is_finite())
+    else {
+        return Ok(());
+    };
+    let bars = StackedBars {
+        title: format!(
+            "{model}: training time to {:.1} % test accuracy (no bar: not reached)",
+            target * 100.0
+        ),
+        y_label: "seconds of training".into(),
+        categories: runs
+            .iter()
+            .map(|r| format!("{} @ {}", r.variant, r.bandwidth))
+            .collect(),
+        parts: vec![(
+            "time to accuracy".into(),
+            runs.iter()
+                .map(|r| {
+                    if r.time_to_accuracy.is_finite() {
+                        r.time_to_accuracy
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        )],
+        width: 820.max(60 * runs.len() as u32),
+        height: 420,
+    };
+    html.svg(&bars.to_svg()?);
+    Ok(())
 }
 
 /// `(x, y)` columns of a CSV file, rows with non-finite values left out.

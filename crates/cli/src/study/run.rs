@@ -70,13 +70,14 @@ pub fn run_matrix(
     Ok(outcomes)
 }
 
-/// One run: writes its resolved command as `config.toml`, its output as `log.txt`, and (on
+/// One run: writes its place in the matrix as `run.toml` and its output as `log.txt`;
+/// `launch` adds the job's resolved `config.toml`, the metrics, the final weights and (on
 /// success) `summary.json`, written to a temporary name first so a killed run never looks
 /// finished.
 fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Result<()> {
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::write(
-        run_dir.join("config.toml"),
+        run_dir.join("run.toml"),
         toml::to_string_pretty(run).context("encoding the run's config")?,
     )?;
     let partial = run_dir.join("summary.json.partial");
