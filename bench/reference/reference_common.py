@@ -7,6 +7,7 @@ percentile helper and the guarded torch import. Run the scripts with Debian's Py
 
 import json
 import math
+import socket
 import sys
 
 INSTALL_HINT = (
@@ -95,3 +96,33 @@ def r4(x):
 def print_json(obj):
     # Keys keep their insertion order, so the format is stable from run to run.
     print(json.dumps(obj))
+
+
+def free_loopback_port():
+    """A TCP port that was free on 127.0.0.1 a moment ago (for the gloo rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(worker, args, nprocs, what):
+    """Runs worker(rank, args, port, queue) in nprocs spawned processes that rendezvous on a
+    free loopback port. Returns (None, rank 0's result) or (exit status, None) after printing
+    a failed worker's traceback and one plain 'error: a <what> worker failed' line."""
+    import torch.multiprocessing as mp
+
+    port = free_loopback_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    try:
+        mp.spawn(worker, args=(args, port, queue), nprocs=nprocs, join=True)
+    except Exception as err:  # a worker failed: its traceback, then one plain line
+        text = str(err).strip()
+        sys.stderr.write(text + "\n")
+        sys.stderr.write("error: a %s worker failed: %s\n"
+                         % (what, text.splitlines()[-1] if text else type(err).__name__))
+        return 1, None
+    if queue.empty():
+        sys.stderr.write("error: rank 0 returned no result\n")
+        return 1, None
+    return None, queue.get()

@@ -24,7 +24,6 @@ import datetime
 import gzip
 import os
 import platform
-import socket
 import struct
 import sys
 import time
@@ -146,12 +145,6 @@ class Batches:
 # ----------------------------------------------------------------------------- workers
 
 
-def free_loopback_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker(rank, args, port, result_queue):
     torch = rc.import_torch()
     import torch.distributed as dist
@@ -234,7 +227,6 @@ def main(argv=None):
     args = parse_args(argv)
     torch = rc.import_torch()
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
     if not dist.is_available() or not dist.is_gloo_available():
         sys.stderr.write("error: this torch (%s) has no gloo distributed backend\n"
@@ -249,21 +241,9 @@ def main(argv=None):
             sys.stderr.write("error: --data %s: %s\n" % (args.data, err))
             return 2
 
-    port = free_loopback_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    try:
-        mp.spawn(worker, args=(args, port, queue), nprocs=args.workers, join=True)
-    except Exception as err:  # a worker failed: its traceback, then one plain line
-        text = str(err).strip()
-        sys.stderr.write(text + "\n")
-        sys.stderr.write("error: a DDP worker failed: %s\n"
-                         % (text.splitlines()[-1] if text else type(err).__name__))
-        return 1
-    if queue.empty():
-        sys.stderr.write("error: rank 0 returned no result\n")
-        return 1
-    res = queue.get()
+    status, res = rc.spawn_ranks(worker, args, args.workers, "DDP")
+    if status is not None:
+        return status
     if args.json:
         rc.print_json(res)
     else:

@@ -50,6 +50,9 @@ pub struct CommOptions {
     pub peer_timeout: Duration,
     /// Largest payload accepted.
     pub max_payload: u32,
+    /// A worker gives up when nothing of its step's synchronisation has arrived for this
+    /// long although every peer is alive (a protocol stall); `None`: never.
+    pub stall_timeout: Option<Duration>,
 }
 
 impl Default for CommOptions {
@@ -58,6 +61,7 @@ impl Default for CommOptions {
             heartbeat: Duration::from_millis(500),
             peer_timeout: Duration::from_secs(5),
             max_payload: DEFAULT_MAX_PAYLOAD,
+            stall_timeout: Some(Duration::from_secs(120)),
         }
     }
 }

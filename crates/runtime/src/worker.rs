@@ -271,20 +271,30 @@ struct Comm {
     thread: Option<std::thread::JoinHandle<CommResult>>,
     first_error: Option<String>,
     traffic: Arc<crate::sampler::TrafficTotals>,
+    /// The step last begun (for the stall error).
+    step: u64,
+    /// Longest wait for the next message before giving up on a stalled protocol.
+    stall_timeout: Option<StdDuration>,
 }
 
 impl Comm {
     /// Hands a command to the communication thread; if that thread has stopped, its own
     /// error (which names the peer and the step) is the one returned.
     fn send(&mut self, msg: ToComm) -> Result<(), RunError> {
+        if let ToComm::Begin(step) = msg {
+            self.step = step;
+        }
         if self.tx.send(msg).is_err() || self.waker.wake().is_err() {
             return Err(self.failure());
         }
         Ok(())
     }
 
-    /// Waits for the next message; a failure of the communication thread becomes its error.
+    /// Waits for the next message; a failure of the communication thread becomes its error,
+    /// and so does a wait longer than the stall timeout (the peers' liveness is the
+    /// communication thread's business: it fails when one dies or goes silent).
     fn recv(&mut self) -> Result<FromComm, RunError> {
+        let started = Instant::now();
         loop {
             match self.rx.recv_timeout(StdDuration::from_millis(200)) {
                 Ok(FromComm::Failed) | Err(RecvTimeoutError::Disconnected) => {
@@ -294,6 +304,16 @@ impl Comm {
                 Err(RecvTimeoutError::Timeout) => {
                     if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
                         return Err(self.failure());
+                    }
+                    let waited = started.elapsed();
+                    if self.stall_timeout.is_some_and(|limit| waited > limit) {
+                        return Err(RunError::Local(format!(
+                            "stalled at step {}: nothing of the step's synchronisation arrived \
+                             for {:.0} s although every peer is alive; giving up \
+                             (--stall-timeout)",
+                            self.step,
+                            waited.as_secs_f64()
+                        )));
                     }
                 }
             }
@@ -379,6 +399,8 @@ fn start_comm(
         thread: Some(thread),
         first_error: None,
         traffic,
+        step: 0,
+        stall_timeout: ctx.comm.stall_timeout,
     })
 }
 
@@ -723,4 +745,40 @@ pub fn run_worker<E: LayerwiseEngine>(
             .map(|c| (c.peer, c.sent, c.received))
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A communication thread that stays alive but never delivers (a protocol stall between
+    /// live peers) makes the training side give up with an error naming the step.
+    #[test]
+    fn a_stalled_protocol_ends_in_an_error_not_a_hang() {
+        let poll = mio::Poll::new().unwrap();
+        let waker = Arc::new(Waker::new(poll.registry(), mio::Token(0)).unwrap());
+        let (to_tx, to_rx) = channel::<ToComm>();
+        let (_from_tx, from_rx) = channel::<FromComm>();
+        let thread = std::thread::spawn(move || {
+            // Alive until the training side lets go of its sender.
+            while to_rx.recv().is_ok() {}
+            Ok((Vec::new(), None))
+        });
+        let mut comm = Comm {
+            tx: to_tx,
+            rx: from_rx,
+            waker,
+            thread: Some(thread),
+            first_error: None,
+            traffic: Arc::new(crate::sampler::TrafficTotals::default()),
+            step: 0,
+            stall_timeout: Some(StdDuration::from_millis(300)),
+        };
+        comm.send(ToComm::Begin(7)).unwrap();
+        let err = match comm.recv() {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a message arrived from a thread that sends none"),
+        };
+        assert!(err.contains("stalled at step 7"), "{err}");
+    }
 }

@@ -132,6 +132,11 @@ pub struct JobArgs {
     /// Declare a silent peer lost after this many seconds.
     #[arg(long, default_value_t = 5.0)]
     pub peer_timeout: f64,
+    /// A worker gives up when nothing of a step's synchronisation arrives for this many
+    /// seconds although every peer is alive (a protocol stall). Default: 120 s plus four
+    /// times the time the model's bytes take through the emulated interface. 0: never.
+    #[arg(long, value_name = "SECONDS")]
+    pub stall_timeout: Option<f64>,
     /// Seconds the processes get to find each other.
     #[arg(long, default_value_t = 60.0)]
     pub connect_timeout: f64,
@@ -289,6 +294,22 @@ impl JobArgs {
             peer_timeout: timeout,
             ..CommOptions::default()
         })
+    }
+
+    /// `--stall-timeout`, or its default for a model of `params` parameters.
+    fn stall_timeout(&self, params: usize, layout: &JobLayout) -> Result<Option<Duration>> {
+        match self.stall_timeout {
+            Some(s) if s.is_nan() || s < 0.0 => bail!("--stall-timeout must be >= 0, got {s}"),
+            Some(0.0) => Ok(None),
+            Some(s) => Ok(Some(Duration::from_secs_f64(s))),
+            None => {
+                let transfer = layout
+                    .network
+                    .bandwidth_bps
+                    .map_or(0.0, |bps| params as f64 * 32.0 / bps);
+                Ok(Some(Duration::from_secs_f64(120.0 + 4.0 * transfer)))
+            }
+        }
     }
 }
 
@@ -492,10 +513,11 @@ fn steps_of(duration: TrainDuration, train_len: usize, batch: usize, workers: us
 /// `syncopate worker`.
 pub fn worker_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
-    let ctx = context(&args, &layout, true)?;
+    let mut ctx = context(&args, &layout, true)?;
     let s = &args.settings;
     let duration = s.duration()?;
     let (spec, data) = args.model_and_data()?;
+    ctx.comm.stall_timeout = args.stall_timeout(spec.num_params(), &layout)?;
     let steps_hint = steps_of(duration, data.train.len(), s.batch_size, layout.workers);
     let plan = WorkerPlan {
         batch_size: s.batch_size,
