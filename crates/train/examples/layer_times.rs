@@ -1,6 +1,10 @@
 //! Prints per-layer forward and backward times of one model (median of 30 steps), to find
 //! where a step's time goes: `cargo run --example layer_times -- lenet 64`.
 
+// The allocator of the `syncopate` binary, so that timings match it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
 use syncopate_train::data::SyntheticSpec;

@@ -1,10 +1,16 @@
 //! Times single burn ops on the flex backend (a diagnostic for the engine's step time):
 //! `cargo run --example op_probe`.
+// The allocator of the `syncopate` binary, so that timings match it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Instant;
 
+use burn::tensor::activation::relu;
 use burn::tensor::module::{conv2d, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 use burn::tensor::{s, Device, Distribution, Tensor};
+use syncopate_train::engine::conv_block::{self, ConvShape};
 
 fn time<F: FnMut()>(name: &str, mut f: F) {
     for _ in 0..3 {
@@ -78,7 +84,7 @@ fn main() {
                 .sum()
                 .backward();
         });
-        let a: Vec<f32> = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts)
+        let a: Vec<f32> = conv2d(x.clone(), w.clone(), Some(bias.clone()), opts.clone())
             .inner()
             .into_data()
             .try_into_vec()
@@ -94,6 +100,52 @@ fn main() {
             .map(|(p, q)| (p - q).abs())
             .fold(0f32, f32::max);
         println!("im2col vs conv2d max |diff| {diff:e}");
+        // Our kernels for the whole block (conv, bias, ReLU, 2x2 max-pool), single pass.
+        let shape = ConvShape {
+            batch: b,
+            in_channels: c,
+            height: hw,
+            width: hw,
+            out_channels: o,
+            kernel: 3,
+            padding: 0,
+            pool: true,
+        };
+        let host = |t: Tensor<1>| t.inner().into_data().try_into_vec::<f32>().unwrap();
+        let xs = host(x.clone().reshape([b * c * hw * hw]));
+        let ws = host(w.clone().reshape([o * c * 9]));
+        let bs = host(bias.clone());
+        let out_len: usize = shape.output_dims().iter().product();
+        let g = vec![0.5f32; out_len];
+        time(&format!("block {c}->{o} {hw}x{hw} burn fwd+bwd"), || {
+            let y = max_pool2d(
+                relu(conv2d(
+                    x.clone(),
+                    w.clone(),
+                    Some(bias.clone()),
+                    opts.clone(),
+                )),
+                MaxPoolOptions::new([2, 2]),
+            );
+            let _ = y.sum().backward();
+        });
+        time(&format!("block {c}->{o} {hw}x{hw} ours fwd"), || {
+            let _ = conv_block::forward(&shape, &xs, &ws, &bs, false);
+        });
+        time(
+            &format!("block {c}->{o} {hw}x{hw} ours fwd+bwd (weights only)"),
+            || {
+                let (_, saved) = conv_block::forward(&shape, &xs, &ws, &bs, true);
+                let _ = conv_block::backward(&saved.unwrap(), &ws, &g, false);
+            },
+        );
+        time(
+            &format!("block {c}->{o} {hw}x{hw} ours fwd+bwd (and input)"),
+            || {
+                let (_, saved) = conv_block::forward(&shape, &xs, &ws, &bs, true);
+                let _ = conv_block::backward(&saved.unwrap(), &ws, &g, true);
+            },
+        );
     }
     let y = Tensor::<4>::random([64, 32, 26, 26], Distribution::Default, &dev).require_grad();
     time("max_pool2d fwd", || {

