@@ -5,7 +5,9 @@ percentile helper and the guarded torch import. Run the scripts with Debian's Py
 /usr/bin/python3: Debian's python3-torch is not visible to other Pythons (pyenv, venvs).
 """
 
+import datetime
 import json
+import os
 import math
 import socket
 import sys
@@ -126,3 +128,19 @@ def spawn_ranks(worker, args, nprocs, what):
         sys.stderr.write("error: rank 0 returned no result\n")
         return 1, None
     return None, queue.get()
+
+
+def join_loopback_group(rank, world, port, threads, timeout_s):
+    """Joins this spawned process to a gloo process group on 127.0.0.1 with `threads`
+    compute threads; returns torch.distributed."""
+    torch = import_torch()
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # gloo picks its interface from the hostname unless told: keep every byte on loopback.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return dist

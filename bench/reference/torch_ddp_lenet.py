@@ -20,7 +20,6 @@ Run with Debian's Python (see scripts/install-reference.sh):
 """
 
 import argparse
-import datetime
 import gzip
 import os
 import platform
@@ -152,13 +151,7 @@ def worker(rank, args, port, result_queue):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     world = args.workers
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    # gloo picks its interface from the hostname unless told: keep every byte on loopback.
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    rc.join_loopback_group(rank, world, port, args.threads, args.timeout)
     try:
         torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts)
         model = DDP(rc.build_model(args.model))

@@ -23,7 +23,6 @@ Run with Debian's Python (see scripts/install-reference.sh):
 """
 
 import argparse
-import datetime
 import os
 import re
 import sys
@@ -108,13 +107,7 @@ def worker(rank, args, port, result_queue):
     import torch.distributed as dist
 
     n = args.ranks
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    # gloo picks its interface from the hostname unless told: keep every byte on loopback.
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    rc.join_loopback_group(rank, n, port, 1, args.timeout)
     failed = False
     try:
         if rank == 0:
