@@ -1,11 +1,14 @@
 """Shared pieces of the PyTorch reference baselines (bench/reference/*.py).
 
 Holds the two models (PyTorch MNIST-example LeNet without dropout, and a 3-layer MLP), the
-percentile helper and the guarded torch import. Run the scripts with Debian's Python,
-/usr/bin/python3: Debian's python3-torch is not visible to other Pythons (pyenv, venvs).
+percentile helper, the guarded torch import, spawning the ranks and joining/leaving the
+loopback gloo group. Run the scripts with Debian's Python, /usr/bin/python3: Debian's
+python3-torch is not visible to other Pythons (pyenv, venvs).
 """
 
 import datetime
+import faulthandler
+import gc
 import json
 import os
 import math
@@ -107,23 +110,45 @@ def free_loopback_port():
         return s.getsockname()[1]
 
 
+def _stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def spawn_ranks(worker, args, nprocs, what):
     """Runs worker(rank, args, port, queue) in nprocs spawned processes that rendezvous on a
     free loopback port. Returns (None, rank 0's result) or (exit status, None) after printing
-    a failed worker's traceback and one plain 'error: a <what> worker failed' line."""
+    a failed worker's traceback and one plain 'error: a <what> worker failed' line.
+
+    The workers never outlive this call: if the parent is stopped by SIGTERM (`timeout`,
+    `kill`) or SIGINT, or fails, the workers still running are killed. (torch only sends
+    them SIGINT when the parent dies, which a worker blocked in C++ never acts on: such
+    orphans used to stay behind, with a busy thread, and slow every later run.)"""
+    import signal
+
     import torch.multiprocessing as mp
 
     port = free_loopback_port()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    procs = None
     try:
-        mp.spawn(worker, args=(args, port, queue), nprocs=nprocs, join=True)
+        procs = mp.start_processes(worker, args=(args, port, queue), nprocs=nprocs,
+                                   join=False, start_method="spawn")
+        while not procs.join():
+            pass
     except Exception as err:  # a worker failed: its traceback, then one plain line
         text = str(err).strip()
         sys.stderr.write(text + "\n")
         sys.stderr.write("error: a %s worker failed: %s\n"
                          % (what, text.splitlines()[-1] if text else type(err).__name__))
         return 1, None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs.processes if procs is not None else ():
+            if p.is_alive():
+                p.kill()
+                p.join()
     if queue.empty():
         sys.stderr.write("error: rank 0 returned no result\n")
         return 1, None
@@ -144,3 +169,35 @@ def join_loopback_group(rank, world, port, threads, timeout_s):
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return dist
+
+
+def leave_loopback_group(keep, timeout_s):
+    """Destroys the process group of join_loopback_group without the teardown deadlock of
+    torch 1.13; call it last in the worker (in a `finally`), with `keep` the list of every
+    tensor this rank handed to a gloo collective, still referenced.
+
+    The deadlock (pytorch/pytorch#56297): ~ProcessGroupGloo runs with the GIL held (the
+    Python binding does not release it) and joins gloo's worker threads. A worker thread
+    drops its reference to a finished collective's tensors only after the caller's wait()
+    has returned; if the caller meanwhile dropped the Python tensor, the tensor's PyObject
+    is kept alive by the C++ side, and the worker thread's final drop must take the GIL to
+    free it. Destructor joining the thread with the GIL, thread waiting for the GIL: the
+    rank hangs forever, at exit, after its results were sent (with DDP the destructor runs
+    from the Reducer's when the model is freed). It is a race between the two threads, so
+    it shows up more often with more processes than cores.
+
+    Rule kept here: every tensor given to a collective outlives the group, so no gloo
+    thread ever frees a Python object. The caller's other objects holding the group (a DDP
+    model) must be gone by now; gc.collect() clears any left in reference cycles, so the
+    group is destroyed here, in destroy_process_group, while `keep` is still held. A
+    watchdog (faulthandler: no GIL needed) stays armed to the end: should the process still
+    hang in teardown or exit after timeout_s, it prints every thread's Python stack and
+    exits with status 1, so the parent reports a failed worker instead of waiting forever.
+    """
+    import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    del keep[:]  # gloo's threads are joined: freeing these is ordinary now

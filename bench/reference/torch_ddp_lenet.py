@@ -144,49 +144,61 @@ class Batches:
 # ----------------------------------------------------------------------------- workers
 
 
-def worker(rank, args, port, result_queue):
-    torch = rc.import_torch()
+def train(torch, args, rank, world):
+    """Builds the DDP model, runs the warm-up and the timed steps; returns plain numbers
+    (per-step times, loop wall time, first and last loss), so the model, its DDP Reducer
+    and every tensor of the run are gone when it returns (see rc.leave_loopback_group)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts)
+    model = DDP(rc.build_model(args.model))
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    data = Batches(torch, args, rank, world)
+
+    def step():
+        x, y = data.next()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    first_loss = None
+    for _ in range(args.warmup):
+        loss = step()
+        if first_loss is None:
+            first_loss = float(loss.detach())
+    dist.barrier()
+    times = []
+    t_start = time.perf_counter()
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t_start
+    last_loss = float(loss.detach())
+    if first_loss is None:
+        first_loss = last_loss
+    return times, elapsed, first_loss, last_loss
+
+
+def worker(rank, args, port, result_queue):
+    torch = rc.import_torch()
+    import torch.distributed as dist
+
     world = args.workers
     rc.join_loopback_group(rank, world, port, args.threads, args.timeout)
+    keep = []  # every tensor given to a gloo collective here, until the group is gone
     try:
-        torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts)
-        model = DDP(rc.build_model(args.model))
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-        data = Batches(torch, args, rank, world)
-
-        def step():
-            x, y = data.next()
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        first_loss = None
-        for _ in range(args.warmup):
-            loss = step()
-            if first_loss is None:
-                first_loss = float(loss.detach())
-        dist.barrier()
-        times = []
-        t_start = time.perf_counter()
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            loss = step()
-            times.append(time.perf_counter() - t0)
-        elapsed = time.perf_counter() - t_start
-        last_loss = float(loss.detach())
-        if first_loss is None:
-            first_loss = last_loss
+        times, elapsed, first_loss, last_loss = train(torch, args, rank, world)
         # The slowest rank's wall time sets the throughput; losses are averaged.
         t = torch.tensor([elapsed], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         losses = torch.tensor([first_loss, last_loss], dtype=torch.float64)
+        keep += [t, losses]
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         dist.all_reduce(losses, op=dist.ReduceOp.SUM)
         if rank == 0:
             med, p10, p90 = rc.summary_ms(times)
@@ -213,7 +225,7 @@ def worker(rank, args, port, result_queue):
                 "cpus": os.cpu_count(),
             })
     finally:
-        dist.destroy_process_group()
+        rc.leave_loopback_group(keep, args.timeout)
 
 
 def main(argv=None):

@@ -108,11 +108,16 @@ def worker(rank, args, port, result_queue):
 
     n = args.ranks
     rc.join_loopback_group(rank, n, port, 1, args.timeout)
+    keep = []  # every tensor given to a gloo collective here, until the group is gone
     failed = False
     try:
         if rank == 0:
             sys.stdout.write("size_bytes,ranks,median_s,busbw_GBps\n")
             sys.stdout.flush()
+        # One buffer of the largest size; each size reduces a prefix view of it, so the
+        # tensors handed to gloo can all stay referenced until the group is destroyed
+        # (rc.leave_loopback_group says why) without keeping a buffer per size.
+        base = torch.empty(max(args.sizes) // 4, dtype=torch.float32)
         for nbytes in args.sizes:
             count = nbytes // 4
             # Small integers keep the float sums exact, so the check below is exact.
@@ -121,7 +126,9 @@ def worker(rank, args, port, result_queue):
             send = (pattern + (rank + 1)).to(torch.float32)
             want = (pattern * n + n * (n + 1) // 2).to(torch.float32)
             del pattern
-            buf = send.clone()
+            buf = base[:count]
+            buf.copy_(send)
+            keep.append(buf)
 
             # Warm-up: connections, buffers and caches; the first result is checked.
             # The second half of the warm-up (from fresh input) estimates one call's time.
@@ -129,6 +136,7 @@ def worker(rank, args, port, result_queue):
             warm = 2 if nbytes >= (16 << 20) else 10
             dist.all_reduce(buf, op=dist.ReduceOp.SUM)
             bad = torch.tensor([int((buf != want).sum())], dtype=torch.int64)
+            keep.append(bad)
             del want
             for _ in range(1, warm // 2):
                 dist.all_reduce(buf, op=dist.ReduceOp.SUM)
@@ -152,6 +160,7 @@ def worker(rank, args, port, result_queue):
                 if want_iters > iters:
                     iters = MAX_ITERS if want_iters > MAX_ITERS else int(want_iters) + 1
             it_t = torch.tensor([iters], dtype=torch.int64)
+            keep.append(it_t)
             dist.broadcast(it_t, src=0)
             iters = int(it_t[0])
 
@@ -163,6 +172,7 @@ def worker(rank, args, port, result_queue):
                 dist.all_reduce(buf, op=dist.ReduceOp.SUM)
                 times.append(time.perf_counter() - a)
             tmax = torch.tensor(times, dtype=torch.float64)
+            keep.append(tmax)
             dist.reduce(tmax, dst=0, op=dist.ReduceOp.MAX)
             if rank == 0:
                 med = median(tmax.tolist())
@@ -175,7 +185,7 @@ def worker(rank, args, port, result_queue):
             del send, buf
         dist.barrier()
     finally:
-        dist.destroy_process_group()
+        rc.leave_loopback_group(keep, args.timeout)
     if rank == 0:
         result_queue.put(failed)
 

@@ -96,9 +96,36 @@ impl Hooks<dyn WorkerSync + Send> for BenchHooks {
 /// The "model fingerprint" benchmark processes agree on.
 pub const BENCH_FINGERPRINT: u64 = 0xbe9c_0000;
 
-/// Iterations for a message of `bytes`: enough for about a second, at least 5.
-pub fn default_iters(bytes: usize) -> u64 {
-    ((1 << 28) / bytes.max(1)).clamp(5, 200) as u64
+/// How many operations to time for each size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchIters {
+    /// Untimed operations first (buffers faulted in, connections warmed up).
+    pub warmup: u64,
+    /// At least this many timed operations...
+    pub min_iters: u64,
+    /// ...and enough for about this many seconds at loopback speed (an estimate from the size,
+    /// so that every rank times the same number of operations without agreeing on it).
+    pub min_time_s: f64,
+}
+
+impl Default for BenchIters {
+    fn default() -> Self {
+        Self {
+            warmup: 2,
+            min_iters: 5,
+            min_time_s: 0.25,
+        }
+    }
+}
+
+impl BenchIters {
+    /// Timed operations for a message of `bytes`: `min_time_s` at an assumed 1 GB/s, at least
+    /// `min_iters`, at most 10,000.
+    pub fn timed(&self, bytes: usize) -> u64 {
+        let estimate_s = bytes.max(1) as f64 / 1e9 + 20e-6;
+        ((self.min_time_s / estimate_s) as u64)
+            .clamp(self.min_iters.max(1), 10_000.max(self.min_iters))
+    }
 }
 
 /// Runs the benchmark for each size in `sizes` (bytes) on this process; workers return
@@ -107,6 +134,7 @@ pub fn run_comm_bench(
     ctx: &ProcessContext,
     layout: &JobLayout,
     sizes: &[usize],
+    iters: BenchIters,
 ) -> Result<Vec<BenchRow>, RunError> {
     let mut rows = Vec::new();
     // One set of links for every size: each size is one run of the loop, and the goodbye
@@ -117,13 +145,13 @@ pub fn run_comm_bench(
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);
         let keys = vec![KeyInfo { numel, layer: 0 }];
-        let iters = default_iters(bytes);
+        let timed = iters.timed(bytes);
         let mut hooks = BenchHooks {
             layout: layout.clone(),
             data: (0..numel).map(|i| (i % 7) as f32).collect(),
             step: 0,
-            warmup: 2,
-            iters,
+            warmup: iters.warmup,
+            iters: timed,
             started: None,
             times: Vec::new(),
             in_flight: false,

@@ -15,7 +15,7 @@
 //! with an error that names it; the others are told through an Abort frame.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,9 +25,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
 use syncopate_core::net::{LinkProfile, Shaper};
-use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
+use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, Transmit};
 use syncopate_core::wire::{
-    f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
+    f32_bytes, f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
 };
 
 const WAKER: Token = Token(usize::MAX);
@@ -170,16 +170,42 @@ enum ReadState {
     },
 }
 
+/// A frame on its way out.
+struct OutFrame {
+    /// The whole frame, or (lent) its header only.
+    bytes: Vec<u8>,
+    /// A lent frame's header: its payload is [`Endpoint::lent_payload`], written right after
+    /// `bytes`, and the endpoint is told with [`Endpoint::handle_sent`] once it is.
+    lent: Option<Header>,
+    /// When a data frame was handed to the network interface (`None`: a control frame).
+    queued: Option<Instant>,
+}
+
+impl OutFrame {
+    fn control(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            lent: None,
+            queued: None,
+        }
+    }
+
+    /// Bytes on the wire, header and payload.
+    fn len(&self) -> usize {
+        self.bytes.len() + self.lent.map_or(0, |h| h.payload_len as usize)
+    }
+}
+
 struct LinkState {
     peer: Rank,
     stream: TcpStream,
     read: ReadState,
-    /// Frames scheduled on the emulated link: `(release time, bytes, handed over at)`.
-    scheduled: VecDeque<(u64, Vec<u8>, Instant)>,
+    /// Frames scheduled on the emulated link, with their release times.
+    scheduled: VecDeque<(u64, OutFrame)>,
     /// Heartbeats, aborts and goodbyes: bypass the emulation.
     control: VecDeque<Vec<u8>>,
-    /// The frame being written, how much of it is, and (data frames) when it was handed over.
-    current: Option<(Vec<u8>, usize, Option<Instant>)>,
+    /// The frame being written and how many of its bytes are.
+    current: Option<(OutFrame, usize)>,
     queued_bytes: usize,
     last_recv: Instant,
     last_send: Instant,
@@ -322,7 +348,7 @@ impl CommLoop {
         match self.run_inner(endpoint, hooks) {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.abort_all(&e.to_string());
+                self.abort_all(endpoint, &e.to_string());
                 Err(e)
             }
         }
@@ -351,7 +377,7 @@ impl CommLoop {
             let now = Instant::now();
             self.fill(endpoint);
             for i in 0..self.links.len() {
-                if let Err(e) = self.flush(i, hooks) {
+                if let Err(e) = self.flush(i, endpoint, hooks) {
                     // A peer that gave up may have said why just before closing: its Abort
                     // is the better error.
                     return Err(match self.read_link(i, endpoint, hooks) {
@@ -426,7 +452,7 @@ impl CommLoop {
         let now_ns = self.now_ns();
         let mut t = self.options.heartbeat.min(Duration::from_millis(100));
         for l in &self.links {
-            if let Some((release, _, _)) = l.scheduled.front() {
+            if let Some((release, _)) = l.scheduled.front() {
                 if l.current.is_none() {
                     t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
                 }
@@ -466,22 +492,41 @@ impl CommLoop {
             self.rotation = self.rotation.wrapping_add(1);
             let mut buf = self.pool.pop().unwrap_or_default();
             buf.clear();
-            let Some(peer) = endpoint.poll_transmit_any(&self.open, &mut buf) else {
+            let Some(transmit) = endpoint.poll_transmit_lent(&self.open, &mut buf) else {
                 self.pool.push(buf);
                 return;
+            };
+            let (peer, lent) = match transmit {
+                Transmit::Copied(peer) => (peer, None),
+                Transmit::Lent(peer, header) => (peer, Some(header)),
+            };
+            let frame = OutFrame {
+                bytes: buf,
+                lent,
+                queued: Some(Instant::now()),
             };
             let Some(link) = self.links.iter_mut().find(|l| l.peer == peer) else {
-                self.pool.push(buf);
+                // The endpoint named a link it was not offered: a bug, but never leave a lent
+                // payload unreturned.
+                if let Some(h) = frame.lent {
+                    endpoint.handle_sent(peer, &h);
+                }
+                self.pool.push(frame.bytes);
                 return;
             };
-            let release = self.nic.schedule(now_ns, buf.len());
-            link.queued_bytes += buf.len();
-            link.scheduled.push_back((release, buf, Instant::now()));
+            let release = self.nic.schedule(now_ns, frame.len());
+            link.queued_bytes += frame.len();
+            link.scheduled.push_back((release, frame));
         }
     }
 
     /// Writes what is due on link `i` until the socket would block.
-    fn flush<E: ?Sized>(&mut self, i: usize, hooks: &mut dyn Hooks<E>) -> Result<(), CommError> {
+    fn flush<E: Endpoint + ?Sized>(
+        &mut self,
+        i: usize,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
         let now_ns = self.now_ns();
         let now = Instant::now();
         let heartbeat = self.options.heartbeat;
@@ -502,23 +547,32 @@ impl CommLoop {
         loop {
             if link.current.is_none() {
                 if let Some(frame) = link.control.pop_front() {
-                    link.current = Some((frame, 0, None));
-                } else if link.scheduled.front().is_some_and(|(t, _, _)| *t <= now_ns) {
-                    if let Some((_, frame, queued)) = link.scheduled.pop_front() {
+                    link.current = Some((OutFrame::control(frame), 0));
+                } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
+                    if let Some((_, frame)) = link.scheduled.pop_front() {
                         // The frame has crossed the emulated link: it no longer occupies the
                         // send buffer, so the next one can start serialising while this one
                         // is written to the socket.
                         link.queued_bytes -= frame.len();
-                        link.current = Some((frame, 0, Some(queued)));
+                        link.current = Some((frame, 0));
                     }
                 } else {
                     return Ok(());
                 }
             }
-            let Some((frame, pos, _)) = link.current.as_mut() else {
+            let Some((frame, pos)) = link.current.as_mut() else {
                 return Ok(());
             };
-            match link.stream.write(&frame[*pos..]) {
+            let written = match frame.lent {
+                Some(h) => write_lent(
+                    &mut link.stream,
+                    &frame.bytes,
+                    f32_bytes(endpoint.lent_payload(&h)),
+                    *pos,
+                ),
+                None => link.stream.write(&frame.bytes[*pos..]),
+            };
+            match written {
                 Ok(0) => {
                     return Err(lost(&*hooks, link.peer, "connection closed while sending"));
                 }
@@ -529,9 +583,14 @@ impl CommLoop {
                     link.last_send = now;
                     link.last_write_progress = now;
                     if *pos == frame.len() {
-                        if let Some((frame, _, Some(queued))) = link.current.take() {
-                            report_sent(&mut *hooks, &frame, queued);
-                            pool.push(frame);
+                        if let Some((frame, _)) = link.current.take() {
+                            if let Some(h) = frame.lent {
+                                endpoint.handle_sent(link.peer, &h);
+                            }
+                            if let Some(queued) = frame.queued {
+                                report_sent(&mut *hooks, &frame.bytes, queued);
+                                pool.push(frame.bytes);
+                            }
                         }
                     }
                 }
@@ -683,7 +742,7 @@ impl CommLoop {
 
     /// Best effort: tells every peer why this process gives up (finishing a partly written
     /// frame first, so the abort arrives on a frame boundary), within a short deadline.
-    fn abort_all(&mut self, reason: &str) {
+    fn abort_all<E: Endpoint + ?Sized>(&mut self, endpoint: &E, reason: &str) {
         let payload = reason.as_bytes();
         let len = payload.len().min(4096);
         let mut frame = Header::control(FrameKind::Abort, len as u32)
@@ -692,11 +751,18 @@ impl CommLoop {
         frame.extend_from_slice(&payload[..len]);
         let deadline = Instant::now() + Duration::from_millis(500);
         for l in &mut self.links {
+            l.scheduled.clear();
             if l.closed {
                 continue;
             }
-            if let Some((current, pos, _)) = l.current.take() {
-                if !write_all_until(&mut l.stream, &current[pos..], deadline) {
+            if let Some((current, pos)) = l.current.take() {
+                let mut rest = current.bytes.get(pos..).unwrap_or_default().to_vec();
+                if let Some(h) = current.lent {
+                    let payload = f32_bytes(endpoint.lent_payload(&h));
+                    let start = pos.saturating_sub(current.bytes.len());
+                    rest.extend_from_slice(payload.get(start..).unwrap_or_default());
+                }
+                if !write_all_until(&mut l.stream, &rest, deadline) {
                     continue;
                 }
             }
@@ -719,6 +785,21 @@ impl CommLoop {
             });
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+}
+
+/// Writes what is left of a lent frame, its header `head` (in our buffer) then its `payload`
+/// (in the endpoint's), from byte `pos` of the whole, in one vectored write.
+fn write_lent(
+    stream: &mut TcpStream,
+    head: &[u8],
+    payload: &[u8],
+    pos: usize,
+) -> io::Result<usize> {
+    if pos < head.len() {
+        stream.write_vectored(&[IoSlice::new(&head[pos..]), IoSlice::new(payload)])
+    } else {
+        stream.write(payload.get(pos - head.len()..).unwrap_or_default())
     }
 }
 

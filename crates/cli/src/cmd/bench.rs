@@ -8,7 +8,7 @@ use clap::Args;
 use syncopate_core::net::{parse_bandwidth, parse_size, LinkProfile};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::bench::run_comm_bench;
+use syncopate_runtime::bench::{run_comm_bench, BenchIters};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES};
@@ -35,6 +35,15 @@ pub struct BenchArgs {
     /// Send buffer of every link.
     #[arg(long, default_value = "4MiB")]
     send_buffer: String,
+    /// Time at least this many operations per size...
+    #[arg(long, default_value_t = 5)]
+    min_iters: u64,
+    /// ...and about this many seconds' worth of them (estimated from the size at 1 GB/s).
+    #[arg(long, default_value_t = 0.25)]
+    min_time: f64,
+    /// Untimed operations before the timed ones, per size.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
 }
 
 impl BenchArgs {
@@ -82,6 +91,12 @@ impl BenchArgs {
 pub fn bench_cmd(args: BenchArgs) -> Result<()> {
     let layout = args.layout()?;
     args.sizes()?;
+    if !(args.min_time.is_finite() && args.min_time >= 0.0) {
+        bail!(
+            "--min-time must be a number of seconds >= 0, got {}",
+            args.min_time
+        );
+    }
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     println!("size_bytes,ranks,median_s,busbw_GBps,iters");
     launch(&LaunchPlan {
@@ -111,7 +126,12 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         comm: CommOptions::default(),
         metrics: None,
     };
-    let rows = run_comm_bench(&ctx, &layout, &args.sizes()?)?;
+    let iters = BenchIters {
+        warmup: args.warmup,
+        min_iters: args.min_iters,
+        min_time_s: args.min_time,
+    };
+    let rows = run_comm_bench(&ctx, &layout, &args.sizes()?, iters)?;
     if ctx.rank == 0 {
         for r in rows {
             println!(

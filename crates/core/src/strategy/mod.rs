@@ -75,6 +75,15 @@ pub trait WorkerSync: Endpoint {
     fn take_values(&mut self, key: usize) -> Vec<f32>;
 }
 
+/// A frame handed out by [`Endpoint::poll_transmit_lent`], and where its payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transmit {
+    /// For this link; `out` holds the whole frame.
+    Copied(Rank),
+    /// For this link; `out` holds the header only, the payload stays in the endpoint.
+    Lent(Rank, Header),
+}
+
 /// The part of every role that the transport drives: frames out, frames in.
 pub trait Endpoint {
     /// Appends the next frame for `link` (header and payload) to `out` if one is ready;
@@ -87,6 +96,24 @@ pub trait Endpoint {
     fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
         links.iter().copied().find(|&l| self.poll_transmit(l, out))
     }
+
+    /// Like [`Endpoint::poll_transmit_any`], but an endpoint that can keep the payload where
+    /// it is (in buffers that stay unchanged until the frame has gone) writes only the header
+    /// to `out` and answers [`Transmit::Lent`]: the driver then sends
+    /// [`Endpoint::lent_payload`] after the header, without a copy, and calls
+    /// [`Endpoint::handle_sent`] once its last byte is written. The default copies.
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        self.poll_transmit_any(links, out).map(Transmit::Copied)
+    }
+
+    /// The payload of a frame handed out as [`Transmit::Lent`] and not yet reported sent.
+    fn lent_payload(&self, _header: &Header) -> &[f32] {
+        &[]
+    }
+
+    /// The last byte of a frame handed out as [`Transmit::Lent`] has been written: its
+    /// payload's buffer is the endpoint's again.
+    fn handle_sent(&mut self, _link: Rank, _header: &Header) {}
 
     /// Where the payload of a data frame announced by `header` from `link` goes: the driver
     /// reads exactly `header.length` values into the returned slice, then calls

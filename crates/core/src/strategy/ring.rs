@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
 use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
@@ -23,6 +23,8 @@ struct Bucket {
     len: usize,
     /// Segments `(offset, len)` of each chunk.
     chunks: Vec<Vec<(usize, usize)>>,
+    /// Index of each chunk's first segment among the bucket's segments.
+    first_segment: Vec<usize>,
     /// Highest layer among its keys (the bucket's priority).
     layer: usize,
 }
@@ -46,6 +48,7 @@ struct BucketState {
     expected: usize,
     /// Reduce segments that arrived before the local gradients: `(ring_step, offset, len)`.
     early: Vec<(u64, usize, usize)>,
+    /// Per segment of the bucket: whether its reduce (gather) frame of this step arrived.
     got_reduce: Vec<bool>,
     got_gather: Vec<bool>,
 }
@@ -61,8 +64,9 @@ pub struct RingAllReduce {
     data: Vec<Vec<f32>>,
     incoming: Vec<Vec<f32>>,
     state: Vec<BucketState>,
-    /// Reduce frames of the next step that arrived early: `(bucket, ring_step, offset, len)`.
-    next_step_early: Vec<(usize, u64, usize, usize)>,
+    /// Reduce frames of the next step that arrived early:
+    /// `(bucket, segment, ring_step, offset, len)`.
+    next_step_early: Vec<(usize, usize, u64, usize, usize)>,
     step: u64,
     /// Whether `begin_step` has been called for `step` (before the first call, frames of
     /// step 0 are early, like frames of the next step).
@@ -74,6 +78,9 @@ pub struct RingAllReduce {
     /// StepDone is reported once every bucket is complete *and* every frame of the step has
     /// been handed to the transport (the next step overwrites the buffers they are read from).
     step_done: bool,
+    /// Frames handed out as [`Transmit::Lent`] whose last byte is not yet written: their
+    /// regions of `data` must not change, so the step is not done before this is zero.
+    lent: usize,
     sequence: u64,
 }
 
@@ -103,6 +110,7 @@ impl RingAllReduce {
                     keys: Vec::new(),
                     len: 0,
                     chunks: Vec::new(),
+                    first_segment: Vec::new(),
                     layer: 0,
                 });
             }
@@ -127,6 +135,15 @@ impl RingAllReduce {
                     segs
                 })
                 .collect();
+            b.first_segment = b
+                .chunks
+                .iter()
+                .scan(0, |first, segs| {
+                    let this = *first;
+                    *first += segs.len();
+                    Some(this)
+                })
+                .collect();
         }
         let data = buckets.iter().map(|b| vec![0.0; b.len]).collect();
         let incoming = buckets.iter().map(|b| vec![0.0; b.len]).collect();
@@ -147,9 +164,22 @@ impl RingAllReduce {
             events: VecDeque::new(),
             buckets_left: 0,
             step_done: false,
+            lent: 0,
             sequence: 0,
             buckets,
         };
+        ring.state = ring
+            .buckets
+            .iter()
+            .map(|b| {
+                let segments = b.chunks.iter().map(Vec::len).sum();
+                BucketState {
+                    got_reduce: vec![false; segments],
+                    got_gather: vec![false; segments],
+                    ..Default::default()
+                }
+            })
+            .collect();
         ring.reset_state();
         ring
     }
@@ -171,26 +201,24 @@ impl RingAllReduce {
         (self.rank as i64 + offset_from_rank).rem_euclid(self.n as i64) as usize
     }
 
+    /// Makes every bucket's state that of a step not yet begun, reusing its buffers.
     fn reset_state(&mut self) {
         let n = self.n;
-        self.state = self
-            .buckets
-            .iter()
-            .map(|b| {
-                let segs = |c: usize| b.chunks[c].len();
-                let own = self.rank % n;
-                let done_at_me = (self.rank + 1) % n;
-                let reduce: usize = (0..n).filter(|&c| c != own).map(segs).sum();
-                let gather: usize = (0..n).filter(|&c| c != done_at_me).map(segs).sum();
-                BucketState {
-                    missing_keys: b.keys.len(),
-                    expected: if n == 1 { 0 } else { reduce + gather },
-                    got_reduce: vec![false; b.len.max(1)],
-                    got_gather: vec![false; b.len.max(1)],
-                    ..Default::default()
-                }
-            })
-            .collect();
+        let own = self.rank % n;
+        let done_at_me = (self.rank + 1) % n;
+        for (b, st) in self.buckets.iter().zip(&mut self.state) {
+            let segs = |c: usize| b.chunks[c].len();
+            let reduce: usize = (0..n).filter(|&c| c != own).map(segs).sum();
+            let gather: usize = (0..n).filter(|&c| c != done_at_me).map(segs).sum();
+            st.missing_keys = b.keys.len();
+            st.launched = false;
+            st.done = false;
+            st.received = 0;
+            st.expected = if n == 1 { 0 } else { reduce + gather };
+            st.early.clear();
+            st.got_reduce.fill(false);
+            st.got_gather.fill(false);
+        }
         self.buckets_left = self.buckets.len();
         self.step_done = false;
         debug_assert!(
@@ -285,14 +313,15 @@ impl RingAllReduce {
     }
 
     fn maybe_step_done(&mut self) {
-        if !self.step_done && self.buckets_left == 0 && self.queue.is_empty() {
+        if !self.step_done && self.buckets_left == 0 && self.queue.is_empty() && self.lent == 0 {
             self.step_done = true;
             self.events.push_back(WorkerEvent::StepDone);
         }
     }
 
-    /// Checks a frame against the segmentation and the ring schedule; returns the bucket.
-    fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+    /// Checks a frame against the segmentation and the ring schedule; returns the bucket and
+    /// the segment's index in it.
+    fn check(&self, link: Rank, h: &Header) -> Result<(usize, usize), ProtocolError> {
         let err = |why: &str| ProtocolError::unexpected(link, h, why);
         if link != self.left() || self.n == 1 {
             return Err(err("ring frames come only from the left neighbour"));
@@ -314,9 +343,10 @@ impl RingAllReduce {
             self.chunk_index(-s - 1)
         };
         let seg = (h.offset as usize, h.length as usize);
-        if bucket.chunks[chunk].binary_search(&seg).is_err() {
-            return Err(err("segment does not match the ring schedule"));
-        }
+        let segment = match bucket.chunks[chunk].binary_search(&seg) {
+            Ok(i) => bucket.first_segment[chunk] + i,
+            Err(_) => return Err(err("segment does not match the ring schedule")),
+        };
         let st = &self.state[b];
         let next_step =
             (h.step == self.step + 1 || (!self.begun && h.step == self.step)) && !gather;
@@ -334,10 +364,10 @@ impl RingAllReduce {
         } else {
             &st.got_reduce
         };
-        if !next_step && seen.get(h.offset as usize).copied().unwrap_or(false) {
+        if !next_step && seen[segment] {
             return Err(err("segment received twice"));
         }
-        Ok(b)
+        Ok((b, segment))
     }
 }
 
@@ -346,8 +376,8 @@ impl WorkerSync for RingAllReduce {
         self.step = step;
         self.begun = true;
         self.reset_state();
-        for (b, s, off, len) in std::mem::take(&mut self.next_step_early) {
-            self.state[b].got_reduce[off] = true;
+        for (b, segment, s, off, len) in std::mem::take(&mut self.next_step_early) {
+            self.state[b].got_reduce[segment] = true;
             self.state[b].early.push((s, off, len));
         }
     }
@@ -381,12 +411,88 @@ impl WorkerSync for RingAllReduce {
 
 impl Endpoint for RingAllReduce {
     fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
-        if link != self.right() || self.n == 1 {
-            return false;
-        }
-        let Some(p) = self.queue.pop() else {
+        let Some(h) = self.next_frame(link) else {
             return false;
         };
+        let r = h.offset as usize..(h.offset + h.length) as usize;
+        encode_data_frame(out, &h, &self.data[h.key as usize][r]);
+        self.maybe_step_done();
+        true
+    }
+
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        let link = self.right();
+        if !links.contains(&link) {
+            return None;
+        }
+        let h = self.next_frame(link)?;
+        out.extend_from_slice(&h.encode());
+        self.lent += 1;
+        Some(Transmit::Lent(link, h))
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        let r = h.offset as usize..(h.offset + h.length) as usize;
+        self.data
+            .get(h.key as usize)
+            .and_then(|d| d.get(r))
+            .unwrap_or(&[])
+    }
+
+    fn handle_sent(&mut self, _link: Rank, _h: &Header) {
+        self.lent = self.lent.saturating_sub(1);
+        self.maybe_step_done();
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        let (b, _) = self.check(link, h)?;
+        let r = h.offset as usize..h.offset as usize + h.length as usize;
+        Ok(if h.kind == FrameKind::Gather {
+            &mut self.data[b][r]
+        } else {
+            &mut self.incoming[b][r]
+        })
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let (b, segment) = self.check(link, h)?;
+        let (off, len, s) = (h.offset as usize, h.length as usize, h.sequence);
+        if h.step != self.step || !self.begun {
+            self.next_step_early.push((b, segment, s, off, len));
+            return Ok(());
+        }
+        if h.kind == FrameKind::Gather {
+            self.state[b].got_gather[segment] = true;
+            if (s as usize) + 2 < self.n {
+                self.enqueue(Send {
+                    bucket: b,
+                    gather: true,
+                    ring_step: s + 1,
+                    offset: off,
+                    len,
+                });
+            }
+            self.count_received(b);
+        } else {
+            self.state[b].got_reduce[segment] = true;
+            if self.state[b].launched {
+                self.reduce_arrived(b, s, off, len);
+            } else {
+                self.state[b].early.push((s, off, len));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RingAllReduce {
+    /// Takes the next queued frame for `link` and says what it carries (the payload is
+    /// `data[key][offset..offset + length]`).
+    fn next_frame(&mut self, link: Rank) -> Option<Header> {
+        if link != self.right() || self.n == 1 {
+            return None;
+        }
+        let p = self.queue.pop()?;
         let s = self.sends[p.item];
         let kind = if s.gather {
             FrameKind::Gather
@@ -404,48 +510,6 @@ impl Endpoint for RingAllReduce {
         h.priority = p.priority as i32;
         h.sender = self.rank as u32;
         self.sequence += 1;
-        encode_data_frame(out, &h, &self.data[s.bucket][s.offset..s.offset + s.len]);
-        self.maybe_step_done();
-        true
-    }
-
-    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
-        let b = self.check(link, h)?;
-        let r = h.offset as usize..h.offset as usize + h.length as usize;
-        Ok(if h.kind == FrameKind::Gather {
-            &mut self.data[b][r]
-        } else {
-            &mut self.incoming[b][r]
-        })
-    }
-
-    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
-        let b = self.check(link, h)?;
-        let (off, len, s) = (h.offset as usize, h.length as usize, h.sequence);
-        if h.step != self.step || !self.begun {
-            self.next_step_early.push((b, s, off, len));
-            return Ok(());
-        }
-        if h.kind == FrameKind::Gather {
-            self.state[b].got_gather[off] = true;
-            if (s as usize) + 2 < self.n {
-                self.enqueue(Send {
-                    bucket: b,
-                    gather: true,
-                    ring_step: s + 1,
-                    offset: off,
-                    len,
-                });
-            }
-            self.count_received(b);
-        } else {
-            self.state[b].got_reduce[off] = true;
-            if self.state[b].launched {
-                self.reduce_arrived(b, s, off, len);
-            } else {
-                self.state[b].early.push((s, off, len));
-            }
-        }
-        Ok(())
+        Some(h)
     }
 }

@@ -14,8 +14,17 @@ use crate::registry::{KeyInfo, Placement, TensorRegistry};
 use crate::sched::SchedulerKind;
 use crate::wire::{Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
-/// Encoded frames in flight on one directed link.
-type InFlight = VecDeque<Vec<u8>>;
+/// A frame handed to a link.
+enum Queued {
+    /// Encoded, on the wire.
+    Wire(Vec<u8>),
+    /// Handed out as [`Transmit::Lent`] and not yet written: its header, and the payload
+    /// as it was when lent (which must still be what the endpoint lends when it is written).
+    Lent(Header, Vec<f32>),
+}
+
+/// Frames in flight on one directed link, in order.
+type InFlight = VecDeque<Queued>;
 
 /// In-flight frames on each directed link `(from, to)`.
 struct Net {
@@ -29,10 +38,35 @@ impl Net {
         }
     }
 
+    /// Writes the first lent frame of link `i`, whose sender is `from`: checks that its
+    /// payload has not changed since it was lent, then hands the buffer back.
+    fn write_lent(&mut self, i: usize, from: &mut dyn Endpoint) {
+        let ((_, to), q) = &mut self.links[i];
+        let Some(entry) = q.iter_mut().find(|e| matches!(e, Queued::Lent(..))) else {
+            return;
+        };
+        let Queued::Lent(h, snapshot) = entry else {
+            return;
+        };
+        let h = *h;
+        assert_eq!(
+            from.lent_payload(&h),
+            &snapshot[..],
+            "a lent payload changed before it was written"
+        );
+        let mut frame = h.encode().to_vec();
+        frame.extend_from_slice(crate::wire::f32_bytes(snapshot));
+        *entry = Queued::Wire(frame);
+        from.handle_sent(*to, &h);
+    }
+
     /// Delivers the head frame of link `i` into `to`; returns whether there was one.
     fn deliver(&mut self, i: usize, to: &mut dyn Endpoint) -> bool {
         let ((from, _), q) = &mut self.links[i];
-        let Some(frame) = q.pop_front() else {
+        if !matches!(q.front(), Some(Queued::Wire(_))) {
+            return false;
+        }
+        let Some(Queued::Wire(frame)) = q.pop_front() else {
             return false;
         };
         let mut hb = [0u8; HEADER_LEN];
@@ -93,7 +127,7 @@ fn drive(
     while step.iter().any(|&s| s < steps) {
         guard += 1;
         assert!(guard < 5_000_000, "no progress");
-        let actions = if net.links.is_empty() { 1 } else { 3 };
+        let actions = if net.links.is_empty() { 1 } else { 4 };
         match rng.gen_range(0..actions) {
             0 => {
                 let w = rng.gen_range(0..n);
@@ -116,25 +150,43 @@ fn drive(
                 } else {
                     &mut servers[from - n]
                 };
-                // Half the time the sender picks among all its links, as over a shared NIC.
-                let sent_to = if rng.gen_bool(0.5) {
-                    ep.poll_transmit(to, &mut out).then_some(to)
-                } else {
-                    let tos: Vec<Rank> = net
-                        .links
-                        .iter()
-                        .filter(|l| l.0 .0 == from)
-                        .map(|l| l.0 .1)
-                        .collect();
-                    ep.poll_transmit_any(&tos, &mut out)
+                // The sender asks for a frame for one link, or picks among all its links as
+                // over a shared NIC, copied or (where the endpoint can) lent.
+                let tos: Vec<Rank> = net
+                    .links
+                    .iter()
+                    .filter(|l| l.0 .0 == from)
+                    .map(|l| l.0 .1)
+                    .collect();
+                let sent = match rng.gen_range(0..3) {
+                    0 => ep
+                        .poll_transmit(to, &mut out)
+                        .then_some(Transmit::Copied(to)),
+                    1 => ep.poll_transmit_any(&tos, &mut out).map(Transmit::Copied),
+                    _ => ep.poll_transmit_lent(&tos, &mut out),
                 };
-                if let Some(to) = sent_to {
-                    let j = net
-                        .links
-                        .iter()
-                        .position(|l| l.0 == (from, to))
-                        .expect("link exists");
-                    net.links[j].1.push_back(out);
+                let (to, queued) = match sent {
+                    None => continue,
+                    Some(Transmit::Copied(to)) => (to, Queued::Wire(out)),
+                    Some(Transmit::Lent(to, h)) => {
+                        assert_eq!(out, h.encode().to_vec(), "a lent frame's header");
+                        (to, Queued::Lent(h, ep.lent_payload(&h).to_vec()))
+                    }
+                };
+                let j = net
+                    .links
+                    .iter()
+                    .position(|l| l.0 == (from, to))
+                    .expect("link exists");
+                net.links[j].1.push_back(queued);
+            }
+            2 => {
+                let i = rng.gen_range(0..net.links.len());
+                let from = net.links[i].0 .0;
+                if from < n {
+                    net.write_lent(i, workers[from].as_mut());
+                } else {
+                    net.write_lent(i, &mut servers[from - n]);
                 }
             }
             _ => {
@@ -377,7 +429,9 @@ fn ring_keeps_frames_that_arrive_before_the_first_step_begins() {
     ws[1].handle_gradient(0, &grad(0, 1, 0, 6));
     let mut out = Vec::new();
     while ws[1].poll_transmit(0, &mut out) {
-        net.links[1].1.push_back(std::mem::take(&mut out));
+        net.links[1]
+            .1
+            .push_back(Queued::Wire(std::mem::take(&mut out)));
     }
     while net.deliver(1, &mut ws[0]) {}
     // Only now worker 0 begins the step.
@@ -387,7 +441,9 @@ fn ring_keeps_frames_that_arrive_before_the_first_step_begins() {
     for _ in 0..100 {
         for (from, to, link) in [(0usize, 1usize, 0usize), (1, 0, 1)] {
             while ws[from].poll_transmit(to, &mut out) {
-                net.links[link].1.push_back(std::mem::take(&mut out));
+                net.links[link]
+                    .1
+                    .push_back(Queued::Wire(std::mem::take(&mut out)));
             }
         }
         while net.deliver(0, &mut ws[1]) {}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Ring all-reduce bus bandwidth, side by side in one run: Syncopate (`syncopate bench-comm`),
+# Open MPI's MPI_Allreduce over TCP (bench/reference/run_mpi_allreduce.sh) and Gloo's
+# all_reduce through torch.distributed (bench/reference/torch_gloo_allreduce.py), all on
+# loopback, interleaved (for each round, for each rank count: ours, MPI, Gloo) so that a
+# noisy neighbour hits all three alike.
+#
+# Usage: scripts/compare-allreduce.sh [--ranks "2 4"] [--sizes "4K 64K 1M 16M 100M"]
+#                                      [--rounds 3] [--min-time 1] [--out DIR]
+#   --ranks     process counts to compare (default "2 4")
+#   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 4K 64K 1M 16M 100M)
+#   --rounds    repetitions of the whole matrix; the table shows each figure's median
+#   --min-time  seconds of timed operations per size and implementation (default 1)
+#   --out       where the raw CSVs and the table go (default target/compare-allreduce)
+# SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
+# Prints a Markdown table (bus bandwidth 2(n-1)/n x bytes / median time, GB/s, and our ratio
+# to each reference) and writes it to OUT/table.md, with every measurement in OUT/raw.csv.
+# Needs the references: scripts/install-reference.sh (Open MPI, PyTorch); a reference that
+# is not installed is left out of the table with a warning.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+ranks="2 4"
+sizes="4K 64K 1M 16M 100M"
+rounds=3
+min_time=1
+out="$root/target/compare-allreduce"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ranks) ranks=$2; shift 2 ;;
+    --sizes) sizes=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --min-time) min_time=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare-allreduce: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "compare-allreduce: --rounds must be a positive integer" >&2; exit 2; }
+
+if [ -n "${SYNCOPATE_BIN:-}" ]; then
+  syncopate=$SYNCOPATE_BIN   # another build of ours, e.g. to compare before and after a change
+else
+  cargo build --workspace --all-targets --quiet
+  syncopate="$root/target/debug/syncopate"
+fi
+have_mpi=1
+have_gloo=1
+command -v mpirun >/dev/null 2>&1 || { have_mpi=0; echo "compare-allreduce: no mpirun; Open MPI left out (scripts/install-reference.sh)" >&2; }
+/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1 || { have_gloo=0; echo "compare-allreduce: no torch for /usr/bin/python3; Gloo left out (scripts/install-reference.sh)" >&2; }
+
+mkdir -p "$out"
+raw="$out/raw.csv"
+echo "impl,round,size_bytes,ranks,median_s,busbw_GBps" > "$raw"
+ours_sizes=$(echo "$sizes" | tr ' ' ',')
+
+# Appends a reference's CSV (size_bytes,ranks,median_s,busbw_GBps) under the name $1.
+collect() {
+  local impl=$1 round=$2
+  grep -E '^[0-9]' | cut -d, -f1-4 | sed "s/^/$impl,$round,/" >> "$raw"
+}
+
+for round in $(seq 1 "$rounds"); do
+  for n in $ranks; do
+    echo "round $round/$rounds, $n ranks: syncopate" >&2
+    "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$ours_sizes" \
+      --min-time "$min_time" 2>/dev/null | sed 's/^\[worker 0\] //' | collect syncopate "$round"
+    if [ $have_mpi = 1 ]; then
+      echo "round $round/$rounds, $n ranks: Open MPI" >&2
+      # shellcheck disable=SC2086
+      bench/reference/run_mpi_allreduce.sh "$n" --min-time "$min_time" $sizes 2>/dev/null | collect mpi "$round"
+    fi
+    if [ $have_gloo = 1 ]; then
+      echo "round $round/$rounds, $n ranks: Gloo" >&2
+      # shellcheck disable=SC2086
+      /usr/bin/python3 bench/reference/torch_gloo_allreduce.py --ranks "$n" --min-time "$min_time" $sizes 2>/dev/null | collect gloo "$round"
+    fi
+  done
+done
+
+/usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
+import csv, statistics, sys
+from collections import defaultdict
+
+raw, table = sys.argv[1], sys.argv[2]
+bw = defaultdict(list)
+for row in csv.DictReader(open(raw)):
+    bw[(row["impl"], int(row["ranks"]), int(row["size_bytes"]))].append(float(row["busbw_GBps"]))
+
+def size_name(b):
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= f and b % f == 0:
+            return "%d %s" % (b // f, unit)
+    return "%d B" % b
+
+def fmt(v):
+    return "-" if v is None else "%.3f" % v
+
+def med(key):
+    v = bw.get(key)
+    return statistics.median(v) if v else None
+
+impls = [i for i in ("mpi", "gloo") if any(k[0] == i for k in bw)]
+lines = ["| ranks | size | Syncopate | " + " | ".join(
+    {"mpi": "Open MPI | ours / MPI", "gloo": "Gloo | ours / Gloo"}[i] for i in impls) + " |"]
+lines.append("|" + "---|" * (3 + 2 * len(impls)))
+for n, size in sorted({(k[1], k[2]) for k in bw}):
+    ours = med(("syncopate", n, size))
+    cells = [str(n), size_name(size), fmt(ours)]
+    for i in impls:
+        ref = med((i, n, size))
+        cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
+    lines.append("| " + " | ".join(cells) + " |")
+rounds = max((len(v) for v in bw.values()), default=0)
+text = "\n".join(lines) + "\n\nBus bandwidth in GB/s, median of %d round(s).\n" % rounds
+open(table, "w").write(text)
+print(text)
+EOF
+echo "raw measurements: $raw; table: $out/table.md" >&2
