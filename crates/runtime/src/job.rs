@@ -89,7 +89,10 @@ impl JobLayout {
                 self.workers,
                 keys,
                 (self.bucket_bytes / 4).max(1),
-                FRAME_ELEMS,
+                std::env::var("SEG")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(FRAME_ELEMS),
                 self.strategy.overlaps(),
                 self.scheduler,
             ))

@@ -425,6 +425,10 @@ impl PsServer {
                 ),
             ));
         }
+        if h.step == u64::MAX {
+            // The slice's next step would not be representable.
+            return Err(ProtocolError::unexpected(link, h, "step out of range"));
+        }
         if self.pushes[slice] == 0 && self.updates > 0 && h.step < self.slice_step[slice] {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }

@@ -333,7 +333,7 @@ impl RingAllReduce {
         };
         let b = h.key as usize;
         let bucket = self.buckets.get(b).ok_or_else(|| err("no such bucket"))?;
-        if h.sequence + 1 >= self.n as u64 {
+        if h.sequence >= self.n as u64 - 1 {
             return Err(err("ring step beyond the ring"));
         }
         let s = h.sequence as i64;

@@ -360,6 +360,29 @@ fn wrong_frames_are_refused_with_the_sender_named() {
         .contains("left"));
 }
 
+/// Found by the `endpoint_frames` fuzz target: header fields at the top of their range are
+/// refused, not overflowed (a ring step of `u64::MAX`, a push for step `u64::MAX`).
+#[test]
+fn extreme_steps_and_ring_steps_are_refused() {
+    let mut ring = RingAllReduce::new(0, 2, keys(&[10]), 100, 4, true, SchedulerKind::Fifo);
+    ring.begin_step(0);
+    let mut reduce = Header::data(crate::wire::FrameKind::Reduce, 0, 0, 5, 5);
+    reduce.sequence = u64::MAX;
+    let e = ring.recv_slot(1, &reduce).unwrap_err().to_string();
+    assert!(e.contains("ring step beyond the ring"), "{e}");
+
+    let reg = TensorRegistry::new(keys(&[10]), 10, 1, Placement::KeysByBytes);
+    let optim = ServerOptim {
+        sgd: Sgd::new(SgdConfig::default()),
+        lr: 0.1,
+        schedule: LrSchedule::Constant,
+    };
+    let mut server = PsServer::new(0, 1, reg, vec![vec![0.0; 10]], optim, SchedulerKind::Fifo);
+    let push = Header::data(crate::wire::FrameKind::Push, u64::MAX, 0, 0, 10);
+    let e = server.recv_slot(0, &push).unwrap_err().to_string();
+    assert!(e.contains("step out of range"), "{e}");
+}
+
 /// P3's preemption: with the priority scheduler, a slice of the first layer handed over
 /// after 100 queued slices of a later layer is the next frame on the wire.
 #[test]
