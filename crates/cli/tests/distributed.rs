@@ -70,6 +70,47 @@ fn run_ok(cmd: &mut Command) -> String {
     text
 }
 
+/// `bench-comm` completes for ring all-reduce (busy polling and sleeping) and the parameter
+/// server, and reports one row per size with the operations it timed.
+#[test]
+fn bench_comm_measures_every_size() {
+    let cases: [&[&str]; 3] = [
+        &["--strategy", "allreduce", "--workers", "3"],
+        &[
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "2",
+            "--busy-poll-us",
+            "0",
+        ],
+        &["--strategy", "ps", "--workers", "2", "--servers", "2"],
+    ];
+    for args in cases {
+        let out = run_ok(Command::new(EXE).arg("bench-comm").args(args).args([
+            "--sizes",
+            "4KiB,1MiB",
+            "--min-time",
+            "0.01",
+            "--min-iters",
+            "3",
+        ]));
+        let rows: Vec<Vec<f64>> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("[worker 0] "))
+            .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 2, "{args:?}: {out}");
+        for (row, size) in rows.iter().zip([4096.0, 1048576.0]) {
+            assert_eq!(row[0], size, "{args:?}: {out}");
+            assert!(
+                row[2] > 0.0 && row[3] > 0.0 && row[4] >= 3.0,
+                "{args:?}: {out}"
+            );
+        }
+    }
+}
+
 /// N workers with batch b end with the weights of one process with batch N*b.
 ///
 /// Tolerance: gradients are averaged in another order (per worker, then across workers),
@@ -89,10 +130,12 @@ fn synchronous_strategies_reproduce_single_process_training() {
             .arg(&reference);
         run_ok(&mut single);
         let want = read_weights(&reference);
-        let variants: [(&str, &[&str]); 6] = [
+        let variants: [(&str, &[&str]); 7] = [
             ("ps", &[]),
             ("ps-no-overlap", &[]),
             ("allreduce", &[]),
+            // Busy polling changes when the loop looks at its sockets, never what it sends.
+            ("allreduce", &["--busy-poll-us", "200"]),
             ("allreduce-no-overlap", &[]),
             // P3's slicing, priority and forward overlap change the timing, never the maths.
             ("p3", &[]),

@@ -53,6 +53,9 @@ pub struct CommOptions {
     /// A worker gives up when nothing of its step's synchronisation has arrived for this
     /// long although every peer is alive (a protocol stall); `None`: never.
     pub stall_timeout: Option<Duration>,
+    /// After moving any byte, poll without sleeping for this long (zero: always sleep until
+    /// something happens). Trades CPU for latency, as MPI's progress loop does.
+    pub busy_poll: Duration,
 }
 
 impl Default for CommOptions {
@@ -62,6 +65,7 @@ impl Default for CommOptions {
             peer_timeout: Duration::from_secs(5),
             max_payload: DEFAULT_MAX_PAYLOAD,
             stall_timeout: Some(Duration::from_secs(120)),
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -375,22 +379,28 @@ impl CommLoop {
                 finishing = true;
             }
             let now = Instant::now();
-            self.fill(endpoint);
-            for i in 0..self.links.len() {
-                if let Err(e) = self.flush(i, endpoint, hooks) {
-                    // A peer that gave up may have said why just before closing: its Abort
-                    // is the better error.
-                    return Err(match self.read_link(i, endpoint, hooks) {
-                        Err(aborted @ CommError::Aborted { .. }) => aborted,
-                        _ => e,
-                    });
+            // Transmitting can complete a step (the last frame handed over or written), and
+            // the hooks may then start the next one: its frames go out now, not after a wait
+            // that nothing would end (every peer may be waiting for them).
+            loop {
+                let handed = self.fill(endpoint);
+                for i in 0..self.links.len() {
+                    if let Err(e) = self.flush(i, endpoint, hooks) {
+                        // A peer that gave up may have said why just before closing: its
+                        // Abort is the better error.
+                        return Err(match self.read_link(i, endpoint, hooks) {
+                            Err(aborted @ CommError::Aborted { .. }) => aborted,
+                            _ => e,
+                        });
+                    }
+                    self.check_liveness(i, now, hooks)?;
                 }
-                self.check_liveness(i, now, hooks)?;
-            }
-            // Transmitting can complete a step (the last frame handed over): report it now
-            // rather than after the next wait.
-            if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
-                finishing = true;
+                if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
+                    finishing = true;
+                }
+                if handed == 0 {
+                    break;
+                }
             }
             let drained = self
                 .links
@@ -406,22 +416,7 @@ impl CommLoop {
                     return Ok(());
                 }
             }
-            let timeout = self.next_timeout();
-            // Sub-millisecond deadlines (frame releases) go to the precise timer; the poll's
-            // own timeout is whole milliseconds.
-            if timeout < Duration::from_millis(50) {
-                self.timer
-                    .arm(timeout)
-                    .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
-            }
-            if let Err(e) = self
-                .poll
-                .poll(&mut events, Some(timeout.max(Duration::from_millis(50))))
-            {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(CommError::Local(format!("poll failed: {e}")));
-                }
-            }
+            self.wait(&mut events)?;
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
@@ -439,6 +434,42 @@ impl CommLoop {
                 finishing = true;
             }
         }
+    }
+
+    /// Waits for I/O, a command or the next deadline. Within `busy_poll` of the last byte
+    /// moved it only looks (a zero-timeout poll, then a yield): a process that has just
+    /// sent or received is likely to be answered within microseconds, and waking a sleeping
+    /// thread costs more than that (tens of microseconds on a virtual machine).
+    fn wait(&mut self, events: &mut Events) -> Result<(), CommError> {
+        let busy = !self.options.busy_poll.is_zero()
+            && self
+                .links
+                .iter()
+                .map(|l| l.last_recv.max(l.last_write_progress))
+                .max()
+                .is_some_and(|t| t.elapsed() < self.options.busy_poll);
+        let timeout = if busy {
+            Duration::ZERO
+        } else {
+            let timeout = self.next_timeout();
+            // Sub-millisecond deadlines (frame releases) go to the precise timer; the poll's
+            // own timeout is whole milliseconds.
+            if timeout < Duration::from_millis(50) {
+                self.timer
+                    .arm(timeout)
+                    .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
+            }
+            timeout.max(Duration::from_millis(50))
+        };
+        if let Err(e) = self.poll.poll(events, Some(timeout)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(CommError::Local(format!("poll failed: {e}")));
+            }
+        }
+        if busy && events.is_empty() {
+            std::thread::yield_now();
+        }
+        Ok(())
     }
 
     fn status(&self) -> LinkStatus {
@@ -466,16 +497,18 @@ impl CommLoop {
         t
     }
 
-    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room.
-    fn fill<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
+    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room;
+    /// returns how many it handed over.
+    fn fill<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) -> usize {
         let now_ns = self.now_ns();
         let window = self.nic.profile().buffer_bytes;
         let shaped = self.nic.profile().bandwidth_bps.is_some();
         self.window_full = false;
+        let mut handed = 0;
         loop {
             if shaped && self.nic.backlog_bytes(now_ns) >= window {
                 self.window_full = true;
-                return;
+                return handed;
             }
             self.open.clear();
             self.open.extend(
@@ -485,7 +518,7 @@ impl CommLoop {
                     .map(|l| l.peer),
             );
             if self.open.is_empty() {
-                return;
+                return handed;
             }
             let turn = self.rotation % self.open.len();
             self.open.rotate_left(turn);
@@ -494,7 +527,7 @@ impl CommLoop {
             buf.clear();
             let Some(transmit) = endpoint.poll_transmit_lent(&self.open, &mut buf) else {
                 self.pool.push(buf);
-                return;
+                return handed;
             };
             let (peer, lent) = match transmit {
                 Transmit::Copied(peer) => (peer, None),
@@ -512,11 +545,12 @@ impl CommLoop {
                     endpoint.handle_sent(peer, &h);
                 }
                 self.pool.push(frame.bytes);
-                return;
+                return handed;
             };
             let release = self.nic.schedule(now_ns, frame.len());
             link.queued_bytes += frame.len();
             link.scheduled.push_back((release, frame));
+            handed += 1;
         }
     }
 

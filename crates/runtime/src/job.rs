@@ -89,10 +89,7 @@ impl JobLayout {
                 self.workers,
                 keys,
                 (self.bucket_bytes / 4).max(1),
-                std::env::var("SEG")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(FRAME_ELEMS),
+                FRAME_ELEMS,
                 self.strategy.overlaps(),
                 self.scheduler,
             ))

@@ -44,6 +44,12 @@ pub struct BenchArgs {
     /// Untimed operations before the timed ones, per size.
     #[arg(long, default_value_t = 2)]
     warmup: u64,
+    /// After moving any byte, keep polling the sockets without sleeping for this many
+    /// microseconds (as MPI's progress loop spins); 0: sleep in epoll until something
+    /// happens, as training does by default. Matters for small messages, where waking a
+    /// sleeping process costs more than the transfer.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 200)]
+    busy_poll_us: u64,
 }
 
 impl BenchArgs {
@@ -123,7 +129,10 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         host_coordinator: false,
         bind_ip: "127.0.0.1".parse()?,
         connect_timeout: Duration::from_secs(60),
-        comm: CommOptions::default(),
+        comm: CommOptions {
+            busy_poll: Duration::from_micros(args.busy_poll_us),
+            ..CommOptions::default()
+        },
         metrics: None,
     };
     let iters = BenchIters {

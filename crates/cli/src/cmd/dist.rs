@@ -137,6 +137,11 @@ pub struct JobArgs {
     /// times the time the model's bytes take through the emulated interface. 0: never.
     #[arg(long, value_name = "SECONDS")]
     pub stall_timeout: Option<f64>,
+    /// After moving any byte, the communication thread keeps polling its sockets without
+    /// sleeping for this many microseconds (lower latency for small frames, at the cost of
+    /// CPU time taken from compute); 0: it sleeps until something happens.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
+    pub busy_poll_us: u64,
     /// Seconds the processes get to find each other.
     #[arg(long, default_value_t = 60.0)]
     pub connect_timeout: f64,
@@ -292,6 +297,7 @@ impl JobArgs {
         Ok(CommOptions {
             heartbeat: (timeout / 5).min(Duration::from_millis(500)),
             peer_timeout: timeout,
+            busy_poll: Duration::from_micros(self.busy_poll_us),
             ..CommOptions::default()
         })
     }
