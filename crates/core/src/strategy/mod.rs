@@ -21,6 +21,21 @@ use crate::wire::{Header, WireError};
 /// Ranks: workers are `0..workers`, servers are `workers..workers + servers`.
 pub type Rank = usize;
 
+/// The values a frame with header `h` carries out of `tensors` (one per key or bucket):
+/// `tensors[key][offset..offset + length]`, empty if the header names none.
+fn frame_values<'a>(tensors: &'a [Vec<f32>], h: &Header) -> &'a [f32] {
+    let start = h.offset as usize;
+    tensors
+        .get(h.key as usize)
+        .and_then(|t| t.get(start..start + h.length as usize))
+        .unwrap_or(&[])
+}
+
+/// Appends the frame with header `h` and its values out of `tensors` to `out`.
+fn encode_frame_from(out: &mut Vec<u8>, h: &Header, tensors: &[Vec<f32>]) {
+    crate::wire::encode_data_frame(out, h, frame_values(tensors, h));
+}
+
 /// A peer broke the protocol; the message names what it sent and why it is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {

@@ -5,12 +5,15 @@
 
 use std::collections::VecDeque;
 
-use super::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use super::{
+    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent,
+    WorkerSync,
+};
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd};
 use crate::registry::{Slice, TensorRegistry};
 use crate::sched::{most_urgent, new_scheduler, Pending, Scheduler, SchedulerKind};
-use crate::wire::{encode_data_frame, FrameKind, Header};
+use crate::wire::{FrameKind, Header};
 
 fn pending_for(reg: &TensorRegistry, slice: usize, arrival: &mut u64) -> Pending {
     let s = reg.slices()[slice];
@@ -134,11 +137,19 @@ impl PsWorker {
 
     /// Pushes the head of server `server`'s queue into `out`.
     fn transmit_from(&mut self, server: usize, out: &mut Vec<u8>) -> bool {
-        let Some(p) = self.queues[server].peek() else {
+        let Some(h) = self.next_push(server) else {
             return false;
         };
+        encode_frame_from(out, &h, &self.grads);
+        true
+    }
+
+    /// Takes the head of server `server`'s queue if the credit allows and says what it
+    /// carries (the payload is `grads[key][offset..offset + length]`).
+    fn next_push(&mut self, server: usize) -> Option<Header> {
+        let p = self.queues[server].peek()?;
         if !self.credit_allows(&p) {
-            return false;
+            return None;
         }
         self.queues[server].pop();
         let s = self.reg.slices()[p.item];
@@ -148,8 +159,7 @@ impl PsWorker {
             self.in_flight += s.len * 4;
             self.in_flight_keys.insert(self.kind.order_key(&p));
         }
-        encode_data_frame(out, &h, &self.grads[s.key][s.range()]);
-        true
+        Some(h)
     }
 }
 
@@ -216,6 +226,23 @@ impl Endpoint for PsWorker {
         let server = most_urgent(self.kind, queues)?;
         self.transmit_from(server, out)
             .then_some(self.workers + server)
+    }
+
+    // A pushed gradient stays unchanged until the next step's backward, which starts only
+    // after every pushed slice has been answered, so after every push was written.
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        let queues = links.iter().filter_map(|&l| {
+            self.server_index(l)
+                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
+        });
+        let server = most_urgent(self.kind, queues)?;
+        let h = self.next_push(server)?;
+        out.extend_from_slice(&h.encode());
+        Some(Transmit::Lent(self.workers + server, h))
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        frame_values(&self.grads, h)
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
@@ -443,26 +470,53 @@ impl PsServer {
     }
 }
 
-impl Endpoint for PsServer {
-    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
-        let Some(p) = self.out.get_mut(link).and_then(|q| q.pop()) else {
-            return false;
-        };
+impl PsServer {
+    /// Takes the next answer queued for `link` and says what it carries (the payload is
+    /// `params[key][offset..offset + length]`).
+    fn next_answer(&mut self, link: Rank) -> Option<Header> {
+        let p = self.out.get_mut(link)?.pop()?;
         let s = self.reg.slices()[p.item];
         let step = self.out_step[p.item];
         let h = slice_header(FrameKind::Params, step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
-        encode_data_frame(out, &h, &self.params[s.key][s.range()]);
-        true
+        Some(h)
     }
 
-    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+    /// The most urgent of the links in `links` that has an answer queued.
+    fn most_urgent_link(&self, links: &[Rank]) -> Option<Rank> {
         let queues = links
             .iter()
             .filter(|&&l| l < self.workers)
             .map(|&l| (l, self.out[l].as_ref() as &dyn Scheduler));
-        let link = most_urgent(self.kind, queues)?;
+        most_urgent(self.kind, queues)
+    }
+}
+
+impl Endpoint for PsServer {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        let Some(h) = self.next_answer(link) else {
+            return false;
+        };
+        encode_frame_from(out, &h, &self.params);
+        true
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let link = self.most_urgent_link(links)?;
         self.poll_transmit(link, out).then_some(link)
+    }
+
+    // A slice's values change only when every worker has pushed it again, and a worker
+    // pushes it again only after it has received these values, so after they were written.
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        let link = self.most_urgent_link(links)?;
+        let h = self.next_answer(link)?;
+        out.extend_from_slice(&h.encode());
+        Some(Transmit::Lent(link, h))
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        frame_values(&self.params, h)
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {

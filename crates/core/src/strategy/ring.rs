@@ -9,11 +9,14 @@
 
 use std::collections::VecDeque;
 
-use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
+use super::{
+    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent,
+    WorkerSync,
+};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
 use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
-use crate::wire::{encode_data_frame, FrameKind, Header};
+use crate::wire::{FrameKind, Header};
 
 /// A contiguous run of keys synchronised together.
 #[derive(Debug, Clone)]
@@ -414,8 +417,7 @@ impl Endpoint for RingAllReduce {
         let Some(h) = self.next_frame(link) else {
             return false;
         };
-        let r = h.offset as usize..(h.offset + h.length) as usize;
-        encode_data_frame(out, &h, &self.data[h.key as usize][r]);
+        encode_frame_from(out, &h, &self.data);
         self.maybe_step_done();
         true
     }
@@ -432,11 +434,7 @@ impl Endpoint for RingAllReduce {
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
-        let r = h.offset as usize..(h.offset + h.length) as usize;
-        self.data
-            .get(h.key as usize)
-            .and_then(|d| d.get(r))
-            .unwrap_or(&[])
+        frame_values(&self.data, h)
     }
 
     fn handle_sent(&mut self, _link: Rank, _h: &Header) {
