@@ -237,16 +237,13 @@ impl Cluster {
         } else {
             let bucket: usize = u.int_in_range(1..=600)?;
             let segment: usize = u.int_in_range(1..=128)?;
+            // Small buckets shared whole (none, some or all of them).
+            let direct: usize = *u.choose(&[0, 100, 400, 1000, usize::MAX])?;
             for r in 0..n {
-                workers.push(Box::new(RingAllReduce::new(
-                    r,
-                    n,
-                    keys.clone(),
-                    bucket,
-                    segment,
-                    overlap,
-                    scheduler,
-                )));
+                workers.push(Box::new(
+                    RingAllReduce::new(r, n, keys.clone(), bucket, segment, overlap, scheduler)
+                        .with_direct_below(direct),
+                ));
             }
             StrategyKind::Allreduce
         };

@@ -12,7 +12,7 @@ use crate::auth::JobToken;
 use crate::comm::CommOptions;
 
 pub use syncopate_core::strategy::{
-    StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,
+    StrategyKind, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
 };
 
 /// The synchronisation layer's view of a model's keys.
@@ -84,15 +84,18 @@ impl JobLayout {
                 self.credit_bytes,
             ))
         } else {
-            Box::new(RingAllReduce::new(
-                rank,
-                self.workers,
-                keys,
-                (self.bucket_bytes / 4).max(1),
-                FRAME_ELEMS,
-                self.strategy.overlaps(),
-                self.scheduler,
-            ))
+            Box::new(
+                RingAllReduce::new(
+                    rank,
+                    self.workers,
+                    keys,
+                    (self.bucket_bytes / 4).max(1),
+                    FRAME_ELEMS,
+                    self.strategy.overlaps(),
+                    self.scheduler,
+                )
+                .with_direct_below(DIRECT_SHARE_ELEMS),
+            )
         }
     }
 

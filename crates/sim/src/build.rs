@@ -9,6 +9,7 @@ use syncopate_core::registry::{KeyInfo, TensorRegistry};
 use syncopate_core::strategy::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerSync};
 
 use crate::config::{SimConfig, FRAME_ELEMS};
+use syncopate_core::strategy::DIRECT_SHARE_ELEMS;
 
 /// A rank's state machine.
 pub(crate) enum Role {
@@ -72,6 +73,7 @@ pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Role> {
     if !cfg.strategy.uses_servers() {
         let bucket = cfg.scaled((cfg.bucket_bytes / 4).max(1));
         let segment = cfg.scaled(FRAME_ELEMS);
+        let direct = cfg.scaled(DIRECT_SHARE_ELEMS);
         return (0..n)
             .map(|r| {
                 let ring = RingAllReduce::new(
@@ -82,7 +84,8 @@ pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Role> {
                     segment,
                     overlap,
                     cfg.scheduler,
-                );
+                )
+                .with_direct_below(direct);
                 Role::Worker(Box::new(ring))
             })
             .collect();

@@ -11,6 +11,12 @@ use crate::sched::SchedulerKind;
 /// Largest frame payload in elements: big keys travel in frames of at most 4 MiB.
 pub const FRAME_ELEMS: usize = 1 << 20;
 
+/// Buckets whose n copies hold at most this many values together (128 KiB: a 64 KiB bucket
+/// with 2 workers, 32 KiB with 4) are shared whole around the ring rather than reduced and
+/// gathered: n-1 hops instead of 2(n-1), for n/2 times the bytes, which pays where hops, not
+/// bytes, take the time (`RingAllReduce::with_direct_below`; measured in docs/BENCHMARKS.md).
+pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
+
 /// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
 pub const P3_SLICE_PARAMS: usize = 40_000;
 

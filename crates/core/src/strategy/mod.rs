@@ -12,7 +12,9 @@ mod ring;
 #[cfg(test)]
 mod tests;
 
-pub use kind::{StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS};
+pub use kind::{
+    StrategyKind, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
+};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 

@@ -9,14 +9,11 @@
 
 use std::collections::VecDeque;
 
-use super::{
-    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent,
-    WorkerSync,
-};
+use super::{frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
 use crate::sched::{new_scheduler, Pending, Scheduler, SchedulerKind};
-use crate::wire::{FrameKind, Header};
+use crate::wire::{encode_data_frame, FrameKind, Header};
 
 /// A contiguous run of keys synchronised together.
 #[derive(Debug, Clone)]
@@ -30,6 +27,8 @@ struct Bucket {
     first_segment: Vec<usize>,
     /// Highest layer among its keys (the bucket's priority).
     layer: usize,
+    /// Small enough to be shared whole instead (see [`RingAllReduce::with_direct_below`]).
+    direct: bool,
 }
 
 /// A frame waiting for the right-hand link.
@@ -54,6 +53,12 @@ struct BucketState {
     /// Per segment of the bucket: whether its reduce (gather) frame of this step arrived.
     got_reduce: Vec<bool>,
     got_gather: Vec<bool>,
+    /// Direct buckets, per step parity: every rank's copy, `(parity * n + origin) * len`.
+    shares: Vec<f32>,
+    /// Direct buckets, per step parity and origin rank: whether its copy arrived.
+    got_share: [Vec<bool>; 2],
+    /// Direct buckets, per step parity: copies of other ranks arrived.
+    shares_in: [usize; 2],
 }
 
 /// The ring all-reduce strategy of one worker (`allreduce`, `allreduce-no-overlap`).
@@ -70,6 +75,9 @@ pub struct RingAllReduce {
     /// Reduce frames of the next step that arrived early:
     /// `(bucket, segment, ring_step, offset, len)`.
     next_step_early: Vec<(usize, usize, u64, usize, usize)>,
+    /// Copies of direct buckets of the next step that arrived early, to be forwarded once it
+    /// begins: `(bucket, ring_step)`.
+    next_step_shares: Vec<(usize, u64)>,
     step: u64,
     /// Whether `begin_step` has been called for `step` (before the first call, frames of
     /// step 0 are early, like frames of the next step).
@@ -85,6 +93,8 @@ pub struct RingAllReduce {
     /// regions of `data` must not change, so the step is not done before this is zero.
     lent: usize,
     sequence: u64,
+    /// Largest frame payload in values.
+    segment_elems: usize,
 }
 
 impl RingAllReduce {
@@ -115,6 +125,7 @@ impl RingAllReduce {
                     chunks: Vec::new(),
                     first_segment: Vec::new(),
                     layer: 0,
+                    direct: false,
                 });
             }
             let b = buckets.len() - 1;
@@ -160,6 +171,7 @@ impl RingAllReduce {
             incoming,
             state: Vec::new(),
             next_step_early: Vec::new(),
+            next_step_shares: Vec::new(),
             begun: false,
             step: 0,
             sends: Vec::new(),
@@ -169,6 +181,7 @@ impl RingAllReduce {
             step_done: false,
             lent: 0,
             sequence: 0,
+            segment_elems,
             buckets,
         };
         ring.state = ring
@@ -187,9 +200,87 @@ impl RingAllReduce {
         ring
     }
 
+    /// Shares buckets whose n copies hold at most `elems` values together whole instead of
+    /// reducing them around the ring: each worker's copy travels the ring (n-1 hops instead
+    /// of the 2(n-1) of reduce-scatter plus all-gather, for n-1 times the bucket's bytes
+    /// instead of 2(n-1)/n), and every worker adds the n copies in rank order, so all get the
+    /// same bits. For small buckets the hops, not the bytes, take the time. A bucket shared
+    /// whole travels in one frame, so only buckets of at most a segment qualify. Call before
+    /// the first step.
+    pub fn with_direct_below(mut self, elems: usize) -> Self {
+        let n = self.n;
+        for (b, st) in self.buckets.iter_mut().zip(&mut self.state) {
+            b.direct = n > 1 && b.len.saturating_mul(n) <= elems && b.len <= self.segment_elems;
+            if b.direct {
+                st.shares = vec![0.0; 2 * n * b.len];
+                st.got_share = [vec![false; n], vec![false; n]];
+            }
+        }
+        self.reset_state();
+        self
+    }
+
     /// Number of buckets.
     pub fn buckets(&self) -> usize {
         self.buckets.len()
+    }
+
+    /// The rank whose copy of a direct bucket travels as ring step `s` from `sender`.
+    fn share_origin(&self, sender: Rank, s: u64) -> Rank {
+        (sender + self.n - (s as usize % self.n)) % self.n
+    }
+
+    /// Where the copy of direct bucket `b` from `origin` for `step` is kept.
+    fn share_range(&self, b: usize, step: u64, origin: Rank) -> std::ops::Range<usize> {
+        let len = self.buckets[b].len;
+        let start = ((step % 2) as usize * self.n + origin) * len;
+        start..start + len
+    }
+
+    /// Direct bucket `b`'s own copy is in: send it around the ring.
+    fn launch_direct(&mut self, b: usize) {
+        let own = self.share_range(b, self.step, self.rank);
+        let len = self.buckets[b].len;
+        let st = &mut self.state[b];
+        st.shares[own].copy_from_slice(&self.data[b]);
+        self.enqueue(Send {
+            bucket: b,
+            gather: true,
+            ring_step: 0,
+            offset: 0,
+            len,
+        });
+        self.maybe_finish_direct(b);
+    }
+
+    /// Once direct bucket `b` is launched and every copy is in: the mean, added in rank order.
+    fn maybe_finish_direct(&mut self, b: usize) {
+        let parity = (self.step % 2) as usize;
+        if !self.state[b].launched || self.state[b].shares_in[parity] + 1 < self.n {
+            return;
+        }
+        let len = self.buckets[b].len;
+        let base = parity * self.n * len;
+        let shares = &self.state[b].shares[base..base + self.n * len];
+        let out = &mut self.data[b];
+        out.copy_from_slice(&shares[..len]);
+        for copy in shares[len..].chunks_exact(len) {
+            add_assign(out, copy);
+        }
+        scale(out, 1.0 / self.n as f32);
+        self.finish_bucket(b);
+    }
+
+    /// The values a frame we send carries: a segment of a bucket, or a direct bucket's copy.
+    fn payload(&self, h: &Header) -> &[f32] {
+        match self.buckets.get(h.key as usize) {
+            Some(bucket) if bucket.direct => {
+                let origin = self.share_origin(self.rank, h.sequence);
+                let r = self.share_range(h.key as usize, h.step, origin);
+                &self.state[h.key as usize].shares[r]
+            }
+            _ => frame_values(&self.data, h),
+        }
     }
 
     fn left(&self) -> Rank {
@@ -221,6 +312,13 @@ impl RingAllReduce {
             st.early.clear();
             st.got_reduce.fill(false);
             st.got_gather.fill(false);
+            if b.direct {
+                // This step's copies may already be in (sent by ranks that are ahead); the
+                // slots of the next step are those of the last one, free now.
+                let next = ((self.step + 1) % 2) as usize;
+                st.got_share[next].fill(false);
+                st.shares_in[next] = 0;
+            }
         }
         self.buckets_left = self.buckets.len();
         self.step_done = false;
@@ -250,6 +348,10 @@ impl RingAllReduce {
         st.launched = true;
         if self.n == 1 {
             self.finish_bucket(b);
+            return;
+        }
+        if self.buckets[b].direct {
+            self.launch_direct(b);
             return;
         }
         for &(off, len) in &self.buckets[b].chunks[self.rank].clone() {
@@ -339,6 +441,9 @@ impl RingAllReduce {
         if h.sequence >= self.n as u64 - 1 {
             return Err(err("ring step beyond the ring"));
         }
+        if bucket.direct {
+            return self.check_share(link, h, b);
+        }
         let s = h.sequence as i64;
         let chunk = if gather {
             self.chunk_index(-s)
@@ -372,6 +477,32 @@ impl RingAllReduce {
         }
         Ok((b, segment))
     }
+
+    /// Checks a copy of direct bucket `b`; returns the bucket and the copy's origin rank.
+    fn check_share(
+        &self,
+        link: Rank,
+        h: &Header,
+        b: usize,
+    ) -> Result<(usize, usize), ProtocolError> {
+        let err = |why: &str| ProtocolError::unexpected(link, h, why);
+        if h.kind != FrameKind::Gather || h.offset != 0 || h.length as usize != self.buckets[b].len
+        {
+            return Err(err("a small bucket travels whole, in Gather frames"));
+        }
+        let next_step = h.step == self.step + 1 || (!self.begun && h.step == self.step);
+        if h.step != self.step && !next_step {
+            return Err(err(&format!(
+                "wrong step (this worker is at step {})",
+                self.step
+            )));
+        }
+        let origin = self.share_origin(link, h.sequence);
+        if self.state[b].got_share[(h.step % 2) as usize][origin] {
+            return Err(err("copy received twice"));
+        }
+        Ok((b, origin))
+    }
 }
 
 impl WorkerSync for RingAllReduce {
@@ -379,6 +510,9 @@ impl WorkerSync for RingAllReduce {
         self.step = step;
         self.begun = true;
         self.reset_state();
+        for (b, s) in std::mem::take(&mut self.next_step_shares) {
+            self.forward_share(b, s);
+        }
         for (b, segment, s, off, len) in std::mem::take(&mut self.next_step_early) {
             self.state[b].got_reduce[segment] = true;
             self.state[b].early.push((s, off, len));
@@ -417,7 +551,7 @@ impl Endpoint for RingAllReduce {
         let Some(h) = self.next_frame(link) else {
             return false;
         };
-        encode_frame_from(out, &h, &self.data);
+        encode_data_frame(out, &h, self.payload(&h));
         self.maybe_step_done();
         true
     }
@@ -434,7 +568,7 @@ impl Endpoint for RingAllReduce {
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
-        frame_values(&self.data, h)
+        self.payload(h)
     }
 
     fn handle_sent(&mut self, _link: Rank, _h: &Header) {
@@ -443,7 +577,11 @@ impl Endpoint for RingAllReduce {
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
-        let (b, _) = self.check(link, h)?;
+        let (b, origin) = self.check(link, h)?;
+        if self.buckets[b].direct {
+            let r = self.share_range(b, h.step, origin);
+            return Ok(&mut self.state[b].shares[r]);
+        }
         let r = h.offset as usize..h.offset as usize + h.length as usize;
         Ok(if h.kind == FrameKind::Gather {
             &mut self.data[b][r]
@@ -455,6 +593,19 @@ impl Endpoint for RingAllReduce {
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let (b, segment) = self.check(link, h)?;
         let (off, len, s) = (h.offset as usize, h.length as usize, h.sequence);
+        if self.buckets[b].direct {
+            let parity = (h.step % 2) as usize;
+            let st = &mut self.state[b];
+            st.got_share[parity][segment] = true;
+            st.shares_in[parity] += 1;
+            if h.step != self.step || !self.begun {
+                self.next_step_shares.push((b, s));
+            } else {
+                self.forward_share(b, s);
+                self.maybe_finish_direct(b);
+            }
+            return Ok(());
+        }
         if h.step != self.step || !self.begun {
             self.next_step_early.push((b, segment, s, off, len));
             return Ok(());
@@ -484,6 +635,21 @@ impl Endpoint for RingAllReduce {
 }
 
 impl RingAllReduce {
+    /// A copy of direct bucket `b` arrived as ring step `s`: pass it on unless the right
+    /// neighbour is the one it came from.
+    fn forward_share(&mut self, b: usize, s: u64) {
+        if (s as usize) + 2 < self.n {
+            let len = self.buckets[b].len;
+            self.enqueue(Send {
+                bucket: b,
+                gather: true,
+                ring_step: s + 1,
+                offset: 0,
+                len,
+            });
+        }
+    }
+
     /// Takes the next queued frame for `link` and says what it carries (the payload is
     /// `data[key][offset..offset + length]`).
     fn next_frame(&mut self, link: Rank) -> Option<Header> {

@@ -241,18 +241,20 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Ring all-reduce gives every worker the same bits, equal to the mean gradient, for any
-    /// ring size, bucket and segment sizes, overlap or not, and any interleaving.
+    /// ring size, bucket and segment sizes, small buckets shared whole or not, overlap or
+    /// not, and any interleaving.
     #[test]
     fn ring_allreduce_averages(
         n in 1usize..5,
         sizes in prop::collection::vec(1usize..60, 1..6),
         bucket in 1usize..100,
         segment in 1usize..20,
+        direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
         overlap: bool,
         seed: u64,
     ) {
         let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
-            .map(|r| Box::new(RingAllReduce::new(r, n, keys(&sizes), bucket, segment, overlap, SchedulerKind::Fifo)) as Box<dyn WorkerSync>)
+            .map(|r| Box::new(RingAllReduce::new(r, n, keys(&sizes), bucket, segment, overlap, SchedulerKind::Fifo).with_direct_below(direct_below)) as Box<dyn WorkerSync>)
             .collect();
         let results = drive(&mut ws, &mut [], &sizes, 3, seed);
         for (step, per_worker) in results.iter().enumerate() {
