@@ -144,6 +144,15 @@ impl PsWorker {
         true
     }
 
+    /// The server, among those behind `links`, whose queue head is the most urgent.
+    fn most_urgent_server(&self, links: &[Rank]) -> Option<usize> {
+        let queues = links.iter().filter_map(|&l| {
+            self.server_index(l)
+                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
+        });
+        most_urgent(self.kind, queues)
+    }
+
     /// Takes the head of server `server`'s queue if the credit allows and says what it
     /// carries (the payload is `grads[key][offset..offset + length]`).
     fn next_push(&mut self, server: usize) -> Option<Header> {
@@ -219,11 +228,7 @@ impl Endpoint for PsWorker {
     }
 
     fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
-        let queues = links.iter().filter_map(|&l| {
-            self.server_index(l)
-                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
-        });
-        let server = most_urgent(self.kind, queues)?;
+        let server = self.most_urgent_server(links)?;
         self.transmit_from(server, out)
             .then_some(self.workers + server)
     }
@@ -231,11 +236,7 @@ impl Endpoint for PsWorker {
     // A pushed gradient stays unchanged until the next step's backward, which starts only
     // after every pushed slice has been answered, so after every push was written.
     fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
-        let queues = links.iter().filter_map(|&l| {
-            self.server_index(l)
-                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
-        });
-        let server = most_urgent(self.kind, queues)?;
+        let server = self.most_urgent_server(links)?;
         let h = self.next_push(server)?;
         out.extend_from_slice(&h.encode());
         Some(Transmit::Lent(self.workers + server, h))
