@@ -83,6 +83,13 @@ impl StrategyKind {
         )
     }
 
+    /// Whether the next forward overlaps this step's synchronisation: layer `k` of the next
+    /// step runs as soon as layer `k`'s fresh values are back (parameter servers with
+    /// overlap, P3), instead of after the whole step is done.
+    pub fn forward_overlap(self) -> bool {
+        self.uses_servers() && self.overlaps()
+    }
+
     /// The scheduler used when none is asked for.
     pub fn default_scheduler(self) -> SchedulerKind {
         match self {
