@@ -12,6 +12,7 @@ pub mod optim;
 pub mod profile;
 pub mod registry;
 pub mod sched;
+pub mod step;
 pub mod strategy;
 pub mod wire;
 

@@ -5,6 +5,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use syncopate_core::net::{LinkProfile, DEFAULT_BUFFER_BYTES};
 use syncopate_core::sched::SchedulerKind;
+use syncopate_core::step::Straggler;
 use syncopate_core::wire::HEADER_LEN;
 
 use crate::SimError;
@@ -47,6 +48,9 @@ pub struct SimConfig {
     pub jitter: f64,
     /// Seed of the jitter.
     pub seed: u64,
+    /// Workers whose compute takes longer (`--slow-worker RANK:FACTOR`).
+    #[serde(default)]
+    pub stragglers: Vec<Straggler>,
     /// Steps whose compute and frames are recorded as trace events.
     pub trace_steps: Option<Range<u64>>,
 }
@@ -74,6 +78,7 @@ impl SimConfig {
             batch: 128,
             jitter: 0.0,
             seed: 0,
+            stragglers: Vec::new(),
             trace_steps: None,
         }
     }
@@ -93,6 +98,9 @@ impl SimConfig {
         }
         if !(self.scale > 0.0 && self.scale <= 1.0) {
             return fail(format!("scale {} is not in (0, 1]", self.scale));
+        }
+        if let Err(e) = Straggler::check(&self.stragglers, self.workers) {
+            return fail(e.to_string());
         }
         if !(0.0..1.0).contains(&self.jitter) {
             return fail(format!("jitter {} is not in [0, 1)", self.jitter));

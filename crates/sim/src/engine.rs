@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
+use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
@@ -15,7 +16,6 @@ use crate::offer::{Frontier, Outbox};
 use crate::queue::{Event, EventQueue};
 use crate::report::{HostTraffic, Lane, SimReport, Tracer};
 use crate::rng::Jitter;
-use crate::trainer::{Action, Trainer};
 use crate::{SimConfig, SimError};
 
 /// When endpoints are asked for frames, and on which links.
@@ -58,8 +58,11 @@ pub(crate) struct Sim<'a> {
     /// Whether a delivery can give a worker something to send (ring forwarding, credit).
     sends_on_delivery: bool,
     hosts: Vec<Host>,
-    trainers: Vec<Trainer>,
+    /// Each worker's step sequencer (core's, as the runtime's workers run it).
+    trainers: Vec<StepSequencer>,
     jitter: Vec<Jitter>,
+    /// Each worker's compute factor (stragglers above 1).
+    slowdown: Vec<f64>,
     frontiers: Vec<Frontier>,
     /// Parameter-server workers only.
     outboxes: Vec<Outbox>,
@@ -95,11 +98,16 @@ fn frame_name(h: &Header, from: Rank, to: Rank) -> String {
 
 /// Hands the endpoint's events to its trainer; records when steps complete. Returns whether
 /// there was any.
-fn drain(ep: &mut dyn WorkerSync, trainer: &mut Trainer, step_end: &mut [u64], now: u64) -> bool {
+fn drain(
+    ep: &mut dyn WorkerSync,
+    trainer: &mut StepSequencer,
+    step_end: &mut [u64],
+    now: u64,
+) -> bool {
     let mut any = false;
     while let Some(ev) = ep.poll_event() {
         any = true;
-        trainer.on_event(ev);
+        trainer.handle_event(ev);
         if ev == WorkerEvent::StepDone {
             if let Some(end) = step_end.get_mut((trainer.steps_done() as usize).saturating_sub(1)) {
                 *end = (*end).max(now);
@@ -119,7 +127,7 @@ impl<'a> Sim<'a> {
         cfg.validate()?;
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
-        let forward_overlap = cfg.strategy.uses_servers() && cfg.strategy.overlaps();
+        let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec());
         let hosts = roles(cfg, &keys)
             .into_iter()
             .enumerate()
@@ -141,11 +149,12 @@ impl<'a> Sim<'a> {
             polling,
             sends_on_delivery: !cfg.strategy.uses_servers() || cfg.scheduler.uses_credit(),
             hosts,
-            trainers: (0..n)
-                .map(|_| Trainer::new(cfg.steps, forward_overlap, layer_keys.clone()))
-                .collect(),
+            trainers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
             jitter: (0..n)
                 .map(|w| Jitter::new(cfg.seed, w as u64, cfg.jitter))
+                .collect(),
+            slowdown: (0..n)
+                .map(|w| Straggler::slowdown(&cfg.stragglers, w))
                 .collect(),
             frontiers: vec![Frontier::default(); cfg.servers],
             outboxes: vec![Outbox::new(n, cfg.servers); if cfg.servers > 0 { n } else { 0 }],
@@ -228,18 +237,23 @@ impl<'a> Sim<'a> {
             };
             let trainer = &mut self.trainers[w];
             loop {
-                let action = trainer.next();
-                may_send |= !matches!(action, Action::Idle | Action::Compute { .. });
+                let action = trainer.poll_action();
+                may_send |= matches!(
+                    action,
+                    Action::Begin(_) | Action::HandOver(_) | Action::BackwardDone
+                );
                 match action {
-                    Action::Idle => break,
+                    Action::Wait | Action::Finished => break,
                     Action::Begin(step) => ep.begin_step(step),
-                    Action::Compute { layer, backward } => {
+                    Action::Forward(layer) | Action::Backward(layer) => {
                         let l = &profile.layers[layer];
+                        let backward = matches!(action, Action::Backward(_));
                         let ns = self.jitter[w].apply(if backward {
                             l.backward_ns
                         } else {
                             l.forward_ns
                         });
+                        let ns = (ns as f64 * self.slowdown[w]).round() as u64;
                         let (now, step) = (self.now, trainer.step());
                         self.queue.push(now + ns, Event::ComputeDone(w));
                         let what = if backward { "backward" } else { "forward" };
@@ -248,7 +262,7 @@ impl<'a> Sim<'a> {
                             .record(step, w, Lane::Compute, (now, now + ns), name);
                         continue;
                     }
-                    Action::Gradients(layer) => {
+                    Action::HandOver(layer) => {
                         for key in self.layer_keys[layer].clone() {
                             ep.handle_gradient(key, &self.grad[..self.keys[key].numel]);
                             if let Some(outbox) = self.outboxes.get_mut(w) {
@@ -256,6 +270,13 @@ impl<'a> Sim<'a> {
                             }
                         }
                     }
+                    // Data, loss, optimizer and evaluation take no modelled time.
+                    Action::LoadBatch(_)
+                    | Action::Loss
+                    | Action::OptimizeLayer(_)
+                    | Action::Optimize
+                    | Action::StepEnd(_)
+                    | Action::Evaluate { .. } => continue,
                     Action::BackwardDone => ep.handle_backward_done(),
                 }
                 drain(ep.as_mut(), trainer, &mut self.step_end, self.now);

@@ -22,7 +22,6 @@ mod offer;
 mod queue;
 mod report;
 mod rng;
-mod trainer;
 
 pub use config::{
     SimConfig, Strategy, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,

@@ -298,3 +298,25 @@ proptest! {
         }
     }
 }
+
+/// A straggler (`--slow-worker 2:3`) stretches its own compute threefold, and a synchronous
+/// strategy makes every worker wait for it: the step ends between 6 ms (the straggler's
+/// extra compute) and 6 ms plus the lossless step's communication later.
+#[test]
+fn a_straggler_delays_every_synchronous_step_by_its_extra_compute() {
+    let profile = model(&[(1 << 10, 1_000_000, 2_000_000)]);
+    for (strategy, servers) in [(Strategy::Allreduce, 0), (Strategy::Ps, 1)] {
+        let mut c = config(strategy, 4, servers, 10.0 * GBIT, 1_000);
+        c.steps = 1;
+        let base = run(&profile, &c).step_end_ns[0];
+        c.stragglers = vec!["2:3".parse().unwrap()];
+        let slow = run(&profile, &c).step_end_ns[0];
+        let comm = base - 3_000_000;
+        assert!(
+            slow >= base + 6_000_000 && slow <= base + 6_000_000 + comm,
+            "{strategy:?}: base {base} ns, with the straggler {slow} ns"
+        );
+        c.stragglers = vec!["4:3".parse().unwrap()];
+        assert!(simulate(&profile, &c).is_err(), "rank 4 is no worker");
+    }
+}

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
 use syncopate_core::sched::SchedulerKind;
+use syncopate_core::step::Straggler;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
@@ -142,6 +143,11 @@ pub struct JobArgs {
     /// CPU time taken from compute); 0: it sleeps until something happens.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     pub busy_poll_us: u64,
+    /// Make worker RANK a straggler: its compute takes FACTOR (>= 1) times as long (the real
+    /// engine waits out the difference after every layer; profiles stretch their times).
+    /// Repeat the flag for several.
+    #[arg(long = "slow-worker", value_name = "RANK:FACTOR")]
+    pub slow_worker: Vec<Straggler>,
     /// Seconds the processes get to find each other.
     #[arg(long, default_value_t = 60.0)]
     pub connect_timeout: f64,
@@ -223,6 +229,7 @@ impl JobArgs {
             network,
         };
         layout.validate().map_err(anyhow::Error::msg)?;
+        Straggler::check(&self.slow_worker, self.workers)?;
         Ok(layout)
     }
 
@@ -540,6 +547,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         },
         eval_every: args.eval_every,
         target_accuracy: args.target_accuracy,
+        slowdown: Straggler::slowdown(&args.slow_worker, ctx.rank),
     };
     let test_len = data.test.len();
     let mut progress = TrainProgress::new(steps_hint, args.quiet);

@@ -61,6 +61,10 @@ pub struct SimulateArgs {
     /// Seed of the jitter.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Make worker RANK a straggler: its layer times are multiplied by FACTOR (>= 1), as
+    /// `launch --slow-worker` does. Repeat the flag for several.
+    #[arg(long = "slow-worker", value_name = "RANK:FACTOR")]
+    pub slow_worker: Vec<syncopate_core::step::Straggler>,
     /// Scale of the state machines' buffers in (0, 1] (the wire is charged full size);
     /// default: small enough that all hosts together hold about 50 M values.
     #[arg(long)]
@@ -190,6 +194,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 config.batch = args.batch_size;
                 config.jitter = args.jitter;
                 config.seed = args.seed;
+                config.stragglers = args.slow_worker.clone();
                 config.trace_steps = trace_steps.clone();
                 let hosts = (n + servers) as f64;
                 config.scale = match args.scale {

@@ -1,5 +1,6 @@
-//! A worker process: trains its shard on a compute thread while a communication thread
-//! drives the strategy's state machine over the links.
+//! A worker process: trains its shard on a compute thread, in the order core's step
+//! sequencer gives ([`step_loop`]), while a communication thread drives the strategy's state
+//! machine over the links.
 
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -8,19 +9,21 @@ use std::time::{Duration as StdDuration, Instant};
 use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
+use syncopate_core::step::{EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
-use syncopate_train::trainer::{
-    evaluate, Duration, Evaluation, LocalOptimizer, Observer, OptimConfig,
-};
+use syncopate_train::trainer::{Duration, Evaluation, LocalOptimizer, Observer, OptimConfig};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
 use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
+
+mod step_loop;
+use step_loop::{Record, StepLoop};
 use syncopate_core::wire::Header;
 
 /// What a worker trains and how.
@@ -43,6 +46,9 @@ pub struct WorkerPlan {
     /// Test accuracy (a fraction) whose first evaluation at or above it sets the time to
     /// accuracy.
     pub target_accuracy: Option<f64>,
+    /// Compute takes this many times as long as measured (a straggler, `--slow-worker`);
+    /// 1 for a normal worker.
+    pub slowdown: f64,
 }
 
 /// Time spent in each phase over the run, seconds.
@@ -141,8 +147,8 @@ enum ToComm {
 }
 
 enum FromComm {
-    Values(usize, Vec<f32>),
-    StepDone,
+    /// A strategy event, with the values it made ready (empty for StepDone).
+    Event(WorkerEvent, Vec<f32>),
     Failed,
 }
 
@@ -178,12 +184,11 @@ impl WorkerHooks {
 
     fn drain(&mut self, ep: &mut dyn WorkerSync) {
         while let Some(ev) = ep.poll_event() {
-            let msg = match ev {
-                WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
-                    FromComm::Values(k, ep.take_values(k))
-                }
-                WorkerEvent::StepDone => FromComm::StepDone,
+            let values = match ev {
+                WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => ep.take_values(k),
+                WorkerEvent::StepDone => Vec::new(),
             };
+            let msg = FromComm::Event(ev, values);
             let _ = self.tx.send(msg);
         }
     }
@@ -404,62 +409,8 @@ fn start_comm(
     })
 }
 
-/// Parameter values still arriving from the last step (parameter-server strategies with
-/// forward overlap): the next forward installs each layer's keys just before it runs.
-struct PendingSync {
-    /// Keys whose fresh values are installed.
-    have: Vec<bool>,
-    /// Whether the last step's StepDone has arrived.
-    step_done: bool,
-    /// Seconds spent blocked on it.
-    waited: f64,
-}
-
-impl PendingSync {
-    fn new(keys: usize) -> Self {
-        Self {
-            have: vec![true; keys],
-            step_done: true,
-            waited: 0.0,
-        }
-    }
-
-    fn start(&mut self) {
-        self.have.iter_mut().for_each(|h| *h = false);
-        self.step_done = false;
-    }
-
-    /// Receives until every key in `keys` is installed (and, with `all`, until StepDone).
-    fn wait_for(
-        &mut self,
-        comm: &mut Comm,
-        engine: &mut dyn LayerwiseEngine,
-        keys: std::ops::Range<usize>,
-        all: bool,
-    ) -> Result<(), RunError> {
-        let t = Instant::now();
-        while !self.have[keys.clone()].iter().all(|&h| h) || (all && !self.step_done) {
-            match comm.recv()? {
-                FromComm::Values(key, values) => {
-                    engine.set_param(key, values)?;
-                    if let Some(h) = self.have.get_mut(key) {
-                        *h = true;
-                    }
-                }
-                FromComm::StepDone => self.step_done = true,
-                FromComm::Failed => unreachable!("recv turns failures into errors"),
-            }
-        }
-        self.waited += t.elapsed().as_secs_f64();
-        Ok(())
-    }
-}
-
-/// Runs worker `ctx.rank`: joins the job, trains (or replays a compute profile), and
-/// (rank 0) evaluates and saves.
-///
-/// Parameter-server strategies with overlap start the next step's forward as soon as the
-/// first layer's parameters are back: layer `k` waits only for its own keys.
+/// Runs worker `ctx.rank`: joins the job, trains (or replays a compute profile) as core's
+/// step sequencer directs, and (rank 0) evaluates and saves.
 pub fn run_worker<E: LayerwiseEngine>(
     ctx: &ProcessContext,
     layout: &JobLayout,
@@ -473,8 +424,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         checkpoint::load(&mut engine, path)?;
     }
     let keys: Vec<KeyInfo> = key_infos(&spec);
-    let layer_keys = spec.layer_keys();
-    let can_evaluate = !spec.is_profile();
+    let evaluates = ctx.rank == 0 && !spec.is_profile();
     let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
@@ -492,259 +442,115 @@ pub fn run_worker<E: LayerwiseEngine>(
         Duration::Epochs(e) => e * per_epoch,
         Duration::Steps(s) => s,
     };
+    let eval = EvalSchedule {
+        enabled: evaluates,
+        steps_per_epoch: per_epoch,
+        every: plan.eval_every,
+    };
+    let mut seq = StepSequencer::new(
+        StepPlan::new(layout.strategy, total, spec.layer_keys()).with_eval(eval),
+    );
     let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
-    let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
-    let mut grads: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
-    let mut loader = Loader::spawn(Arc::new(data.train), sampler, 0, None, 4);
-    let is_ps = layout.strategy.uses_servers();
-    let forward_overlap = is_ps && layout.strategy.overlaps();
-    let mut sync = PendingSync::new(keys.len());
-    observer.on_start(total);
-    let mut times = WorkerTimes::default();
-    let mut recent = std::collections::VecDeque::new();
-    let mut epoch_accuracy = Vec::new();
-    let mut eval_seconds = 0.0;
-    let start = Instant::now();
-    let mut step_seconds = Vec::with_capacity(total as usize);
-    let mut step_rows =
-        String::from("step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n");
-    let mut evals = EvalLog::default();
-    let mut tracer = ctx
+    let tracer = ctx
         .metrics
         .as_ref()
         .and_then(|m| m.trace_steps.clone())
         .map(|window| TraceRecorder::new(ctx.rank, window));
-    let layer_names: Vec<String> = spec.layers.iter().map(|l| l.name.clone()).collect();
-    let span = |tracer: &mut Option<TraceRecorder>, step, cat: &str, name: &str, a, b| {
-        if let Some(t) = tracer.as_mut() {
-            t.span(step, cat, name, a, b);
-        }
-    };
-    for step in 0..total {
-        let step_start = Instant::now();
-        let (times_before, waited_before_step) = (times, sync.waited);
-        let t = Instant::now();
-        let (epoch, in_epoch, batch) = loader
-            .next_batch()
-            .ok_or_else(|| RunError::Local("the data loader stopped early".into()))?;
-        times.data += t.elapsed().as_secs_f64();
-        span(&mut tracer, step, "data", "load batch", t, Instant::now());
-        // Ring neighbours may send this step's frames as soon as they are ahead, so the
-        // step begins before the forward; with forward overlap it begins once the last
-        // step's values are all back (they are needed layer by layer during the forward).
-        if !forward_overlap {
-            comm.send(ToComm::Begin(step))?;
-        }
-        let t = Instant::now();
-        let waited_before = sync.waited;
-        let mut comm_error = None;
-        let mut layer_start = Instant::now();
-        let out = engine.forward(&batch, &mut |layer, eng| {
-            let entry = Instant::now();
-            if layer > 0 {
-                let name = format!("forward {}", layer_names[layer - 1]);
-                span(&mut tracer, step, "compute", &name, layer_start, entry);
-            }
-            let keys = layer_keys.get(layer).cloned().unwrap_or(0..0);
-            let waited = sync.wait_for(&mut comm, eng, keys, false);
-            layer_start = Instant::now();
-            if layer_start - entry > StdDuration::from_micros(50) {
-                let name = format!("wait params {}", layer_names[layer]);
-                span(&mut tracer, step, "wait", &name, entry, layer_start);
-            }
-            match waited {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    let msg = e.to_string();
-                    comm_error = Some(e);
-                    Err(syncopate_train::TrainError::Model(msg))
-                }
-            }
-        });
-        if let Some(e) = comm_error {
-            return Err(e);
-        }
-        let out = out?;
-        if let Some(last) = layer_names.last() {
-            let name = format!("forward {last} + loss");
-            span(
-                &mut tracer,
-                step,
-                "compute",
-                &name,
-                layer_start,
-                Instant::now(),
-            );
-        }
-        // Every key is in by now; the step's end follows its last key.
-        if forward_overlap {
-            let t = Instant::now();
-            sync.wait_for(&mut comm, &mut engine, 0..0, true)?;
-            span(
-                &mut tracer,
-                step,
-                "wait",
-                "wait step done",
-                t,
-                Instant::now(),
-            );
-            comm.send(ToComm::Begin(step))?;
-        }
-        let mut send_error = None;
-        let mut layer_start = Instant::now();
-        engine.backward(&mut |layer, layer_grads| {
-            for (key, g) in layer_grads.iter() {
-                if send_error.is_some() {
-                    break;
-                }
-                if let Err(e) = comm.send(ToComm::Gradient(key, g.to_vec())) {
-                    send_error = Some(e);
-                }
-            }
-            let now = Instant::now();
-            let name = format!("backward {}", layer_names[layer]);
-            span(&mut tracer, step, "compute", &name, layer_start, now);
-            layer_start = now;
-            Ok(())
-        })?;
-        if let Some(e) = send_error {
-            return Err(e);
-        }
-        comm.send(ToComm::BackwardDone)?;
-        times.compute += t.elapsed().as_secs_f64() - (sync.waited - waited_before);
-        if forward_overlap {
-            sync.start();
-        } else {
-            let t = Instant::now();
-            loop {
-                match comm.recv()? {
-                    FromComm::Values(key, values) if is_ps => engine.set_param(key, values)?,
-                    FromComm::Values(key, values) => grads[key] = values,
-                    FromComm::StepDone => break,
-                    FromComm::Failed => unreachable!("recv turns failures into errors"),
-                }
-            }
-            times.wait += t.elapsed().as_secs_f64();
-            span(
-                &mut tracer,
-                step,
-                "wait",
-                "wait step done",
-                t,
-                Instant::now(),
-            );
-        }
-        if !is_ps {
-            let t = Instant::now();
-            optimizer.apply(&mut engine, &grads)?;
-            times.optimizer += t.elapsed().as_secs_f64();
-            span(
-                &mut tracer,
-                step,
-                "optimizer",
-                "optimizer",
-                t,
-                Instant::now(),
-            );
-        }
-        if recent.len() == 20 {
-            recent.pop_front();
-        }
-        recent.push_back(f64::from(out.loss));
-        step_seconds.push(step_start.elapsed().as_secs_f64());
-        step_rows.push_str(&format!(
-            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4}\n",
-            step + 1,
-            start.elapsed().as_secs_f64() - eval_seconds,
-            step_start.elapsed().as_secs_f64(),
-            out.loss,
-            times.data - times_before.data,
-            times.compute - times_before.compute,
-            times.wait - times_before.wait + (sync.waited - waited_before_step),
-            times.optimizer - times_before.optimizer
-        ));
-        let elapsed = (start.elapsed().as_secs_f64() - eval_seconds).max(1e-9);
-        let rate = (step + 1) as f64 * (plan.batch_size * layout.workers) as f64 / elapsed;
-        observer.on_step(step + 1, total, &out, rate);
-        let epoch_end = in_epoch as u64 + 1 == per_epoch;
-        let periodic = plan.eval_every.is_some_and(|n| (step + 1) % n.max(1) == 0);
-        if ctx.rank == 0 && can_evaluate && (epoch_end || periodic) {
-            let all = 0..keys.len();
-            sync.wait_for(&mut comm, &mut engine, all, true)?;
-            let trained = start.elapsed().as_secs_f64() - eval_seconds;
-            let t = Instant::now();
-            let eval = evaluate(&mut engine, &data.test, 256)?;
-            eval_seconds += t.elapsed().as_secs_f64();
-            evals.push(epoch + 1, step + 1, trained, &eval);
-            if epoch_end {
-                epoch_accuracy.push(eval.accuracy);
-                observer.on_eval(epoch + 1, &eval);
-            }
-        }
-    }
-    sync.wait_for(&mut comm, &mut engine, 0..keys.len(), true)?;
-    times.wait += sync.waited;
-    let train_seconds = start.elapsed().as_secs_f64() - eval_seconds;
-    let test = if ctx.rank == 0 && can_evaluate {
-        let eval = evaluate(&mut engine, &data.test, 256)?;
-        if total % per_epoch != 0 {
-            observer.on_eval(total.div_ceil(per_epoch), &eval);
-        }
-        if evals.points.last().is_none_or(|e| e.step != total) {
-            evals.push(total.div_ceil(per_epoch), total, train_seconds, &eval);
-        }
-        Some(eval)
-    } else {
-        None
-    };
+    let mut run = StepLoop::new(
+        &mut engine,
+        &mut comm,
+        Loader::spawn(Arc::new(data.train), sampler, 0, None, 4),
+        LocalOptimizer::new(plan.optim, &sizes),
+        evaluates.then_some(&data.test),
+        observer,
+        tracer,
+        &sizes,
+    );
+    run.slowdown = plan.slowdown;
+    run.global_batch = plan.batch_size * layout.workers;
+    run.run(&mut seq)?;
+    let (record, tracer) = (run.record, run.tracer);
     if ctx.rank == 0 {
         if let Some(path) = &plan.save {
             checkpoint::save(&engine, path)?;
         }
     }
-    let reached = plan
-        .target_accuracy
-        .and_then(|target| evals.points.iter().find(|e| e.accuracy >= target));
-    let (time_to_accuracy, steps_to_accuracy) =
-        (reached.map(|e| e.seconds), reached.map(|e| e.step));
     let (counters, frame_trace) = comm.finish()?;
+    crate::job::finish_sampler(resources)?;
+    write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
+    Ok(summarise(
+        ctx.rank,
+        total,
+        plan,
+        layout.workers,
+        record,
+        &counters,
+    ))
+}
+
+/// Writes the run directory's per-worker files: steps, timeline, evaluations.
+fn write_outputs(
+    ctx: &ProcessContext,
+    mut tracer: Option<TraceRecorder>,
+    frame_trace: Option<TraceRecorder>,
+    record: &Record,
+    evaluates: bool,
+) -> Result<(), RunError> {
     if let (Some(t), Some(frames)) = (tracer.as_mut(), frame_trace) {
         t.absorb(frames);
     }
-    crate::job::finish_sampler(resources)?;
-    if let Some(m) = &ctx.metrics {
-        let write = |name: String, text: &str| {
-            std::fs::write(m.dir.join(&name), text)
-                .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
-        };
-        write(format!("steps-rank{}.csv", ctx.rank), &step_rows)?;
-        if let Some(t) = &tracer {
-            t.write(&m.dir, &format!("worker {}", ctx.rank))
-                .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
-        }
-        if ctx.rank == 0 && can_evaluate {
-            write("evals-rank0.csv".into(), &evals.csv)?;
-        }
+    let Some(m) = &ctx.metrics else {
+        return Ok(());
+    };
+    let write = |name: String, text: &str| {
+        std::fs::write(m.dir.join(&name), text)
+            .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
+    };
+    write(format!("steps-rank{}.csv", ctx.rank), &record.step_rows)?;
+    if let Some(t) = &tracer {
+        t.write(&m.dir, &format!("worker {}", ctx.rank))
+            .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
     }
-    Ok(WorkerSummary {
-        rank: ctx.rank,
+    if evaluates {
+        write("evals-rank0.csv".into(), &record.evals.csv)?;
+    }
+    Ok(())
+}
+
+/// The worker's summary from what its loop recorded.
+fn summarise(
+    rank: Rank,
+    total: u64,
+    plan: &WorkerPlan,
+    workers: usize,
+    record: Record,
+    counters: &[LinkCounters],
+) -> WorkerSummary {
+    let train_seconds = record.trained;
+    let reached = plan
+        .target_accuracy
+        .and_then(|target| record.evals.points.iter().find(|e| e.accuracy >= target));
+    let (time_to_accuracy, steps_to_accuracy) =
+        (reached.map(|e| e.seconds), reached.map(|e| e.step));
+    WorkerSummary {
+        rank,
         steps: total,
         train_seconds,
-        samples_per_sec: total as f64 * (plan.batch_size * layout.workers) as f64
+        samples_per_sec: total as f64 * (plan.batch_size * workers) as f64
             / train_seconds.max(1e-9),
-        final_loss: recent.iter().sum::<f64>() / recent.len().max(1) as f64,
-        test,
-        epoch_accuracy,
-        evaluations: evals.points,
+        final_loss: record.recent.iter().sum::<f64>() / record.recent.len().max(1) as f64,
+        test: record.test,
+        epoch_accuracy: record.epoch_accuracy,
+        evaluations: record.evals.points,
         time_to_accuracy,
         steps_to_accuracy,
-        times,
-        step_seconds,
+        times: record.times,
+        step_seconds: record.step_seconds,
         links: counters
             .iter()
             .map(|c| (c.peer, c.sent, c.received))
             .collect(),
-    })
+    }
 }
 
 #[cfg(test)]

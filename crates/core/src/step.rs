@@ -1,0 +1,741 @@
+//! The worker's step sequencer: one training step after another as a sans-IO state machine,
+//! the one place that decides in what order a worker computes, hands over and waits.
+//!
+//! Both drivers run it: the runtime's worker (real layers on a real engine, real waits on the
+//! communication thread) and the simulator's workers (profiled layer times on virtual time).
+//! The driver asks [`StepSequencer::poll_action`] what to do, does it, and reports back: a
+//! computation ([`Action::Forward`], [`Action::Backward`]) with
+//! [`StepSequencer::compute_done`], a strategy event with [`StepSequencer::handle_event`].
+//! [`Action::Wait`] means nothing can happen until an event arrives or the computation
+//! finishes.
+//!
+//! One step, in order:
+//! 1. [`Action::LoadBatch`], then, unless the forward overlaps the last step's
+//!    synchronisation, [`Action::Begin`] (ring neighbours may send this step's frames as soon
+//!    as they are ahead, so the step begins before the forward).
+//! 2. [`Action::Forward`] layer by layer, then [`Action::Loss`]. With forward overlap
+//!    (parameter servers with overlap, P3) layer `k` waits only until every key of layer `k`
+//!    has its fresh value ([`WorkerEvent::ParamsReady`]); the step then begins once the last
+//!    step's [`WorkerEvent::StepDone`] is in.
+//! 3. [`Action::Backward`] from the last layer to the first; after each layer, where the
+//!    optimizer runs before synchronisation (weight averaging), [`Action::OptimizeLayer`],
+//!    then [`Action::HandOver`] of the layer's gradients (or weights); then
+//!    [`Action::BackwardDone`].
+//! 4. Without forward overlap: wait for StepDone, then [`Action::Optimize`] where the
+//!    optimizer runs locally on the averaged gradients (all-reduce).
+//! 5. [`Action::StepEnd`]; at evaluation points (epoch ends, every N steps, the last step),
+//!    once every value of the step is in, [`Action::Evaluate`].
+//!
+//! After the last step the sequencer waits for every outstanding value, then answers
+//! [`Action::Finished`] for good.
+
+use std::ops::Range;
+
+use crate::strategy::{StrategyKind, WorkerEvent};
+
+/// Where a worker's optimizer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerPlace {
+    /// On the parameter servers; the worker installs the values they send back.
+    Server,
+    /// Locally, once the averaged gradients of the whole step are in (all-reduce).
+    AfterSync,
+    /// Locally on each layer's own gradients as backward produces them, before its weights
+    /// are handed over for averaging (weight-averaging strategies).
+    BeforeSync,
+}
+
+impl OptimizerPlace {
+    /// Where `strategy` runs its optimizer.
+    pub fn of(strategy: StrategyKind) -> Self {
+        if strategy.uses_servers() {
+            OptimizerPlace::Server
+        } else {
+            OptimizerPlace::AfterSync
+        }
+    }
+}
+
+/// When rank 0 evaluates the model on the test set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EvalSchedule {
+    /// Whether this worker evaluates at all (rank 0 of a model with a test set).
+    pub enabled: bool,
+    /// Steps per epoch: the end of every epoch is an evaluation point.
+    pub steps_per_epoch: u64,
+    /// Also every this many steps.
+    pub every: Option<u64>,
+}
+
+impl EvalSchedule {
+    /// Whether step `step` (0-based) of `steps` ends at an evaluation point; the last step
+    /// always does.
+    pub fn due(&self, step: u64, steps: u64) -> bool {
+        let done = step.saturating_add(1);
+        let epoch_end = self.steps_per_epoch > 0 && done.is_multiple_of(self.steps_per_epoch);
+        let periodic = self.every.is_some_and(|n| n > 0 && done.is_multiple_of(n));
+        self.enabled && (epoch_end || periodic || done == steps)
+    }
+
+    /// Whether step `step` (0-based) is the last of an epoch.
+    pub fn epoch_end(&self, step: u64) -> bool {
+        self.steps_per_epoch > 0 && step.saturating_add(1).is_multiple_of(self.steps_per_epoch)
+    }
+}
+
+/// A worker whose compute takes `factor` times as long as the others' (`--slow-worker
+/// RANK:FACTOR`): the real engine waits out the difference after each layer, the simulator
+/// multiplies the profiled times.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Straggler {
+    /// The worker's rank.
+    pub rank: usize,
+    /// How many times as long its compute takes (at least 1).
+    pub factor: f64,
+}
+
+/// A malformed `--slow-worker` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--slow-worker '{input}': {why} (expected RANK:FACTOR with FACTOR >= 1, e.g. 2:1.5)")]
+pub struct StragglerError {
+    input: String,
+    why: &'static str,
+}
+
+impl std::str::FromStr for Straggler {
+    type Err = StragglerError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| StragglerError {
+            input: s.into(),
+            why,
+        };
+        let (rank, factor) = s.split_once(':').ok_or_else(|| err("no ':'"))?;
+        let rank = rank
+            .trim()
+            .parse()
+            .map_err(|_| err("the rank is not a number"))?;
+        let factor: f64 = factor
+            .trim()
+            .parse()
+            .map_err(|_| err("the factor is not a number"))?;
+        if !factor.is_finite() || factor < 1.0 {
+            return Err(err("the factor must be a finite number of at least 1"));
+        }
+        Ok(Self { rank, factor })
+    }
+}
+
+impl Straggler {
+    /// How many times as long `rank`'s compute takes among `stragglers` (1 if none names it).
+    pub fn slowdown(stragglers: &[Straggler], rank: usize) -> f64 {
+        stragglers
+            .iter()
+            .filter(|s| s.rank == rank)
+            .map(|s| s.factor)
+            .fold(1.0, f64::max)
+    }
+
+    /// Refuses stragglers naming a rank that is not a worker.
+    pub fn check(stragglers: &[Straggler], workers: usize) -> Result<(), StragglerError> {
+        match stragglers.iter().find(|s| s.rank >= workers) {
+            Some(s) => Err(StragglerError {
+                input: format!("{}:{}", s.rank, s.factor),
+                why: "no worker has this rank",
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a waiting sequencer waits for (for timelines and stall reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaiting {
+    /// The computation handed out.
+    Compute,
+    /// Fresh values of this layer's keys, before its forward.
+    Params(usize),
+    /// The end of the step last begun.
+    StepDone,
+    /// Every value of the step last begun (before an evaluation or the end).
+    AllValues,
+    /// Nothing: the sequencer can go on.
+    Nothing,
+}
+
+/// Everything that shapes a worker's sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Steps to run.
+    pub steps: u64,
+    /// Whether layer `k` of the next forward waits only for layer `k`'s fresh values.
+    pub forward_overlap: bool,
+    /// Where the optimizer runs.
+    pub optimizer: OptimizerPlace,
+    /// The keys each layer owns, layers numbered from the input.
+    pub layer_keys: Vec<Range<usize>>,
+    /// Evaluation points.
+    pub eval: EvalSchedule,
+}
+
+impl StepPlan {
+    /// The plan of `strategy` for `steps` steps of a model whose layers own `layer_keys`,
+    /// without evaluations.
+    pub fn new(strategy: StrategyKind, steps: u64, layer_keys: Vec<Range<usize>>) -> Self {
+        Self {
+            steps,
+            forward_overlap: strategy.forward_overlap(),
+            optimizer: OptimizerPlace::of(strategy),
+            layer_keys,
+            eval: EvalSchedule::default(),
+        }
+    }
+
+    /// The same plan with evaluations at `eval`'s points.
+    pub fn with_eval(mut self, eval: EvalSchedule) -> Self {
+        self.eval = eval;
+        self
+    }
+}
+
+/// What the driver should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Fetch the batch of this step.
+    LoadBatch(u64),
+    /// Call the strategy's `begin_step(step)`.
+    Begin(u64),
+    /// Compute this layer's forward; report [`StepSequencer::compute_done`].
+    Forward(usize),
+    /// Compute the loss after the last layer.
+    Loss,
+    /// Compute this layer's backward; report [`StepSequencer::compute_done`].
+    Backward(usize),
+    /// Apply the optimizer to this layer's keys with their own gradients.
+    OptimizeLayer(usize),
+    /// Hand this layer's gradients (or, with [`OptimizerPlace::BeforeSync`], its weights) to
+    /// the strategy.
+    HandOver(usize),
+    /// Call the strategy's `handle_backward_done`.
+    BackwardDone,
+    /// Apply the optimizer to every key with the averaged gradients.
+    Optimize,
+    /// The training side of this step is over (the driver records its figures).
+    StepEnd(u64),
+    /// Every value of this step is in: evaluate (rank 0).
+    Evaluate {
+        /// The step just ended (0-based).
+        step: u64,
+        /// Whether it was the last step of an epoch.
+        epoch_end: bool,
+        /// Whether it was the last step of the job.
+        last: bool,
+    },
+    /// Nothing until a strategy event arrives or the computation finishes.
+    Wait,
+    /// Every step has run and every value is in.
+    Finished,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Start,
+    BeginBeforeForward,
+    Forward(usize),
+    BeginAfterForward,
+    Backward(usize),
+    AfterBackward(usize),
+    HandOver(usize),
+    AwaitStepDone,
+    Optimize,
+    StepEnd,
+    MaybeEvaluate,
+    AwaitAll,
+    Drain,
+    Finished,
+}
+
+/// One worker's sequence of steps; see the module docs.
+#[derive(Debug, Clone)]
+pub struct StepSequencer {
+    plan: StepPlan,
+    step: u64,
+    phase: Phase,
+    busy: bool,
+    /// Keys whose value for the coming forward is installed (forward overlap).
+    have: Vec<bool>,
+    missing: usize,
+    /// Whether the step last begun has reported StepDone.
+    step_done: bool,
+    steps_done: u64,
+}
+
+impl StepSequencer {
+    /// A sequencer for `plan`.
+    pub fn new(plan: StepPlan) -> Self {
+        let keys = plan.layer_keys.iter().map(|r| r.end).max().unwrap_or(0);
+        Self {
+            plan,
+            step: 0,
+            phase: Phase::Start,
+            busy: false,
+            have: vec![true; keys],
+            missing: 0,
+            step_done: true,
+            steps_done: 0,
+        }
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
+    }
+
+    /// The step being run (or the step count once finished).
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// StepDone events received.
+    pub fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+
+    /// Whether every step has run and been synchronised.
+    pub fn finished(&self) -> bool {
+        self.phase == Phase::Finished
+    }
+
+    /// Where the worker stands, for stall reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "step {} {:?}{}, {} StepDone received, {} values outstanding",
+            self.step,
+            self.phase,
+            if self.busy { " (computing)" } else { "" },
+            self.steps_done,
+            self.missing
+        )
+    }
+
+    /// What the sequencer waits for when [`StepSequencer::poll_action`] answers [`Action::Wait`].
+    pub fn awaiting(&self) -> Awaiting {
+        match self.phase {
+            _ if self.busy => Awaiting::Compute,
+            Phase::Forward(k) if k < self.plan.layer_keys.len() && !self.layer_ready(k) => {
+                Awaiting::Params(k)
+            }
+            Phase::BeginAfterForward | Phase::AwaitStepDone if !self.step_done => {
+                Awaiting::StepDone
+            }
+            Phase::AwaitAll | Phase::Drain if !self.all_in() => Awaiting::AllValues,
+            _ => Awaiting::Nothing,
+        }
+    }
+
+    /// The computation last handed out finished.
+    pub fn compute_done(&mut self) {
+        self.busy = false;
+    }
+
+    /// An event from the strategy.
+    pub fn handle_event(&mut self, event: WorkerEvent) {
+        match event {
+            WorkerEvent::ParamsReady(key) => {
+                if let Some(h) = self.have.get_mut(key).filter(|h| !**h) {
+                    *h = true;
+                    self.missing -= 1;
+                }
+            }
+            WorkerEvent::GradReady(_) => {}
+            WorkerEvent::StepDone => {
+                self.step_done = true;
+                self.steps_done += 1;
+            }
+        }
+    }
+
+    /// Whether every value of the step last begun is in.
+    fn all_in(&self) -> bool {
+        self.step_done && self.missing == 0
+    }
+
+    fn layer_ready(&self, layer: usize) -> bool {
+        let keys = self.plan.layer_keys[layer].clone();
+        self.have.get(keys).is_none_or(|h| h.iter().all(|&h| h))
+    }
+
+    fn begin(&mut self) -> Action {
+        self.step_done = false;
+        if self.plan.forward_overlap {
+            self.have.iter_mut().for_each(|h| *h = false);
+            self.missing = self.have.len();
+        }
+        Action::Begin(self.step)
+    }
+
+    /// The next thing to do.
+    pub fn poll_action(&mut self) -> Action {
+        loop {
+            if self.busy {
+                return Action::Wait;
+            }
+            if let Some(action) = self.advance() {
+                return action;
+            }
+        }
+    }
+
+    /// One transition: an action for the driver, or `None` to keep going.
+    fn advance(&mut self) -> Option<Action> {
+        let layers = self.plan.layer_keys.len();
+        let overlap = self.plan.forward_overlap;
+        match self.phase {
+            Phase::Start if self.step == self.plan.steps => self.phase = Phase::Drain,
+            Phase::Start => {
+                self.phase = Phase::BeginBeforeForward;
+                return Some(Action::LoadBatch(self.step));
+            }
+            Phase::BeginBeforeForward => {
+                self.phase = Phase::Forward(0);
+                if !overlap {
+                    return Some(self.begin());
+                }
+            }
+            Phase::Forward(k) if k == layers => {
+                self.phase = Phase::BeginAfterForward;
+                return Some(Action::Loss);
+            }
+            Phase::Forward(k) => {
+                if overlap && !self.layer_ready(k) {
+                    return Some(Action::Wait);
+                }
+                self.phase = Phase::Forward(k + 1);
+                self.busy = true;
+                return Some(Action::Forward(k));
+            }
+            Phase::BeginAfterForward => {
+                if !overlap {
+                    self.phase = Phase::Backward(layers);
+                } else if !self.step_done {
+                    return Some(Action::Wait);
+                } else {
+                    self.phase = Phase::Backward(layers);
+                    return Some(self.begin());
+                }
+            }
+            Phase::Backward(0) => {
+                self.phase = if overlap {
+                    Phase::StepEnd
+                } else {
+                    Phase::AwaitStepDone
+                };
+                return Some(Action::BackwardDone);
+            }
+            Phase::Backward(k) => {
+                self.phase = Phase::AfterBackward(k - 1);
+                self.busy = true;
+                return Some(Action::Backward(k - 1));
+            }
+            Phase::AfterBackward(k) => {
+                self.phase = Phase::HandOver(k);
+                if self.plan.optimizer == OptimizerPlace::BeforeSync {
+                    return Some(Action::OptimizeLayer(k));
+                }
+            }
+            Phase::HandOver(k) => {
+                self.phase = Phase::Backward(k);
+                return Some(Action::HandOver(k));
+            }
+            Phase::AwaitStepDone if !self.step_done => return Some(Action::Wait),
+            Phase::AwaitStepDone => self.phase = Phase::Optimize,
+            Phase::Optimize => {
+                self.phase = Phase::StepEnd;
+                if self.plan.optimizer == OptimizerPlace::AfterSync {
+                    return Some(Action::Optimize);
+                }
+            }
+            Phase::StepEnd => {
+                self.phase = Phase::MaybeEvaluate;
+                return Some(Action::StepEnd(self.step));
+            }
+            Phase::MaybeEvaluate => {
+                if self.plan.eval.due(self.step, self.plan.steps) {
+                    self.phase = Phase::AwaitAll;
+                } else {
+                    self.step += 1;
+                    self.phase = Phase::Start;
+                }
+            }
+            Phase::AwaitAll if !self.all_in() => return Some(Action::Wait),
+            Phase::AwaitAll => {
+                let step = self.step;
+                self.step += 1;
+                self.phase = Phase::Start;
+                return Some(Action::Evaluate {
+                    step,
+                    epoch_end: self.plan.eval.epoch_end(step),
+                    last: self.step == self.plan.steps,
+                });
+            }
+            Phase::Drain if !self.all_in() => return Some(Action::Wait),
+            Phase::Drain => self.phase = Phase::Finished,
+            Phase::Finished => return Some(Action::Finished),
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs until the sequencer waits or finishes, finishing every computation at once.
+    fn run_until_wait(s: &mut StepSequencer) -> Vec<Action> {
+        let mut out = Vec::new();
+        loop {
+            match s.poll_action() {
+                Action::Wait | Action::Finished => return out,
+                a => {
+                    if matches!(a, Action::Forward(_) | Action::Backward(_)) {
+                        s.compute_done();
+                    }
+                    out.push(a);
+                }
+            }
+        }
+    }
+
+    /// Two layers, the second owning key 0.
+    fn layers() -> Vec<Range<usize>> {
+        vec![0..0, 0..1]
+    }
+
+    fn plan(strategy: StrategyKind, steps: u64) -> StepPlan {
+        StepPlan::new(strategy, steps, layers())
+    }
+
+    #[test]
+    fn forward_overlap_waits_for_each_layers_values_then_for_step_done() {
+        use Action::*;
+        let mut s = StepSequencer::new(plan(StrategyKind::P3, 2));
+        assert_eq!(
+            run_until_wait(&mut s),
+            vec![
+                LoadBatch(0),
+                Forward(0),
+                Forward(1),
+                Loss,
+                Begin(0),
+                Backward(1),
+                HandOver(1),
+                Backward(0),
+                HandOver(0),
+                BackwardDone,
+                StepEnd(0),
+                LoadBatch(1),
+                Forward(0)
+            ]
+        );
+        // Layer 1 of step 1 needs key 0.
+        assert_eq!(s.awaiting(), Awaiting::Params(1));
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        assert_eq!(run_until_wait(&mut s), vec![Forward(1), Loss]);
+        s.handle_event(WorkerEvent::StepDone);
+        assert_eq!(run_until_wait(&mut s)[0], Begin(1));
+        assert!(!s.finished());
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        assert!(run_until_wait(&mut s).is_empty());
+        s.handle_event(WorkerEvent::StepDone);
+        assert_eq!(s.poll_action(), Finished, "{}", s.describe());
+    }
+
+    #[test]
+    fn all_reduce_begins_first_and_optimizes_after_step_done() {
+        use Action::*;
+        let mut s = StepSequencer::new(plan(StrategyKind::Allreduce, 1));
+        let acts = run_until_wait(&mut s);
+        assert_eq!(&acts[..3], &[LoadBatch(0), Begin(0), Forward(0)]);
+        assert_eq!(acts.last(), Some(&BackwardDone));
+        s.handle_event(WorkerEvent::GradReady(0));
+        s.handle_event(WorkerEvent::StepDone);
+        assert_eq!(run_until_wait(&mut s), vec![Optimize, StepEnd(0)]);
+        assert!(s.finished());
+    }
+
+    #[test]
+    fn parameter_servers_without_overlap_never_optimize_locally() {
+        let mut s = StepSequencer::new(plan(StrategyKind::PsNoOverlap, 1));
+        run_until_wait(&mut s);
+        s.handle_event(WorkerEvent::StepDone);
+        assert_eq!(run_until_wait(&mut s), vec![Action::StepEnd(0)]);
+        assert!(s.finished());
+    }
+
+    #[test]
+    fn weight_averaging_optimizes_each_layer_before_handing_it_over() {
+        use Action::*;
+        let mut p = plan(StrategyKind::Allreduce, 1);
+        p.optimizer = OptimizerPlace::BeforeSync;
+        let mut s = StepSequencer::new(p);
+        let acts = run_until_wait(&mut s);
+        let tail = &acts[acts.len() - 7..];
+        assert_eq!(
+            tail,
+            &[
+                Backward(1),
+                OptimizeLayer(1),
+                HandOver(1),
+                Backward(0),
+                OptimizeLayer(0),
+                HandOver(0),
+                BackwardDone
+            ]
+        );
+        s.handle_event(WorkerEvent::StepDone);
+        assert_eq!(run_until_wait(&mut s), vec![StepEnd(0)]);
+    }
+
+    #[test]
+    fn evaluation_waits_for_every_value_of_the_step() {
+        let mut p = plan(StrategyKind::P3, 4);
+        p.eval = EvalSchedule {
+            enabled: true,
+            steps_per_epoch: 2,
+            every: None,
+        };
+        let mut s = StepSequencer::new(p);
+        let acts = run_until_wait(&mut s);
+        assert!(acts.contains(&Action::StepEnd(0)), "{acts:?}");
+        assert_eq!(s.awaiting(), Awaiting::Params(1));
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        s.handle_event(WorkerEvent::StepDone);
+        let acts = run_until_wait(&mut s);
+        assert_eq!(acts.last(), Some(&Action::StepEnd(1)), "{acts:?}");
+        s.handle_event(WorkerEvent::StepDone);
+        assert!(run_until_wait(&mut s).is_empty(), "key 0 is still missing");
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        let evaluate = Action::Evaluate {
+            step: 1,
+            epoch_end: true,
+            last: false,
+        };
+        assert_eq!(run_until_wait(&mut s)[0], evaluate);
+    }
+
+    #[test]
+    fn stragglers_parse_and_refuse_nonsense() {
+        let s: Straggler = "2:1.5".parse().unwrap();
+        assert_eq!(
+            s,
+            Straggler {
+                rank: 2,
+                factor: 1.5
+            }
+        );
+        assert_eq!(Straggler::slowdown(&[s], 2), 1.5);
+        assert_eq!(Straggler::slowdown(&[s], 1), 1.0);
+        for bad in ["2", "x:2", "1:0.5", "1:nan", "1:inf", "-1:2"] {
+            let e = bad.parse::<Straggler>().unwrap_err().to_string();
+            assert!(e.contains("--slow-worker"), "{e}");
+        }
+        assert!(Straggler::check(&[s], 3).is_ok());
+        assert!(Straggler::check(&[s], 2).is_err());
+    }
+
+    #[test]
+    fn evaluation_points() {
+        let e = EvalSchedule {
+            enabled: true,
+            steps_per_epoch: 5,
+            every: Some(3),
+        };
+        let due: Vec<u64> = (0..11).filter(|&s| e.due(s, 11)).collect();
+        assert_eq!(due, vec![2, 4, 5, 8, 9, 10]);
+        let off = EvalSchedule {
+            enabled: false,
+            ..e
+        };
+        assert!((0..11).all(|s| !off.due(s, 11)));
+    }
+
+    /// Drives a sequencer against a strategy model that answers every step after a random
+    /// delay, delivering keys in random order.
+    fn drive(
+        strategy: StrategyKind,
+        steps: u64,
+        layers: Vec<Range<usize>>,
+        seed: u64,
+    ) -> Vec<Action> {
+        let keys = layers.iter().map(|r| r.end).max().unwrap_or(0);
+        let mut s = StepSequencer::new(StepPlan::new(strategy, steps, layers));
+        let mut rng = seed;
+        let mut draw = move |n: u64| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) % n.max(1)
+        };
+        let mut pending: Vec<WorkerEvent> = Vec::new();
+        let mut log = Vec::new();
+        for _ in 0..100_000 {
+            match s.poll_action() {
+                Action::Finished => return log,
+                Action::Wait => {
+                    assert!(
+                        !pending.is_empty(),
+                        "waits with nothing pending: {}",
+                        s.describe()
+                    );
+                    let i = draw(pending.len() as u64) as usize;
+                    // StepDone only once every value of the step is out.
+                    let i = if pending[i] == WorkerEvent::StepDone && pending.len() > 1 {
+                        (i + 1) % pending.len()
+                    } else {
+                        i
+                    };
+                    s.handle_event(pending.remove(i));
+                }
+                a @ (Action::Forward(_) | Action::Backward(_)) => {
+                    s.compute_done();
+                    log.push(a);
+                }
+                a @ Action::Begin(_) => {
+                    assert!(pending.is_empty(), "begins before the last step ended");
+                    if strategy.uses_servers() {
+                        pending.extend((0..keys).map(WorkerEvent::ParamsReady));
+                    }
+                    pending.push(WorkerEvent::StepDone);
+                    log.push(a);
+                }
+                a => log.push(a),
+            }
+        }
+        panic!("no end: {}", s.describe());
+    }
+
+    proptest! {
+        /// Whatever order the values arrive in, every strategy runs every layer's forward and
+        /// backward once a step, hands over every layer, and finishes.
+        #[test]
+        fn every_strategy_runs_every_layer_once_a_step(
+            seed in any::<u64>(),
+            steps in 1u64..5,
+            sizes in proptest::collection::vec(0usize..3, 1..6),
+        ) {
+            let mut next = 0;
+            let layers: Vec<Range<usize>> = sizes.iter().map(|&n| { next += n; next - n..next }).collect();
+            for strategy in StrategyKind::ALL {
+                let log = drive(strategy, steps, layers.clone(), seed);
+                let count = |f: &dyn Fn(&Action) -> bool| log.iter().filter(|a| f(a)).count() as u64;
+                let n = layers.len() as u64;
+                prop_assert_eq!(count(&|a| matches!(a, Action::Forward(_))), n * steps);
+                prop_assert_eq!(count(&|a| matches!(a, Action::Backward(_))), n * steps);
+                prop_assert_eq!(count(&|a| matches!(a, Action::HandOver(_))), n * steps);
+                prop_assert_eq!(count(&|a| matches!(a, Action::Begin(_))), steps);
+                prop_assert_eq!(count(&|a| matches!(a, Action::StepEnd(_))), steps);
+            }
+        }
+    }
+}

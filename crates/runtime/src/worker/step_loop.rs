@@ -1,0 +1,410 @@
+//! The worker's training loop: a thin driver of core's step sequencer
+//! ([`syncopate_core::step`]) over the real engine and the communication thread. Every
+//! sequencing decision (what runs when, what waits for what, where the optimizer runs, when
+//! to evaluate) is the sequencer's; this file does what it is told and records how long it
+//! took.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration as StdDuration, Instant};
+
+use syncopate_core::step::{Action, Awaiting, StepSequencer};
+use syncopate_core::strategy::WorkerEvent;
+use syncopate_train::data::{Batch, Loader, Split};
+use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
+use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
+
+use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
+use crate::error::RunError;
+use crate::trace::TraceRecorder;
+
+/// What the loop measured, for the worker's outputs.
+pub(super) struct Record {
+    /// Per-phase times.
+    pub times: WorkerTimes,
+    /// The last (up to) 20 training losses.
+    pub recent: VecDeque<f64>,
+    /// Test accuracy after each epoch.
+    pub epoch_accuracy: Vec<f64>,
+    /// Every evaluation.
+    pub evals: EvalLog,
+    /// Seconds spent evaluating (left out of training time).
+    pub eval_seconds: f64,
+    /// Wall time of every step.
+    pub step_seconds: Vec<f64>,
+    /// `steps-rank<R>.csv`.
+    pub step_rows: String,
+    /// The evaluation after the last step.
+    pub test: Option<Evaluation>,
+    /// When training started.
+    pub start: Instant,
+    /// Training seconds of the whole run (evaluations left out), once it has finished.
+    pub trained: f64,
+}
+
+impl Record {
+    fn new() -> Self {
+        Self {
+            times: WorkerTimes::default(),
+            recent: VecDeque::new(),
+            epoch_accuracy: Vec::new(),
+            evals: EvalLog::default(),
+            eval_seconds: 0.0,
+            step_seconds: Vec::new(),
+            step_rows: String::from(
+                "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n",
+            ),
+            test: None,
+            start: Instant::now(),
+            trained: 0.0,
+        }
+    }
+
+    /// Training seconds so far (evaluations left out).
+    pub fn train_seconds(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() - self.eval_seconds
+    }
+}
+
+/// The engine, the data and the communication thread, driven by a sequencer.
+pub(super) struct StepLoop<'a, E> {
+    pub engine: &'a mut E,
+    pub comm: &'a mut Comm,
+    pub loader: Loader,
+    pub optimizer: LocalOptimizer,
+    /// Averaged gradients (all-reduce strategies).
+    pub grads: Vec<Vec<f32>>,
+    /// The test set, where this worker evaluates.
+    pub test: Option<&'a Split>,
+    pub observer: &'a mut dyn Observer,
+    pub tracer: Option<TraceRecorder>,
+    pub layer_names: Vec<String>,
+    pub layer_keys: Vec<Range<usize>>,
+    /// Compute takes this many times as long (a straggler; 1: as measured).
+    pub slowdown: f64,
+    /// Samples per step over all workers.
+    pub global_batch: usize,
+    pub record: Record,
+    /// The step being run, its epoch, its batch and its figures.
+    step: u64,
+    epoch: u64,
+    batch: Option<Batch>,
+    out: Option<StepOutput>,
+    step_start: Instant,
+    times_at_step_start: WorkerTimes,
+}
+
+impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
+    /// A loop over `engine` and `comm`; the remaining fields are set by the caller.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: &'a mut E,
+        comm: &'a mut Comm,
+        loader: Loader,
+        optimizer: LocalOptimizer,
+        test: Option<&'a Split>,
+        observer: &'a mut dyn Observer,
+        tracer: Option<TraceRecorder>,
+        key_sizes: &[usize],
+    ) -> Self {
+        let spec = engine.spec();
+        let layer_names = spec.layers.iter().map(|l| l.name.clone()).collect();
+        let layer_keys = spec.layer_keys();
+        let grads = key_sizes.iter().map(|&n| vec![0.0; n]).collect();
+        Self {
+            engine,
+            comm,
+            loader,
+            optimizer,
+            grads,
+            test,
+            observer,
+            tracer,
+            layer_names,
+            layer_keys,
+            slowdown: 1.0,
+            global_batch: 0,
+            record: Record::new(),
+            step: 0,
+            epoch: 0,
+            batch: None,
+            out: None,
+            step_start: Instant::now(),
+            times_at_step_start: WorkerTimes::default(),
+        }
+    }
+
+    /// Runs `seq` to its end.
+    pub fn run(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
+        self.observer.on_start(seq.plan().steps);
+        self.record.start = Instant::now();
+        loop {
+            let action = seq.poll_action();
+            match action {
+                Action::Finished => {
+                    self.record.trained = self.record.train_seconds();
+                    return Ok(());
+                }
+                Action::Wait => self.wait(seq)?,
+                Action::LoadBatch(step) => self.load_batch(step)?,
+                Action::Begin(step) => self.comm.send(ToComm::Begin(step))?,
+                Action::Forward(layer) => {
+                    self.forward(layer)?;
+                    seq.compute_done();
+                }
+                Action::Loss => {
+                    let t = Instant::now();
+                    self.out = Some(self.engine.finish_forward()?);
+                    self.record.times.compute += t.elapsed().as_secs_f64();
+                }
+                Action::Backward(layer) => self.backward(seq, layer)?,
+                Action::BackwardDone => self.comm.send(ToComm::BackwardDone)?,
+                Action::OptimizeLayer(_) | Action::HandOver(_) => {
+                    return Err(RunError::Local(format!(
+                        "step sequence: {action:?} outside a backward pass"
+                    )))
+                }
+                Action::Optimize => self.optimize()?,
+                Action::StepEnd(step) => self.step_end(step, seq.plan().steps)?,
+                Action::Evaluate {
+                    step,
+                    epoch_end,
+                    last,
+                } => self.evaluate(step, epoch_end, last, seq.plan().steps)?,
+            }
+        }
+    }
+
+    fn span(&mut self, cat: &str, name: &str, start: Instant, end: Instant) {
+        if let Some(t) = self.tracer.as_mut() {
+            t.span(self.step, cat, name, start, end);
+        }
+    }
+
+    /// Waits for the next message of the communication thread and hands it over.
+    fn wait(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
+        let t = Instant::now();
+        let (event, values) = match self.comm.recv()? {
+            FromComm::Event(event, values) => (event, values),
+            FromComm::Failed => unreachable!("recv turns failures into errors"),
+        };
+        match event {
+            WorkerEvent::ParamsReady(key) => self.engine.set_param(key, values)?,
+            WorkerEvent::GradReady(key) => {
+                if let Some(g) = self.grads.get_mut(key) {
+                    *g = values;
+                }
+            }
+            WorkerEvent::StepDone => {}
+        }
+        let awaiting = seq.awaiting();
+        seq.handle_event(event);
+        let end = Instant::now();
+        self.record.times.wait += (end - t).as_secs_f64();
+        if end - t > StdDuration::from_micros(50) {
+            let name = match awaiting {
+                Awaiting::Params(layer) => format!("wait params {}", self.layer_names[layer]),
+                Awaiting::AllValues => "wait all values".into(),
+                _ => "wait step done".into(),
+            };
+            self.span("wait", &name, t, end);
+        }
+        Ok(())
+    }
+
+    fn load_batch(&mut self, step: u64) -> Result<(), RunError> {
+        self.step = step;
+        self.step_start = Instant::now();
+        self.times_at_step_start = self.record.times;
+        let t = Instant::now();
+        let (epoch, _, batch) = self
+            .loader
+            .next_batch()
+            .ok_or_else(|| RunError::Local("the data loader stopped early".into()))?;
+        self.epoch = epoch;
+        self.batch = Some(batch);
+        self.record.times.data += t.elapsed().as_secs_f64();
+        self.span("data", "load batch", t, Instant::now());
+        Ok(())
+    }
+
+    /// Waits out the rest of a straggler's compute: `slowdown - 1` times what it took.
+    fn straggle(&self, took: StdDuration) {
+        if self.slowdown > 1.0 {
+            std::thread::sleep(took.mul_f64(self.slowdown - 1.0));
+        }
+    }
+
+    fn forward(&mut self, layer: usize) -> Result<(), RunError> {
+        let t = Instant::now();
+        if layer == 0 {
+            let batch = self
+                .batch
+                .take()
+                .ok_or_else(|| RunError::Local("forward before a batch was loaded".into()))?;
+            self.engine.begin_forward(&batch)?;
+        }
+        self.engine.forward_layer(layer)?;
+        self.straggle(t.elapsed());
+        let end = Instant::now();
+        self.record.times.compute += (end - t).as_secs_f64();
+        let name = format!("forward {}", self.layer_names[layer]);
+        self.span("compute", &name, t, end);
+        Ok(())
+    }
+
+    /// Runs the whole backward pass (the engine calls back after each layer); the
+    /// sequencer says what follows each layer.
+    fn backward(&mut self, seq: &mut StepSequencer, first: usize) -> Result<(), RunError> {
+        let Self {
+            engine,
+            comm,
+            tracer,
+            layer_names,
+            layer_keys,
+            record,
+            slowdown,
+            step,
+            ..
+        } = self;
+        let mut failure = None;
+        let mut expected = first;
+        let mut layer_start = Instant::now();
+        let result = engine.backward(&mut |layer, grads| {
+            let computed = layer_start.elapsed();
+            if *slowdown > 1.0 {
+                std::thread::sleep(computed.mul_f64(*slowdown - 1.0));
+            }
+            let now = Instant::now();
+            record.times.compute += (now - layer_start).as_secs_f64();
+            if let Some(t) = tracer.as_mut() {
+                let name = format!("backward {}", layer_names[layer]);
+                t.span(*step, "compute", &name, layer_start, now);
+            }
+            let after = after_backward(seq, comm, layer, expected, &layer_keys[layer], grads);
+            match after {
+                Ok(Some(next)) => expected = next,
+                Ok(None) => {}
+                Err(e) => {
+                    let msg = e.to_string();
+                    failure = Some(e);
+                    return Err(syncopate_train::TrainError::Model(msg));
+                }
+            }
+            layer_start = Instant::now();
+            Ok(())
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(result?)
+    }
+
+    fn optimize(&mut self) -> Result<(), RunError> {
+        let t = Instant::now();
+        self.optimizer.apply(&mut *self.engine, &self.grads)?;
+        let end = Instant::now();
+        self.record.times.optimizer += (end - t).as_secs_f64();
+        self.span("optimizer", "optimizer", t, end);
+        Ok(())
+    }
+
+    fn step_end(&mut self, step: u64, steps: u64) -> Result<(), RunError> {
+        let out = self
+            .out
+            .take()
+            .ok_or_else(|| RunError::Local("a step ended without a loss".into()))?;
+        let r = &mut self.record;
+        if r.recent.len() == 20 {
+            r.recent.pop_front();
+        }
+        r.recent.push_back(f64::from(out.loss));
+        let step_s = self.step_start.elapsed().as_secs_f64();
+        r.step_seconds.push(step_s);
+        let (now, before) = (r.times, self.times_at_step_start);
+        r.step_rows.push_str(&format!(
+            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4}\n",
+            step + 1,
+            r.train_seconds(),
+            step_s,
+            out.loss,
+            now.data - before.data,
+            now.compute - before.compute,
+            now.wait - before.wait,
+            now.optimizer - before.optimizer
+        ));
+        let rate = (step + 1) as f64 * self.global_batch as f64 / r.train_seconds().max(1e-9);
+        self.observer.on_step(step + 1, steps, &out, rate);
+        Ok(())
+    }
+
+    fn evaluate(
+        &mut self,
+        step: u64,
+        epoch_end: bool,
+        last: bool,
+        steps: u64,
+    ) -> Result<(), RunError> {
+        let Some(test) = self.test else {
+            return Ok(());
+        };
+        let trained = self.record.train_seconds();
+        let t = Instant::now();
+        let eval = evaluate(&mut *self.engine, test, 256)?;
+        self.record.eval_seconds += t.elapsed().as_secs_f64();
+        self.record
+            .evals
+            .push(self.epoch + 1, step + 1, trained, &eval);
+        if epoch_end {
+            self.record.epoch_accuracy.push(eval.accuracy);
+            self.observer.on_eval(self.epoch + 1, &eval);
+        } else if last {
+            self.observer.on_eval(self.epoch + 1, &eval);
+        }
+        if last {
+            debug_assert_eq!(step + 1, steps);
+            self.record.test = Some(eval);
+        }
+        Ok(())
+    }
+}
+
+/// After layer `layer`'s backward: does what the sequencer asks until the engine's next
+/// layer (returned) or the end of the backward pass.
+fn after_backward(
+    seq: &mut StepSequencer,
+    comm: &mut Comm,
+    layer: usize,
+    expected: usize,
+    keys: &Range<usize>,
+    grads: &LayerGrads,
+) -> Result<Option<usize>, RunError> {
+    if layer != expected {
+        return Err(RunError::Local(format!(
+            "the engine computed layer {layer}'s backward where the step sequence expects layer {expected}"
+        )));
+    }
+    seq.compute_done();
+    loop {
+        match seq.poll_action() {
+            Action::HandOver(k) if k == layer => {
+                for (key, g) in grads.iter() {
+                    debug_assert!(keys.contains(&key));
+                    comm.send(ToComm::Gradient(key, g.to_vec()))?;
+                }
+            }
+            Action::Backward(next) => return Ok(Some(next)),
+            Action::BackwardDone => {
+                comm.send(ToComm::BackwardDone)?;
+                return Ok(None);
+            }
+            other => {
+                return Err(RunError::Local(format!(
+                    "step sequence: {other:?} during layer {layer}'s backward is not supported \
+                     by this worker (weights handed over before averaging need an engine that \
+                     can update a layer while backward runs)"
+                )))
+            }
+        }
+    }
+}
