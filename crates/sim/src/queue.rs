@@ -20,6 +20,13 @@ pub(crate) enum Event {
     Arrive(usize),
     /// A frame is handed to the receiving endpoint.
     Deliver(usize),
+    /// A host's network port has something due (a retransmission, a serialisation start).
+    NetPoll {
+        /// The host.
+        host: usize,
+        /// Its ingress port (else its egress).
+        ingress: bool,
+    },
 }
 
 /// A monotone min-queue of `(time, event)`.
