@@ -132,10 +132,8 @@ impl LayerwiseEngine for ProfileEngine {
         self.pacer.resync();
         for layer in (0..self.spec.layers.len()).rev() {
             self.pacer.run(self.times(layer).1);
+            // Every layer is reported, with or without parameters, as the trait promises.
             let keys = self.layer_keys[layer].clone();
-            if keys.is_empty() {
-                continue;
-            }
             let grads = LayerGrads {
                 grads: keys
                     .map(|k| (k, FlatView::shared(self.grads[k].clone())))
