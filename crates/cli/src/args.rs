@@ -1,10 +1,14 @@
-//! Command-line arguments shared by every command that trains.
+//! Command-line arguments shared by every command that trains, and the values of
+//! `--strategy` and `--scheduler`, taken from the core's lists.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
+use syncopate_core::sched::SchedulerKind;
+use syncopate_core::strategy::StrategyKind;
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
@@ -189,4 +193,22 @@ pub fn parse_shape(s: &str) -> Result<[usize; 3]> {
         [c, h, w] if c > 0 && h > 0 && w > 0 => Ok([c, h, w]),
         _ => bail!("shape '{s}' is not CxHxW with three positive numbers (e.g. 3x32x32)"),
     }
+}
+
+/// Values of `--strategy`: the core's strategies by name, each listed in `--help` with its
+/// summary.
+pub fn strategy_parser() -> impl TypedValueParser<Value = StrategyKind> {
+    let values = StrategyKind::ALL.map(|s| PossibleValue::new(s.name()).help(s.summary()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        StrategyKind::from_name(&name).ok_or_else(|| format!("unknown strategy '{name}'"))
+    })
+}
+
+/// Values of `--scheduler`: the core's schedulers by name, each listed in `--help` with its
+/// description.
+pub fn scheduler_parser() -> impl TypedValueParser<Value = SchedulerKind> {
+    let values = SchedulerKind::ALL.map(|k| PossibleValue::new(k.name()).help(k.description()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        SchedulerKind::from_name(&name).ok_or_else(|| format!("unknown scheduler '{name}'"))
+    })
 }

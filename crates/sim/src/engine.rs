@@ -120,7 +120,7 @@ impl<'a> Sim<'a> {
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
         let forward_overlap = cfg.strategy.uses_servers() && cfg.strategy.overlaps();
-        let hosts = roles(cfg, &keys)
+        let hosts = roles(cfg, &keys)?
             .into_iter()
             .enumerate()
             .map(|(rank, role)| {
