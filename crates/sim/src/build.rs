@@ -67,11 +67,14 @@ pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
 /// workers `0..N`, then servers (plain SGD from zeros: the simulator times, it does not train).
 pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Result<Vec<Role>, SimError> {
     let plan = cfg.plan();
-    let workers = (0..plan.workers).map(|r| Ok(Role::Worker(plan.worker_endpoint(r, keys.to_vec()))));
+    let workers =
+        (0..plan.workers).map(|r| Ok(Role::Worker(plan.worker_endpoint(r, keys.to_vec()))));
     let servers = (plan.workers..plan.world_size()).map(|r| {
         let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
         let server = plan.server_endpoint(r, keys.to_vec(), initial, ServerOptim::plain(0.01));
-        server.map(|s| Role::Server(Box::new(s))).map_err(|e| SimError::Config(e.to_string()))
+        server
+            .map(|s| Role::Server(Box::new(s)))
+            .map_err(|e| SimError::Config(e.to_string()))
     });
     workers.chain(servers).collect()
 }
@@ -84,8 +87,8 @@ pub(crate) fn peers(cfg: &SimConfig, rank: Rank) -> Vec<Rank> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use syncopate_core::strategy::StrategyKind;
     use syncopate_core::profile::LayerProfile;
+    use syncopate_core::strategy::StrategyKind;
 
     fn layer(params: usize) -> LayerProfile {
         LayerProfile {

@@ -165,6 +165,8 @@ mod tests {
         assert!(bad(|c| c.scale = 0.0).contains("scale"));
         assert!(bad(|c| c.jitter = 1.5).contains("jitter"));
         assert!(bad(|c| c.workers = 0).contains("worker"));
-        assert!(SimConfig::new(StrategyKind::Allreduce, 3, 0).validate().is_ok());
+        assert!(SimConfig::new(StrategyKind::Allreduce, 3, 0)
+            .validate()
+            .is_ok());
     }
 }

@@ -258,7 +258,10 @@ mod tests {
         assert_eq!(scale_count(0, 0.5), 0);
         assert_eq!(scale_count(33, 1.0 / 16.0), 3);
         p.slice_params = 0;
-        assert_eq!(p.scaled(0.5).validate(), Err(PlanError::Zero("slice_params")));
+        assert_eq!(
+            p.scaled(0.5).validate(),
+            Err(PlanError::Zero("slice_params"))
+        );
     }
 
     #[test]

@@ -248,7 +248,11 @@ fn reference(
     init: &[Vec<f32>],
     cfg: SgdConfig,
 ) -> Vec<Vec<Vec<f32>>> {
-    assert_eq!(kind.averages(), Averaged::Gradients, "no reference for {kind:?} yet");
+    assert_eq!(
+        kind.averages(),
+        Averaged::Gradients,
+        "no reference for {kind:?} yet"
+    );
     let sgd = Sgd::new(cfg);
     let mut params = init.to_vec();
     let mut vel: Vec<Vec<f32>> = sizes.iter().map(|&l| vec![0.0; l]).collect();
