@@ -1,13 +1,17 @@
-//! Command-line arguments shared by several commands: training settings and the network model.
+//! Command-line arguments shared by several commands: training settings, the network model,
+//! and the values of `--strategy` and `--scheduler`, taken from the core's lists.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use syncopate_core::net::{
     parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
 };
+use syncopate_core::sched::SchedulerKind;
+use syncopate_core::strategy::StrategyKind;
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
@@ -358,6 +362,24 @@ fn parse_burst(s: &str) -> Result<BurstLoss> {
         p_enter: p(enter)?,
         p_leave: p(leave)?,
         loss_in_burst: p(loss)?,
+    })
+}
+
+/// Values of `--strategy`: the core's strategies by name, each listed in `--help` with its
+/// summary.
+pub fn strategy_parser() -> impl TypedValueParser<Value = StrategyKind> {
+    let values = StrategyKind::ALL.map(|s| PossibleValue::new(s.name()).help(s.summary()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        StrategyKind::from_name(&name).ok_or_else(|| format!("unknown strategy '{name}'"))
+    })
+}
+
+/// Values of `--scheduler`: the core's schedulers by name, each listed in `--help` with its
+/// description.
+pub fn scheduler_parser() -> impl TypedValueParser<Value = SchedulerKind> {
+    let values = SchedulerKind::ALL.map(|k| PossibleValue::new(k.name()).help(k.description()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        SchedulerKind::from_name(&name).ok_or_else(|| format!("unknown scheduler '{name}'"))
     })
 }
 

@@ -58,6 +58,22 @@ impl SchedulerKind {
         }
     }
 
+    /// The kind named `name` (as [`SchedulerKind::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// One line on what it does, for listings such as `--help`.
+    pub fn description(self) -> &'static str {
+        match self {
+            SchedulerKind::Fifo => "order of readiness (MXNet KVStore's baseline)",
+            SchedulerKind::Priority => "layer nearest the input first, preempting at frame boundaries (P3)",
+            SchedulerKind::Credit => {
+                "priority order with at most the credit of bytes pushed and unanswered (ByteScheduler)"
+            }
+        }
+    }
+
     /// The key this scheduler orders by: smaller goes first. Distinct items have distinct
     /// keys as long as arrival stamps (FIFO) or items (priority) are distinct.
     pub fn order_key(self, p: &Pending) -> OrderKey {

@@ -7,8 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::strategy::{PsServer, Rank, ServerOptim, WorkerEvent, WorkerSync};
-use syncopate_core::{LrSchedule, Sgd, SgdConfig};
+use syncopate_core::strategy::{Rank, ServerOptim, WorkerEvent, WorkerSync};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
@@ -178,23 +177,10 @@ pub fn run_comm_bench(
                 iters: t.len(),
             });
         } else {
-            let index = ctx.rank - layout.workers;
-            let optim = ServerOptim {
-                sgd: Sgd::new(SgdConfig {
-                    momentum: 0.0,
-                    weight_decay: 0.0,
-                }),
-                lr: 0.0,
-                schedule: LrSchedule::Constant,
-            };
-            let mut server = PsServer::new(
-                index,
-                layout.workers,
-                layout.registry(keys),
-                vec![vec![0.0; numel]],
-                optim,
-                layout.scheduler,
-            );
+            let initial = vec![vec![0.0; numel]];
+            let mut server = layout
+                .server_endpoint(ctx.rank, keys, initial, ServerOptim::plain(0.0))
+                .map_err(|e| RunError::Local(e.to_string()))?;
             let mut server_hooks = ServerHooks {
                 layout: layout.clone(),
                 tracer: None,

@@ -4,16 +4,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use syncopate_core::net::LinkProfile;
-use syncopate_core::registry::{KeyInfo, TensorRegistry};
-use syncopate_core::sched::SchedulerKind;
+use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::Rank;
 
 use crate::auth::JobToken;
 use crate::comm::CommOptions;
 
-pub use syncopate_core::strategy::{
-    StrategyKind, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
-};
+pub use syncopate_core::strategy::{StrategyKind, SyncPlan};
 
 /// The synchronisation layer's view of a model's keys.
 pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
@@ -26,124 +23,22 @@ pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
         .collect()
 }
 
-/// The process layout and the synchronisation settings shared by every process of a job.
+/// A job: its synchronisation plan, shared by every process, placed on an emulated network.
+/// It dereferences to its [`SyncPlan`], so `layout.strategy`, `layout.workers`,
+/// `layout.worker_endpoint(..)` and the rest read the plan.
 #[derive(Debug, Clone)]
 pub struct JobLayout {
-    /// Strategy.
-    pub strategy: StrategyKind,
-    /// Workers (ranks `0..workers`).
-    pub workers: usize,
-    /// Parameter servers (ranks `workers..workers + servers`).
-    pub servers: usize,
-    /// Scheduler of every link.
-    pub scheduler: SchedulerKind,
-    /// Parameter-server slice size in parameters (frames are never larger).
-    pub slice_params: usize,
-    /// Bytes a worker may have pushed and not yet had answered under the credit scheduler.
-    pub credit_bytes: usize,
-    /// All-reduce bucket capacity in bytes.
-    pub bucket_bytes: usize,
+    /// Strategy, processes, sizes, and the factory of the endpoints.
+    pub sync: SyncPlan,
     /// Emulated profile of every link.
     pub network: LinkProfile,
 }
 
-impl JobLayout {
-    /// Total processes.
-    pub fn world_size(&self) -> usize {
-        self.workers + self.servers
-    }
+impl std::ops::Deref for JobLayout {
+    type Target = SyncPlan;
 
-    /// `rank 2 (server 0)`, `rank 1 (worker 1)`.
-    pub fn describe(&self, rank: Rank) -> String {
-        if rank < self.workers {
-            format!("rank {rank} (worker {rank})")
-        } else {
-            format!("rank {rank} (server {})", rank - self.workers)
-        }
-    }
-
-    /// The ranks `rank` needs a link to.
-    pub fn peers(&self, rank: Rank) -> Vec<Rank> {
-        self.strategy.peers(self.workers, self.servers, rank)
-    }
-
-    /// The state machine of worker `rank` for a model with these keys.
-    pub fn worker_endpoint(
-        &self,
-        rank: Rank,
-        keys: Vec<KeyInfo>,
-    ) -> Box<dyn syncopate_core::strategy::WorkerSync + Send> {
-        use syncopate_core::strategy::{PsWorker, RingAllReduce};
-        if self.strategy.uses_servers() {
-            Box::new(PsWorker::new(
-                rank,
-                self.workers,
-                self.registry(keys),
-                self.strategy.overlaps(),
-                self.scheduler,
-                self.credit_bytes,
-            ))
-        } else {
-            Box::new(
-                RingAllReduce::new(
-                    rank,
-                    self.workers,
-                    keys,
-                    (self.bucket_bytes / 4).max(1),
-                    FRAME_ELEMS,
-                    self.strategy.overlaps(),
-                    self.scheduler,
-                )
-                .with_direct_below(DIRECT_SHARE_ELEMS),
-            )
-        }
-    }
-
-    /// The parameter-server registry of a model with these keys.
-    pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
-        self.strategy
-            .registry(keys, self.slice_params, self.servers)
-    }
-
-    /// What every process must agree on besides the model, for the handshake:
-    /// `p3/priority/slice=40000`.
-    pub fn sync_descriptor(&self) -> String {
-        let mut d = format!("{}/{}", self.strategy.name(), self.scheduler.name());
-        if self.strategy.uses_servers() {
-            d.push_str(&format!("/slice={}", self.slice_params));
-        } else {
-            d.push_str(&format!("/bucket={}", self.bucket_bytes));
-        }
-        if self.scheduler.uses_credit() {
-            d.push_str(&format!("/credit={}", self.credit_bytes));
-        }
-        d
-    }
-
-    /// Checks the layout against the strategy.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.workers == 0 {
-            return Err("a job needs at least one worker (--workers)".into());
-        }
-        if self.slice_params == 0 {
-            return Err("--slice-params must be at least 1".into());
-        }
-        if self.scheduler.uses_credit() && self.credit_bytes == 0 {
-            return Err("--credit-bytes must be positive".into());
-        }
-        if self.strategy.uses_servers() && self.servers == 0 {
-            return Err(format!(
-                "strategy {} needs at least one parameter server (--servers)",
-                self.strategy.name()
-            ));
-        }
-        if !self.strategy.uses_servers() && self.servers > 0 {
-            return Err(format!(
-                "strategy {} uses no parameter server; drop --servers",
-                self.strategy.name()
-            ));
-        }
-        Ok(())
+    fn deref(&self) -> &SyncPlan {
+        &self.sync
     }
 }
 

@@ -1,7 +1,6 @@
 //! A parameter-server process: one shard of the parameters, driven by the communication
 //! loop until every worker has said goodbye.
 
-use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{PsServer, Rank, ServerOptim};
 use syncopate_core::Sgd;
 use syncopate_train::model::ModelSpec;
@@ -102,23 +101,14 @@ pub fn run_server(
     initial: Vec<Vec<f32>>,
     optim: OptimConfig,
 ) -> Result<ServerSummary, RunError> {
-    let keys: Vec<KeyInfo> = key_infos(spec);
-    let index = ctx
-        .rank
-        .checked_sub(layout.workers)
-        .ok_or_else(|| RunError::Local(format!("rank {} is a worker rank", ctx.rank)))?;
-    let mut server = PsServer::new(
-        index,
-        layout.workers,
-        layout.registry(keys),
-        initial,
-        ServerOptim {
-            sgd: Sgd::new(optim.sgd),
-            lr: optim.lr,
-            schedule: optim.schedule,
-        },
-        layout.scheduler,
-    );
+    let optim = ServerOptim {
+        sgd: Sgd::new(optim.sgd),
+        lr: optim.lr,
+        schedule: optim.schedule,
+    };
+    let mut server = layout
+        .server_endpoint(ctx.rank, key_infos(spec), initial, optim)
+        .map_err(|e| RunError::Local(e.to_string()))?;
     let links = join(ctx, layout, spec.fingerprint())?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
@@ -135,7 +125,7 @@ pub fn run_server(
     comm.run(&mut server, &mut hooks)?;
     crate::job::finish_sampler(sampler)?;
     if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
-        t.write(&m.dir, &format!("server {index}"))
+        t.write(&m.dir, &format!("server {}", ctx.rank - layout.workers))
             .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
     }
     Ok(ServerSummary {

@@ -6,7 +6,8 @@
 use std::time::Instant;
 
 use syncopate_core::profile::ModelProfile;
-use syncopate_sim::{simulate, SimConfig, Strategy};
+use syncopate_core::strategy::StrategyKind;
+use syncopate_sim::{simulate, SimConfig};
 
 fn arg(i: usize, default: u64) -> u64 {
     std::env::args()
@@ -19,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (workers, servers, steps, inverse_scale) =
         (arg(1, 1024), arg(2, 32), arg(3, 10), arg(4, 4096));
     let profile = ModelProfile::builtin("resnet50")?;
-    let mut config = SimConfig::new(Strategy::P3, workers as usize, servers as usize);
+    let mut config = SimConfig::new(StrategyKind::P3, workers as usize, servers as usize);
     config.network.bandwidth_bps = Some(10e9);
     config.network.latency_ns = 10_000;
     config.steps = steps;

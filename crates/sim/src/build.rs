@@ -3,13 +3,12 @@
 
 use std::ops::Range;
 
-use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::{KeyInfo, TensorRegistry};
-use syncopate_core::strategy::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, WorkerSync};
+use syncopate_core::strategy::{PsServer, Rank, ServerOptim, WorkerSync};
 
-use crate::config::{SimConfig, FRAME_ELEMS};
-use syncopate_core::strategy::DIRECT_SHARE_ELEMS;
+use crate::config::SimConfig;
+use crate::SimError;
 
 /// A rank's state machine.
 pub(crate) enum Role {
@@ -46,11 +45,9 @@ pub(crate) fn model_keys(
     (keys, layer_keys)
 }
 
-/// The parameter-server registry: P3 places slices round robin, the others place keys
-/// balanced by bytes (MXNet's KVStore), as the runtime does.
+/// The parameter-server registry, as the runtime cuts and places it.
 pub(crate) fn registry(cfg: &SimConfig, keys: &[KeyInfo]) -> TensorRegistry {
-    cfg.strategy
-        .registry(keys.to_vec(), cfg.slice_elems(), cfg.servers)
+    cfg.plan().registry(keys.to_vec())
 }
 
 /// For every key, `(server index, slices)` of each server owning part of it.
@@ -66,62 +63,32 @@ pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
         .collect()
 }
 
-/// Every rank's state machine: workers `0..N`, then servers.
-pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Role> {
-    let n = cfg.workers;
-    let overlap = cfg.strategy.overlaps();
-    if !cfg.strategy.uses_servers() {
-        let bucket = cfg.scaled((cfg.bucket_bytes / 4).max(1));
-        let segment = cfg.scaled(FRAME_ELEMS);
-        let direct = cfg.scaled(DIRECT_SHARE_ELEMS);
-        return (0..n)
-            .map(|r| {
-                let ring = RingAllReduce::new(
-                    r,
-                    n,
-                    keys.to_vec(),
-                    bucket,
-                    segment,
-                    overlap,
-                    cfg.scheduler,
-                )
-                .with_direct_below(direct);
-                Role::Worker(Box::new(ring))
-            })
-            .collect();
-    }
-    let reg = registry(cfg, keys);
-    let credit = cfg.scaled(cfg.credit_bytes);
-    let optim = ServerOptim {
-        sgd: Sgd::new(SgdConfig {
-            momentum: 0.0,
-            weight_decay: 0.0,
-        }),
-        lr: 0.01,
-        schedule: LrSchedule::Constant,
-    };
-    let workers = (0..n).map(|r| {
-        let w = PsWorker::new(r, n, reg.clone(), overlap, cfg.scheduler, credit);
-        Role::Worker(Box::new(w))
-    });
-    let servers = (0..cfg.servers).map(|i| {
+/// Every rank's state machine, built by the core's factory as the runtime builds them:
+/// workers `0..N`, then servers (plain SGD from zeros: the simulator times, it does not train).
+pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Result<Vec<Role>, SimError> {
+    let plan = cfg.plan();
+    let workers =
+        (0..plan.workers).map(|r| Ok(Role::Worker(plan.worker_endpoint(r, keys.to_vec()))));
+    let servers = (plan.workers..plan.world_size()).map(|r| {
         let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
-        let s = PsServer::new(i, n, reg.clone(), initial, optim, cfg.scheduler);
-        Role::Server(Box::new(s))
+        let server = plan.server_endpoint(r, keys.to_vec(), initial, ServerOptim::plain(0.01));
+        server
+            .map(|s| Role::Server(Box::new(s)))
+            .map_err(|e| SimError::Config(e.to_string()))
     });
     workers.chain(servers).collect()
 }
 
-/// The ranks `rank` has links to (the runtime's `JobLayout::peers`).
+/// The ranks `rank` has links to (as the runtime's).
 pub(crate) fn peers(cfg: &SimConfig, rank: Rank) -> Vec<Rank> {
-    cfg.strategy.peers(cfg.workers, cfg.servers, rank)
+    cfg.plan().peers(rank)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Strategy;
     use syncopate_core::profile::LayerProfile;
+    use syncopate_core::strategy::StrategyKind;
 
     fn layer(params: usize) -> LayerProfile {
         LayerProfile {
@@ -139,7 +106,7 @@ mod tests {
             name: "m".into(),
             layers: vec![layer(0), layer(1000), layer(0), layer(33)],
         };
-        let mut cfg = SimConfig::new(Strategy::P3, 2, 1);
+        let mut cfg = SimConfig::new(StrategyKind::P3, 2, 1);
         cfg.scale = 0.125;
         let (keys, owned) = model_keys(&profile, &cfg);
         assert_eq!(
@@ -153,10 +120,10 @@ mod tests {
             ]
         );
         assert_eq!(owned, vec![0..0, 0..1, 1..1, 1..2]);
-        assert_eq!(roles(&cfg, &keys).len(), 3);
+        assert_eq!(roles(&cfg, &keys).ok().map(|r| r.len()), Some(3));
         assert_eq!(peers(&cfg, 0), vec![2]);
         assert_eq!(peers(&cfg, 2), vec![0, 1]);
-        let ring = SimConfig::new(Strategy::Allreduce, 2, 0);
+        let ring = SimConfig::new(StrategyKind::Allreduce, 2, 0);
         assert_eq!(peers(&ring, 1), vec![0]);
         cfg.slice_params = Some(200);
         cfg.servers = 3;

@@ -10,18 +10,13 @@ use syncopate_core::wire::HEADER_LEN;
 
 use crate::SimError;
 
-pub use syncopate_core::strategy::{
-    StrategyKind as Strategy, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,
-};
-
-/// All-reduce bucket capacity when none is asked for (PyTorch DDP's 25 MB).
-pub const DEFAULT_BUCKET_BYTES: usize = 25_000_000;
+use syncopate_core::strategy::{scale_count, StrategyKind, SyncPlan};
 
 /// Everything a simulation depends on (recorded in its report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimConfig {
     /// Strategy.
-    pub strategy: Strategy,
+    pub strategy: StrategyKind,
     /// Scheduler of every endpoint.
     pub scheduler: SchedulerKind,
     /// Bytes a worker may have pushed and not yet had answered (credit scheduler, full size).
@@ -57,11 +52,12 @@ pub struct SimConfig {
 impl SimConfig {
     /// The runtime's defaults for `strategy` on `workers` workers and `servers` servers:
     /// 10 Gbit/s links without latency and a 256 KiB window, full scale, 10 steps of 128.
-    pub fn new(strategy: Strategy, workers: usize, servers: usize) -> Self {
+    pub fn new(strategy: StrategyKind, workers: usize, servers: usize) -> Self {
+        let plan = SyncPlan::new(strategy, workers, servers);
         Self {
             strategy,
-            scheduler: strategy.default_scheduler(),
-            credit_bytes: DEFAULT_CREDIT_BYTES,
+            scheduler: plan.scheduler,
+            credit_bytes: plan.credit_bytes,
             workers,
             servers,
             network: NetworkProfile {
@@ -70,7 +66,7 @@ impl SimConfig {
             },
             scale: 1.0,
             slice_params: None,
-            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            bucket_bytes: plan.bucket_bytes,
             steps: 10,
             batch: 128,
             jitter: 0.0,
@@ -83,15 +79,8 @@ impl SimConfig {
     /// Checks the configuration against the strategy.
     pub fn validate(&self) -> Result<(), SimError> {
         let fail = |why: String| Err(SimError::Config(why));
-        let s = self.strategy.name();
-        if self.workers == 0 {
-            return fail("at least one worker is needed".into());
-        }
-        if self.strategy.uses_servers() && self.servers == 0 {
-            return fail(format!("strategy {s} needs at least one server"));
-        }
-        if !self.strategy.uses_servers() && self.servers > 0 {
-            return fail(format!("strategy {s} uses no server; set servers to 0"));
+        if let Err(e) = self.plan().validate() {
+            return fail(e.to_string());
         }
         if !(self.scale > 0.0 && self.scale <= 1.0) {
             return fail(format!("scale {} is not in (0, 1]", self.scale));
@@ -105,11 +94,8 @@ impl SimConfig {
         if let Err(e) = self.network.validate() {
             return fail(e.to_string());
         }
-        if self.slice_params == Some(0) || self.bucket_bytes < 4 || self.batch == 0 {
-            return fail("slice_params, bucket_bytes and batch must be positive".into());
-        }
-        if self.scheduler.uses_credit() && self.credit_bytes == 0 {
-            return fail("credit_bytes must be positive under the credit scheduler".into());
+        if self.batch == 0 {
+            return fail("batch must be positive".into());
         }
         if self.steps == 0 {
             return fail("at least one step is needed".into());
@@ -120,19 +106,20 @@ impl SimConfig {
     /// What a full-size count of `n` elements (or bytes) becomes at this scale: rounded up,
     /// at least 1 unless `n` is 0.
     pub fn scaled(&self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            ((n as f64 * self.scale).ceil() as usize).max(1)
-        }
+        scale_count(n, self.scale)
     }
 
-    /// Slice length in the state machines (the runtime clamps slices to a frame).
-    pub fn slice_elems(&self) -> usize {
-        let full = self
-            .slice_params
-            .unwrap_or(self.strategy.default_slice_params());
-        self.scaled(full.clamp(1, FRAME_ELEMS))
+    /// The synchronisation plan the state machines are built from, at this scale.
+    pub fn plan(&self) -> SyncPlan {
+        let full = SyncPlan::new(self.strategy, self.workers, self.servers);
+        SyncPlan {
+            scheduler: self.scheduler,
+            slice_params: self.slice_params.unwrap_or(full.slice_params),
+            bucket_bytes: self.bucket_bytes,
+            credit_bytes: self.credit_bytes,
+            ..full
+        }
+        .scaled(self.scale)
     }
 
     /// Bytes the network charges for a frame carrying `elems` scaled values: the header plus
@@ -145,19 +132,20 @@ impl SimConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use syncopate_core::strategy::FRAME_ELEMS;
 
     #[test]
     fn scaling_rounds_up_and_the_wire_charges_full_size() {
-        let mut c = SimConfig::new(Strategy::P3, 2, 1);
+        let mut c = SimConfig::new(StrategyKind::P3, 2, 1);
         c.scale = 1.0 / 16.0;
         assert_eq!(c.scaled(0), 0);
         assert_eq!(c.scaled(1), 1);
         assert_eq!(c.scaled(33), 3);
-        assert_eq!(c.slice_elems(), 2_500);
+        assert_eq!(c.plan().slice_params, 2_500);
         assert_eq!(c.wire_bytes(2_500), 48 + 160_000);
         c.slice_params = Some(10 << 20);
         assert_eq!(
-            c.slice_elems(),
+            c.plan().slice_params,
             FRAME_ELEMS / 16,
             "slices are clamped to a frame"
         );
@@ -166,17 +154,19 @@ mod tests {
     #[test]
     fn validation_names_the_problem() {
         let bad = |f: fn(&mut SimConfig)| {
-            let mut c = SimConfig::new(Strategy::Ps, 2, 1);
+            let mut c = SimConfig::new(StrategyKind::Ps, 2, 1);
             f(&mut c);
             c.validate().map_err(|e| e.to_string()).unwrap_err()
         };
         assert!(bad(|c| c.servers = 0).contains("server"));
-        assert!(bad(|c| c.strategy = Strategy::Allreduce).contains("no server"));
+        assert!(bad(|c| c.strategy = StrategyKind::Allreduce).contains("no server"));
         assert!(bad(|c| c.scale = 0.0).contains("scale"));
         assert!(bad(|c| c.jitter = 1.5).contains("jitter"));
         assert!(bad(|c| c.workers = 0).contains("worker"));
         assert!(bad(|c| c.network.loss = 2.0).contains("--loss"));
         assert!(bad(|c| c.network.buffer_bytes = 0).contains("buffer_bytes"));
-        assert!(SimConfig::new(Strategy::Allreduce, 3, 0).validate().is_ok());
+        assert!(SimConfig::new(StrategyKind::Allreduce, 3, 0)
+            .validate()
+            .is_ok());
     }
 }

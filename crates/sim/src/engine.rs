@@ -134,7 +134,7 @@ impl<'a> Sim<'a> {
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
         let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec());
-        let hosts = roles(cfg, &keys)
+        let hosts = roles(cfg, &keys)?
             .into_iter()
             .enumerate()
             .map(|(rank, role)| {

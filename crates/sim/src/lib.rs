@@ -24,9 +24,7 @@ mod queue;
 mod report;
 mod rng;
 
-pub use config::{
-    SimConfig, Strategy, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, FRAME_ELEMS, P3_SLICE_PARAMS,
-};
+pub use config::SimConfig;
 pub use error::SimError;
 pub use report::{chrome_trace_json, HostTraffic, Lane, SimReport, TraceEvent};
 

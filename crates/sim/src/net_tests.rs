@@ -3,14 +3,15 @@
 
 use syncopate_core::profile::ModelProfile;
 
-use crate::{simulate, SimConfig, SimReport, Strategy};
+use crate::{simulate, SimConfig, SimReport};
+use syncopate_core::strategy::StrategyKind;
 
 fn p3_resnet50(loss: f64, seed: u64) -> SimReport {
     let profile = match ModelProfile::builtin("resnet50") {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
     };
-    let mut c = SimConfig::new(Strategy::P3, 4, 4);
+    let mut c = SimConfig::new(StrategyKind::P3, 4, 4);
     (c.scale, c.steps, c.seed) = (1.0 / 64.0, 3, seed);
     c.network.loss = loss;
     match simulate(&profile, &c) {

@@ -5,9 +5,10 @@ use proptest::prelude::*;
 use syncopate_core::net::{LinkProfile, Shaper};
 use syncopate_core::profile::{LayerProfile, ModelProfile};
 use syncopate_core::sched::SchedulerKind;
+use syncopate_core::strategy::StrategyKind;
 
 use crate::engine::{Polling, Sim};
-use crate::{chrome_trace_json, simulate, Lane, SimConfig, SimReport, Strategy};
+use crate::{chrome_trace_json, simulate, Lane, SimConfig, SimReport};
 
 const GBIT: f64 = 1e9;
 
@@ -30,7 +31,7 @@ fn model(layers: &[(usize, u64, u64)]) -> ModelProfile {
 }
 
 fn config(
-    strategy: Strategy,
+    strategy: StrategyKind,
     workers: usize,
     servers: usize,
     bps: f64,
@@ -78,7 +79,7 @@ fn ps_step_time_matches_the_closed_form_to_the_nanosecond() {
         (1.0, 64 << 20, false, 4 * t + 2 * latency),
         (1.0, 256 << 10, true, 6 * t + 2 * latency),
     ] {
-        let mut c = config(Strategy::Ps, 1, 1, bps, latency);
+        let mut c = config(StrategyKind::Ps, 1, 1, bps, latency);
         (c.scale, c.network.buffer_bytes, c.network.ingress, c.steps) = (scale, window, ingress, 3);
         let r = run(&profile, &c);
         assert_eq!(
@@ -108,7 +109,7 @@ fn ring_allreduce_matches_the_closed_form() {
     let (n, latency) = (8usize, 100_000u64);
     let profile = model(&[(8 << 18, 0, 0)]);
     let t_chunk = ser_ns(GBIT, 48 + (1 << 20));
-    let mut c = config(Strategy::Allreduce, n, 0, GBIT, latency);
+    let mut c = config(StrategyKind::Allreduce, n, 0, GBIT, latency);
     c.steps = 2;
     let r = run(&profile, &c);
     let want = 2 * (n as u64 - 1) * (t_chunk + latency);
@@ -122,7 +123,7 @@ fn ring_allreduce_matches_the_closed_form() {
     let t_seg = ser_ns(GBIT, 48 + (4 << 20));
     let want = 2 * (n as u64 - 1) * 2 * t_seg + latency;
     for scale in [1.0, 1.0 / 256.0] {
-        let mut c = config(Strategy::Allreduce, n, 0, GBIT, latency);
+        let mut c = config(StrategyKind::Allreduce, n, 0, GBIT, latency);
         (c.bucket_bytes, c.scale, c.steps) = (64 << 20, scale, 2);
         let r = run(&profile, &c);
         assert_eq!(r.step_end_ns, vec![want, 2 * want], "scale {scale}");
@@ -142,13 +143,8 @@ fn ring_allreduce_matches_the_closed_form() {
 fn an_infinitely_fast_network_leaves_only_compute() {
     let profile = ModelProfile::builtin("resnet50").unwrap();
     let compute = profile.forward_ns() + profile.backward_ns();
-    for (strategy, servers) in [
-        (Strategy::Ps, 2),
-        (Strategy::P3, 3),
-        (Strategy::PsNoOverlap, 2),
-        (Strategy::Allreduce, 0),
-        (Strategy::AllreduceNoOverlap, 0),
-    ] {
+    for strategy in StrategyKind::ALL {
+        let servers = if strategy.uses_servers() { 2 } else { 0 };
         let mut c = SimConfig::new(strategy, 3, servers);
         (c.network.bandwidth_bps, c.scale, c.steps) = (None, 1.0 / 1024.0, 3);
         let r = run(&profile, &c);
@@ -164,7 +160,7 @@ fn an_infinitely_fast_network_leaves_only_compute() {
 #[test]
 fn same_config_same_report_and_the_seed_matters() {
     let profile = ModelProfile::builtin("resnet50").unwrap();
-    let mut c = config(Strategy::P3, 6, 2, 5.0 * GBIT, 20_000);
+    let mut c = config(StrategyKind::P3, 6, 2, 5.0 * GBIT, 20_000);
     (c.scale, c.steps, c.jitter, c.seed, c.trace_steps) = (1.0 / 256.0, 3, 0.05, 1, Some(1..2));
     let a = run(&profile, &c);
     let b = run(&profile, &c);
@@ -190,7 +186,7 @@ fn trace_covers_the_window_only() {
         (0, 5_000, 5_000),
         (3000, 10_000, 20_000),
     ]);
-    let mut c = config(Strategy::P3, 2, 2, GBIT, 1_000);
+    let mut c = config(StrategyKind::P3, 2, 2, GBIT, 1_000);
     (c.steps, c.slice_params, c.trace_steps) = (4, Some(700), Some(1..3));
     let r = run(&profile, &c);
     let count = |lane| r.trace.iter().filter(|e| e.lane == lane).count();
@@ -215,7 +211,7 @@ fn p3_beats_fifo_ps_on_vgg19() {
             (c.scale, c.steps) = (1.0 / 16.0, 4);
             run(&profile, &c).mean_step_seconds
         };
-        let (ps, p3) = (mean(Strategy::Ps), mean(Strategy::P3));
+        let (ps, p3) = (mean(StrategyKind::Ps), mean(StrategyKind::P3));
         eprintln!("vgg19 {gbit} Gbit/s: ps {ps:.4} s, p3 {p3:.4} s");
         assert!(p3 <= ps, "{gbit} Gbit/s: p3 {p3} > ps {ps}");
         if gbit == 5.0 {
@@ -230,7 +226,7 @@ fn p3_beats_fifo_ps_on_vgg19() {
 #[test]
 fn sixty_four_workers_resnet50_p3() {
     let profile = ModelProfile::builtin("resnet50").unwrap();
-    let mut c = config(Strategy::P3, 64, 8, 10.0 * GBIT, 10_000);
+    let mut c = config(StrategyKind::P3, 64, 8, 10.0 * GBIT, 10_000);
     (c.scale, c.steps) = (1.0 / 256.0, 2);
     let r = run(&profile, &c);
     assert_eq!(r.step_end_ns.len(), 2);
@@ -256,7 +252,7 @@ fn sixty_four_workers_resnet50_p3() {
 #[test]
 fn bad_configs_are_errors() {
     let profile = model(&[(10, 1, 1)]);
-    let c = SimConfig::new(Strategy::Ps, 1, 0);
+    let c = SimConfig::new(StrategyKind::Ps, 1, 0);
     assert!(simulate(&profile, &c)
         .unwrap_err()
         .to_string()
@@ -274,9 +270,7 @@ proptest! {
         workers in 1usize..9,
         servers in 1usize..4,
         sizes in prop::collection::vec(0usize..30_000, 1..6),
-        strategy in prop::sample::select(vec![
-            Strategy::Ps, Strategy::P3, Strategy::PsNoOverlap, Strategy::Allreduce, Strategy::AllreduceNoOverlap,
-        ]),
+        strategy in prop::sample::select(StrategyKind::ALL.to_vec()),
         scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
         ingress: bool,
         window in 1usize..100_000,
@@ -305,7 +299,7 @@ proptest! {
 #[test]
 fn a_straggler_delays_every_synchronous_step_by_its_extra_compute() {
     let profile = model(&[(1 << 10, 1_000_000, 2_000_000)]);
-    for (strategy, servers) in [(Strategy::Allreduce, 0), (Strategy::Ps, 1)] {
+    for (strategy, servers) in [(StrategyKind::Allreduce, 0), (StrategyKind::Ps, 1)] {
         let mut c = config(strategy, 4, servers, 10.0 * GBIT, 1_000);
         c.steps = 1;
         let base = run(&profile, &c).step_end_ns[0];

@@ -6,24 +6,27 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use syncopate_core::net::{parse_bandwidth, parse_size, LinkProfile};
-use syncopate_core::sched::SchedulerKind;
+use syncopate_core::strategy::{StrategyKind, SyncPlan};
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::{run_comm_bench, BenchIters};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
-use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES};
+use syncopate_runtime::job::{JobLayout, ProcessContext};
 use syncopate_runtime::launch::{launch, LaunchPlan};
+
+use crate::args::strategy_parser;
 
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// `allreduce` (ring all-reduce bus bandwidth) or `ps` (push + pull through servers).
-    #[arg(long, default_value = "allreduce")]
-    strategy: String,
+    /// Strategy: all-reduce strategies report ring bus bandwidth, parameter-server ones
+    /// push + pull time through the servers.
+    #[arg(long, value_parser = strategy_parser(), default_value = StrategyKind::Allreduce.name())]
+    strategy: StrategyKind,
     /// Worker processes.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Server processes (ps only).
+    /// Server processes (parameter-server strategies only).
     #[arg(long, default_value_t = 1)]
     servers: usize,
     /// Message sizes, comma-separated (per worker: the buffer reduced, or pushed and pulled).
@@ -54,11 +57,7 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     fn layout(&self) -> Result<JobLayout> {
-        let strategy = match self.strategy.as_str() {
-            "allreduce" => StrategyKind::Allreduce,
-            "ps" => StrategyKind::Ps,
-            other => bail!("--strategy must be allreduce or ps, got {other}"),
-        };
+        let strategy = self.strategy;
         let network = LinkProfile {
             bandwidth_bps: match &self.bandwidth {
                 Some(b) => parse_bandwidth(b)?,
@@ -67,21 +66,20 @@ impl BenchArgs {
             latency_ns: 0,
             buffer_bytes: parse_size(&self.send_buffer)?.max(1),
         };
+        let servers = if strategy.uses_servers() {
+            self.servers
+        } else {
+            0
+        };
         let layout = JobLayout {
-            strategy,
-            workers: self.workers,
-            servers: if strategy.uses_servers() {
-                self.servers
-            } else {
-                0
+            // One bucket of the whole buffer: each size is one message.
+            sync: SyncPlan {
+                bucket_bytes: usize::MAX,
+                ..SyncPlan::new(strategy, self.workers, servers)
             },
-            scheduler: SchedulerKind::Fifo,
-            slice_params: strategy.default_slice_params(),
-            credit_bytes: DEFAULT_CREDIT_BYTES,
-            bucket_bytes: usize::MAX,
             network,
         };
-        layout.validate().map_err(anyhow::Error::msg)?;
+        layout.validate()?;
         Ok(layout)
     }
 

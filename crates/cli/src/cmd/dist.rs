@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde::Serialize;
 use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
+use syncopate_core::strategy::{SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
@@ -23,59 +24,8 @@ use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
-use crate::args::TrainSettings;
+use crate::args::{scheduler_parser, strategy_parser, TrainSettings};
 use crate::progress::{RankNotices, TrainProgress};
-
-/// Strategies on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyArg {
-    /// Sharded parameter server, layer-wise FIFO push as backward produces gradients.
-    Ps,
-    /// Parameter server, push only after the whole backward (baseline).
-    PsNoOverlap,
-    /// Ring all-reduce over 25 MB buckets launched as backward fills them (DDP-style).
-    Allreduce,
-    /// Ring all-reduce after the whole backward (baseline).
-    AllreduceNoOverlap,
-    /// P3: 40,000-parameter slices round robin over the servers, priority by layer (first
-    /// layer first), preemption at slice boundaries, next forward layer by layer.
-    P3,
-}
-
-/// Schedulers on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SchedulerArg {
-    /// Order of readiness (MXNet KVStore's baseline).
-    Fifo,
-    /// Layer nearest the input first (P3).
-    Priority,
-    /// Priority order with at most --credit-bytes pushed and unanswered (ByteScheduler).
-    Credit,
-}
-
-impl From<SchedulerArg> for SchedulerKind {
-    fn from(s: SchedulerArg) -> Self {
-        match s {
-            SchedulerArg::Fifo => SchedulerKind::Fifo,
-            SchedulerArg::Priority => SchedulerKind::Priority,
-            SchedulerArg::Credit => SchedulerKind::Credit,
-        }
-    }
-}
-
-impl From<StrategyArg> for StrategyKind {
-    fn from(s: StrategyArg) -> Self {
-        match s {
-            StrategyArg::P3 => StrategyKind::P3,
-            StrategyArg::Ps => StrategyKind::Ps,
-            StrategyArg::PsNoOverlap => StrategyKind::PsNoOverlap,
-            StrategyArg::Allreduce => StrategyKind::Allreduce,
-            StrategyArg::AllreduceNoOverlap => StrategyKind::AllreduceNoOverlap,
-        }
-    }
-}
 
 /// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -83,8 +33,8 @@ pub struct JobArgs {
     #[command(flatten)]
     pub settings: TrainSettings,
     /// Synchronisation strategy.
-    #[arg(long, value_enum, default_value = "allreduce")]
-    pub strategy: StrategyArg,
+    #[arg(long, value_parser = strategy_parser(), default_value = StrategyKind::Allreduce.name())]
+    pub strategy: StrategyKind,
     /// Worker processes.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -103,19 +53,20 @@ pub struct JobArgs {
     /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags override it.
     #[arg(long, value_name = "FILE")]
     pub network: Option<PathBuf>,
-    /// All-reduce bucket size in MB (PyTorch DDP's default: 25).
-    #[arg(long, default_value_t = 25.0)]
+    /// All-reduce bucket size in MB (the default is PyTorch DDP's).
+    #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES as f64 / 1e6)]
     pub bucket_mb: f64,
-    /// Order of the frames on every link (default: priority for p3, fifo otherwise). Also
-    /// applies to ps and allreduce, so each P3 mechanism can be switched on alone.
-    #[arg(long, value_enum)]
-    pub scheduler: Option<SchedulerArg>,
-    /// Parameter-server slice size in parameters (default: 40000 for p3; whole keys, in
-    /// frames of at most 1Mi values, for ps).
+    /// Order of the frames on every link (default: the strategy's, listed with --strategy's
+    /// values). Also applies to ps and allreduce, so each P3 mechanism can be switched on
+    /// alone.
+    #[arg(long, value_parser = scheduler_parser())]
+    pub scheduler: Option<SchedulerKind>,
+    /// Parameter-server slice size in parameters (default: the strategy's, listed with
+    /// --strategy's values; never more than a frame).
     #[arg(long)]
     pub slice_params: Option<usize>,
     /// Credit of the credit scheduler: bytes pushed and not yet answered, e.g. 640KB.
-    #[arg(long, default_value = "640000")]
+    #[arg(long, default_value_t = DEFAULT_CREDIT_BYTES.to_string())]
     pub credit_bytes: String,
     /// Scale profile models down: every tensor, the bandwidth, slices, buckets, credit and
     /// send window are multiplied by this factor (e.g. 1/16) while compute times stay, so
@@ -208,29 +159,32 @@ impl JobArgs {
         if let Some(b) = &self.send_buffer {
             network.buffer_bytes = parse_size(b)?.max(1);
         }
-        if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
-            bail!("--bucket-mb must be positive");
-        }
-        let strategy: StrategyKind = self.strategy.into();
         let factor = self.scale_factor()?;
         let scaled = |bytes: usize| ((bytes as f64 * factor).ceil() as usize).max(1);
         network.bandwidth_bps = network.bandwidth_bps.map(|b| b * factor);
         network.buffer_bytes = scaled(network.buffer_bytes);
         let layout = JobLayout {
-            strategy,
-            workers: self.workers,
-            servers: self.servers,
-            scheduler: self
-                .scheduler
-                .map_or(strategy.default_scheduler(), Into::into),
-            slice_params: scaled(self.slice_params.unwrap_or(strategy.default_slice_params())),
-            credit_bytes: scaled(parse_size(&self.credit_bytes)?),
-            bucket_bytes: scaled((self.bucket_mb * 1e6) as usize),
+            sync: self.sync_plan()?.scaled(factor),
             network,
         };
-        layout.validate().map_err(anyhow::Error::msg)?;
+        layout.validate()?;
         Straggler::check(&self.slow_worker, self.workers)?;
         Ok(layout)
+    }
+
+    /// The synchronisation flags over the strategy's defaults, at full size.
+    fn sync_plan(&self) -> Result<SyncPlan> {
+        if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
+            bail!("--bucket-mb must be positive");
+        }
+        let defaults = SyncPlan::new(self.strategy, self.workers, self.servers);
+        Ok(SyncPlan {
+            scheduler: self.scheduler.unwrap_or(defaults.scheduler),
+            slice_params: self.slice_params.unwrap_or(defaults.slice_params),
+            credit_bytes: parse_size(&self.credit_bytes)?,
+            bucket_bytes: (self.bucket_mb * 1e6) as usize,
+            ..defaults
+        })
     }
 
     /// `--trace-steps A..B` as a range.

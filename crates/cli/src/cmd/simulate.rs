@@ -8,8 +8,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::sched::SchedulerKind;
+use syncopate_core::strategy::StrategyKind;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
-use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport, Strategy};
+use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
+
+use crate::args::{scheduler_parser, strategy_parser};
 
 use crate::args::NetworkArgs;
 
@@ -20,9 +23,9 @@ pub struct SimulateArgs {
     /// profile:FILE (PipeDream graph.txt).
     #[arg(long, default_value = "profile:resnet50")]
     pub model: String,
-    /// Strategies, comma-separated: ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap.
-    #[arg(long, default_value = "p3")]
-    pub strategy: String,
+    /// Strategies, comma-separated for a sweep.
+    #[arg(long, value_parser = strategy_parser(), value_delimiter = ',', default_value = StrategyKind::P3.name())]
+    pub strategy: Vec<StrategyKind>,
     /// Workers, comma-separated for a sweep.
     #[arg(long, default_value = "4")]
     pub workers: String,
@@ -33,9 +36,9 @@ pub struct SimulateArgs {
     /// 1gbit,10gbit; default 10gbit, or the --network profile's).
     #[command(flatten)]
     pub net: NetworkArgs,
-    /// Scheduler (default: the strategy's).
-    #[arg(long)]
-    pub scheduler: Option<String>,
+    /// Scheduler (default: the strategy's, listed with --strategy's values).
+    #[arg(long, value_parser = scheduler_parser())]
+    pub scheduler: Option<SchedulerKind>,
     /// Steps to simulate.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -74,19 +77,6 @@ fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
     s.split(',').map(|p| parse(p.trim())).collect()
 }
 
-fn strategy(s: &str) -> Result<Strategy> {
-    Strategy::from_name(s).with_context(|| {
-        format!("unknown strategy '{s}' (ps, ps-no-overlap, p3, allreduce, allreduce-no-overlap)")
-    })
-}
-
-fn scheduler(s: &str) -> Result<SchedulerKind> {
-    SchedulerKind::ALL
-        .into_iter()
-        .find(|k| k.name() == s)
-        .with_context(|| format!("unknown scheduler '{s}' (fifo, priority, credit)"))
-}
-
 /// Resolves `profile:NAME` or `profile:FILE`.
 fn profile(model: &str) -> Result<ModelProfile> {
     let Some(what) = model.strip_prefix("profile:") else {
@@ -103,7 +93,7 @@ fn profile(model: &str) -> Result<ModelProfile> {
 /// Runs the simulations and prints their figures.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let profile = profile(&args.model)?;
-    let strategies = list(&args.strategy, strategy)?;
+    let strategies = &args.strategy;
     let workers = list(&args.workers, |w| {
         w.parse::<usize>()
             .with_context(|| format!("--workers '{w}'"))
@@ -131,8 +121,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         "s util",
         "wall s"
     );
-    let mut rows: Vec<(Strategy, usize, String, f64, SimReport)> = Vec::new();
-    for &s in &strategies {
+    let mut rows: Vec<(StrategyKind, usize, String, f64, SimReport)> = Vec::new();
+    for &s in strategies {
         for &n in &workers {
             for (name, network) in &bandwidths {
                 let bps = network.bandwidth_bps;
@@ -142,8 +132,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     0
                 };
                 let mut config = SimConfig::new(s, n, servers);
-                if let Some(k) = &args.scheduler {
-                    config.scheduler = scheduler(k)?;
+                if let Some(k) = args.scheduler {
+                    config.scheduler = k;
                 }
                 config.network = network.clone();
                 config.steps = args.steps;
@@ -213,7 +203,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
 fn write_sweep(
     args: &SimulateArgs,
     profile: &ModelProfile,
-    rows: &[(Strategy, usize, String, f64, SimReport)],
+    rows: &[(StrategyKind, usize, String, f64, SimReport)],
     by_bandwidth: bool,
 ) -> Result<()> {
     std::fs::create_dir_all(&args.out)

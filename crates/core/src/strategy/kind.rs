@@ -1,11 +1,12 @@
-//! Which strategy a job runs, and what follows from it alone: its defaults, how its
-//! parameter-server registry is cut and placed, and which ranks talk to which. The runtime
-//! and the simulator both build their jobs from this one description.
+//! Which strategy a job runs, and what follows from it alone: its properties, its defaults,
+//! how its parameter-server slices are placed, and which ranks talk to which. The runtime,
+//! the simulator and the command line all take these from this one description (the
+//! endpoints themselves are built by [`super::SyncPlan`]).
 
 use serde::{Deserialize, Serialize};
 
 use super::Rank;
-use crate::registry::{KeyInfo, Placement, TensorRegistry};
+use crate::registry::Placement;
 use crate::sched::SchedulerKind;
 
 /// Largest frame payload in elements: big keys travel in frames of at most 4 MiB.
@@ -19,6 +20,9 @@ pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
 
 /// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
 pub const P3_SLICE_PARAMS: usize = 40_000;
+
+/// All-reduce bucket capacity when none is asked for (PyTorch DDP's 25 MB).
+pub const DEFAULT_BUCKET_BYTES: usize = 25_000_000;
 
 /// ByteScheduler-style credit when none is asked for: 4 P3 slices.
 pub const DEFAULT_CREDIT_BYTES: usize = 4 * P3_SLICE_PARAMS * 4;
@@ -38,6 +42,16 @@ pub enum StrategyKind {
     /// P3: parameter server with 40,000-parameter slices placed round robin, priority
     /// scheduling by layer, and the next forward starting layer by layer as slices return.
     P3,
+}
+
+/// What a strategy averages across the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Averaged {
+    /// Gradients: the step applies the mean gradient (on the servers or on every worker).
+    Gradients,
+    /// Weights: every worker adopts an average of the replicas' weights.
+    Weights,
 }
 
 impl StrategyKind {
@@ -64,6 +78,52 @@ impl StrategyKind {
             StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
             StrategyKind::P3 => "p3",
         }
+    }
+
+    /// One line on what it does, for listings such as `--help`.
+    pub fn description(self) -> &'static str {
+        match self {
+            StrategyKind::Ps => {
+                "sharded parameter server, each layer pushed as soon as backward produces it"
+            }
+            StrategyKind::PsNoOverlap => {
+                "parameter server, everything pushed after the whole backward (baseline)"
+            }
+            StrategyKind::Allreduce => {
+                "ring all-reduce over gradient buckets launched as backward fills them (DDP)"
+            }
+            StrategyKind::AllreduceNoOverlap => {
+                "ring all-reduce after the whole backward (baseline)"
+            }
+            StrategyKind::P3 => {
+                "P3: slices round robin over the servers, priority by layer, preemption at \
+                 slice boundaries, next forward layer by layer"
+            }
+        }
+    }
+
+    /// [`StrategyKind::description`] followed by the defaults it runs with:
+    /// `... [scheduler priority, slices of 40000 parameters]`.
+    pub fn summary(self) -> String {
+        let size = if self.uses_servers() {
+            format!("slices of {} parameters", self.default_slice_params())
+        } else {
+            format!("buckets of {} MB", DEFAULT_BUCKET_BYTES as f64 / 1e6)
+        };
+        let scheduler = self.default_scheduler().name();
+        format!("{} [scheduler {scheduler}, {size}]", self.description())
+    }
+
+    /// What it averages across the workers.
+    pub fn averages(self) -> Averaged {
+        Averaged::Gradients
+    }
+
+    /// Whether every worker ends each step with exactly the values of single-process
+    /// training on the workers' whole batch (to float tolerance); approximate strategies
+    /// report their deviation instead.
+    pub fn exact(self) -> bool {
+        true
     }
 
     /// Whether it needs parameter servers.
@@ -106,20 +166,13 @@ impl StrategyKind {
         }
     }
 
-    /// The parameter-server registry of keys `keys` cut into slices of `slice_params`
-    /// (at most one frame): P3 places slices round robin, the other strategies balance
-    /// them by bytes (MXNet's KVStore).
-    pub fn registry(
-        self,
-        keys: Vec<KeyInfo>,
-        slice_params: usize,
-        servers: usize,
-    ) -> TensorRegistry {
-        let placement = match self {
+    /// How its parameter-server slices are placed on the servers: P3 round robin, the
+    /// other strategies balanced by bytes (MXNet's KVStore).
+    pub fn placement(self) -> Placement {
+        match self {
             StrategyKind::P3 => Placement::SlicesRoundRobin,
             _ => Placement::KeysByBytes,
-        };
-        TensorRegistry::new(keys, slice_params.clamp(1, FRAME_ELEMS), servers, placement)
+        }
     }
 
     /// The ranks `rank` has links to: workers to every server and servers to every worker

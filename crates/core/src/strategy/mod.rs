@@ -7,14 +7,17 @@
 //! runtime and the in-process tests drive the very same code.
 
 mod kind;
+mod plan;
 mod ps;
 mod ring;
 #[cfg(test)]
 mod tests;
 
 pub use kind::{
-    StrategyKind, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
+    Averaged, StrategyKind, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
+    FRAME_ELEMS, P3_SLICE_PARAMS,
 };
+pub use plan::{scale_count, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 

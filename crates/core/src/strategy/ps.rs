@@ -10,7 +10,7 @@ use super::{
     WorkerSync,
 };
 use crate::aggregate::{add_assign, scale};
-use crate::optim::{LrSchedule, Sgd};
+use crate::optim::{LrSchedule, Sgd, SgdConfig};
 use crate::registry::{Slice, TensorRegistry};
 use crate::sched::{most_urgent, new_scheduler, Pending, Scheduler, SchedulerKind};
 use crate::wire::{FrameKind, Header};
@@ -347,6 +347,21 @@ pub struct ServerOptim {
     pub lr: f32,
     /// Schedule over the step number carried by the frames.
     pub schedule: LrSchedule,
+}
+
+impl ServerOptim {
+    /// Plain SGD (no momentum, no weight decay) at the constant rate `lr`: for servers whose
+    /// values nobody trains on (benchmarks, the simulator).
+    pub fn plain(lr: f32) -> Self {
+        Self {
+            sgd: Sgd::new(SgdConfig {
+                momentum: 0.0,
+                weight_decay: 0.0,
+            }),
+            lr,
+            schedule: LrSchedule::Constant,
+        }
+    }
 }
 
 impl PsServer {

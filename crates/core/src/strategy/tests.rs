@@ -237,73 +237,97 @@ fn close(a: &[f32], b: &[f32]) -> bool {
             .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
 }
 
+/// Every worker's values after each step as single-process training on the workers' whole
+/// batch would have them: the mean gradient where the workers apply the optimizer, the
+/// parameters after SGD on the mean gradient where the servers do.
+fn reference(
+    kind: StrategyKind,
+    n: usize,
+    sizes: &[usize],
+    steps: u64,
+    init: &[Vec<f32>],
+    cfg: SgdConfig,
+) -> Vec<Vec<Vec<f32>>> {
+    assert_eq!(
+        kind.averages(),
+        Averaged::Gradients,
+        "no reference for {kind:?} yet"
+    );
+    let sgd = Sgd::new(cfg);
+    let mut params = init.to_vec();
+    let mut vel: Vec<Vec<f32>> = sizes.iter().map(|&l| vec![0.0; l]).collect();
+    (0..steps)
+        .map(|step| {
+            (0..sizes.len())
+                .map(|key| {
+                    let g = mean_grad(step, n, key, sizes[key]);
+                    if !kind.uses_servers() {
+                        return g;
+                    }
+                    sgd.step(LR, &mut params[key], &g, &mut vel[key]);
+                    params[key].clone()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The servers' learning rate in the property test.
+const LR: f32 = 0.1;
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Ring all-reduce gives every worker the same bits, equal to the mean gradient, for any
-    /// ring size, bucket and segment sizes, small buckets shared whole or not, overlap or
-    /// not, and any interleaving.
+    /// Every strategy, its endpoints built by [`SyncPlan`] as every driver builds them, gives
+    /// every worker the same bits, equal to direct arithmetic (the mean gradient, or SGD
+    /// applied to it on the servers), for any cluster, slice, bucket, frame and credit
+    /// sizes, small buckets shared whole or not, any scheduler and any interleaving.
     #[test]
-    fn ring_allreduce_averages(
+    fn every_strategy_matches_direct_arithmetic(
         n in 1usize..5,
-        sizes in prop::collection::vec(1usize..60, 1..6),
-        bucket in 1usize..100,
-        segment in 1usize..20,
-        direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
-        overlap: bool,
-        seed: u64,
-    ) {
-        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
-            .map(|r| Box::new(RingAllReduce::new(r, n, keys(&sizes), bucket, segment, overlap, SchedulerKind::Fifo).with_direct_below(direct_below)) as Box<dyn WorkerSync>)
-            .collect();
-        let results = drive(&mut ws, &mut [], &sizes, 3, seed);
-        for (step, per_worker) in results.iter().enumerate() {
-            for (key, &len) in sizes.iter().enumerate() {
-                let want = mean_grad(step as u64, n, key, len);
-                for w in 0..n {
-                    prop_assert_eq!(&per_worker[w][key], &per_worker[0][key]);
-                }
-                prop_assert!(close(&per_worker[0][key], &want), "step {} key {}: {:?} vs {:?}", step, key, per_worker[0][key], want);
-            }
-        }
-    }
-
-    /// The parameter server applies SGD to the mean gradient: every worker ends each step
-    /// with exactly the values of a single process applying the same update.
-    #[test]
-    fn parameter_server_applies_sgd_to_the_mean(
-        n in 1usize..4,
         servers in 1usize..4,
-        sizes in prop::collection::vec(1usize..50, 1..6),
+        sizes in prop::collection::vec(1usize..60, 1..6),
         slice in 1usize..30,
-        round_robin: bool,
-        overlap: bool,
+        bucket in 1usize..100,
+        frame in 1usize..40,
+        direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
         scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
         credit_bytes in 4usize..200,
         seed: u64,
     ) {
-        let placement = if round_robin { Placement::SlicesRoundRobin } else { Placement::KeysByBytes };
-        let reg = TensorRegistry::new(keys(&sizes), slice, servers, placement);
         let init: Vec<Vec<f32>> = sizes.iter().map(|&len| (0..len).map(|i| i as f32 * 0.01).collect()).collect();
         let cfg = SgdConfig { momentum: 0.9, weight_decay: 1e-3 };
-        let optim = ServerOptim { sgd: Sgd::new(cfg), lr: 0.1, schedule: LrSchedule::Constant };
-        let mut ss: Vec<PsServer> = (0..servers)
-            .map(|i| PsServer::new(i, n, reg.clone(), init.clone(), optim, scheduler))
-            .collect();
-        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
-            .map(|r| Box::new(PsWorker::new(r, n, reg.clone(), overlap, scheduler, credit_bytes)) as Box<dyn WorkerSync>)
-            .collect();
-        let results = drive(&mut ws, &mut ss, &sizes, 3, seed);
-        let sgd = Sgd::new(cfg);
-        let mut params = init.clone();
-        let mut vel: Vec<Vec<f32>> = sizes.iter().map(|&l| vec![0.0; l]).collect();
-        for (step, per_worker) in results.iter().enumerate() {
-            for (key, &len) in sizes.iter().enumerate() {
-                let g = mean_grad(step as u64, n, key, len);
-                sgd.step(0.1, &mut params[key], &g, &mut vel[key]);
-                for w in 0..n {
-                    prop_assert!(close(&per_worker[w][key], &params[key]));
-                    prop_assert_eq!(&per_worker[w][key], &per_worker[0][key]);
+        let optim = ServerOptim { sgd: Sgd::new(cfg), lr: LR, schedule: LrSchedule::Constant };
+        for kind in StrategyKind::ALL {
+            let plan = SyncPlan {
+                scheduler,
+                slice_params: slice,
+                bucket_bytes: 4 * bucket,
+                credit_bytes,
+                frame_elems: frame,
+                direct_share_elems: direct_below,
+                ..SyncPlan::new(kind, n, if kind.uses_servers() { servers } else { 0 })
+            };
+            prop_assert!(plan.validate().is_ok());
+            let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
+                .map(|r| -> Box<dyn WorkerSync> { plan.worker_endpoint(r, keys(&sizes)) })
+                .collect();
+            let mut ss: Vec<PsServer> = (n..plan.world_size())
+                .map(|r| plan.server_endpoint(r, keys(&sizes), init.clone(), optim))
+                .collect::<Result<_, _>>()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let results = drive(&mut ws, &mut ss, &sizes, 3, seed);
+            if !kind.exact() {
+                continue;
+            }
+            let want = reference(kind, n, &sizes, 3, &init, cfg);
+            for (step, per_worker) in results.iter().enumerate() {
+                for key in 0..sizes.len() {
+                    let w0 = &per_worker[0][key];
+                    prop_assert!(close(w0, &want[step][key]), "{:?} step {} key {}: {:?} vs {:?}", kind, step, key, w0, want[step][key]);
+                    for other in &per_worker[1..] {
+                        prop_assert_eq!(&other[key], w0);
+                    }
                 }
             }
         }

@@ -1,0 +1,287 @@
+//! One job's synchronisation settings and the one factory of its endpoints: the runtime's
+//! processes, `bench-comm` and the simulator all build their worker and server state
+//! machines from a [`SyncPlan`], so a strategy's parameters are chosen in one place.
+
+use serde::{Deserialize, Serialize};
+
+use super::kind::{DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS};
+use super::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StrategyKind, WorkerSync};
+use crate::registry::{KeyInfo, TensorRegistry};
+use crate::sched::SchedulerKind;
+
+/// A plan that cannot run, or a rank that has no such role in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// No worker at all.
+    #[error("a job needs at least one worker")]
+    NoWorkers,
+    /// A parameter-server strategy without servers.
+    #[error("strategy {0} needs at least one server")]
+    NoServers(&'static str),
+    /// Servers asked for a strategy that has none.
+    #[error("strategy {0} uses no server; set servers to 0")]
+    UnusedServers(&'static str),
+    /// A size that must be positive is 0.
+    #[error("{0} must be positive")]
+    Zero(&'static str),
+    /// A server endpoint asked for a rank that is not a server's.
+    #[error("rank {rank} is not a server rank (servers are ranks {workers}..{world})")]
+    NotAServer {
+        /// The rank asked for.
+        rank: Rank,
+        /// Workers, the first server rank.
+        workers: usize,
+        /// Processes in the job, one past the last server rank.
+        world: usize,
+    },
+}
+
+/// How a job synchronises: the strategy, the scheduler, the processes and every size the
+/// state machines are built with. [`SyncPlan::new`] gives the strategy's defaults;
+/// [`SyncPlan::scaled`] the same plan for a scaled-down model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncPlan {
+    /// Strategy.
+    pub strategy: StrategyKind,
+    /// Scheduler of every link.
+    pub scheduler: SchedulerKind,
+    /// Workers (ranks `0..workers`).
+    pub workers: usize,
+    /// Parameter servers (ranks `workers..workers + servers`).
+    pub servers: usize,
+    /// Parameter-server slice size in parameters (never more than a frame).
+    pub slice_params: usize,
+    /// All-reduce bucket capacity in bytes.
+    pub bucket_bytes: usize,
+    /// Bytes a worker may have pushed and not yet had answered under the credit scheduler.
+    pub credit_bytes: usize,
+    /// Largest frame payload in elements: ring segments and parameter-server slices.
+    pub frame_elems: usize,
+    /// Ring buckets whose copies hold at most this many values together are shared whole
+    /// (see [`DIRECT_SHARE_ELEMS`]).
+    pub direct_share_elems: usize,
+}
+
+/// What a full-size count `n` (elements or bytes) becomes at scale `factor`: rounded up, at
+/// least 1 unless `n` is 0.
+pub fn scale_count(n: usize, factor: f64) -> usize {
+    if n == 0 {
+        0
+    } else {
+        ((n as f64 * factor).ceil() as usize).max(1)
+    }
+}
+
+impl SyncPlan {
+    /// `strategy` on `workers` workers and `servers` servers with the strategy's defaults.
+    pub fn new(strategy: StrategyKind, workers: usize, servers: usize) -> Self {
+        Self {
+            strategy,
+            scheduler: strategy.default_scheduler(),
+            workers,
+            servers,
+            slice_params: strategy.default_slice_params(),
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            credit_bytes: DEFAULT_CREDIT_BYTES,
+            frame_elems: FRAME_ELEMS,
+            direct_share_elems: DIRECT_SHARE_ELEMS,
+        }
+    }
+
+    /// The plan for a model whose tensors are scaled by `factor`: every size (slices, at
+    /// most a frame, buckets, credit, frames, the direct-share bound) scaled alike, so the
+    /// scaled job cuts its messages as the full-size one does.
+    pub fn scaled(self, factor: f64) -> Self {
+        Self {
+            slice_params: scale_count(self.slice_params.min(self.frame_elems), factor),
+            bucket_bytes: scale_count(self.bucket_bytes, factor),
+            credit_bytes: scale_count(self.credit_bytes, factor),
+            frame_elems: scale_count(self.frame_elems, factor),
+            direct_share_elems: scale_count(self.direct_share_elems, factor),
+            ..self
+        }
+    }
+
+    /// Checks the processes and sizes against the strategy.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let name = self.strategy.name();
+        if self.workers == 0 {
+            return Err(PlanError::NoWorkers);
+        }
+        if self.strategy.uses_servers() && self.servers == 0 {
+            return Err(PlanError::NoServers(name));
+        }
+        if !self.strategy.uses_servers() && self.servers > 0 {
+            return Err(PlanError::UnusedServers(name));
+        }
+        let sizes = [
+            (self.slice_params, "slice_params"),
+            (self.bucket_bytes, "bucket_bytes"),
+            (self.frame_elems, "frame_elems"),
+        ];
+        if let Some((_, what)) = sizes.iter().find(|(n, _)| *n == 0) {
+            return Err(PlanError::Zero(what));
+        }
+        if self.scheduler.uses_credit() && self.credit_bytes == 0 {
+            return Err(PlanError::Zero("credit_bytes"));
+        }
+        Ok(())
+    }
+
+    /// Total processes.
+    pub fn world_size(&self) -> usize {
+        self.workers + self.servers
+    }
+
+    /// `rank 2 (server 0)`, `rank 1 (worker 1)`.
+    pub fn describe(&self, rank: Rank) -> String {
+        if rank < self.workers {
+            format!("rank {rank} (worker {rank})")
+        } else {
+            format!("rank {rank} (server {})", rank - self.workers)
+        }
+    }
+
+    /// The ranks `rank` needs a link to.
+    pub fn peers(&self, rank: Rank) -> Vec<Rank> {
+        self.strategy.peers(self.workers, self.servers, rank)
+    }
+
+    /// What every process must agree on besides the model, for the handshake:
+    /// `p3/priority/slice=40000`.
+    pub fn sync_descriptor(&self) -> String {
+        let mut d = format!("{}/{}", self.strategy.name(), self.scheduler.name());
+        if self.strategy.uses_servers() {
+            d.push_str(&format!("/slice={}", self.slice_params));
+        } else {
+            d.push_str(&format!("/bucket={}", self.bucket_bytes));
+        }
+        if self.scheduler.uses_credit() {
+            d.push_str(&format!("/credit={}", self.credit_bytes));
+        }
+        d
+    }
+
+    /// The parameter-server registry of a model with these keys: slices of `slice_params`
+    /// (at most a frame), placed as the strategy places them.
+    pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
+        let slice = self.slice_params.clamp(1, self.frame_elems.max(1));
+        TensorRegistry::new(keys, slice, self.servers, self.strategy.placement())
+    }
+
+    /// All-reduce bucket capacity in values.
+    pub fn bucket_elems(&self) -> usize {
+        (self.bucket_bytes / 4).max(1)
+    }
+
+    /// The state machine of worker `rank` for a model with these keys.
+    pub fn worker_endpoint(&self, rank: Rank, keys: Vec<KeyInfo>) -> Box<dyn WorkerSync + Send> {
+        let overlap = self.strategy.overlaps();
+        if self.strategy.uses_servers() {
+            let reg = self.registry(keys);
+            let credit = self.credit_bytes;
+            return Box::new(PsWorker::new(
+                rank,
+                self.workers,
+                reg,
+                overlap,
+                self.scheduler,
+                credit,
+            ));
+        }
+        let ring = RingAllReduce::new(
+            rank,
+            self.workers,
+            keys,
+            self.bucket_elems(),
+            self.frame_elems,
+            overlap,
+            self.scheduler,
+        );
+        Box::new(ring.with_direct_below(self.direct_share_elems))
+    }
+
+    /// The state machine of server `rank` for a model with these keys, starting from the
+    /// `initial` values of every key and applying `optim` to the averaged gradients.
+    pub fn server_endpoint(
+        &self,
+        rank: Rank,
+        keys: Vec<KeyInfo>,
+        initial: Vec<Vec<f32>>,
+        optim: ServerOptim,
+    ) -> Result<PsServer, PlanError> {
+        let index = rank
+            .checked_sub(self.workers)
+            .filter(|&i| i < self.servers)
+            .ok_or(PlanError::NotAServer {
+                rank,
+                workers: self.workers,
+                world: self.world_size(),
+            })?;
+        let reg = self.registry(keys);
+        Ok(PsServer::new(
+            index,
+            self.workers,
+            reg,
+            initial,
+            optim,
+            self.scheduler,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_come_from_the_strategy() {
+        let p3 = SyncPlan::new(StrategyKind::P3, 2, 1);
+        assert_eq!(p3.scheduler, SchedulerKind::Priority);
+        assert_eq!(p3.slice_params, super::super::P3_SLICE_PARAMS);
+        assert_eq!(p3.sync_descriptor(), "p3/priority/slice=40000");
+        let ring = SyncPlan::new(StrategyKind::Allreduce, 2, 0);
+        assert_eq!(ring.bucket_bytes, 25_000_000);
+        assert_eq!(ring.credit_bytes, 640_000);
+        assert_eq!(ring.sync_descriptor(), "allreduce/fifo/bucket=25000000");
+    }
+
+    #[test]
+    fn scaling_rounds_up_and_clamps_slices_to_a_frame() {
+        let mut p = SyncPlan::new(StrategyKind::Ps, 2, 1);
+        p.slice_params = 10 << 20;
+        let s = p.clone().scaled(1.0 / 16.0);
+        assert_eq!(s.slice_params, FRAME_ELEMS / 16);
+        assert_eq!(s.frame_elems, FRAME_ELEMS / 16);
+        assert_eq!(s.credit_bytes, 40_000);
+        assert_eq!(s.direct_share_elems, DIRECT_SHARE_ELEMS / 16);
+        assert_eq!(scale_count(0, 0.5), 0);
+        assert_eq!(scale_count(33, 1.0 / 16.0), 3);
+        p.slice_params = 0;
+        assert_eq!(
+            p.scaled(0.5).validate(),
+            Err(PlanError::Zero("slice_params"))
+        );
+    }
+
+    #[test]
+    fn validation_and_roles() {
+        let ps = SyncPlan::new(StrategyKind::Ps, 2, 1);
+        assert!(ps.validate().is_ok());
+        let err = |p: SyncPlan| p.validate().map_err(|e| e.to_string()).unwrap_err();
+        assert!(err(SyncPlan::new(StrategyKind::Ps, 2, 0)).contains("at least one server"));
+        assert!(err(SyncPlan::new(StrategyKind::Allreduce, 2, 1)).contains("no server"));
+        assert!(err(SyncPlan::new(StrategyKind::Allreduce, 0, 0)).contains("worker"));
+        let keys = vec![KeyInfo { numel: 8, layer: 0 }];
+        let optim = ServerOptim::plain(0.1);
+        assert!(ps
+            .server_endpoint(2, keys.clone(), vec![vec![0.0; 8]], optim)
+            .is_ok());
+        for rank in [0, 3] {
+            let e = ps.server_endpoint(rank, keys.clone(), vec![vec![0.0; 8]], optim);
+            assert!(matches!(e, Err(PlanError::NotAServer { .. })), "{rank}");
+        }
+        assert_eq!(ps.describe(2), "rank 2 (server 0)");
+        assert_eq!(ps.peers(0), vec![2]);
+    }
+}
