@@ -129,12 +129,14 @@ impl BenchIters {
 }
 
 /// Runs the benchmark for each size in `sizes` (bytes) on this process; workers return
-/// their rows (rank 0's are the ones to report), servers an empty list.
+/// their rows (rank 0's are the ones to report), servers an empty list. Ring all-reduce
+/// frames carry at most `frame_elems` values (parameter-server frames: the layout's slice).
 pub fn run_comm_bench(
     ctx: &ProcessContext,
     layout: &JobLayout,
     sizes: &[usize],
     iters: BenchIters,
+    frame_elems: usize,
 ) -> Result<Vec<BenchRow>, RunError> {
     let mut rows = Vec::new();
     // One set of links for every size: each size is one run of the loop, and the goodbye
@@ -159,7 +161,7 @@ pub fn run_comm_bench(
         };
         if hooks.worker {
             // One bucket of the whole buffer (the bench's layout has unbounded buckets).
-            let mut ep = layout.worker_endpoint(ctx.rank, keys);
+            let mut ep = layout.worker_endpoint_segmented(ctx.rank, keys, frame_elems);
             comm.run(ep.as_mut(), &mut hooks)?;
             let mut t = hooks.times.clone();
             t.sort_by(|a, b| a.total_cmp(b));

@@ -13,6 +13,12 @@
 //! the slot the endpoint designates. A peer that closes without saying goodbye, sends a
 //! malformed or unexpected frame, aborts, or stays silent past the deadline ends the loop
 //! with an error that names it; the others are told through an Abort frame.
+//!
+//! The loop keeps the endpoint's call order (see [`syncopate_core::strategy`]): transmits,
+//! then the endpoint's timer ([`Endpoint::poll_timeout`], armed on the same nanosecond
+//! `timerfd` as the frame releases, on the loop's clock: nanoseconds since the loop was
+//! created), then the hooks drain events; a due timer is handed to
+//! [`Endpoint::handle_timeout`] at the top of the next round.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -339,7 +345,7 @@ impl CommLoop {
     }
 
     fn now_ns(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Runs until the hooks say [`Flow::Finish`] (then says goodbye and flushes) or an error.
@@ -378,6 +384,7 @@ impl CommLoop {
             if !finishing && hooks.on_commands(endpoint)? == Flow::Finish {
                 finishing = true;
             }
+            self.fire_timeout(endpoint);
             let now = Instant::now();
             // Transmitting can complete a step (the last frame handed over or written), and
             // the hooks may then start the next one: its frames go out now, not after a wait
@@ -416,7 +423,8 @@ impl CommLoop {
                     return Ok(());
                 }
             }
-            self.wait(&mut events)?;
+            let deadline = endpoint.poll_timeout();
+            self.wait(&mut events, deadline)?;
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
@@ -440,7 +448,12 @@ impl CommLoop {
     /// moved it only looks (a zero-timeout poll, then a yield): a process that has just
     /// sent or received is likely to be answered within microseconds, and waking a sleeping
     /// thread costs more than that (tens of microseconds on a virtual machine).
-    fn wait(&mut self, events: &mut Events) -> Result<(), CommError> {
+    /// `endpoint_deadline` is the endpoint's own timer ([`Endpoint::poll_timeout`]).
+    fn wait(
+        &mut self,
+        events: &mut Events,
+        endpoint_deadline: Option<u64>,
+    ) -> Result<(), CommError> {
         let busy = !self.options.busy_poll.is_zero()
             && self
                 .links
@@ -451,14 +464,15 @@ impl CommLoop {
         let timeout = if busy {
             Duration::ZERO
         } else {
-            let timeout = self.next_timeout();
-            // Sub-millisecond deadlines (frame releases) go to the precise timer; the poll's
-            // own timeout is whole milliseconds.
-            if timeout < Duration::from_millis(50) {
-                self.timer
-                    .arm(timeout)
-                    .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
+            let mut timeout = self.next_timeout();
+            if let Some(at) = endpoint_deadline {
+                timeout = timeout.min(Duration::from_nanos(at.saturating_sub(self.now_ns())));
             }
+            // Every deadline (frame releases, the endpoint's timer) goes to the precise
+            // timer; the poll's own timeout is whole milliseconds and only a backstop.
+            self.timer
+                .arm(timeout)
+                .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
             timeout.max(Duration::from_millis(50))
         };
         if let Err(e) = self.poll.poll(events, Some(timeout)) {
@@ -470,6 +484,14 @@ impl CommLoop {
             std::thread::yield_now();
         }
         Ok(())
+    }
+
+    /// Calls the endpoint's [`Endpoint::handle_timeout`] if the time it asked for has come.
+    fn fire_timeout<E: Endpoint + ?Sized>(&self, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        if endpoint.poll_timeout().is_some_and(|at| at <= now_ns) {
+            endpoint.handle_timeout(now_ns);
+        }
     }
 
     fn status(&self) -> LinkStatus {
@@ -943,3 +965,6 @@ fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -
         error,
     }
 }
+
+#[cfg(test)]
+mod tests;

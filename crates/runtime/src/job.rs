@@ -73,6 +73,18 @@ impl JobLayout {
         rank: Rank,
         keys: Vec<KeyInfo>,
     ) -> Box<dyn syncopate_core::strategy::WorkerSync + Send> {
+        self.worker_endpoint_segmented(rank, keys, FRAME_ELEMS)
+    }
+
+    /// [`JobLayout::worker_endpoint`] with ring all-reduce frames of at most
+    /// `segment_elems` values (benchmarks of the frame size; training uses
+    /// [`FRAME_ELEMS`]). Parameter-server frames are sized by `slice_params`.
+    pub fn worker_endpoint_segmented(
+        &self,
+        rank: Rank,
+        keys: Vec<KeyInfo>,
+        segment_elems: usize,
+    ) -> Box<dyn syncopate_core::strategy::WorkerSync + Send> {
         use syncopate_core::strategy::{PsWorker, RingAllReduce};
         if self.strategy.uses_servers() {
             Box::new(PsWorker::new(
@@ -90,7 +102,7 @@ impl JobLayout {
                     self.workers,
                     keys,
                     (self.bucket_bytes / 4).max(1),
-                    FRAME_ELEMS,
+                    segment_elems.clamp(1, FRAME_ELEMS),
                     self.strategy.overlaps(),
                     self.scheduler,
                 )

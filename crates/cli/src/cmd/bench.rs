@@ -11,7 +11,9 @@ use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::{run_comm_bench, BenchIters};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
-use syncopate_runtime::job::{JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES};
+use syncopate_runtime::job::{
+    JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS,
+};
 use syncopate_runtime::launch::{launch, LaunchPlan};
 
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
@@ -35,6 +37,10 @@ pub struct BenchArgs {
     /// Send buffer of every link.
     #[arg(long, default_value = "4MiB")]
     send_buffer: String,
+    /// Largest frame on the wire: the ring's segment and the parameter server's slice
+    /// (payload bytes, a multiple of 4; at most 4 MiB, the default).
+    #[arg(long, default_value = "4MiB")]
+    frame_bytes: String,
     /// Time at least this many operations per size...
     #[arg(long, default_value_t = 5)]
     min_iters: u64,
@@ -76,13 +82,25 @@ impl BenchArgs {
                 0
             },
             scheduler: SchedulerKind::Fifo,
-            slice_params: strategy.default_slice_params(),
+            slice_params: self.frame_elems()?,
             credit_bytes: DEFAULT_CREDIT_BYTES,
             bucket_bytes: usize::MAX,
             network,
         };
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)
+    }
+
+    /// Values in the largest frame (`--frame-bytes`).
+    fn frame_elems(&self) -> Result<usize> {
+        let bytes = parse_size(&self.frame_bytes)?;
+        if bytes < 4 || bytes > FRAME_ELEMS * 4 {
+            bail!(
+                "--frame-bytes must be between 4 B and {} MiB, got {bytes}",
+                FRAME_ELEMS * 4 >> 20
+            );
+        }
+        Ok(bytes / 4)
     }
 
     fn sizes(&self) -> Result<Vec<usize>> {
@@ -140,7 +158,7 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         min_iters: args.min_iters,
         min_time_s: args.min_time,
     };
-    let rows = run_comm_bench(&ctx, &layout, &args.sizes()?, iters)?;
+    let rows = run_comm_bench(&ctx, &layout, &args.sizes()?, iters, args.frame_elems()?)?;
     if ctx.rank == 0 {
         for r in rows {
             println!(

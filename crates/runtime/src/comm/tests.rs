@@ -1,0 +1,141 @@
+//! The loop's side of the endpoint contract, over a loopback socket pair.
+
+use std::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// An endpoint that sends nothing and asks for a timer at each of `deadlines` in turn,
+/// recording the time it was told each one fired.
+struct TimerProbe {
+    deadlines: Vec<u64>,
+    /// `(deadline, now_ns)` of every deadline that fired.
+    fired: Vec<(u64, u64)>,
+    /// Every call of `handle_timeout`, spurious or not.
+    calls: usize,
+}
+
+impl TimerProbe {
+    fn new(deadlines: Vec<u64>) -> Self {
+        Self {
+            deadlines,
+            fired: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.fired.len() == self.deadlines.len()
+    }
+}
+
+impl Endpoint for TimerProbe {
+    fn poll_transmit(&mut self, _link: Rank, _out: &mut Vec<u8>) -> bool {
+        false
+    }
+
+    fn recv_slot(&mut self, link: Rank, _header: &Header) -> Result<&mut [f32], ProtocolError> {
+        Err(ProtocolError::Unexpected {
+            from: link,
+            reason: "the probe takes no data".into(),
+        })
+    }
+
+    fn handle_payload(&mut self, link: Rank, header: &Header) -> Result<(), ProtocolError> {
+        self.recv_slot(link, header).map(|_| ())
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        self.deadlines.get(self.fired.len()).copied()
+    }
+
+    fn handle_timeout(&mut self, now_ns: u64) {
+        self.calls += 1;
+        if let Some(at) = self.poll_timeout().filter(|&at| at <= now_ns) {
+            self.fired.push((at, now_ns));
+        }
+    }
+}
+
+/// Finishes once the probe's deadlines have all fired.
+struct ProbeHooks;
+
+impl Hooks<TimerProbe> for ProbeHooks {
+    fn on_commands(&mut self, ep: &mut TimerProbe) -> Result<Flow, CommError> {
+        Ok(if ep.done() {
+            Flow::Finish
+        } else {
+            Flow::Continue
+        })
+    }
+    fn on_progress(&mut self, ep: &mut TimerProbe, _: LinkStatus) -> Result<Flow, CommError> {
+        self.on_commands(ep)
+    }
+    fn step(&self) -> u64 {
+        0
+    }
+    fn describe(&self, rank: Rank) -> String {
+        format!("rank {rank}")
+    }
+}
+
+fn loopback_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (b, _) = listener.accept().unwrap();
+    (a, b)
+}
+
+/// Runs a loop for `rank` (its peer is `1 - rank`) over `stream` with a probe.
+fn run_probe(rank: Rank, stream: TcpStream, deadlines: Vec<u64>) -> TimerProbe {
+    let links = vec![Link {
+        peer: 1 - rank,
+        stream,
+    }];
+    let (mut comm, _waker) =
+        CommLoop::new(links, CommOptions::default(), LinkProfile::default()).unwrap();
+    let mut probe = TimerProbe::new(deadlines);
+    comm.run(&mut probe, &mut ProbeHooks).unwrap();
+    probe
+}
+
+#[test]
+fn endpoint_timers_fire_once_each_at_or_after_their_time() {
+    let (a, b) = loopback_pair();
+    // Deadlines on the loop's clock (nanoseconds since it was created); one in the past.
+    let other = std::thread::spawn(move || run_probe(1, b, vec![0, 3_000_000]));
+    let probe = run_probe(0, a, vec![1_000_000, 2_000_000, 2_500_000]);
+    let peer = other.join().unwrap();
+    for p in [&probe, &peer] {
+        assert!(p.done(), "fired {:?} of {:?}", p.fired, p.deadlines);
+        // The loop calls the endpoint only when its time has come: no spurious calls.
+        assert_eq!(p.calls, p.fired.len());
+        for &(at, now) in &p.fired {
+            assert!(now >= at, "deadline {at} fired early, at {now}");
+        }
+    }
+}
+
+/// Existing strategies have no timer, and a spurious call leaves them as they were.
+#[test]
+fn strategies_have_no_timer() {
+    use syncopate_core::registry::KeyInfo;
+    use syncopate_core::strategy::{RingAllReduce, WorkerSync};
+    let keys = vec![KeyInfo {
+        numel: 10,
+        layer: 0,
+    }];
+    let mut ring = RingAllReduce::new(
+        0,
+        2,
+        keys,
+        16,
+        4,
+        true,
+        syncopate_core::sched::SchedulerKind::Fifo,
+    );
+    assert_eq!(ring.poll_timeout(), None);
+    ring.begin_step(0);
+    ring.handle_timeout(123);
+    assert_eq!(ring.poll_timeout(), None);
+    assert_eq!(ring.poll_event(), None);
+}
