@@ -177,8 +177,30 @@ enum ReadState {
     Bytes {
         header: Header,
         buf: Vec<u8>,
+        filled: usize,
     },
 }
+
+impl ReadState {
+    /// Bytes of a data frame's payload still to come (0 outside a payload).
+    fn payload_left(&self) -> usize {
+        match self {
+            ReadState::Data { header, done, .. } => {
+                (header.payload_len as usize).saturating_sub(*done)
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Bytes a link reads from its socket at a time, ahead of the frame being parsed.
+const STAGING_BYTES: usize = 64 << 10;
+/// A payload with at least this many bytes still to come is read straight into its slot
+/// (no copy); shorter ones go through the staging buffer, many frames to a read.
+const DIRECT_READ_BYTES: usize = 32 << 10;
+/// Largest payload of a control frame (an Abort's reason is at most 4 KiB): larger ones are
+/// refused at their header, before anything is allocated.
+const MAX_CONTROL_PAYLOAD: u32 = 64 << 10;
 
 /// A frame on its way out.
 struct OutFrame {
@@ -206,16 +228,30 @@ impl OutFrame {
     }
 }
 
+/// At most this many frames go into one vectored write (two slices each)...
+const BATCH_FRAMES: usize = 32;
+/// ...and frames are added to it while it holds less than this many bytes (a frame in a
+/// batch has left the emulated send window, so the batch bounds how far past the window a
+/// late urgent frame can be, as the socket's own buffer does).
+const BATCH_BYTES: usize = 256 << 10;
+
 struct LinkState {
     peer: Rank,
     stream: TcpStream,
     read: ReadState,
+    /// Bytes read from the socket and not yet parsed are `staging[staged]`; they stay there
+    /// past a goodbye, for the next run of the loop.
+    staging: Box<[u8]>,
+    staged: std::ops::Range<usize>,
     /// Frames scheduled on the emulated link, with their release times.
     scheduled: VecDeque<(u64, OutFrame)>,
     /// Heartbeats, aborts and goodbyes: bypass the emulation.
     control: VecDeque<Vec<u8>>,
-    /// The frame being written and how many of its bytes are.
-    current: Option<(OutFrame, usize)>,
+    /// Frames being written, in order (released by the emulated link, or control frames),
+    /// at most one batch of them.
+    writing: VecDeque<OutFrame>,
+    /// Bytes of the first frame in `writing` already written.
+    written: usize,
     queued_bytes: usize,
     last_recv: Instant,
     last_send: Instant,
@@ -225,6 +261,33 @@ struct LinkState {
     closed: bool,
     bytes_sent: u64,
     bytes_received: u64,
+}
+
+impl LinkState {
+    /// Moves the frames due at `now_ns` into the batch being written: control frames first
+    /// (only at a frame boundary, when nothing is being written), then frames the emulated
+    /// link has released, while the batch has room.
+    fn take_due(&mut self, now_ns: u64) {
+        if self.writing.is_empty() {
+            if let Some(frame) = self.control.pop_front() {
+                self.writing.push_back(OutFrame::control(frame));
+            }
+        }
+        let mut bytes: usize = self.writing.iter().map(OutFrame::len).sum();
+        while self.writing.len() < BATCH_FRAMES
+            && (bytes < BATCH_BYTES || self.writing.is_empty())
+            && self.scheduled.front().is_some_and(|(t, _)| *t <= now_ns)
+        {
+            let Some((_, frame)) = self.scheduled.pop_front() else {
+                break;
+            };
+            // The frame has crossed the emulated link: it no longer occupies the send
+            // buffer, so the next one can start serialising while this one is written.
+            self.queued_bytes -= frame.len();
+            bytes += frame.len();
+            self.writing.push_back(frame);
+        }
+    }
 }
 
 /// Byte counters of one link, for metrics.
@@ -289,9 +352,12 @@ impl CommLoop {
                     buf: [0; HEADER_LEN],
                     filled: 0,
                 },
+                staging: vec![0; STAGING_BYTES].into_boxed_slice(),
+                staged: 0..0,
                 scheduled: VecDeque::new(),
                 control: VecDeque::new(),
-                current: None,
+                writing: VecDeque::new(),
+                written: 0,
                 queued_bytes: 0,
                 last_recv: now,
                 last_send: now,
@@ -378,6 +444,11 @@ impl CommLoop {
             l.goodbye_received = false;
             l.goodbye_sent = false;
         }
+        // Frames of this run may already wait behind the last run's goodbye, read but not
+        // parsed, with no readiness event to come for them.
+        for i in 0..self.links.len() {
+            self.read_link(i, endpoint, hooks)?;
+        }
         let mut finishing = false;
         let mut goodbye_sent = false;
         loop {
@@ -412,7 +483,7 @@ impl CommLoop {
             let drained = self
                 .links
                 .iter()
-                .all(|l| l.current.is_none() && l.control.is_empty() && l.scheduled.is_empty());
+                .all(|l| l.writing.is_empty() && l.control.is_empty() && l.scheduled.is_empty());
             if finishing && drained {
                 if !goodbye_sent {
                     self.say_goodbye();
@@ -506,7 +577,7 @@ impl CommLoop {
         let mut t = self.options.heartbeat.min(Duration::from_millis(100));
         for l in &self.links {
             if let Some((release, _)) = l.scheduled.front() {
-                if l.current.is_none() {
+                if l.writing.is_empty() {
                     t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
                 }
             }
@@ -576,7 +647,9 @@ impl CommLoop {
         }
     }
 
-    /// Writes what is due on link `i` until the socket would block.
+    /// Writes what is due on link `i` until the socket would block: several frames at a
+    /// time (one vectored write of up to [`BATCH_FRAMES`] frames or [`BATCH_BYTES`] bytes),
+    /// so that small frames do not cost a system call each.
     fn flush<E: Endpoint + ?Sized>(
         &mut self,
         i: usize,
@@ -592,7 +665,7 @@ impl CommLoop {
         if link.closed {
             return Ok(());
         }
-        if link.current.is_none()
+        if link.writing.is_empty()
             && link.control.is_empty()
             && !link.goodbye_sent
             && now - link.last_send >= heartbeat
@@ -601,45 +674,26 @@ impl CommLoop {
                 .push_back(Header::control(FrameKind::Heartbeat, 0).encode().to_vec());
         }
         loop {
-            if link.current.is_none() {
-                if let Some(frame) = link.control.pop_front() {
-                    link.current = Some((OutFrame::control(frame), 0));
-                } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
-                    if let Some((_, frame)) = link.scheduled.pop_front() {
-                        // The frame has crossed the emulated link: it no longer occupies the
-                        // send buffer, so the next one can start serialising while this one
-                        // is written to the socket.
-                        link.queued_bytes -= frame.len();
-                        link.current = Some((frame, 0));
-                    }
-                } else {
-                    return Ok(());
-                }
-            }
-            let Some((frame, pos)) = link.current.as_mut() else {
+            link.take_due(now_ns);
+            if link.writing.is_empty() {
                 return Ok(());
-            };
-            let written = match frame.lent {
-                Some(h) => write_lent(
-                    &mut link.stream,
-                    &frame.bytes,
-                    f32_bytes(endpoint.lent_payload(&h)),
-                    *pos,
-                ),
-                None => link.stream.write(&frame.bytes[*pos..]),
-            };
-            match written {
+            }
+            match write_batch(&mut link.stream, &link.writing, link.written, &*endpoint) {
                 Ok(0) => {
                     return Err(lost(&*hooks, link.peer, "connection closed while sending"));
                 }
                 Ok(n) => {
-                    *pos += n;
                     link.bytes_sent += n as u64;
                     traffic.add_sent(i, n as u64);
                     link.last_send = now;
                     link.last_write_progress = now;
-                    if *pos == frame.len() {
-                        if let Some((frame, _)) = link.current.take() {
+                    link.written += n;
+                    while let Some(len) = link.writing.front().map(OutFrame::len) {
+                        if link.written < len {
+                            break;
+                        }
+                        link.written -= len;
+                        if let Some(frame) = link.writing.pop_front() {
                             if let Some(h) = frame.lent {
                                 endpoint.handle_sent(link.peer, &h);
                             }
@@ -678,7 +732,7 @@ impl CommLoop {
                 ),
             ));
         }
-        if link.current.is_some()
+        if !link.writing.is_empty()
             && now.saturating_duration_since(link.last_write_progress) > timeout
         {
             return Err(lost(hooks, link.peer, "it stopped reading (send stalled)"));
@@ -686,7 +740,10 @@ impl CommLoop {
         Ok(())
     }
 
-    /// Reads every complete frame available on link `i`.
+    /// Reads every complete frame available on link `i`. Reads go into the link's staging
+    /// buffer (many small frames a system call), and the frames are taken out of it; a
+    /// payload with at least [`DIRECT_READ_BYTES`] still to come is read straight into the
+    /// endpoint's slot instead.
     fn read_link<E: Endpoint + ?Sized>(
         &mut self,
         i: usize,
@@ -700,23 +757,22 @@ impl CommLoop {
             if link.closed || link.goodbye_received {
                 return Ok(());
             }
-            let read = match &mut link.read {
-                ReadState::Header { buf, filled } => link.stream.read(&mut buf[*filled..]),
-                ReadState::Data { header, done, .. } => {
-                    let slot = endpoint
-                        .recv_slot(peer, header)
-                        .map_err(|e| protocol(&*hooks, peer, e))?;
-                    let bytes = f32_bytes_mut(slot);
-                    link.stream.read(&mut bytes[*done..])
-                }
-                ReadState::Bytes { header, buf } => {
-                    let start = buf.len();
-                    buf.resize(header.payload_len as usize, 0);
-                    let r = link.stream.read(&mut buf[start..]);
-                    let got = *r.as_ref().unwrap_or(&0);
-                    buf.truncate(start + got);
-                    r
-                }
+            let staged = link.staging.get(link.staged.clone()).unwrap_or_default();
+            if !staged.is_empty() {
+                let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
+                let n = dest.len().min(staged.len());
+                dest[..n].copy_from_slice(&staged[..n]);
+                link.staged.start += n;
+                advance(link, n, endpoint, hooks, max_payload)?;
+                continue;
+            }
+            let direct = link.read.payload_left() >= DIRECT_READ_BYTES;
+            let read = if direct {
+                let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
+                link.stream.read(dest)
+            } else {
+                link.staged = 0..0;
+                link.stream.read(&mut link.staging[..])
             };
             let n = match read {
                 Ok(0) => return Err(lost(&*hooks, peer, "connection closed")),
@@ -728,62 +784,10 @@ impl CommLoop {
             link.bytes_received += n as u64;
             self.traffic.add_received(i, n as u64);
             link.last_recv = Instant::now();
-            let next = match &mut link.read {
-                ReadState::Header { buf, filled } => {
-                    *filled += n;
-                    if *filled < HEADER_LEN {
-                        None
-                    } else {
-                        let header = Header::decode(buf, max_payload)
-                            .map_err(|e: WireError| protocol(&*hooks, peer, e.into()))?;
-                        Some(match header.kind {
-                            k if k.is_data() && header.payload_len > 0 => ReadState::Data {
-                                header,
-                                done: 0,
-                                arrived: Instant::now(),
-                            },
-                            FrameKind::Heartbeat => fresh_header(),
-                            k if k.is_data() => {
-                                complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
-                                fresh_header()
-                            }
-                            _ if header.payload_len == 0 => {
-                                handle_control(link, &header, &[], &*hooks)?;
-                                fresh_header()
-                            }
-                            _ => ReadState::Bytes {
-                                header,
-                                buf: Vec::with_capacity(header.payload_len as usize),
-                            },
-                        })
-                    }
-                }
-                ReadState::Data {
-                    header,
-                    done,
-                    arrived,
-                } => {
-                    *done += n;
-                    if *done < header.payload_len as usize {
-                        None
-                    } else {
-                        let (header, arrived) = (*header, *arrived);
-                        complete_data(endpoint, peer, &header, arrived, hooks)?;
-                        Some(fresh_header())
-                    }
-                }
-                ReadState::Bytes { header, buf } => {
-                    if buf.len() < header.payload_len as usize {
-                        None
-                    } else {
-                        let (header, buf) = (*header, std::mem::take(buf));
-                        handle_control(link, &header, &buf, &*hooks)?;
-                        Some(fresh_header())
-                    }
-                }
-            };
-            if let Some(state) = next {
-                link.read = state;
+            if direct {
+                advance(link, n, endpoint, hooks, max_payload)?;
+            } else {
+                link.staged = 0..n;
             }
         }
     }
@@ -811,7 +815,11 @@ impl CommLoop {
             if l.closed {
                 continue;
             }
-            if let Some((current, pos)) = l.current.take() {
+            // Only the first frame being written may be partly written; the rest go unsent.
+            let first = l.writing.pop_front();
+            let pos = std::mem::take(&mut l.written);
+            l.writing.clear();
+            if let Some(current) = first {
                 let mut rest = current.bytes.get(pos..).unwrap_or_default().to_vec();
                 if let Some(h) = current.lent {
                     let payload = f32_bytes(endpoint.lent_payload(&h));
@@ -844,19 +852,31 @@ impl CommLoop {
     }
 }
 
-/// Writes what is left of a lent frame, its header `head` (in our buffer) then its `payload`
-/// (in the endpoint's), from byte `pos` of the whole, in one vectored write.
-fn write_lent(
+/// Writes `frames` (the first of them from its byte `written` on) in one vectored write:
+/// each frame's bytes, then a lent frame's payload straight from the endpoint's buffer.
+fn write_batch<E: Endpoint + ?Sized>(
     stream: &mut TcpStream,
-    head: &[u8],
-    payload: &[u8],
-    pos: usize,
+    frames: &VecDeque<OutFrame>,
+    written: usize,
+    endpoint: &E,
 ) -> io::Result<usize> {
-    if pos < head.len() {
-        stream.write_vectored(&[IoSlice::new(&head[pos..]), IoSlice::new(payload)])
-    } else {
-        stream.write(payload.get(pos - head.len()..).unwrap_or_default())
+    let mut slices = [IoSlice::new(&[]); 2 * BATCH_FRAMES];
+    let mut n = 0;
+    let mut skip = written;
+    for frame in frames.iter().take(BATCH_FRAMES) {
+        let payload = frame
+            .lent
+            .map_or(&[][..], |h| f32_bytes(endpoint.lent_payload(&h)));
+        for part in [&frame.bytes[..], payload] {
+            let rest = part.get(skip.min(part.len())..).unwrap_or_default();
+            skip = skip.saturating_sub(part.len());
+            if !rest.is_empty() {
+                slices[n] = IoSlice::new(rest);
+                n += 1;
+            }
+        }
     }
+    stream.write_vectored(&slices[..n])
 }
 
 /// Writes `bytes` to a non-blocking stream, retrying until done or `deadline`.
@@ -878,6 +898,119 @@ fn write_all_until(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) 
         }
     }
     true
+}
+
+/// Where the next bytes of the frame being read go: the rest of its header, of the slot the
+/// endpoint designates for its payload (which must hold exactly the payload), or of a
+/// control frame's payload.
+fn destination<'a, E: Endpoint + ?Sized>(
+    read: &'a mut ReadState,
+    endpoint: &'a mut E,
+    peer: Rank,
+    hooks: &dyn Hooks<E>,
+) -> Result<&'a mut [u8], CommError> {
+    Ok(match read {
+        ReadState::Header { buf, filled } => buf.get_mut(*filled..).unwrap_or_default(),
+        ReadState::Data { header, done, .. } => {
+            let slot = endpoint
+                .recv_slot(peer, header)
+                .map_err(|e| protocol(hooks, peer, e))?;
+            let bytes = f32_bytes_mut(slot);
+            if bytes.len() != header.payload_len as usize {
+                let reason = format!(
+                    "{}-byte slot for a {}-byte payload",
+                    bytes.len(),
+                    header.payload_len
+                );
+                return Err(protocol(
+                    hooks,
+                    peer,
+                    ProtocolError::Unexpected { from: peer, reason },
+                ));
+            }
+            bytes.get_mut(*done..).unwrap_or_default()
+        }
+        ReadState::Bytes { buf, filled, .. } => buf.get_mut(*filled..).unwrap_or_default(),
+    })
+}
+
+/// `n` more bytes of the frame being read have landed where [`destination`] said: moves the
+/// link's reader on, handing complete frames to the endpoint (data) or the link (control).
+fn advance<E: Endpoint + ?Sized>(
+    link: &mut LinkState,
+    n: usize,
+    endpoint: &mut E,
+    hooks: &mut dyn Hooks<E>,
+    max_payload: u32,
+) -> Result<(), CommError> {
+    let peer = link.peer;
+    let next = match &mut link.read {
+        ReadState::Header { buf, filled } => {
+            *filled += n;
+            if *filled < HEADER_LEN {
+                return Ok(());
+            }
+            let header = Header::decode(buf, max_payload)
+                .map_err(|e: WireError| protocol(&*hooks, peer, e.into()))?;
+            match header.kind {
+                k if k.is_data() && header.payload_len > 0 => ReadState::Data {
+                    header,
+                    done: 0,
+                    arrived: Instant::now(),
+                },
+                FrameKind::Heartbeat => fresh_header(),
+                k if k.is_data() => {
+                    complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
+                    fresh_header()
+                }
+                _ if header.payload_len == 0 => {
+                    handle_control(link, &header, &[], &*hooks)?;
+                    fresh_header()
+                }
+                _ if header.payload_len > MAX_CONTROL_PAYLOAD => {
+                    let reason = format!(
+                        "{:?} frame announcing {} bytes (at most {MAX_CONTROL_PAYLOAD})",
+                        header.kind, header.payload_len
+                    );
+                    let error = ProtocolError::Unexpected { from: peer, reason };
+                    return Err(protocol(&*hooks, peer, error));
+                }
+                _ => ReadState::Bytes {
+                    header,
+                    buf: vec![0; header.payload_len as usize],
+                    filled: 0,
+                },
+            }
+        }
+        ReadState::Data {
+            header,
+            done,
+            arrived,
+        } => {
+            *done += n;
+            if *done < header.payload_len as usize {
+                return Ok(());
+            }
+            let (header, arrived) = (*header, *arrived);
+            complete_data(endpoint, peer, &header, arrived, hooks)?;
+            fresh_header()
+        }
+        ReadState::Bytes {
+            header,
+            buf,
+            filled,
+        } => {
+            *filled += n;
+            if *filled < buf.len() {
+                return Ok(());
+            }
+            let (header, buf) = (*header, std::mem::take(buf));
+            handle_control(link, &header, &buf, &*hooks)?;
+            fresh_header()
+        }
+    };
+    link.read = next;
+    Ok(())
 }
 
 fn fresh_header() -> ReadState {
