@@ -142,7 +142,7 @@ pub fn run_comm_bench(
     // One set of links for every size: each size is one run of the loop, and the goodbye
     // exchange at the end of a run keeps the rounds apart.
     let links = join(ctx, layout, BENCH_FINGERPRINT)?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);

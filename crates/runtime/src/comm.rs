@@ -30,7 +30,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
-use syncopate_core::net::{LinkProfile, Shaper};
+use syncopate_core::net::{Fate, FrameMeta, NetCounters, NetworkProfile, Port};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, Transmit};
 use syncopate_core::wire::{
     f32_bytes, f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
@@ -243,8 +243,13 @@ struct LinkState {
     /// past a goodbye, for the next run of the loop.
     staging: Box<[u8]>,
     staged: std::ops::Range<usize>,
+    /// Frames offered to the emulated interface whose fate it has not yet decided, with
+    /// their tokens.
+    awaiting: VecDeque<(u64, OutFrame)>,
     /// Frames scheduled on the emulated link, with their release times.
     scheduled: VecDeque<(u64, OutFrame)>,
+    /// The release time of the link's latest scheduled frame (frames leave in order).
+    last_release: u64,
     /// Heartbeats, aborts and goodbyes: bypass the emulation.
     control: VecDeque<Vec<u8>>,
     /// Frames being written, in order (released by the emulated link, or control frames),
@@ -264,6 +269,14 @@ struct LinkState {
 }
 
 impl LinkState {
+    /// Whether nothing of the link is waiting to be written.
+    fn is_drained(&self) -> bool {
+        self.writing.is_empty()
+            && self.control.is_empty()
+            && self.scheduled.is_empty()
+            && self.awaiting.is_empty()
+    }
+
     /// Moves the frames due at `now_ns` into the batch being written: control frames first
     /// (only at a frame boundary, when nothing is being written), then frames the emulated
     /// link has released, while the batch has room.
@@ -299,6 +312,21 @@ pub struct LinkCounters {
     pub sent: u64,
     /// Bytes read from the socket.
     pub received: u64,
+    /// What the emulated network did to the frames sent on this link: lost, retransmitted
+    /// and dropped frames and bytes, queueing delay.
+    pub net: NetCounters,
+}
+
+/// The emulated network of one process: the job's profile, and the job's seed and this
+/// host's id, from which its random streams derive (same seed, same losses).
+#[derive(Debug, Clone, Default)]
+pub struct Emulation {
+    /// Every knob of the network.
+    pub profile: NetworkProfile,
+    /// The job's seed.
+    pub seed: u64,
+    /// This host (its rank).
+    pub host: u64,
 }
 
 /// A communication loop over a set of links.
@@ -309,7 +337,15 @@ pub struct CommLoop {
     links: Vec<LinkState>,
     options: CommOptions,
     origin: Instant,
-    nic: Shaper,
+    /// The process's emulated NIC: admission (the send window), when each frame leaves
+    /// and reaches the peer, losses and retransmissions.
+    egress: Port,
+    /// Whether the NIC has a bandwidth (else each link holds at most a window of frames
+    /// not yet written, as the sockets' back-pressure).
+    shaped: bool,
+    window: usize,
+    /// The token of the next frame offered to the NIC.
+    next_token: u64,
     /// Whether the last fill stopped because the interface's window was full (so the loop
     /// must wake when it drains below the window).
     window_full: bool,
@@ -323,13 +359,19 @@ pub struct CommLoop {
 }
 
 impl CommLoop {
-    /// Registers the links, which share one emulated interface of profile `network`; returns
-    /// the loop and a waker for other threads.
+    /// Registers the links, which share one emulated interface of `network`; returns the
+    /// loop and a waker for other threads.
     pub fn new(
         links: Vec<Link>,
         options: CommOptions,
-        network: LinkProfile,
+        network: Emulation,
     ) -> io::Result<(Self, Arc<Waker>)> {
+        if network.profile.ingress {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the runtime does not emulate ingress ports yet (the simulator does)",
+            ));
+        }
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let timer = PreciseTimer::new(poll.registry(), TIMER)?;
@@ -354,7 +396,9 @@ impl CommLoop {
                 },
                 staging: vec![0; STAGING_BYTES].into_boxed_slice(),
                 staged: 0..0,
+                awaiting: VecDeque::new(),
                 scheduled: VecDeque::new(),
+                last_release: 0,
                 control: VecDeque::new(),
                 writing: VecDeque::new(),
                 written: 0,
@@ -377,7 +421,10 @@ impl CommLoop {
                 links: states,
                 options,
                 origin: now,
-                nic: Shaper::new(network),
+                egress: Port::egress(&network.profile, network.seed, network.host),
+                shaped: network.profile.bandwidth_bps.is_some(),
+                window: network.profile.buffer_bytes,
+                next_token: 0,
                 window_full: false,
                 pool: Vec::new(),
                 open: Vec::new(),
@@ -396,6 +443,10 @@ impl CommLoop {
                 peer: l.peer,
                 sent: l.bytes_sent,
                 received: l.bytes_received,
+                net: (self.egress)
+                    .flow_counters(l.peer as u64)
+                    .copied()
+                    .unwrap_or_default(),
             })
             .collect()
     }
@@ -480,10 +531,7 @@ impl CommLoop {
                     break;
                 }
             }
-            let drained = self
-                .links
-                .iter()
-                .all(|l| l.writing.is_empty() && l.control.is_empty() && l.scheduled.is_empty());
+            let drained = self.links.iter().all(|l| l.is_drained());
             if finishing && drained {
                 if !goodbye_sent {
                     self.say_goodbye();
@@ -583,23 +631,32 @@ impl CommLoop {
             }
         }
         if self.window_full {
-            let window_ns = self.nic.transmission_ns(self.nic.profile().buffer_bytes);
-            let below = self.nic.free_at_ns().saturating_sub(window_ns);
-            t = t.min(Duration::from_nanos(below.saturating_sub(now_ns)));
+            let room = self.egress.room_at(now_ns);
+            t = t.min(Duration::from_nanos(room.saturating_sub(now_ns)));
+        }
+        if let Some(at) = self.egress.poll_timeout() {
+            t = t.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }
         t
     }
 
-    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room;
-    /// returns how many it handed over.
+    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room,
+    /// then collects the fates the interface has decided; returns how many frames it handed
+    /// over.
     fn fill<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) -> usize {
+        let handed = self.offer_frames(endpoint);
+        self.collect_fates(endpoint);
+        handed
+    }
+
+    /// Offers the endpoint's frames to the emulated interface while it admits them.
+    fn offer_frames<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) -> usize {
         let now_ns = self.now_ns();
-        let window = self.nic.profile().buffer_bytes;
-        let shaped = self.nic.profile().bandwidth_bps.is_some();
+        let (shaped, window) = (self.shaped, self.window);
         self.window_full = false;
         let mut handed = 0;
         loop {
-            if shaped && self.nic.backlog_bytes(now_ns) >= window {
+            if !self.egress.has_room(now_ns) {
                 self.window_full = true;
                 return handed;
             }
@@ -640,10 +697,50 @@ impl CommLoop {
                 self.pool.push(frame.bytes);
                 return handed;
             };
-            let release = self.nic.schedule(now_ns, frame.len());
+            let token = self.next_token;
+            self.next_token = token.wrapping_add(1);
+            // Every strategy so far is reliable: the port retransmits what it loses, and
+            // keeps each link's frames in order (one flow per link), as TCP does.
+            let meta = FrameMeta::reliable(frame.len(), peer as u64);
+            self.egress.enqueue(now_ns, token, meta);
             link.queued_bytes += frame.len();
-            link.scheduled.push_back((release, frame));
+            link.awaiting.push_back((token, frame));
             handed += 1;
+        }
+    }
+
+    /// Takes the fates the emulated interface has decided: a delivered frame is released to
+    /// its socket at its delivery time (never before the link's previous frame); a frame the
+    /// network gave up (loss-tolerant frames only) is returned to the endpoint unsent.
+    fn collect_fates<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        while let Some((token, fate)) = self.egress.poll_fate(now_ns) {
+            let found = self.links.iter_mut().find_map(|l| {
+                let pos = l.awaiting.iter().position(|(t, _)| *t == token)?;
+                Some((l, pos))
+            });
+            let Some((link, pos)) = found else {
+                continue;
+            };
+            let Some((_, frame)) = link.awaiting.remove(pos) else {
+                continue;
+            };
+            match fate {
+                Fate::Delivered { at, .. } => {
+                    let release = at.max(link.last_release);
+                    link.last_release = release;
+                    link.scheduled.push_back((release, frame));
+                }
+                Fate::Lost { .. } | Fate::Dropped => {
+                    link.queued_bytes -= frame.len();
+                    if let Some(h) = frame.lent {
+                        endpoint.handle_sent(link.peer, &h);
+                    }
+                    if frame.queued.is_some() {
+                        self.pool.push(frame.bytes);
+                    }
+                }
+            }
         }
     }
 
@@ -811,6 +908,7 @@ impl CommLoop {
         frame.extend_from_slice(&payload[..len]);
         let deadline = Instant::now() + Duration::from_millis(500);
         for l in &mut self.links {
+            l.awaiting.clear();
             l.scheduled.clear();
             if l.closed {
                 continue;

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use syncopate_core::net::LinkProfile;
+use syncopate_core::net::NetworkProfile;
 use syncopate_core::registry::{KeyInfo, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::Rank;
@@ -43,8 +43,10 @@ pub struct JobLayout {
     pub credit_bytes: usize,
     /// All-reduce bucket capacity in bytes.
     pub bucket_bytes: usize,
-    /// Emulated profile of every link.
-    pub network: LinkProfile,
+    /// The emulated network (every process's NIC).
+    pub network: NetworkProfile,
+    /// The job's seed, from which the emulated network's random streams derive.
+    pub net_seed: u64,
 }
 
 impl JobLayout {
@@ -59,6 +61,15 @@ impl JobLayout {
             format!("rank {rank} (worker {rank})")
         } else {
             format!("rank {rank} (server {})", rank - self.workers)
+        }
+    }
+
+    /// The emulated network of process `rank`.
+    pub fn emulation(&self, rank: Rank) -> crate::comm::Emulation {
+        crate::comm::Emulation {
+            profile: self.network.clone(),
+            seed: self.net_seed,
+            host: rank as u64,
         }
     }
 

@@ -120,7 +120,7 @@ pub fn run_server(
         layout.scheduler,
     );
     let links = join(ctx, layout, spec.fingerprint())?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let mut hooks = ServerHooks {
         layout: layout.clone(),

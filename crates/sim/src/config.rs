@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
-use syncopate_core::net::{LinkProfile, DEFAULT_BUFFER_BYTES};
+use syncopate_core::net::NetworkProfile;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::wire::HEADER_LEN;
 
@@ -29,10 +29,9 @@ pub struct SimConfig {
     pub workers: usize,
     /// Parameter servers (ranks `workers..workers + servers`); 0 for all-reduce.
     pub servers: usize,
-    /// Every host's NIC: bandwidth, latency, send window (`buffer_bytes`).
-    pub network: LinkProfile,
-    /// Also serialise frames at the receiver's NIC (the runtime shapes only egress).
-    pub shape_ingress: bool,
+    /// Every host's network: bandwidth, latency, send window (`buffer_bytes`), the
+    /// receiver's downlink (`ingress`), queues, loss, paths, retransmission timeout.
+    pub network: NetworkProfile,
     /// Scale-down of the state machines' buffers, in `(0, 1]`; the wire is charged full size.
     pub scale: f64,
     /// Parameter-server slice size in full-size parameters (`None`: the strategy's default).
@@ -61,12 +60,10 @@ impl SimConfig {
             credit_bytes: DEFAULT_CREDIT_BYTES,
             workers,
             servers,
-            network: LinkProfile {
+            network: NetworkProfile {
                 bandwidth_bps: Some(10e9),
-                latency_ns: 0,
-                buffer_bytes: DEFAULT_BUFFER_BYTES,
+                ..NetworkProfile::default()
             },
-            shape_ingress: false,
             scale: 1.0,
             slice_params: None,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
@@ -97,15 +94,8 @@ impl SimConfig {
         if !(0.0..1.0).contains(&self.jitter) {
             return fail(format!("jitter {} is not in [0, 1)", self.jitter));
         }
-        if self
-            .network
-            .bandwidth_bps
-            .is_some_and(|b| !(b > 0.0 && b.is_finite()))
-        {
-            return fail("bandwidth must be positive and finite".into());
-        }
-        if self.network.buffer_bytes == 0 {
-            return fail("the send window (buffer_bytes) must be positive".into());
+        if let Err(e) = self.network.validate() {
+            return fail(e.to_string());
         }
         if self.slice_params == Some(0) || self.bucket_bytes < 4 || self.batch == 0 {
             return fail("slice_params, bucket_bytes and batch must be positive".into());
@@ -177,6 +167,8 @@ mod tests {
         assert!(bad(|c| c.scale = 0.0).contains("scale"));
         assert!(bad(|c| c.jitter = 1.5).contains("jitter"));
         assert!(bad(|c| c.workers = 0).contains("worker"));
+        assert!(bad(|c| c.network.loss = 2.0).contains("--loss"));
+        assert!(bad(|c| c.network.buffer_bytes = 0).contains("buffer_bytes"));
         assert!(SimConfig::new(Strategy::Allreduce, 3, 0).validate().is_ok());
     }
 }

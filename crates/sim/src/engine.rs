@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 
+use syncopate_core::net::{Decision, Fate, FrameMeta, NetCounters};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
@@ -81,6 +82,11 @@ pub(crate) struct Sim<'a> {
     timers: Vec<Option<u64>>,
 }
 
+/// The network flow of the directed link `from -> to` (ranks fit 32 bits).
+fn flow(from: Rank, to: Rank) -> u64 {
+    ((from as u64) << 32) | (to as u64 & 0xFFFF_FFFF)
+}
+
 /// The header of a frame `from` produced.
 fn decode(buf: &[u8], from: Rank) -> Result<Header, ProtocolError> {
     let head: Option<&[u8; HEADER_LEN]> = buf.get(..HEADER_LEN).and_then(|b| b.try_into().ok());
@@ -131,7 +137,7 @@ impl<'a> Sim<'a> {
                     role,
                     links: p.iter().chain(&p).copied().collect(),
                     rotation: 0,
-                    nic: Nic::new(cfg.network, cfg.shape_ingress),
+                    nic: Nic::new(&cfg.network, cfg.seed, rank as u64),
                     traffic: HostTraffic::default(),
                 }
             })
@@ -200,6 +206,10 @@ impl<'a> Sim<'a> {
                 }
                 Event::Arrive(slot) => self.arrive(slot)?,
                 Event::Deliver(slot) => self.deliver(slot)?,
+                Event::NetPoll { host, ingress } => {
+                    self.hosts[host].nic.poll_at[usize::from(ingress)] = None;
+                    self.collect(host, ingress)?;
+                }
                 Event::Timeout(h) => self.timeout(h)?,
             }
             if let Some(h) = touched {
@@ -296,9 +306,9 @@ impl<'a> Sim<'a> {
         loop {
             let now = self.now;
             let host = &mut self.hosts[h];
-            if !host.nic.has_room(now) {
+            if !host.nic.egress.has_room(now) {
                 if host.nic.wake_at.is_none() {
-                    let at = host.nic.room_at(now);
+                    let at = host.nic.egress.room_at(now);
                     host.nic.wake_at = Some(at);
                     self.queue.push(at, Event::NicReady(h));
                 }
@@ -349,24 +359,13 @@ impl<'a> Sim<'a> {
                 return Err(self.internal(format!("rank {h}: {what}")));
             }
             let bytes = self.cfg.wire_bytes(header.length as usize);
-            let host = &mut self.hosts[h];
-            let start = now.max(host.nic.egress.free_at_ns());
-            let arrival = host.nic.egress.schedule(now, bytes);
-            let done = host.nic.egress.free_at_ns();
-            host.traffic.bytes_sent += bytes as u64;
-            self.frames_sent += 1;
-            self.tracer
-                .record(header.step, h, Lane::Send, (start, done), || {
-                    frame_name(&header, h, to)
-                });
-            let recv_start = start + (arrival - done);
             let frame = InFlight {
                 from: h,
                 to,
                 header,
                 buf,
                 bytes,
-                recv_start,
+                recv_start: 0,
             };
             let slot = match self.free_slots.pop() {
                 Some(slot) => {
@@ -378,30 +377,85 @@ impl<'a> Sim<'a> {
                     self.frames.len() - 1
                 }
             };
-            let ingress = self.cfg.shape_ingress;
-            self.queue.push(
-                arrival,
-                if ingress {
-                    Event::Arrive(slot)
-                } else {
-                    Event::Deliver(slot)
-                },
-            );
+            let host = &mut self.hosts[h];
+            host.traffic.bytes_sent += bytes as u64;
+            self.frames_sent += 1;
+            (host.nic.egress).enqueue(now, slot as u64, FrameMeta::reliable(bytes, flow(h, to)));
+            self.collect(h, false)?;
         }
     }
 
-    /// A frame reached its receiver's NIC: it serialises through the ingress.
-    fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
+    /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
+    /// egress arrives at the receiver's ingress (when modelled) or is delivered; a frame
+    /// through the ingress is delivered. Arms a poll for the port's next due time.
+    fn collect(&mut self, h: Rank, ingress: bool) -> Result<(), SimError> {
         let now = self.now;
+        while let Some(d) = self.hosts[h]
+            .nic
+            .port(ingress)
+            .and_then(|p| p.poll_decision(now))
+        {
+            self.decided(h, ingress, d)?;
+        }
+        let nic = &mut self.hosts[h].nic;
+        let due = nic.port(ingress).and_then(|p| p.poll_timeout());
+        let armed = &mut nic.poll_at[usize::from(ingress)];
+        if let Some(t) = due.filter(|&t| armed.is_none_or(|a| t < a)) {
+            *armed = Some(t);
+            self.queue
+                .push(t.max(now), Event::NetPoll { host: h, ingress });
+        }
+        Ok(())
+    }
+
+    /// Acts on one decided frame of host `h`'s egress or ingress port.
+    fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
+        let slot = d.token as usize;
+        let Fate::Delivered { at, .. } = d.fate else {
+            return Err(self.internal(format!(
+                "rank {h}: a reliable frame was given up ({:?})",
+                d.fate
+            )));
+        };
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        if let Some(ingress) = self.hosts[f.to].nic.ingress.as_mut() {
-            f.recv_start = now.max(ingress.free_at_ns());
-            self.queue
-                .push(ingress.schedule(now, f.bytes), Event::Deliver(slot));
+        if ingress {
+            f.recv_start = d.start;
+            self.queue.push(at, Event::Deliver(slot));
+            return Ok(());
         }
+        let (from, to, header) = (f.from, f.to, f.header);
+        // First bit at the receiver: the start plus the path's latency.
+        f.recv_start = d.start + at.saturating_sub(d.done);
+        self.tracer
+            .record(header.step, from, Lane::Send, (d.start, d.done), || {
+                frame_name(&header, from, to)
+            });
+        let arrive = self.cfg.network.ingress;
+        self.queue.push(
+            at,
+            if arrive {
+                Event::Arrive(slot)
+            } else {
+                Event::Deliver(slot)
+            },
+        );
         Ok(())
+    }
+
+    /// A frame reached its receiver's NIC: it queues and serialises through the ingress.
+    fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
+        let now = self.now;
+        let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
+            return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        let (from, to, bytes) = (f.from, f.to, f.bytes);
+        let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
+            return Err(self.internal(format!("rank {to} has no ingress port")));
+        };
+        ingress.enqueue(now, slot as u64, FrameMeta::reliable(bytes, flow(from, to)));
+        self.collect(to, true)
     }
 
     /// A frame is handed to its receiver: its payload is read into the slot the endpoint
@@ -474,7 +528,7 @@ impl<'a> Sim<'a> {
         match ev {
             Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => Some(h),
             Event::Deliver(slot) => self.frames.get(slot)?.as_ref().map(|f| f.to),
-            Event::Arrive(_) => None,
+            Event::Arrive(_) | Event::NetPoll { .. } => None,
         }
     }
 
@@ -535,10 +589,15 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let mean = secs / cfg.steps as f64;
+        let paths = cfg.network.paths.max(1) as f64;
         let util = |t: &HostTraffic| match cfg.network.bandwidth_bps {
-            Some(bps) if elapsed > 0 => t.bytes_sent as f64 * 8.0 / (bps * secs),
+            Some(bps) if elapsed > 0 => t.bytes_sent as f64 * 8.0 / (bps * paths * secs),
             _ => 0.0,
         };
+        let mut network = NetCounters::default();
+        for h in &self.hosts {
+            network.add(&h.nic.counters());
+        }
         let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
         SimReport {
             model: self.profile.name.clone(),
@@ -555,6 +614,7 @@ impl<'a> Sim<'a> {
             server_utilisation: traffic[cfg.workers..].iter().map(util).collect(),
             traffic,
             frames: self.frames_sent,
+            network,
             events: self.events,
             trace: self.tracer.into_events(),
         }

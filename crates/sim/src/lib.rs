@@ -2,7 +2,8 @@
 //!
 //! The simulator drives the core's strategy state machines (`PsWorker`, `PsServer`,
 //! `RingAllReduce`) *unchanged* on virtual time: every host has a modelled full-duplex NIC
-//! (egress serialisation with the core's `Shaper`, optional ingress serialisation), workers
+//! (the core's network model: an egress `Port` with its send window, queues, paths, loss and
+//! retransmission, and an ingress `Port` when the profile models it), workers
 //! replay per-layer compute times from a `ModelProfile`, and frames are really encoded,
 //! decoded and read into the slots the state machines designate. No clocks, threads or
 //! hash-order dependence: the same inputs give the same report, bit for bit.
@@ -39,5 +40,7 @@ pub fn simulate(profile: &ModelProfile, config: &SimConfig) -> Result<SimReport,
     engine::Sim::new(profile, config, engine::Polling::Lean)?.run()
 }
 
+#[cfg(test)]
+mod net_tests;
 #[cfg(test)]
 mod tests;

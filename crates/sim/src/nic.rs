@@ -1,74 +1,48 @@
-//! A host's full-duplex network interface: egress serialisation behind a send window (as the
-//! runtime's communication loop does) and optional ingress serialisation.
+//! A host's full-duplex network interface, as the core's network model sees it: an egress
+//! [`Port`] (send window, queue, paths, loss, retransmission) and, when the profile models
+//! the receiver's downlink, an ingress [`Port`].
 
-use syncopate_core::net::{LinkProfile, Shaper};
+use syncopate_core::net::{Nanos, NetCounters, NetworkProfile, Port};
 
 /// One host's NIC.
 #[derive(Debug, Clone)]
 pub(crate) struct Nic {
-    /// Egress: frames serialise one after another, then travel the latency.
-    pub egress: Shaper,
-    /// Ingress: arriving frames serialise again at the receiver (when modelled).
-    pub ingress: Option<Shaper>,
+    /// Egress: frames serialise one after another per path, then travel the latency.
+    pub egress: Port,
+    /// Ingress: arriving frames queue and serialise again at the receiver (when modelled).
+    pub ingress: Option<Port>,
     /// A wake-up is scheduled at this time (to refill the window).
     pub wake_at: Option<u64>,
+    /// A poll of the egress (index 0) or ingress (1) port is scheduled at this time.
+    pub poll_at: [Option<Nanos>; 2],
 }
 
 impl Nic {
-    /// A NIC of `profile`, shaping ingress too when `shape_ingress`.
-    pub fn new(profile: LinkProfile, shape_ingress: bool) -> Self {
-        let ingress = LinkProfile {
-            latency_ns: 0,
-            ..profile
-        };
+    /// The NIC of host `host` under `profile`, its random streams from `seed`.
+    pub fn new(profile: &NetworkProfile, seed: u64, host: u64) -> Self {
         Self {
-            egress: Shaper::new(profile),
-            ingress: shape_ingress.then(|| Shaper::new(ingress)),
+            egress: Port::egress(profile, seed, host),
+            ingress: profile.ingress.then(|| Port::ingress(profile, seed, host)),
             wake_at: None,
+            poll_at: [None; 2],
         }
     }
 
-    /// Whether the endpoint may be asked for another frame at `now`: the bytes given to the
-    /// interface and not yet serialised are below the window (always, without a bandwidth).
-    pub fn has_room(&self, now: u64) -> bool {
-        self.egress.backlog_bytes(now) < self.egress.profile().buffer_bytes
+    /// The egress (`ingress == false`) or ingress port.
+    pub fn port(&mut self, ingress: bool) -> Option<&mut Port> {
+        if ingress {
+            self.ingress.as_mut()
+        } else {
+            Some(&mut self.egress)
+        }
     }
 
-    /// The first instant after `now` at which [`Nic::has_room`] holds (the backlog shrinks
-    /// as the link serialises).
-    pub fn room_at(&self, now: u64) -> u64 {
-        let p = self.egress.profile();
-        let free = self.egress.free_at_ns();
-        let drain_ns = match p.bandwidth_bps {
-            Some(bps) => ((p.buffer_bytes as f64 - 1.0) * 8e9 / bps).floor() as u64,
-            None => 0,
-        };
-        let mut t = free.saturating_sub(drain_ns).max(now + 1);
-        while !self.has_room(t) && t < free {
-            t += 1;
+    /// Counters of both directions together.
+    pub fn counters(&self) -> NetCounters {
+        let mut c = *self.egress.counters();
+        if let Some(i) = &self.ingress {
+            c.add(i.counters());
         }
-        t
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn room_returns_exactly_when_the_backlog_drops_below_the_window() {
-        for (bps, window) in [(1e9, 1000usize), (3e9, 4096), (7.7e9, 262_144)] {
-            let profile = LinkProfile {
-                bandwidth_bps: Some(bps),
-                latency_ns: 10,
-                buffer_bytes: window,
-            };
-            let mut nic = Nic::new(profile, false);
-            nic.egress.schedule(0, 10 * window + 17);
-            assert!(!nic.has_room(0));
-            let t = nic.room_at(0);
-            assert!(nic.has_room(t), "room at {t}");
-            assert!(!nic.has_room(t - 1), "no room just before {t}");
-        }
+        c
     }
 }

@@ -22,6 +22,13 @@ pub(crate) enum Event {
     Deliver(usize),
     /// A host's endpoint timer ([`syncopate_core::strategy::Endpoint::poll_timeout`]) is due.
     Timeout(usize),
+    /// A host's network port has something due (a retransmission, a serialisation start).
+    NetPoll {
+        /// The host.
+        host: usize,
+        /// Its ingress port (else its egress).
+        ingress: bool,
+    },
 }
 
 /// A monotone min-queue of `(time, event)`.

@@ -5,6 +5,8 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+use syncopate_core::net::NetCounters;
+
 use crate::SimConfig;
 
 /// Bytes one host put on and took off the network (full-size bytes, headers included).
@@ -64,8 +66,11 @@ pub struct SimReport {
     pub worker_utilisation: Vec<f64>,
     /// Egress utilisation of each server.
     pub server_utilisation: Vec<f64>,
-    /// Frames transmitted.
+    /// Frames transmitted (each once, however often the network retransmitted it).
     pub frames: u64,
+    /// What the network did, summed over every host's ports: frames and bytes sent
+    /// (retransmissions included), lost, retransmitted, dropped by a queue; queueing delay.
+    pub network: NetCounters,
     /// Events processed.
     pub events: u64,
     /// Trace events of the steps in `config.trace_steps`, in the order they were recorded.

@@ -79,7 +79,7 @@ fn ps_step_time_matches_the_closed_form_to_the_nanosecond() {
         (1.0, 256 << 10, true, 6 * t + 2 * latency),
     ] {
         let mut c = config(Strategy::Ps, 1, 1, bps, latency);
-        (c.scale, c.network.buffer_bytes, c.shape_ingress, c.steps) = (scale, window, ingress, 3);
+        (c.scale, c.network.buffer_bytes, c.network.ingress, c.steps) = (scale, window, ingress, 3);
         let r = run(&profile, &c);
         assert_eq!(
             r.step_end_ns,
@@ -287,7 +287,7 @@ proptest! {
         let layers: Vec<(usize, u64, u64)> = sizes.iter().map(|&s| (s, s as u64 * 3, s as u64 * 7)).collect();
         let profile = model(&layers);
         let mut c = config(strategy, workers, servers, 2.0 * GBIT, 3_000);
-        (c.scheduler, c.shape_ingress, c.network.buffer_bytes) = (scheduler, ingress, window);
+        (c.scheduler, c.network.ingress, c.network.buffer_bytes) = (scheduler, ingress, window);
         (c.jitter, c.seed, c.steps, c.slice_params, c.credit_bytes) = (jitter, seed, 3, Some(4_000), 20_000);
         c.bucket_bytes = 40_000;
         let full = Sim::new(&profile, &c, Polling::Exhaustive).and_then(Sim::run);

@@ -72,7 +72,8 @@ impl BenchArgs {
             },
             latency_ns: 0,
             buffer_bytes: parse_size(&self.send_buffer)?.max(1),
-        };
+        }
+        .into();
         let layout = JobLayout {
             strategy,
             workers: self.workers,
@@ -86,6 +87,7 @@ impl BenchArgs {
             credit_bytes: DEFAULT_CREDIT_BYTES,
             bucket_bytes: usize::MAX,
             network,
+            net_seed: 0,
         };
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
+use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, NetworkProfile};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
@@ -99,7 +99,8 @@ pub struct JobArgs {
     /// Send buffer of every link: bytes queued ahead on the link, e.g. 2MiB.
     #[arg(long)]
     pub send_buffer: Option<String>,
-    /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags override it.
+    /// TOML network profile (every knob of the network model: bandwidth_bps, latency_ns,
+    /// buffer_bytes, loss, loss_burst, rto_ns, queue_bytes, ...); flags override it.
     #[arg(long, value_name = "FILE")]
     pub network: Option<PathBuf>,
     /// All-reduce bucket size in MB (PyTorch DDP's default: 25).
@@ -188,10 +189,10 @@ impl JobArgs {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading network profile {}", path.display()))?;
-                toml::from_str::<LinkProfile>(&text)
+                toml::from_str::<NetworkProfile>(&text)
                     .with_context(|| format!("network profile {}", path.display()))?
             }
-            None => LinkProfile::default(),
+            None => NetworkProfile::default(),
         };
         if let Some(b) = &self.bandwidth {
             network.bandwidth_bps = parse_bandwidth(b)?;
@@ -221,7 +222,9 @@ impl JobArgs {
             credit_bytes: scaled(parse_size(&self.credit_bytes)?),
             bucket_bytes: scaled((self.bucket_mb * 1e6) as usize),
             network,
+            net_seed: self.settings.seed,
         };
+        layout.network.validate()?;
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)
     }
@@ -338,7 +341,7 @@ struct ResolvedSync {
     bucket_bytes: usize,
     /// The network in words (an absent bandwidth_bps below means unlimited).
     network_summary: String,
-    network: LinkProfile,
+    network: NetworkProfile,
 }
 
 /// Writes the job's resolved configuration as `dir/config.toml`.
@@ -352,7 +355,7 @@ fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayo
             credit_bytes: layout.credit_bytes,
             bucket_bytes: layout.bucket_bytes,
             network_summary: describe_network(&layout.network),
-            network: layout.network,
+            network: layout.network.clone(),
         },
         job: args,
     };
@@ -411,12 +414,21 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     Ok(())
 }
 
-fn describe_network(p: &LinkProfile) -> String {
+fn describe_network(p: &NetworkProfile) -> String {
     let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
         format!("{:.3} Gbit/s", b / 1e9)
     });
+    let loss = if p.is_lossy() {
+        format!(
+            ", loss {:.3} % (rto {:.1} ms)",
+            p.loss * 100.0,
+            p.rto_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{bw}, latency {:.3} ms, send buffer {} KiB",
+        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
         p.latency_ns as f64 / 1e6,
         p.buffer_bytes / 1024
     )
@@ -493,7 +505,11 @@ struct JobSummary<'a> {
     strategy: &'static str,
     workers: usize,
     servers: usize,
-    network: LinkProfile,
+    network: NetworkProfile,
+    /// Worker 0's frames lost, retransmitted and dropped by the emulated network.
+    frames_lost: u64,
+    frames_retransmitted: u64,
+    frames_dropped: u64,
     test_accuracy: f64,
     test_loss: f64,
     final_loss: f64,
@@ -599,7 +615,10 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             strategy: layout.strategy.name(),
             workers: layout.workers,
             servers: layout.servers,
-            network: layout.network,
+            network: layout.network.clone(),
+            frames_lost: summary.network.frames_lost,
+            frames_retransmitted: summary.network.frames_retransmitted,
+            frames_dropped: summary.network.frames_dropped,
             test_accuracy: test.accuracy,
             test_loss: test.loss,
             final_loss: summary.final_loss,

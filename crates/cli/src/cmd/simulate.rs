@@ -184,8 +184,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     bandwidth_bps: *bps,
                     latency_ns,
                     buffer_bytes: window,
-                };
-                config.shape_ingress = args.ingress;
+                }
+                .into();
+                config.network.ingress = args.ingress;
                 config.steps = args.steps;
                 config.batch = args.batch_size;
                 config.jitter = args.jitter;

@@ -1,0 +1,135 @@
+//! The network model: what happens to a frame between two endpoints.
+//!
+//! Both drivers use it: the runtime to emulate a constrained network on real sockets, the
+//! simulator to move frames on virtual time. It is sans-IO like the rest of the core: time
+//! comes in as `now` (nanoseconds from any fixed origin), and every random choice comes from
+//! a seeded stream, so the same seed gives the same losses.
+//!
+//! - [`NetworkProfile`]: every knob (bandwidth, latency, send window, ingress bottleneck,
+//!   finite queues and their discipline, Bernoulli and Gilbert-Elliott loss, several paths,
+//!   the retransmission timeout), read from TOML and checked by
+//!   [`NetworkProfile::validate`]. Its default is a lossless link of unlimited bandwidth.
+//! - [`Port`]: one bottleneck direction of a host (its egress NIC, or its ingress port):
+//!   a finite queue with a discipline, a serialiser per path, loss and retransmission. The
+//!   driver offers frames ([`Port::enqueue`]) and collects their fate ([`Port::poll_fate`]).
+//! - [`LinkProfile`] and [`Shaper`]: the lossless FIFO link of earlier versions, kept for
+//!   the callers that need only that; a [`Port`] of the default profile reproduces it exactly.
+//! - the parsers of bandwidths, durations, sizes and probabilities.
+
+mod counters;
+mod link;
+mod loss;
+mod order;
+mod parse;
+mod paths;
+mod port;
+mod profile;
+mod queue;
+mod rng;
+mod window;
+
+pub use counters::NetCounters;
+pub use link::{LinkProfile, Shaper, DEFAULT_BUFFER_BYTES};
+pub use parse::{parse_bandwidth, parse_duration_ns, parse_probability, parse_size, ParseError};
+pub use port::Port;
+pub use profile::{
+    BurstLoss, NetworkProfile, PathProfile, PathSpec, ProfileError, QueueDiscipline,
+    DEFAULT_DROP_THRESHOLD, DEFAULT_RTO_NS,
+};
+pub use rng::SplitMix64;
+
+/// Nanoseconds on the driver's clock (monotonic in the runtime, virtual in the simulator).
+pub type Nanos = u64;
+
+/// Number of priority classes of the `prio` discipline (0 is the most urgent).
+pub const CLASSES: usize = 8;
+
+/// What the network needs to know of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FrameMeta {
+    /// Bytes the frame occupies on the wire (headers included).
+    pub bytes: usize,
+    /// Priority class, 0 the most urgent .. 7 the least (values above 7 count as 7); only
+    /// the `prio` discipline looks at it.
+    pub class: u8,
+    /// Whether the `prio` discipline may drop this frame first once its queue passes the
+    /// drop threshold.
+    pub drop_eligible: bool,
+    /// The flow the frame belongs to (e.g. the directed link's id): path hashing, in-order
+    /// delivery of reliable frames and per-flow counters are per flow.
+    pub flow: u64,
+    /// Choose the path per frame (spraying) rather than per flow (hashing, as ECMP does).
+    pub spray: bool,
+    /// Reliable transport (TCP-like): a lost or dropped frame is retransmitted after the
+    /// retransmission timeout and deliveries on the flow stay in order. Otherwise the frame
+    /// is simply lost ([`Fate::Lost`], [`Fate::Dropped`]).
+    pub reliable: bool,
+}
+
+impl FrameMeta {
+    /// A reliable frame of `bytes` on `flow`, class 0, hashed to a path: what every
+    /// TCP-like strategy sends.
+    pub fn reliable(bytes: usize, flow: u64) -> Self {
+        Self {
+            bytes,
+            flow,
+            reliable: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// The fate of a frame once the model has decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// The frame reaches the other end at `at` (for an ingress port: is handed to the
+    /// receiver), after `retransmissions` retransmissions, last sent on `path`.
+    Delivered {
+        /// Delivery time.
+        at: Nanos,
+        /// How many times it was retransmitted (0: delivered first time).
+        retransmissions: u32,
+        /// The path of its last transmission.
+        path: usize,
+    },
+    /// Lost on `path` (loss-tolerant frames only: reliable ones are retransmitted).
+    Lost {
+        /// The path it was lost on.
+        path: usize,
+    },
+    /// Dropped by a full queue (loss-tolerant frames only).
+    Dropped,
+}
+
+/// A decided frame with the timing of its last transmission attempt, for traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The driver's token given to [`Port::enqueue`].
+    pub token: u64,
+    /// What happens to the frame.
+    pub fate: Fate,
+    /// When the last attempt started serialising (the drop time for a dropped frame).
+    pub start: Nanos,
+    /// When the last attempt finished serialising (the drop time for a dropped frame).
+    pub done: Nanos,
+}
+
+/// Nanoseconds that `bytes` occupy a link of `bandwidth_bps` (0 when unlimited).
+pub fn transmission_ns(bandwidth_bps: Option<f64>, bytes: usize) -> Nanos {
+    match bandwidth_bps {
+        Some(bps) => ((bytes as f64 * 8.0 / bps) * 1e9).round() as u64,
+        None => 0,
+    }
+}
+
+/// Bytes not yet serialised at `now` by a link of `bandwidth_bps` busy until `busy_until`
+/// (0 without a bandwidth).
+pub fn backlog_bytes(bandwidth_bps: Option<f64>, busy_until: Nanos, now: Nanos) -> usize {
+    match bandwidth_bps {
+        Some(bps) => {
+            let ns = busy_until.saturating_sub(now) as f64;
+            (ns * 1e-9 * bps / 8.0).ceil() as usize
+        }
+        None => 0,
+    }
+}

@@ -1,0 +1,84 @@
+//! The paths between two hosts, each its own queue, serialiser and loss process, and the
+//! choice of a path for a frame: per flow by hash (ECMP) or per frame (spraying).
+
+use super::loss::LossProcess;
+use super::profile::{NetworkProfile, PathSpec};
+use super::queue::FrameQueue;
+use super::rng::{hash, SplitMix64};
+use super::window::Backlog;
+use super::{transmission_ns, FrameMeta, Nanos};
+
+/// One path as a port sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Path<T> {
+    /// Bandwidth, latency and loss.
+    pub spec: PathSpec,
+    /// Frames waiting for (or in) serialisation.
+    pub queue: FrameQueue<T>,
+    /// Decides losses.
+    pub loss: LossProcess,
+    /// When the serialiser finishes the frame it has started.
+    pub free_at: Nanos,
+    /// When everything admitted so far would be serialised, back to back.
+    pub work_until: Nanos,
+    /// Bytes admitted so far (spraying's tie-break).
+    pub bytes_offered: u64,
+}
+
+impl<T> Path<T> {
+    /// Path `index` of `profile` with the loss stream of `rng_parts` + index.
+    pub fn new(profile: &NetworkProfile, spec: PathSpec, rng: SplitMix64) -> Self {
+        Self {
+            spec,
+            queue: FrameQueue::new(
+                profile.queue_discipline,
+                profile.queue_bytes,
+                profile.drop_threshold,
+            ),
+            loss: LossProcess::new(&spec, rng),
+            free_at: 0,
+            work_until: 0,
+            bytes_offered: 0,
+        }
+    }
+
+    /// Nanoseconds `bytes` take on this path.
+    pub fn transmission_ns(&self, bytes: usize) -> Nanos {
+        transmission_ns(self.spec.bandwidth_bps, bytes)
+    }
+
+    /// Accounts work of `bytes` admitted at `now`.
+    pub fn admit_work(&mut self, now: Nanos, bytes: usize) {
+        let tx = self.transmission_ns(bytes);
+        self.work_until = self.work_until.max(now).saturating_add(tx);
+        self.bytes_offered = self.bytes_offered.saturating_add(bytes as u64);
+    }
+
+    /// Its offered work, for the send window.
+    pub fn backlog(&self) -> Backlog {
+        Backlog {
+            bandwidth_bps: self.spec.bandwidth_bps,
+            busy_until: self.work_until,
+        }
+    }
+}
+
+/// The path a frame offered at `now` takes: by hash of its flow (salted by the job's seed)
+/// unless it sprays, then the path where it would finish first, ties to the path that has
+/// carried the fewest bytes, then the lowest index.
+pub(crate) fn choose<T>(paths: &[Path<T>], meta: &FrameMeta, salt: u64, now: Nanos) -> usize {
+    let k = paths.len();
+    if k <= 1 {
+        return 0;
+    }
+    if !meta.spray {
+        return (hash(&[salt, meta.flow]) % k as u64) as usize;
+    }
+    let finish = |p: &Path<T>| {
+        let tx = p.transmission_ns(meta.bytes);
+        p.work_until.max(now).saturating_add(tx)
+    };
+    (0..k)
+        .min_by_key(|&i| (finish(&paths[i]), paths[i].bytes_offered, i))
+        .unwrap_or(0)
+}

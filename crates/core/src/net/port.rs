@@ -1,0 +1,352 @@
+//! [`Port`]: one bottleneck direction of a host, its egress NIC or its ingress port.
+//!
+//! A frame offered to a port takes a path (by flow hash, or sprayed per frame), is admitted
+//! or refused by that path's finite queue, waits for the path's serialiser (FIFO, or strict
+//! priority over its class), serialises at the path's bandwidth, may be lost on the path,
+//! then travels the path's latency (an ingress port adds none and loses nothing at random:
+//! it only queues and serialises what converges on the host). A reliable frame that is lost
+//! or dropped is offered again one retransmission timeout later (after its last bit left,
+//! or after the drop), at the port that lost it; reliable frames of one flow are handed out
+//! in order, none before the one ahead of it. A loss-tolerant frame is simply lost.
+//!
+//! Fates are decided as early as they can be: under `fifo` when the frame is offered (its
+//! start is then known), under `prio` when its serialisation starts; a retransmission is
+//! decided when it is offered again. The driver calls [`Port::poll_fate`] after each
+//! [`Port::enqueue`] and again at [`Port::poll_timeout`].
+//!
+//! Counters are kept in total, per path and per flow ([`Port::flow_counters`]), so a driver
+//! with one port per host can still report per link: give each directed link its own
+//! `flow`.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::counters::NetCounters;
+use super::order::Sequencer;
+use super::paths::{choose, Path};
+use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
+use super::rng::{hash, SplitMix64};
+use super::window::{self, Backlog};
+use super::{Decision, Fate, FrameMeta, Nanos};
+
+/// Which side of a host a port models (part of its random streams' derivation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Egress = 0,
+    Ingress = 1,
+}
+
+/// A frame the port holds, with what it needs to decide it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    token: u64,
+    meta: FrameMeta,
+    /// Sequence number in its flow (reliable frames).
+    seq: u64,
+    /// When this attempt was offered.
+    offered: Nanos,
+    retransmissions: u32,
+}
+
+/// One bottleneck direction of a host: a finite queue with a discipline and a serialiser
+/// per path, loss, retransmission, and counters.
+#[derive(Debug, Clone)]
+pub struct Port {
+    paths: Vec<Path<Held>>,
+    /// The send window, bytes.
+    window: usize,
+    rto_ns: Nanos,
+    /// Whether decisions wait for the serialiser (`prio`) or are made on offer (`fifo`).
+    lazy: bool,
+    /// Salt of the flow hash (from the job's seed).
+    salt: u64,
+    /// Retransmissions waiting to be offered again, by (time, order).
+    retransmits: BTreeMap<(Nanos, u64), Held>,
+    retransmit_order: u64,
+    sequencer: Sequencer,
+    ready: VecDeque<Decision>,
+    counters: NetCounters,
+    path_counters: Vec<NetCounters>,
+    flow_counters: BTreeMap<u64, NetCounters>,
+    /// The latest `now` seen.
+    clock: Nanos,
+}
+
+impl Port {
+    /// A host's egress NIC under `profile`: one serialiser per path, each with the path's
+    /// bandwidth, latency and loss; random streams derived from `(seed, host, egress, path)`.
+    pub fn egress(profile: &NetworkProfile, seed: u64, host: u64) -> Self {
+        let specs = (0..profile.paths.max(1))
+            .map(|i| profile.path_spec(i))
+            .collect();
+        Self::new(profile, seed, host, Direction::Egress, specs)
+    }
+
+    /// A host's ingress port under `profile`: arriving frames queue and serialise at the
+    /// host's bandwidth, with no latency added and no random loss (drops of a full queue
+    /// only); random streams derived from `(seed, host, ingress)`.
+    pub fn ingress(profile: &NetworkProfile, seed: u64, host: u64) -> Self {
+        let spec = PathSpec {
+            bandwidth_bps: profile.bandwidth_bps,
+            latency_ns: 0,
+            loss: 0.0,
+            loss_burst: None,
+        };
+        Self::new(profile, seed, host, Direction::Ingress, vec![spec])
+    }
+
+    /// A port of `specs` paths.
+    fn new(
+        profile: &NetworkProfile,
+        seed: u64,
+        host: u64,
+        direction: Direction,
+        specs: Vec<PathSpec>,
+    ) -> Self {
+        let d = direction as u64;
+        let paths: Vec<Path<Held>> = (specs.into_iter().enumerate())
+            .map(|(i, spec)| {
+                let rng = SplitMix64::derive(&[seed, host, d, i as u64]);
+                Path::new(profile, spec, rng)
+            })
+            .collect();
+        Self {
+            path_counters: vec![NetCounters::default(); paths.len()],
+            paths,
+            window: profile.buffer_bytes,
+            rto_ns: profile.rto_ns,
+            lazy: profile.queue_discipline == QueueDiscipline::Prio,
+            salt: hash(&[seed, 0xEC3F]),
+            retransmits: BTreeMap::new(),
+            retransmit_order: 0,
+            sequencer: Sequencer::default(),
+            ready: VecDeque::new(),
+            counters: NetCounters::default(),
+            flow_counters: BTreeMap::new(),
+            clock: 0,
+        }
+    }
+
+    /// The offered work of every path, for the send window.
+    fn backlogs(&self) -> impl Iterator<Item = Backlog> + Clone + '_ {
+        self.paths.iter().map(Path::backlog)
+    }
+
+    /// Send-window admission (egress): whether the driver may ask its scheduler for another
+    /// frame at `now`, i.e. the port holds fewer unserialised bytes than the window (always,
+    /// without a bandwidth). A retransmission counts once it is offered again.
+    pub fn has_room(&self, now: Nanos) -> bool {
+        window::has_room(self.backlogs(), self.window, now)
+    }
+
+    /// The first instant `>= now + 1` at which [`Port::has_room`] holds (exact, computed
+    /// by bisection).
+    pub fn room_at(&self, now: Nanos) -> Nanos {
+        window::room_at(self.backlogs(), self.window, now)
+    }
+
+    /// Unserialised bytes held at `now` (what the send window compares).
+    pub fn backlog_bytes(&self, now: Nanos) -> usize {
+        window::held(self.backlogs(), now)
+    }
+
+    /// Offers a frame identified by the driver's `token` at `now`.
+    pub fn enqueue(&mut self, now: Nanos, token: u64, meta: FrameMeta) {
+        self.advance(now);
+        let seq = if meta.reliable {
+            self.sequencer.ticket(meta.flow)
+        } else {
+            0
+        };
+        let held = Held {
+            token,
+            meta,
+            seq,
+            offered: now,
+            retransmissions: 0,
+        };
+        self.offer(now, held);
+    }
+
+    /// The next frame whose fate is decided by `now`, in the order decided.
+    pub fn poll_fate(&mut self, now: Nanos) -> Option<(u64, Fate)> {
+        self.poll_decision(now).map(|d| (d.token, d.fate))
+    }
+
+    /// As [`Port::poll_fate`], with the timing of the frame's last transmission.
+    pub fn poll_decision(&mut self, now: Nanos) -> Option<Decision> {
+        self.advance(now);
+        self.ready.pop_front()
+    }
+
+    /// When the driver must call [`Port::poll_fate`] again (`None`: nothing pending).
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        if !self.ready.is_empty() {
+            return Some(self.clock);
+        }
+        let retransmit = self.retransmits.keys().next().map(|&(t, _)| t);
+        let dispatch = self.next_dispatch().map(|(t, _)| t);
+        retransmit.into_iter().chain(dispatch).min()
+    }
+
+    /// Counters of everything through this port so far.
+    pub fn counters(&self) -> &NetCounters {
+        &self.counters
+    }
+
+    /// Counters of each path, by index.
+    pub fn path_counters(&self) -> &[NetCounters] {
+        &self.path_counters
+    }
+
+    /// Counters of one flow (`None` if nothing of it passed).
+    pub fn flow_counters(&self, flow: u64) -> Option<&NetCounters> {
+        self.flow_counters.get(&flow)
+    }
+
+    /// Counters of every flow seen, by flow id.
+    pub fn flows(&self) -> impl Iterator<Item = (u64, &NetCounters)> + '_ {
+        self.flow_counters.iter().map(|(&f, c)| (f, c))
+    }
+
+    /// Number of paths.
+    pub fn paths(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// The earliest pending serialisation start under `prio`: (time, path).
+    fn next_dispatch(&self) -> Option<(Nanos, usize)> {
+        if !self.lazy {
+            return None;
+        }
+        (self.paths.iter().enumerate())
+            .filter(|(_, p)| !p.queue.is_empty())
+            .map(|(i, p)| (p.free_at, i))
+            .min()
+    }
+
+    /// Processes, in time order, every retransmission and serialisation start due by `now`
+    /// (a retransmission first at equal times, so that it competes for that start).
+    fn advance(&mut self, now: Nanos) {
+        self.clock = self.clock.max(now);
+        loop {
+            let retransmit = (self.retransmits.keys().next().copied()).filter(|&(t, _)| t <= now);
+            let dispatch = self.next_dispatch().filter(|&(t, _)| t <= now);
+            match (retransmit, dispatch) {
+                (Some(key), d) if d.is_none_or(|(t, _)| key.0 <= t) => {
+                    if let Some(held) = self.retransmits.remove(&key) {
+                        self.offer(key.0, held);
+                    }
+                }
+                (_, Some((_, i))) => self.dispatch(i),
+                _ => break,
+            }
+        }
+    }
+
+    /// A frame reaches the queues at `t`: it takes a path, then is queued or refused.
+    fn offer(&mut self, t: Nanos, held: Held) {
+        let i = choose(&self.paths, &held.meta, self.salt, t);
+        let path = &mut self.paths[i];
+        let (bytes, class) = (held.meta.bytes, held.meta.class);
+        if path.queue.admit(t, bytes, held.meta.drop_eligible).is_err() {
+            self.count(held.meta.flow, i, |c| c.dropped(bytes));
+            if held.meta.reliable {
+                self.retransmit(t, held, i);
+            } else {
+                self.decided(
+                    &held,
+                    Decision {
+                        token: held.token,
+                        fate: Fate::Dropped,
+                        start: t,
+                        done: t,
+                    },
+                );
+            }
+            return;
+        }
+        path.admit_work(t, bytes);
+        path.queue.push(bytes, class, held);
+        if !self.lazy || path.free_at <= t {
+            self.dispatch(i);
+        }
+    }
+
+    /// Path `i`'s serialiser takes its next frame (no earlier than `t`'s frame was offered
+    /// and the serialiser is free): decides loss, then the fate or a retransmission.
+    fn dispatch(&mut self, i: usize) {
+        let path = &mut self.paths[i];
+        let Some(mut held) = path.queue.pop() else {
+            return;
+        };
+        let bytes = held.meta.bytes;
+        let start = path.free_at.max(held.offered);
+        let done = start.saturating_add(path.transmission_ns(bytes));
+        path.free_at = done;
+        path.queue.serialising(done, bytes);
+        let lost = path.loss.lose();
+        let at = done.saturating_add(path.spec.latency_ns);
+        let queued = start.saturating_sub(held.offered);
+        self.count(held.meta.flow, i, |c| c.sent(bytes, queued));
+        if lost {
+            self.count(held.meta.flow, i, |c| c.lost(bytes));
+            if held.meta.reliable {
+                self.retransmit(done, held, i);
+                return;
+            }
+            let fate = Fate::Lost { path: i };
+            let d = Decision {
+                token: held.token,
+                fate,
+                start,
+                done,
+            };
+            self.decided(&held, d);
+            return;
+        }
+        let fate = Fate::Delivered {
+            at,
+            retransmissions: held.retransmissions,
+            path: i,
+        };
+        held.offered = start;
+        let d = Decision {
+            token: held.token,
+            fate,
+            start,
+            done,
+        };
+        self.decided(&held, d);
+    }
+
+    /// A reliable frame lost (or dropped) at `t` on path `i` is offered again at `t + RTO`.
+    fn retransmit(&mut self, t: Nanos, mut held: Held, i: usize) {
+        self.count(held.meta.flow, i, |c| c.retransmitted(held.meta.bytes));
+        held.retransmissions = held.retransmissions.saturating_add(1);
+        held.offered = t.saturating_add(self.rto_ns);
+        let order = self.retransmit_order;
+        self.retransmit_order = order.wrapping_add(1);
+        self.retransmits.insert((held.offered, order), held);
+    }
+
+    /// Hands out a decision: reliable frames through their flow's reorder buffer.
+    fn decided(&mut self, held: &Held, d: Decision) {
+        if held.meta.reliable {
+            (self.sequencer).settle(held.meta.flow, held.seq, d, &mut self.ready);
+        } else {
+            self.ready.push_back(d);
+        }
+    }
+
+    /// Applies `f` to the total, path `i`'s and `flow`'s counters.
+    fn count(&mut self, flow: u64, i: usize, f: impl Fn(&mut NetCounters)) {
+        f(&mut self.counters);
+        if let Some(c) = self.path_counters.get_mut(i) {
+            f(c);
+        }
+        f(self.flow_counters.entry(flow).or_default());
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,452 @@
+//! The port against closed forms: the default profile is the old shaper, losses follow
+//! their rates, retransmissions cost exactly an RTO plus a re-serialisation, reliable flows
+//! stay in order, queues order and drop as their discipline says, paths are chosen as asked.
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::net::{BurstLoss, LinkProfile, PathProfile, Shaper};
+
+/// Drives `port` until nothing is pending, returning every decision in order.
+fn run_all(port: &mut Port, mut out: Vec<Decision>) -> Vec<Decision> {
+    while let Some(t) = port.poll_timeout() {
+        while let Some(d) = port.poll_decision(t) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+fn gbit(latency_ns: u64) -> NetworkProfile {
+    NetworkProfile {
+        bandwidth_bps: Some(1e9),
+        latency_ns,
+        ..NetworkProfile::default()
+    }
+}
+
+fn delivered_at(d: &Decision) -> Nanos {
+    match d.fate {
+        Fate::Delivered { at, .. } => at,
+        other => panic!("not delivered: {other:?}"),
+    }
+}
+
+proptest! {
+    /// With the default profile (one path, FIFO, unbounded, lossless) every frame is
+    /// decided on offer and delivered exactly when the old shaper says; the send window is
+    /// the old one.
+    #[test]
+    fn default_profile_reproduces_the_shaper(
+        bps in prop::option::of(1e6f64..1e11),
+        latency in 0u64..1_000_000,
+        window in 1usize..1_000_000,
+        frames in prop::collection::vec((0u64..200_000, 0usize..2_000_000, 0u64..4), 1..60),
+    ) {
+        let link = LinkProfile { bandwidth_bps: bps, latency_ns: latency, buffer_bytes: window };
+        let profile = NetworkProfile::from(link);
+        let mut shaper = Shaper::new(link);
+        let mut port = Port::egress(&profile, 42, 3);
+        let mut now = 0;
+        for (token, &(gap, bytes, flow)) in frames.iter().enumerate() {
+            now += gap;
+            prop_assert_eq!(port.has_room(now), shaper.backlog_bytes(now) < window);
+            prop_assert_eq!(port.backlog_bytes(now), shaper.backlog_bytes(now));
+            let start = now.max(shaper.free_at_ns());
+            let at = shaper.schedule(now, bytes);
+            port.enqueue(now, token as u64, FrameMeta::reliable(bytes, flow));
+            let d = port.poll_decision(now).expect("decided on offer");
+            let fate = Fate::Delivered { at, retransmissions: 0, path: 0 };
+            let want = Decision { token: token as u64, fate, start, done: shaper.free_at_ns() };
+            prop_assert_eq!(d, want);
+            prop_assert!(port.poll_decision(now).is_none());
+            prop_assert_eq!(port.poll_timeout(), None);
+            let t = port.room_at(now);
+            prop_assert!(t > now && shaper.backlog_bytes(t) < window);
+            prop_assert!(t == now + 1 || shaper.backlog_bytes(t - 1) >= window);
+        }
+        let c = port.counters();
+        prop_assert_eq!(c.frames_sent, frames.len() as u64);
+        prop_assert_eq!(c.frames_lost + c.frames_dropped + c.frames_retransmitted, 0);
+    }
+
+    /// Under loss, a reliable flow's deliveries are monotone in offer order, every frame is
+    /// delivered exactly once, and a frame is never delivered before its lossless time.
+    #[test]
+    fn reliable_deliveries_on_a_flow_are_monotone(
+        seed in any::<u64>(),
+        prio in any::<bool>(),
+        paths in 1usize..4,
+        frames in prop::collection::vec((0u64..50_000, 1usize..20_000, 0u64..3, 0u8..8, any::<bool>()), 1..80),
+    ) {
+        let profile = NetworkProfile {
+            loss: 0.2,
+            paths,
+            rto_ns: 1_000_000,
+            queue_bytes: Some(30_000),
+            queue_discipline: if prio { QueueDiscipline::Prio } else { QueueDiscipline::Fifo },
+            ..gbit(10_000)
+        };
+        let mut port = Port::egress(&profile, seed, 0);
+        let mut out = Vec::new();
+        let mut now = 0;
+        let mut offered = Vec::new();
+        for (token, &(gap, bytes, flow, class, spray)) in frames.iter().enumerate() {
+            now += gap;
+            let meta = FrameMeta { class, spray, drop_eligible: spray, ..FrameMeta::reliable(bytes, flow) };
+            port.enqueue(now, token as u64, meta);
+            offered.push((flow, now + 10_000));
+            while let Some(d) = port.poll_decision(now) {
+                out.push(d);
+            }
+        }
+        let out = run_all(&mut port, out);
+        prop_assert_eq!(out.len(), frames.len());
+        let mut at = vec![None; frames.len()];
+        for d in &out {
+            prop_assert!(at[d.token as usize].is_none(), "decided twice");
+            at[d.token as usize] = Some(delivered_at(d));
+        }
+        for flow in 0..3 {
+            let times: Vec<Nanos> = (0..frames.len())
+                .filter(|&i| offered[i].0 == flow)
+                .map(|i| at[i].unwrap_or(0))
+                .collect();
+            prop_assert!(times.windows(2).all(|w| w[0] <= w[1]), "flow {} {:?}", flow, times);
+        }
+        for (i, &(_, lossless)) in offered.iter().enumerate() {
+            prop_assert!(at[i].unwrap_or(0) >= lossless);
+        }
+    }
+}
+
+/// On an otherwise idle port, a frame lost r times arrives exactly r x (RTO + its
+/// serialisation) after its lossless delivery.
+#[test]
+fn a_retransmitted_frame_arrives_exactly_rto_plus_reserialisation_later() {
+    let rto = 5_000_000;
+    let profile = NetworkProfile {
+        loss: 0.5,
+        rto_ns: rto,
+        ..gbit(30_000)
+    };
+    let mut port = Port::egress(&profile, 7, 1);
+    let bytes = 12_500; // 100 us at 1 Gbit/s
+    let tx = 100_000;
+    let mut retransmitted = 0;
+    for i in 0..200u64 {
+        let now = i * 1_000_000_000;
+        port.enqueue(now, i, FrameMeta::reliable(bytes, 9));
+        let out = run_all(&mut port, Vec::new());
+        assert_eq!(out.len(), 1);
+        let Fate::Delivered {
+            at,
+            retransmissions: r,
+            ..
+        } = out[0].fate
+        else {
+            panic!("{:?}", out[0]);
+        };
+        assert_eq!(
+            at,
+            now + tx + 30_000 + u64::from(r) * (rto + tx),
+            "frame {i}"
+        );
+        retransmitted += u64::from(r);
+    }
+    let c = port.counters();
+    assert!(retransmitted > 50, "{retransmitted} retransmissions");
+    assert_eq!(c.frames_retransmitted, retransmitted);
+    assert_eq!(c.frames_lost, retransmitted);
+    assert_eq!(c.frames_sent, 200 + retransmitted);
+    assert_eq!(c.bytes_retransmitted, retransmitted * bytes as u64);
+}
+
+/// The losses of a run, as (token, retransmissions).
+fn losses(seed: u64, burst: bool) -> Vec<u32> {
+    let profile = NetworkProfile {
+        loss: 0.01,
+        loss_burst: burst.then_some(BurstLoss {
+            p_enter: 0.01,
+            p_leave: 0.3,
+            loss_in_burst: 0.5,
+        }),
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, seed, 2);
+    for i in 0..10_000u64 {
+        port.enqueue(i * 20_000, i, FrameMeta::reliable(1_000, i % 3));
+    }
+    let out = run_all(&mut port, Vec::new());
+    let mut r = vec![0; out.len()];
+    for d in out {
+        if let Fate::Delivered {
+            retransmissions, ..
+        } = d.fate
+        {
+            r[d.token as usize] = retransmissions;
+        }
+    }
+    r
+}
+
+#[test]
+fn same_seed_same_losses_different_seed_different_losses() {
+    for burst in [false, true] {
+        let a = losses(11, burst);
+        assert!(a.iter().any(|&r| r > 0));
+        assert_eq!(a, losses(11, burst));
+        assert_ne!(a, losses(12, burst));
+    }
+}
+
+/// Loss-tolerant frames are lost for good: Bernoulli within 3 sigma over 10^5 frames.
+#[test]
+fn loss_tolerant_frames_are_lost_at_the_configured_rate() {
+    let p = 0.01;
+    let profile = NetworkProfile { loss: p, ..gbit(0) };
+    let mut port = Port::egress(&profile, 5, 0);
+    let n = 100_000u64;
+    let mut lost = 0;
+    for i in 0..n {
+        let meta = FrameMeta {
+            reliable: false,
+            ..FrameMeta::reliable(100, 0)
+        };
+        port.enqueue(i * 1_000, i, meta);
+        while let Some((_, fate)) = port.poll_fate(i * 1_000) {
+            lost += matches!(fate, Fate::Lost { path: 0 }) as u64;
+        }
+    }
+    let sigma = (n as f64 * p * (1.0 - p)).sqrt();
+    assert!((lost as f64 - n as f64 * p).abs() < 3.0 * sigma, "{lost}");
+    assert_eq!(port.counters().frames_lost, lost);
+    assert_eq!(port.counters().frames_retransmitted, 0);
+}
+
+/// Under `prio`, frames waiting behind a busy serialiser go class 0 first.
+#[test]
+fn strict_priority_serves_class_zero_first() {
+    let profile = NetworkProfile {
+        queue_discipline: QueueDiscipline::Prio,
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, 0, 0);
+    let meta = |class| FrameMeta {
+        class,
+        ..FrameMeta::reliable(1_000, u64::from(class))
+    };
+    port.enqueue(0, 100, meta(7)); // starts at once, 8 us
+    for (token, class) in [(5u64, 5u8), (3, 3), (0, 0), (6, 5)] {
+        port.enqueue(1_000, token, meta(class));
+    }
+    assert_eq!(port.poll_fate(1_000).map(|(t, _)| t), Some(100));
+    assert_eq!(
+        port.poll_fate(1_000),
+        None,
+        "the others wait for the serialiser"
+    );
+    assert_eq!(port.poll_timeout(), Some(8_000));
+    let out = run_all(&mut port, Vec::new());
+    let order: Vec<u64> = out.iter().map(|d| d.token).collect();
+    assert_eq!(order, [0, 3, 5, 6]);
+    let starts: Vec<Nanos> = out.iter().map(|d| d.start).collect();
+    assert_eq!(starts, [8_000, 16_000, 24_000, 32_000]);
+    assert_eq!(port.counters().queueing_ns_max, 31_000);
+}
+
+/// A 10 kB prio queue with threshold 0.5: drop-eligible frames are dropped once 5 kB would
+/// be passed, the others only once the queue is full.
+#[test]
+fn drop_eligible_frames_are_dropped_first_tail_drop_only_when_full() {
+    let profile = NetworkProfile {
+        queue_discipline: QueueDiscipline::Prio,
+        queue_bytes: Some(10_000),
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, 0, 0);
+    let meta = |de| FrameMeta {
+        drop_eligible: de,
+        reliable: false,
+        ..FrameMeta::reliable(2_000, 1)
+    };
+    // All offered at once: 2 kB serialising + waiting frames.
+    let plan = [false, true, true, true, false, false, false, true, false];
+    for (token, &de) in plan.iter().enumerate() {
+        port.enqueue(0, token as u64, meta(de));
+    }
+    let out = run_all(&mut port, Vec::new());
+    let dropped: Vec<u64> = (out.iter())
+        .filter(|d| d.fate == Fate::Dropped)
+        .map(|d| d.token)
+        .collect();
+    // held: 2k, 4k(de ok: 4k <= 5k), 6k (de refused), 6k (de refused), 6k, 8k, 10k,
+    // then de refused and the last one refused by a full queue.
+    assert_eq!(dropped, [2, 3, 7, 8]);
+    assert_eq!(port.counters().frames_dropped, 4);
+    assert_eq!(port.counters().bytes_dropped, 8_000);
+}
+
+/// A reliable frame dropped by a full FIFO queue is retransmitted an RTO later.
+#[test]
+fn a_reliable_frame_dropped_by_a_full_queue_is_retransmitted() {
+    let profile = NetworkProfile {
+        queue_bytes: Some(3_000),
+        rto_ns: 1_000_000,
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, 0, 0);
+    for token in 0..3 {
+        port.enqueue(0, token, FrameMeta::reliable(1_500, token));
+    }
+    let out = run_all(&mut port, Vec::new());
+    let at: Vec<Nanos> = out.iter().map(delivered_at).collect();
+    assert_eq!(at, [12_000, 24_000, 1_000_000 + 12_000]);
+    let c = port.counters();
+    assert_eq!((c.frames_dropped, c.frames_retransmitted), (1, 1));
+    assert_eq!(port.flow_counters(2).map(|c| c.frames_dropped), Some(1));
+    assert_eq!(port.flow_counters(0).map(|c| c.frames_dropped), Some(0));
+}
+
+fn multipath(paths: usize) -> NetworkProfile {
+    NetworkProfile {
+        paths,
+        ..gbit(1_000)
+    }
+}
+
+#[test]
+fn spraying_spreads_bytes_evenly_over_paths() {
+    for k in 2..5 {
+        let mut port = Port::egress(&multipath(k), 3, 0);
+        let mut rng = SplitMix64::new(k as u64);
+        let mut now = 0;
+        for token in 0..2_000 {
+            now += rng.next_u64() % 20_000;
+            let bytes = 1 + (rng.next_u64() % 9_000) as usize;
+            let meta = FrameMeta {
+                spray: true,
+                ..FrameMeta::reliable(bytes, 1)
+            };
+            port.enqueue(now, token, meta);
+        }
+        let bytes: Vec<u64> = port.path_counters().iter().map(|c| c.bytes_sent).collect();
+        let (lo, hi) = (bytes.iter().min(), bytes.iter().max());
+        let spread = hi.unwrap_or(&0) - lo.unwrap_or(&0);
+        assert!(spread <= 9_000, "{k} paths: {bytes:?}");
+    }
+}
+
+#[test]
+fn hashing_pins_a_flow_to_one_path() {
+    let mut port = Port::egress(&multipath(4), 3, 0);
+    for token in 0..4_000u64 {
+        port.enqueue(token * 100, token, FrameMeta::reliable(100, token % 40));
+    }
+    let out = run_all(&mut port, Vec::new());
+    let mut path_of = [None; 40];
+    for d in &out {
+        let Fate::Delivered { path, .. } = d.fate else {
+            panic!()
+        };
+        let flow = (d.token % 40) as usize;
+        assert_eq!(*path_of[flow].get_or_insert(path), path, "flow {flow}");
+    }
+    let used: std::collections::BTreeSet<usize> = path_of.iter().flatten().copied().collect();
+    assert!(used.len() > 1, "40 flows all hashed to {used:?}");
+}
+
+/// A degraded path (its own bandwidth, latency and loss) affects only the frames on it.
+#[test]
+fn each_path_has_its_own_bandwidth_latency_and_loss() {
+    let profile = NetworkProfile {
+        paths: 2,
+        path: vec![
+            PathProfile::default(),
+            PathProfile {
+                bandwidth_bps: Some(1e8),
+                latency_ns: Some(50_000),
+                loss: Some(1.0),
+                loss_burst: None,
+            },
+        ],
+        ..gbit(1_000)
+    };
+    let mut port = Port::egress(&profile, 0, 0);
+    let meta = FrameMeta {
+        spray: true,
+        reliable: false,
+        ..FrameMeta::reliable(1_250, 0)
+    };
+    port.enqueue(0, 0, meta);
+    port.enqueue(0, 1, meta);
+    let out = run_all(&mut port, Vec::new());
+    assert_eq!(
+        out[0].fate,
+        Fate::Delivered {
+            at: 11_000,
+            retransmissions: 0,
+            path: 0
+        }
+    );
+    // Path 1 would finish at 100 us, path 0 at 20 us: the sprayed frame takes path 0.
+    assert_eq!(out[1].fate, out[0].fate.with_at(21_000));
+    assert_eq!(port.path_counters()[1].frames_sent, 0);
+    let slow = FrameMeta {
+        spray: false,
+        ..meta
+    };
+    // Find a flow hashed to the degraded path: always lost there.
+    let lost = (0..64u64).any(|flow| {
+        port.enqueue(
+            1_000_000 * (flow + 1),
+            10 + flow,
+            FrameMeta { flow, ..slow },
+        );
+        matches!(
+            port.poll_fate(1_000_000 * (flow + 1)),
+            Some((_, Fate::Lost { path: 1 }))
+        )
+    });
+    assert!(lost);
+}
+
+/// An ingress port serialises arrivals but adds no latency and loses nothing at random.
+#[test]
+fn ingress_serialises_without_latency_or_loss() {
+    let profile = NetworkProfile {
+        loss: 1.0,
+        ingress: true,
+        ..gbit(1_000_000)
+    };
+    let mut port = Port::ingress(&profile, 0, 5);
+    for token in 0..3 {
+        port.enqueue(0, token, FrameMeta::reliable(125, token));
+    }
+    let at: Vec<Nanos> = run_all(&mut port, Vec::new())
+        .iter()
+        .map(delivered_at)
+        .collect();
+    assert_eq!(at, [1_000, 2_000, 3_000]);
+}
+
+trait WithAt {
+    fn with_at(self, at: Nanos) -> Self;
+}
+
+impl WithAt for Fate {
+    fn with_at(self, new: Nanos) -> Self {
+        match self {
+            Fate::Delivered {
+                retransmissions,
+                path,
+                ..
+            } => Fate::Delivered {
+                at: new,
+                retransmissions,
+                path,
+            },
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! The whole network setting of a job ([`NetworkProfile`]): read from TOML, filled from
+//! command-line flags, checked by [`NetworkProfile::validate`], whose errors name the field
+//! and its flag.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::link::{LinkProfile, DEFAULT_BUFFER_BYTES};
+use super::parse::serde_helpers;
+
+/// Default retransmission timeout: 200 ms, Linux's minimum RTO (`TCP_RTO_MIN`). A
+/// datacenter-tuned stack uses a few milliseconds or less.
+pub const DEFAULT_RTO_NS: u64 = 200_000_000;
+
+/// Default drop threshold of the `prio` discipline: drop-eligible frames are refused once
+/// the queue would pass half its capacity.
+pub const DEFAULT_DROP_THRESHOLD: f64 = 0.5;
+
+/// How a finite queue orders and drops frames.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueDiscipline {
+    /// First in, first out; a frame that does not fit is dropped (tail drop).
+    #[default]
+    Fifo,
+    /// Strict priority over the frame's class (0 first, FIFO within a class, not
+    /// preemptive); drop-eligible frames are dropped once the queue would pass the drop
+    /// threshold, any frame once it is full.
+    Prio,
+}
+
+impl QueueDiscipline {
+    /// The name used in flags and TOML.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fifo => "fifo",
+            Self::Prio => "prio",
+        }
+    }
+}
+
+impl fmt::Display for QueueDiscipline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for QueueDiscipline {
+    type Err = ProfileError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fifo" => Ok(Self::Fifo),
+            "prio" | "priority" => Ok(Self::Prio),
+            _ => Err(ProfileError::new(
+                "queue_discipline",
+                "--queue-discipline",
+                format!("unknown discipline '{s}' (use fifo or prio)"),
+            )),
+        }
+    }
+}
+
+/// Bursty loss (Gilbert-Elliott): a two-state chain moved once per frame; in the burst
+/// state a frame is lost with `loss_in_burst`, in the good state with the profile's `loss`.
+/// Mean burst length `1 / p_leave` frames; stationary share of burst `p_enter / (p_enter +
+/// p_leave)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BurstLoss {
+    /// Probability per frame of entering the burst state from the good state.
+    #[serde(with = "serde_helpers::probability")]
+    pub p_enter: f64,
+    /// Probability per frame of leaving the burst state.
+    #[serde(with = "serde_helpers::probability")]
+    pub p_leave: f64,
+    /// Probability that a frame sent in the burst state is lost.
+    #[serde(with = "serde_helpers::probability")]
+    pub loss_in_burst: f64,
+}
+
+impl BurstLoss {
+    /// Long-run share of frames lost, given the good state's loss `good`.
+    pub fn stationary_loss(&self, good: f64) -> f64 {
+        let bad = self.p_enter / (self.p_enter + self.p_leave);
+        bad * self.loss_in_burst + (1.0 - bad) * good
+    }
+}
+
+/// One path between two hosts; unset fields take the profile's values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathProfile {
+    /// Bandwidth of this path, bits per second or `"10gbit"`.
+    #[serde(
+        with = "serde_helpers::bandwidth",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bandwidth_bps: Option<f64>,
+    /// One-way latency of this path, nanoseconds or `"1ms"`.
+    #[serde(
+        with = "serde_helpers::opt_duration",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub latency_ns: Option<u64>,
+    /// Random loss of this path (fraction or `"1%"`).
+    #[serde(
+        with = "serde_helpers::opt_probability",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub loss: Option<f64>,
+    /// Bursty loss of this path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_burst: Option<BurstLoss>,
+}
+
+/// One path with every value resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathSpec {
+    /// Bits per second (`None`: unlimited).
+    pub bandwidth_bps: Option<f64>,
+    /// One-way latency, nanoseconds.
+    pub latency_ns: u64,
+    /// Loss probability per frame (in the good state when bursty).
+    pub loss: f64,
+    /// Bursty loss, if any.
+    pub loss_burst: Option<BurstLoss>,
+}
+
+/// The whole network setting: every knob of the model. The default is a lossless link of
+/// unlimited bandwidth, no latency, a 256 KiB send window, one path, egress only, an
+/// unbounded FIFO queue. Field names extend the older [`LinkProfile`]'s, so its TOML files
+/// still read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkProfile {
+    /// Bandwidth of every host's NIC (each path's unless overridden), bits per second or
+    /// `"10gbit"`; absent: unlimited.
+    #[serde(with = "serde_helpers::bandwidth", default)]
+    pub bandwidth_bps: Option<f64>,
+    /// One-way latency (each path's unless overridden), nanoseconds or `"1ms"`.
+    #[serde(with = "serde_helpers::duration", default)]
+    pub latency_ns: u64,
+    /// The send window: the driver asks its scheduler for the next frame only while the
+    /// egress holds fewer unserialised bytes than this (bytes or `"256KiB"`).
+    #[serde(with = "serde_helpers::size", default = "default_buffer")]
+    pub buffer_bytes: usize,
+    /// Also serialise (and queue) arriving frames at the receiver's downlink, as at a
+    /// switch port where N senders converge on one host.
+    #[serde(default)]
+    pub ingress: bool,
+    /// Capacity of each queue in bytes (per path at egress, and at ingress); absent:
+    /// unbounded. A frame always enters an empty queue, whatever its size.
+    #[serde(with = "serde_helpers::opt_size", default)]
+    pub queue_bytes: Option<usize>,
+    /// How queues order and drop frames.
+    #[serde(default)]
+    pub queue_discipline: QueueDiscipline,
+    /// `prio` only: fraction of the queue capacity past which drop-eligible frames are
+    /// dropped, in (0, 1].
+    #[serde(default = "default_threshold")]
+    pub drop_threshold: f64,
+    /// Bernoulli loss per frame on every path (fraction or `"1%"`); with `loss_burst`, the
+    /// loss in the good state.
+    #[serde(with = "serde_helpers::probability", default)]
+    pub loss: f64,
+    /// Bursty (Gilbert-Elliott) loss on every path.
+    #[serde(default)]
+    pub loss_burst: Option<BurstLoss>,
+    /// Number of paths between two hosts.
+    #[serde(default = "one")]
+    pub paths: usize,
+    /// Per-path overrides, for paths `0..path.len()` (at most `paths`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<PathProfile>,
+    /// Retransmission timeout of the reliable transport, nanoseconds or `"200ms"`.
+    #[serde(with = "serde_helpers::duration", default = "default_rto")]
+    pub rto_ns: u64,
+}
+
+fn default_buffer() -> usize {
+    DEFAULT_BUFFER_BYTES
+}
+
+fn default_threshold() -> f64 {
+    DEFAULT_DROP_THRESHOLD
+}
+
+fn default_rto() -> u64 {
+    DEFAULT_RTO_NS
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Default for NetworkProfile {
+    fn default() -> Self {
+        Self::from(LinkProfile::default())
+    }
+}
+
+impl From<LinkProfile> for NetworkProfile {
+    fn from(link: LinkProfile) -> Self {
+        Self {
+            bandwidth_bps: link.bandwidth_bps,
+            latency_ns: link.latency_ns,
+            buffer_bytes: link.buffer_bytes,
+            ingress: false,
+            queue_bytes: None,
+            queue_discipline: QueueDiscipline::Fifo,
+            drop_threshold: DEFAULT_DROP_THRESHOLD,
+            loss: 0.0,
+            loss_burst: None,
+            paths: 1,
+            path: Vec::new(),
+            rto_ns: DEFAULT_RTO_NS,
+        }
+    }
+}
+
+/// A bad network setting, naming the TOML field and the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("network profile: `{field}` ({flag}): {why}")]
+pub struct ProfileError {
+    /// The TOML field, e.g. `loss` or `path[1].bandwidth_bps`.
+    pub field: String,
+    /// The command-line flag setting it, e.g. `--loss`.
+    pub flag: &'static str,
+    /// What is wrong.
+    pub why: String,
+}
+
+impl ProfileError {
+    fn new(field: impl Into<String>, flag: &'static str, why: String) -> Self {
+        Self {
+            field: field.into(),
+            flag,
+            why,
+        }
+    }
+}
+
+/// Checks a probability field.
+fn check_probability(field: String, flag: &'static str, p: f64) -> Result<(), ProfileError> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(ProfileError::new(
+            field,
+            flag,
+            format!("{p} is not a probability in [0, 1] (0 to 100 %)"),
+        ))
+    }
+}
+
+/// Checks an optional bandwidth field.
+fn check_bandwidth(field: String, flag: &'static str, b: Option<f64>) -> Result<(), ProfileError> {
+    match b {
+        Some(bps) if !(bps > 0.0 && bps.is_finite()) => Err(ProfileError::new(
+            field,
+            flag,
+            format!("{bps} bit/s must be positive and finite"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a bursty-loss setting.
+fn check_burst(field: &str, b: &BurstLoss) -> Result<(), ProfileError> {
+    let flag = "--loss-burst";
+    check_probability(format!("{field}.p_enter"), flag, b.p_enter)?;
+    check_probability(format!("{field}.p_leave"), flag, b.p_leave)?;
+    check_probability(format!("{field}.loss_in_burst"), flag, b.loss_in_burst)?;
+    if b.p_leave <= 0.0 {
+        return Err(ProfileError::new(
+            format!("{field}.p_leave"),
+            flag,
+            "must be above 0, or a burst never ends".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl NetworkProfile {
+    /// The profile of an older [`LinkProfile`] (no loss, one path, egress only).
+    pub fn from_link(link: LinkProfile) -> Self {
+        Self::from(link)
+    }
+
+    /// The bandwidth, latency and send window alone, as the older [`LinkProfile`].
+    pub fn link(&self) -> LinkProfile {
+        LinkProfile {
+            bandwidth_bps: self.bandwidth_bps,
+            latency_ns: self.latency_ns,
+            buffer_bytes: self.buffer_bytes,
+        }
+    }
+
+    /// Whether any frame can be lost or dropped (random loss or a finite queue).
+    pub fn is_lossy(&self) -> bool {
+        self.queue_bytes.is_some()
+            || (0..self.paths.max(1)).any(|i| {
+                let p = self.path_spec(i);
+                p.loss > 0.0 || p.loss_burst.is_some_and(|b| b.loss_in_burst > 0.0)
+            })
+    }
+
+    /// Path `i` with the profile's values where it sets none.
+    pub fn path_spec(&self, i: usize) -> PathSpec {
+        let o = self.path.get(i).copied().unwrap_or_default();
+        PathSpec {
+            bandwidth_bps: o.bandwidth_bps.or(self.bandwidth_bps),
+            latency_ns: o.latency_ns.unwrap_or(self.latency_ns),
+            loss: o.loss.unwrap_or(self.loss),
+            loss_burst: o.loss_burst.or(self.loss_burst),
+        }
+    }
+
+    /// Checks every value; the error names the field and its flag.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        check_bandwidth("bandwidth_bps".into(), "--bandwidth", self.bandwidth_bps)?;
+        if self.buffer_bytes == 0 {
+            return Err(ProfileError::new(
+                "buffer_bytes",
+                "--send-buffer",
+                "the send window must be positive".into(),
+            ));
+        }
+        if self.queue_bytes == Some(0) {
+            return Err(ProfileError::new(
+                "queue_bytes",
+                "--queue",
+                "a queue of 0 bytes holds nothing; give a positive size or leave it unbounded"
+                    .into(),
+            ));
+        }
+        let t = self.drop_threshold;
+        if !(t > 0.0 && t <= 1.0) {
+            return Err(ProfileError::new(
+                "drop_threshold",
+                "--drop-threshold",
+                format!("{t} is not a fraction of the queue in (0, 1]"),
+            ));
+        }
+        check_probability("loss".into(), "--loss", self.loss)?;
+        if let Some(b) = &self.loss_burst {
+            check_burst("loss_burst", b)?;
+        }
+        self.validate_paths()?;
+        if self.rto_ns == 0 {
+            return Err(ProfileError::new(
+                "rto_ns",
+                "--rto",
+                "the retransmission timeout must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the number of paths and each override.
+    fn validate_paths(&self) -> Result<(), ProfileError> {
+        if self.paths == 0 {
+            return Err(ProfileError::new(
+                "paths",
+                "--paths",
+                "at least one path is needed".into(),
+            ));
+        }
+        if self.path.len() > self.paths {
+            return Err(ProfileError::new(
+                "path",
+                "--network",
+                format!(
+                    "{} [[path]] entries for {} paths; set `paths` to at least {}",
+                    self.path.len(),
+                    self.paths,
+                    self.path.len()
+                ),
+            ));
+        }
+        for (i, p) in self.path.iter().enumerate() {
+            check_bandwidth(
+                format!("path[{i}].bandwidth_bps"),
+                "--network",
+                p.bandwidth_bps,
+            )?;
+            if let Some(l) = p.loss {
+                check_probability(format!("path[{i}].loss"), "--network", l)?;
+            }
+            if let Some(b) = &p.loss_burst {
+                check_burst(&format!("path[{i}].loss_burst"), b)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(f: impl Fn(&mut NetworkProfile)) -> ProfileError {
+        let mut p = NetworkProfile::default();
+        f(&mut p);
+        p.validate().unwrap_err()
+    }
+
+    #[test]
+    fn default_is_valid_and_lossless() {
+        let p = NetworkProfile::default();
+        p.validate().unwrap();
+        assert!(!p.is_lossy());
+        assert_eq!(p.link(), LinkProfile::default());
+    }
+
+    #[test]
+    fn validation_errors_name_the_field_and_flag() {
+        let e = err(|p| p.loss = 1.5);
+        assert_eq!((e.field.as_str(), e.flag), ("loss", "--loss"));
+        assert!(err(|p| p.loss = f64::NAN).to_string().contains("`loss`"));
+        assert!(err(|p| p.loss = -0.1).to_string().contains("--loss"));
+        assert_eq!(err(|p| p.paths = 0).field, "paths");
+        assert_eq!(err(|p| p.queue_bytes = Some(0)).field, "queue_bytes");
+        assert_eq!(err(|p| p.buffer_bytes = 0).flag, "--send-buffer");
+        assert_eq!(err(|p| p.bandwidth_bps = Some(-1.0)).flag, "--bandwidth");
+        assert_eq!(
+            err(|p| p.bandwidth_bps = Some(f64::NAN)).field,
+            "bandwidth_bps"
+        );
+        assert_eq!(err(|p| p.rto_ns = 0).flag, "--rto");
+        assert_eq!(err(|p| p.drop_threshold = 0.0).field, "drop_threshold");
+        let burst = BurstLoss {
+            p_enter: 0.1,
+            p_leave: 0.0,
+            loss_in_burst: 1.0,
+        };
+        assert_eq!(
+            err(|p| p.loss_burst = Some(burst)).field,
+            "loss_burst.p_leave"
+        );
+        let e = err(|p| {
+            p.paths = 2;
+            p.path = vec![
+                PathProfile::default(),
+                PathProfile {
+                    loss: Some(2.0),
+                    ..PathProfile::default()
+                },
+            ];
+        });
+        assert_eq!(e.field, "path[1].loss");
+        assert_eq!(
+            err(|p| p.path = vec![PathProfile::default(); 2]).field,
+            "path"
+        );
+        assert!("lifo"
+            .parse::<QueueDiscipline>()
+            .unwrap_err()
+            .to_string()
+            .contains("--queue-discipline"));
+        // A queue smaller than one frame is fine.
+        let p = NetworkProfile {
+            queue_bytes: Some(1),
+            ..NetworkProfile::default()
+        };
+        p.validate().unwrap();
+    }
+
+    #[test]
+    fn reads_toml_with_units_and_paths() {
+        let text = r#"
+            bandwidth_bps = "10gbit"
+            latency_ns = "50us"
+            buffer_bytes = "256KiB"
+            ingress = true
+            queue_bytes = "1MiB"
+            queue_discipline = "prio"
+            loss = "0.1%"
+            loss_burst = { p_enter = 0.001, p_leave = 0.2, loss_in_burst = "50%" }
+            paths = 2
+            rto_ns = "5ms"
+            [[path]]
+            [[path]]
+            bandwidth_bps = "1gbit"
+            loss = "5%"
+        "#;
+        let p: NetworkProfile = toml::from_str(text).unwrap();
+        p.validate().unwrap();
+        assert_eq!(p.latency_ns, 50_000);
+        assert_eq!(p.queue_bytes, Some(1 << 20));
+        assert_eq!(p.queue_discipline, QueueDiscipline::Prio);
+        assert_eq!(p.rto_ns, 5_000_000);
+        assert_eq!(p.path_spec(0).bandwidth_bps, Some(10e9));
+        assert_eq!(p.path_spec(1).bandwidth_bps, Some(1e9));
+        assert_eq!(p.path_spec(1).loss, 0.05);
+        assert_eq!(p.path_spec(0).loss, 0.001);
+        assert!(p.is_lossy());
+        let old: NetworkProfile =
+            toml::from_str("bandwidth_bps = 1e9\nlatency_ns = 1000\nbuffer_bytes = 4096").unwrap();
+        assert_eq!(old.link().buffer_bytes, 4096);
+        assert!(toml::from_str::<NetworkProfile>("bandwith = 1").is_err());
+        assert!(toml::from_str::<NetworkProfile>("queue_discipline = \"red\"").is_err());
+        let back: NetworkProfile = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+    }
+}

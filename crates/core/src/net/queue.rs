@@ -1,0 +1,170 @@
+//! A finite queue in front of a serialiser, with its discipline: which waiting frame goes
+//! next, and which arriving frame is refused.
+
+use std::collections::VecDeque;
+
+use super::profile::QueueDiscipline;
+use super::{Nanos, CLASSES};
+
+/// Why a queue refused a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The queue is full (tail drop).
+    Full,
+    /// The frame is drop-eligible and the queue would pass its drop threshold.
+    Threshold,
+}
+
+/// A queue holding frames of type `T` until their serialisation starts, and remembering
+/// the frames in (or scheduled for) serialisation, which still occupy it until their last
+/// bit leaves.
+#[derive(Debug, Clone)]
+pub(crate) struct FrameQueue<T> {
+    discipline: QueueDiscipline,
+    capacity: Option<usize>,
+    /// Bytes past which drop-eligible frames are refused (`prio` only).
+    threshold: Option<usize>,
+    /// Waiting frames by class (`fifo` uses class 0 only).
+    classes: Vec<VecDeque<(usize, T)>>,
+    waiting_bytes: usize,
+    /// Frames whose serialisation has been scheduled: (last bit out, bytes), in order.
+    serialising: VecDeque<(Nanos, usize)>,
+    serialising_bytes: usize,
+}
+
+impl<T> FrameQueue<T> {
+    /// A queue of `capacity` bytes (`None`: unbounded) under `discipline`, refusing
+    /// drop-eligible frames past `threshold` of the capacity.
+    pub fn new(discipline: QueueDiscipline, capacity: Option<usize>, threshold: f64) -> Self {
+        let threshold = match discipline {
+            QueueDiscipline::Prio => capacity.map(|c| (c as f64 * threshold).floor() as usize),
+            QueueDiscipline::Fifo => None,
+        };
+        let classes = match discipline {
+            QueueDiscipline::Prio => CLASSES,
+            QueueDiscipline::Fifo => 1,
+        };
+        Self {
+            discipline,
+            capacity,
+            threshold,
+            classes: (0..classes).map(|_| VecDeque::new()).collect(),
+            waiting_bytes: 0,
+            serialising: VecDeque::new(),
+            serialising_bytes: 0,
+        }
+    }
+
+    /// Bytes held at `now`: waiting, plus frames not yet fully serialised.
+    pub fn occupancy(&mut self, now: Nanos) -> usize {
+        while let Some(&(done, bytes)) = self.serialising.front() {
+            if done > now {
+                break;
+            }
+            self.serialising.pop_front();
+            self.serialising_bytes = self.serialising_bytes.saturating_sub(bytes);
+        }
+        self.waiting_bytes.saturating_add(self.serialising_bytes)
+    }
+
+    /// Whether a frame of `bytes` may enter at `now`. An empty queue takes any frame.
+    pub fn admit(&mut self, now: Nanos, bytes: usize, drop_eligible: bool) -> Result<(), Refusal> {
+        let held = self.occupancy(now);
+        if held == 0 {
+            return Ok(());
+        }
+        let after = held.saturating_add(bytes);
+        if self.capacity.is_some_and(|c| after > c) {
+            return Err(Refusal::Full);
+        }
+        if drop_eligible && self.threshold.is_some_and(|t| after > t) {
+            return Err(Refusal::Threshold);
+        }
+        Ok(())
+    }
+
+    /// Adds an admitted frame of `bytes` and `class`.
+    pub fn push(&mut self, bytes: usize, class: u8, frame: T) {
+        let c = match self.discipline {
+            QueueDiscipline::Prio => usize::from(class).min(CLASSES - 1),
+            QueueDiscipline::Fifo => 0,
+        };
+        self.classes[c].push_back((bytes, frame));
+        self.waiting_bytes = self.waiting_bytes.saturating_add(bytes);
+    }
+
+    /// Takes the frame that goes next: the oldest of the most urgent class.
+    pub fn pop(&mut self) -> Option<T> {
+        let q = self.classes.iter_mut().find(|q| !q.is_empty())?;
+        let (bytes, frame) = q.pop_front()?;
+        self.waiting_bytes = self.waiting_bytes.saturating_sub(bytes);
+        Some(frame)
+    }
+
+    /// Whether no frame waits.
+    pub fn is_empty(&self) -> bool {
+        self.classes.iter().all(VecDeque::is_empty)
+    }
+
+    /// Records that a frame of `bytes` serialises until `done` (it keeps its room until
+    /// then).
+    pub fn serialising(&mut self, done: Nanos, bytes: usize) {
+        self.serialising.push_back((done, bytes));
+        self.serialising_bytes = self.serialising_bytes.saturating_add(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_priority_serves_class_zero_first_fifo_within_a_class() {
+        let mut q = FrameQueue::new(QueueDiscipline::Prio, None, 0.5);
+        for (i, class) in [3u8, 7, 0, 3, 0, 200].into_iter().enumerate() {
+            q.push(10, class, i);
+        }
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(order, [2, 4, 0, 3, 1, 5]);
+        assert!(q.is_empty());
+        let mut f = FrameQueue::new(QueueDiscipline::Fifo, None, 0.5);
+        for (i, class) in [3u8, 0, 7].into_iter().enumerate() {
+            f.push(10, class, i);
+        }
+        assert_eq!(
+            std::iter::from_fn(|| f.pop()).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+    }
+
+    /// Capacity 100, threshold 50: drop-eligible frames are refused past 50, others only
+    /// when 100 would be exceeded.
+    #[test]
+    fn drop_eligible_first_past_the_threshold_tail_drop_only_when_full() {
+        let mut q = FrameQueue::new(QueueDiscipline::Prio, Some(100), 0.5);
+        q.push(40, 0, ());
+        assert_eq!(q.admit(0, 10, true), Ok(()));
+        assert_eq!(q.admit(0, 11, true), Err(Refusal::Threshold));
+        assert_eq!(q.admit(0, 11, false), Ok(()));
+        q.push(50, 0, ());
+        assert_eq!(q.admit(0, 10, false), Ok(()));
+        assert_eq!(q.admit(0, 11, false), Err(Refusal::Full));
+        assert_eq!(q.admit(0, 11, true), Err(Refusal::Full));
+        // FIFO has no threshold: tail drop only.
+        let mut f = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
+        f.push(90, 0, ());
+        assert_eq!(f.admit(0, 10, true), Ok(()));
+        assert_eq!(f.admit(0, 11, true), Err(Refusal::Full));
+    }
+
+    #[test]
+    fn serialising_frames_hold_room_until_their_last_bit() {
+        let mut q: FrameQueue<()> = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
+        q.serialising(1_000, 80);
+        assert_eq!(q.occupancy(999), 80);
+        assert_eq!(q.admit(999, 30, false), Err(Refusal::Full));
+        assert_eq!(q.occupancy(1_000), 0);
+        // An empty queue takes a frame larger than itself.
+        assert_eq!(q.admit(1_000, 1_000, false), Ok(()));
+    }
+}

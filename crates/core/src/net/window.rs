@@ -1,0 +1,106 @@
+//! The send window: the driver asks its scheduler for another frame only while the egress
+//! holds fewer unserialised bytes than the window, so a late urgent frame waits behind at
+//! most that much. One place for both drivers' arithmetic.
+
+use super::{backlog_bytes, Nanos};
+
+/// Work offered to one serialiser: its bandwidth and when it would be idle had it served
+/// everything offered so far back to back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Backlog {
+    /// Bits per second (`None`: unlimited, never a backlog).
+    pub bandwidth_bps: Option<f64>,
+    /// When the offered work is done.
+    pub busy_until: Nanos,
+}
+
+/// Unserialised bytes over all serialisers at `now`.
+pub(crate) fn held<I: IntoIterator<Item = Backlog>>(backlogs: I, now: Nanos) -> usize {
+    backlogs.into_iter().fold(0usize, |sum, b| {
+        sum.saturating_add(backlog_bytes(b.bandwidth_bps, b.busy_until, now))
+    })
+}
+
+/// Whether fewer than `window` bytes are unserialised at `now`.
+pub(crate) fn has_room<I: IntoIterator<Item = Backlog>>(
+    backlogs: I,
+    window: usize,
+    now: Nanos,
+) -> bool {
+    held(backlogs, now) < window
+}
+
+/// The first instant `>= now + 1` at which [`has_room`] holds: a binary search, exact
+/// because the backlog never grows with time. If it never holds (a window of 0), the
+/// instant every serialiser is idle.
+pub(crate) fn room_at<I>(backlogs: I, window: usize, now: Nanos) -> Nanos
+where
+    I: IntoIterator<Item = Backlog> + Clone,
+{
+    let room = |t: Nanos| has_room(backlogs.clone(), window, t);
+    let mut lo = now.saturating_add(1);
+    let idle = (backlogs.clone().into_iter())
+        .map(|b| b.busy_until)
+        .max()
+        .unwrap_or(0);
+    let mut hi = idle.max(lo);
+    if room(lo) {
+        return lo;
+    }
+    if !room(hi) {
+        return hi;
+    }
+    // Invariant: no room at lo, room at hi.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if room(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// room_at is the exact first instant with room: room there, none one ns before.
+        #[test]
+        fn room_at_is_exact(
+            bps in prop::collection::vec(1e6f64..1e11, 1..4),
+            busy in prop::collection::vec(0u64..10_000_000, 1..4),
+            window in 1usize..1_000_000,
+            now in 0u64..5_000_000,
+        ) {
+            let backlogs: Vec<Backlog> = bps.iter().zip(&busy)
+                .map(|(&b, &u)| Backlog { bandwidth_bps: Some(b), busy_until: u })
+                .collect();
+            let t = room_at(backlogs.iter().copied(), window, now);
+            prop_assert!(t > now);
+            prop_assert!(has_room(backlogs.iter().copied(), window, t));
+            if t > now + 1 {
+                prop_assert!(!has_room(backlogs.iter().copied(), window, t - 1));
+            }
+        }
+    }
+
+    /// The simulator's former test: the window reopens exactly when the backlog drops below it.
+    #[test]
+    fn room_returns_exactly_when_the_backlog_drops_below_the_window() {
+        for (bps, window) in [(1e9, 1000usize), (3e9, 4096), (7.7e9, 262_144)] {
+            let tx = super::super::transmission_ns(Some(bps), 10 * window + 17);
+            let b = [Backlog {
+                bandwidth_bps: Some(bps),
+                busy_until: tx,
+            }];
+            assert!(!has_room(b, window, 0));
+            let t = room_at(b, window, 0);
+            assert!(has_room(b, window, t), "room at {t}");
+            assert!(!has_room(b, window, t - 1), "no room just before {t}");
+        }
+    }
+}
