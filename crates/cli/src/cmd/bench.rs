@@ -96,10 +96,10 @@ impl BenchArgs {
     /// Values in the largest frame (`--frame-bytes`).
     fn frame_elems(&self) -> Result<usize> {
         let bytes = parse_size(&self.frame_bytes)?;
-        if bytes < 4 || bytes > FRAME_ELEMS * 4 {
+        if !(4..=FRAME_ELEMS * 4).contains(&bytes) {
             bail!(
                 "--frame-bytes must be between 4 B and {} MiB, got {bytes}",
-                FRAME_ELEMS * 4 >> 20
+                (FRAME_ELEMS * 4) >> 20
             );
         }
         Ok(bytes / 4)
