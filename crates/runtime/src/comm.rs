@@ -714,7 +714,9 @@ impl CommLoop {
     /// network gave up (loss-tolerant frames only) is returned to the endpoint unsent.
     fn collect_fates<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
         let now_ns = self.now_ns();
+        let mut decided = false;
         while let Some((token, fate)) = self.egress.poll_fate(now_ns) {
+            decided = true;
             let found = self.links.iter_mut().find_map(|l| {
                 let pos = l.awaiting.iter().position(|(t, _)| *t == token)?;
                 Some((l, pos))
@@ -740,6 +742,18 @@ impl CommLoop {
                         self.pool.push(frame.bytes);
                     }
                 }
+            }
+        }
+        if decided {
+            self.publish_net_counters();
+        }
+    }
+
+    /// Hands each link's network counters to the sampler.
+    fn publish_net_counters(&self) {
+        for (l, shared) in self.links.iter().zip(&self.traffic.links) {
+            if let Some(c) = self.egress.flow_counters(l.peer as u64) {
+                shared.net.store(c);
             }
         }
     }
