@@ -1,10 +1,13 @@
-//! Command-line arguments shared by every command that trains.
+//! Command-line arguments shared by several commands: training settings and the network model.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
+use syncopate_core::net::{
+    parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
+};
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
@@ -188,5 +191,213 @@ pub fn parse_shape(s: &str) -> Result<[usize; 3]> {
     match parts[..] {
         [c, h, w] if c > 0 && h > 0 && w > 0 => Ok([c, h, w]),
         _ => bail!("shape '{s}' is not CxHxW with three positive numbers (e.g. 3x32x32)"),
+    }
+}
+
+/// The network model's settings on the command line, shared by every command that moves
+/// frames (simulate, and the runtime's commands): a TOML profile (`--network FILE`), then
+/// flags that override it. See the README section "Network model".
+#[derive(Debug, Clone, Default, Args)]
+pub struct NetworkArgs {
+    /// Bandwidth of every host's NIC (and of each path unless the profile overrides it),
+    /// e.g. 1gbit, 25gbit, unlimited. Frames serialise one after another at this rate.
+    /// Default: the --network profile's, else the command's default.
+    #[arg(long)]
+    pub bandwidth: Option<String>,
+    /// One-way latency of every link, added after serialisation, e.g. 50us, 1ms (default 0,
+    /// or the --network profile's).
+    #[arg(long)]
+    pub latency: Option<String>,
+    /// Send window of every NIC: the scheduler is asked for another frame only while fewer
+    /// bytes than this are offered and not yet serialised, so a late urgent frame waits
+    /// behind at most this much (default 256KiB, or the --network profile's).
+    #[arg(long)]
+    pub send_buffer: Option<String>,
+    /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes, ingress, queue_bytes,
+    /// queue_discipline, drop_threshold, loss, loss_burst, paths, [[path]], rto_ns); the
+    /// other flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub network: Option<PathBuf>,
+    /// Also model the receiver's downlink: frames converging on one host (N workers pushing
+    /// to a server) queue and serialise at its bandwidth, as at a switch port (incast).
+    /// Default: off (only the sender's NIC is a bottleneck).
+    #[arg(long)]
+    pub ingress: bool,
+    /// Capacity of each queue (per path at the sender, and at the receiver with --ingress),
+    /// e.g. 1MiB; a frame that does not fit is dropped. Default: unbounded (no drops).
+    #[arg(long, value_name = "BYTES")]
+    pub queue: Option<String>,
+    /// Queue discipline: fifo (first in first out, tail drop) or prio (strict priority over
+    /// the frame's class 0..7, and frames marked drop-eligible dropped first once the queue
+    /// passes --drop-threshold). Default: fifo.
+    #[arg(long, value_name = "fifo|prio")]
+    pub queue_discipline: Option<String>,
+    /// prio only: fraction of the queue past which drop-eligible frames are dropped, in
+    /// (0, 1] (default 0.5).
+    #[arg(long, value_name = "FRACTION")]
+    pub drop_threshold: Option<f64>,
+    /// Random (Bernoulli) loss per frame on every path, e.g. 1% or 0.01, drawn from the
+    /// job's --seed (same seed, same losses). With --loss-burst, the loss outside bursts.
+    /// Default: 0.
+    #[arg(long, value_name = "P")]
+    pub loss: Option<String>,
+    /// Bursty (Gilbert-Elliott) loss: P_ENTER,P_LEAVE,LOSS_IN_BURST, the per-frame chances
+    /// of entering and leaving a burst and of losing a frame in one (mean burst 1/P_LEAVE
+    /// frames), e.g. 0.001,0.2,50%. Default: none.
+    #[arg(long, value_name = "P_ENTER,P_LEAVE,LOSS")]
+    pub loss_burst: Option<String>,
+    /// Paths between two hosts, each with its own serialiser (per-path bandwidth, latency
+    /// and loss in the --network profile's [[path]] tables); a flow is hashed to one path
+    /// (ECMP) unless its strategy sprays frames. Default: 1.
+    #[arg(long, value_name = "K")]
+    pub paths: Option<usize>,
+    /// Retransmission timeout of the reliable (TCP-like) transport: a lost or dropped frame
+    /// arrives again this long after it was lost, plus its re-serialisation, and later
+    /// frames of its flow wait for it. Default 200ms, Linux's minimum RTO; a
+    /// datacenter-tuned stack would use a few ms or less.
+    #[arg(long, value_name = "DURATION")]
+    pub rto: Option<String>,
+}
+
+impl NetworkArgs {
+    /// The validated profile: the --network file (else the default profile with
+    /// `default_bandwidth`), then every flag over it.
+    pub fn resolve_with(&self, default_bandwidth: Option<f64>) -> Result<NetworkProfile> {
+        let mut p = self.base(default_bandwidth)?;
+        if let Some(b) = &self.bandwidth {
+            p.bandwidth_bps = parse_bandwidth(b).context("--bandwidth")?;
+        }
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// [`NetworkArgs::resolve_with`] with an unlimited default bandwidth (the runtime's
+    /// commands, once they flatten these flags).
+    #[allow(dead_code)]
+    pub fn resolve(&self) -> Result<NetworkProfile> {
+        self.resolve_with(None)
+    }
+
+    /// One validated profile per comma-separated `--bandwidth` (a sweep), with its label;
+    /// a single profile without `--bandwidth`.
+    pub fn resolve_sweep(
+        &self,
+        default_bandwidth: Option<f64>,
+    ) -> Result<Vec<(String, NetworkProfile)>> {
+        let Some(list) = &self.bandwidth else {
+            let p = self.resolve_with(default_bandwidth)?;
+            let label =
+                (p.bandwidth_bps).map_or("unlimited".into(), |b| format!("{}gbit", b / 1e9));
+            return Ok(vec![(label, p)]);
+        };
+        let base = self.base(default_bandwidth)?;
+        list.split(',')
+            .map(|b| {
+                let mut p = base.clone();
+                p.bandwidth_bps = parse_bandwidth(b.trim()).context("--bandwidth")?;
+                p.validate()?;
+                Ok((b.trim().to_string(), p))
+            })
+            .collect()
+    }
+
+    /// The file (or default) with every flag but --bandwidth applied, not yet validated.
+    fn base(&self, default_bandwidth: Option<f64>) -> Result<NetworkProfile> {
+        let mut p = match &self.network {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading network profile {}", path.display()))?;
+                toml::from_str::<NetworkProfile>(&text)
+                    .with_context(|| format!("network profile {}", path.display()))?
+            }
+            None => NetworkProfile {
+                bandwidth_bps: default_bandwidth,
+                ..NetworkProfile::default()
+            },
+        };
+        if let Some(l) = &self.latency {
+            p.latency_ns = parse_duration_ns(l).context("--latency")?;
+        }
+        if let Some(b) = &self.send_buffer {
+            p.buffer_bytes = parse_size(b).context("--send-buffer")?;
+        }
+        p.ingress |= self.ingress;
+        if let Some(q) = &self.queue {
+            p.queue_bytes = Some(parse_size(q).context("--queue")?);
+        }
+        if let Some(d) = &self.queue_discipline {
+            p.queue_discipline = d.parse()?;
+        }
+        if let Some(t) = self.drop_threshold {
+            p.drop_threshold = t;
+        }
+        if let Some(l) = &self.loss {
+            p.loss = parse_probability(l).context("--loss")?;
+        }
+        if let Some(b) = &self.loss_burst {
+            p.loss_burst = Some(parse_burst(b)?);
+        }
+        if let Some(k) = self.paths {
+            p.paths = k;
+        }
+        if let Some(r) = &self.rto {
+            p.rto_ns = parse_duration_ns(r).context("--rto")?;
+        }
+        Ok(p)
+    }
+}
+
+/// Parses `--loss-burst P_ENTER,P_LEAVE,LOSS_IN_BURST`.
+fn parse_burst(s: &str) -> Result<BurstLoss> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let [enter, leave, loss] = parts.as_slice() else {
+        bail!("--loss-burst '{s}': expected P_ENTER,P_LEAVE,LOSS_IN_BURST, e.g. 0.001,0.2,50%");
+    };
+    let p = |x: &str| parse_probability(x).with_context(|| format!("--loss-burst '{s}'"));
+    Ok(BurstLoss {
+        p_enter: p(enter)?,
+        p_leave: p(leave)?,
+        loss_in_burst: p(loss)?,
+    })
+}
+
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_default_and_are_validated() {
+        let args = NetworkArgs {
+            loss: Some("1%".into()),
+            loss_burst: Some("0.001, 0.2, 50%".into()),
+            queue: Some("64KiB".into()),
+            queue_discipline: Some("prio".into()),
+            paths: Some(2),
+            rto: Some("2ms".into()),
+            ..NetworkArgs::default()
+        };
+        let p = args.resolve_with(Some(10e9)).unwrap();
+        assert_eq!(p.bandwidth_bps, Some(10e9));
+        assert_eq!(p.loss, 0.01);
+        assert_eq!(p.queue_bytes, Some(64 << 10));
+        assert_eq!(p.rto_ns, 2_000_000);
+        assert_eq!(p.loss_burst.map(|b| b.p_leave), Some(0.2));
+        let bad = NetworkArgs {
+            paths: Some(0),
+            ..NetworkArgs::default()
+        };
+        assert!(format!("{:#}", bad.resolve().unwrap_err()).contains("--paths"));
+        let bad = NetworkArgs {
+            loss: Some("120%".into()),
+            ..NetworkArgs::default()
+        };
+        assert!(format!("{:#}", bad.resolve().unwrap_err()).contains("--loss"));
+        let sweep = NetworkArgs {
+            bandwidth: Some("1gbit,10gbit".into()),
+            ..NetworkArgs::default()
+        };
+        let s = sweep.resolve_sweep(Some(10e9)).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].1.bandwidth_bps, Some(1e9));
     }
 }

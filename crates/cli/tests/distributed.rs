@@ -196,8 +196,6 @@ fn synchronous_strategies_reproduce_single_process_training() {
 #[test]
 fn synchronous_strategies_survive_a_lossy_network() {
     let dir = tempfile::tempdir().unwrap();
-    let network = dir.path().join("lossy.toml");
-    std::fs::write(&network, "loss = \"1%\"\nrto_ns = \"20ms\"\n").unwrap();
     let (batch, steps, workers) = (8usize, 20u64, 2usize);
     let reference = dir.path().join("single.safetensors");
     run_ok(
@@ -234,8 +232,7 @@ fn synchronous_strategies_survive_a_lossy_network() {
                     servers,
                 ])
                 .args(train_flags(batch, steps))
-                .arg("--network")
-                .arg(&network)
+                .args(["--loss", "1%", "--rto", "20ms"])
                 .arg("--save")
                 .arg(&out)
                 .arg("--summary-json")

@@ -59,3 +59,65 @@ fn simulate_sweeps_and_traces() {
     assert!(!events.is_empty());
     assert!(events.iter().all(|e| e["ph"] == "X" && e["ts"].is_number()));
 }
+
+/// `--loss 1%` makes the simulator lose (and retransmit) frames, reported in the table and
+/// in the sweep's CSV.
+#[test]
+fn simulate_reports_lost_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "simulate",
+            "--model",
+            "profile:resnet50",
+            "--strategy",
+            "p3",
+            "--workers",
+            "4",
+            "--bandwidth",
+            "10gbit,25gbit",
+            "--loss",
+            "1%",
+            "--rto",
+            "5ms",
+            "--steps",
+            "2",
+            "--scale",
+            "0.0625",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lost: Vec<u64> = (text.lines())
+        .filter_map(|l| l.trim().strip_prefix("network: "))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(lost.len(), 2, "{text}");
+    assert!(lost.iter().all(|&n| n > 0), "{text}");
+    let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|&h| h == "frames_lost").unwrap();
+    for line in csv.lines().skip(1) {
+        let n: u64 = line.split(',').nth(col).unwrap().parse().unwrap();
+        assert!(n > 0, "{csv}");
+    }
+}
+
+/// A bad network setting is refused with the flag's name.
+#[test]
+fn simulate_names_a_bad_network_flag() {
+    let out = Command::new(EXE)
+        .args(["simulate", "--loss", "120%", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--loss"), "{err}");
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use syncopate_core::net::{parse_bandwidth, parse_size, LinkProfile};
+use syncopate_core::net::parse_size;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::{run_comm_bench, BenchIters};
@@ -15,6 +15,11 @@ use syncopate_runtime::job::{
     JobLayout, ProcessContext, StrategyKind, DEFAULT_CREDIT_BYTES, FRAME_ELEMS,
 };
 use syncopate_runtime::launch::{launch, LaunchPlan};
+
+use crate::args::NetworkArgs;
+
+/// The benchmark's send window unless one is given: 4 MiB, one largest frame.
+const BENCH_SEND_BUFFER: usize = 4 << 20;
 
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
 #[derive(Debug, Clone, Args)]
@@ -31,12 +36,13 @@ pub struct BenchArgs {
     /// Message sizes, comma-separated (per worker: the buffer reduced, or pushed and pulled).
     #[arg(long, default_value = "4KiB,64KiB,1MiB,16MiB,100MiB")]
     sizes: String,
-    /// Emulated bandwidth of every link (default: unlimited).
-    #[arg(long)]
-    bandwidth: Option<String>,
-    /// Send buffer of every link.
-    #[arg(long, default_value = "4MiB")]
-    send_buffer: String,
+    /// The emulated network (default: unlimited, lossless, and a 4 MiB send window unless
+    /// --send-buffer or the --network file says otherwise).
+    #[command(flatten)]
+    net: NetworkArgs,
+    /// Seed of the emulated network's random choices (losses): same seed, same losses.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Largest frame on the wire: the ring's segment and the parameter server's slice
     /// (payload bytes, a multiple of 4; at most 4 MiB, the default).
     #[arg(long, default_value = "4MiB")]
@@ -65,15 +71,10 @@ impl BenchArgs {
             "ps" => StrategyKind::Ps,
             other => bail!("--strategy must be allreduce or ps, got {other}"),
         };
-        let network = LinkProfile {
-            bandwidth_bps: match &self.bandwidth {
-                Some(b) => parse_bandwidth(b)?,
-                None => None,
-            },
-            latency_ns: 0,
-            buffer_bytes: parse_size(&self.send_buffer)?.max(1),
+        let mut network = self.net.resolve()?;
+        if self.net.send_buffer.is_none() && self.net.network.is_none() {
+            network.buffer_bytes = BENCH_SEND_BUFFER;
         }
-        .into();
         let layout = JobLayout {
             strategy,
             workers: self.workers,
@@ -87,7 +88,7 @@ impl BenchArgs {
             credit_bytes: DEFAULT_CREDIT_BYTES,
             bucket_bytes: usize::MAX,
             network,
-            net_seed: 0,
+            net_seed: self.seed,
         };
         layout.validate().map_err(anyhow::Error::msg)?;
         Ok(layout)

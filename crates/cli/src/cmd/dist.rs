@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, NetworkProfile};
+use syncopate_core::net::{parse_size, NetworkProfile};
+
+use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
@@ -90,19 +92,11 @@ pub struct JobArgs {
     /// Parameter-server processes (ps strategies only).
     #[arg(long, default_value_t = 0)]
     pub servers: usize,
-    /// Emulated bandwidth of every link, e.g. 1gbit, 100mbit (default: unlimited).
-    #[arg(long)]
-    pub bandwidth: Option<String>,
-    /// Emulated one-way latency of every link, e.g. 1ms.
-    #[arg(long)]
-    pub latency: Option<String>,
-    /// Send buffer of every link: bytes queued ahead on the link, e.g. 2MiB.
-    #[arg(long)]
-    pub send_buffer: Option<String>,
-    /// TOML network profile (every knob of the network model: bandwidth_bps, latency_ns,
-    /// buffer_bytes, loss, loss_burst, rto_ns, queue_bytes, ...); flags override it.
-    #[arg(long, value_name = "FILE")]
-    pub network: Option<PathBuf>,
+    /// The emulated network (default: unlimited bandwidth, lossless); the resolved profile
+    /// is recorded in config.toml's `sync.network`.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub net: NetworkArgs,
     /// All-reduce bucket size in MB (PyTorch DDP's default: 25).
     #[arg(long, default_value_t = 25.0)]
     pub bucket_mb: f64,
@@ -185,24 +179,7 @@ pub struct JobArgs {
 
 impl JobArgs {
     fn layout(&self) -> Result<JobLayout> {
-        let mut network = match &self.network {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading network profile {}", path.display()))?;
-                toml::from_str::<NetworkProfile>(&text)
-                    .with_context(|| format!("network profile {}", path.display()))?
-            }
-            None => NetworkProfile::default(),
-        };
-        if let Some(b) = &self.bandwidth {
-            network.bandwidth_bps = parse_bandwidth(b)?;
-        }
-        if let Some(l) = &self.latency {
-            network.latency_ns = parse_duration_ns(l)?;
-        }
-        if let Some(b) = &self.send_buffer {
-            network.buffer_bytes = parse_size(b)?.max(1);
-        }
+        let mut network = self.net.resolve()?;
         if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
             bail!("--bucket-mb must be positive");
         }

@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport, Strategy};
+
+use crate::args::NetworkArgs;
 
 /// `syncopate simulate`.
 #[derive(Debug, Args)]
@@ -28,24 +29,10 @@ pub struct SimulateArgs {
     /// Parameter servers of ps and p3 (default: as many as workers).
     #[arg(long)]
     pub servers: Option<usize>,
-    /// Every host's NIC bandwidth, comma-separated for a sweep (e.g. 1gbit,10gbit); default
-    /// 10gbit, or the --network profile's.
-    #[arg(long)]
-    pub bandwidth: Option<String>,
-    /// One-way latency of every link (default 0, or the --network profile's).
-    #[arg(long)]
-    pub latency: Option<String>,
-    /// Send window of every NIC, bytes offered and not yet serialised (default 256KiB, or the
-    /// --network profile's).
-    #[arg(long)]
-    pub send_buffer: Option<String>,
-    /// The runtime's TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags
-    /// override it.
-    #[arg(long, value_name = "FILE")]
-    pub network: Option<PathBuf>,
-    /// Also serialise at the receiver's NIC (incast); the runtime shapes only egress.
-    #[arg(long)]
-    pub ingress: bool,
+    /// The network model (--bandwidth accepts a comma list for a sweep, e.g.
+    /// 1gbit,10gbit; default 10gbit, or the --network profile's).
+    #[command(flatten)]
+    pub net: NetworkArgs,
     /// Scheduler (default: the strategy's).
     #[arg(long)]
     pub scheduler: Option<String>,
@@ -117,34 +104,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         w.parse::<usize>()
             .with_context(|| format!("--workers '{w}'"))
     })?;
-    let base = match &args.network {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading network profile {}", path.display()))?;
-            toml::from_str::<LinkProfile>(&text)
-                .with_context(|| format!("network profile {}", path.display()))?
-        }
-        None => LinkProfile {
-            bandwidth_bps: Some(10e9),
-            ..LinkProfile::default()
-        },
-    };
-    let bandwidths = match &args.bandwidth {
-        Some(list_text) => list(list_text, |b| Ok((b.to_string(), parse_bandwidth(b)?)))?,
-        None => vec![(
-            base.bandwidth_bps
-                .map_or("unlimited".into(), |b| format!("{}gbit", b / 1e9)),
-            base.bandwidth_bps,
-        )],
-    };
-    let latency_ns = match &args.latency {
-        Some(l) => parse_duration_ns(l)?,
-        None => base.latency_ns,
-    };
-    let window = match &args.send_buffer {
-        Some(b) => parse_size(b)?.max(1),
-        None => base.buffer_bytes,
-    };
+    let bandwidths = args.net.resolve_sweep(Some(10e9))?;
     let trace_steps = match &args.trace_steps {
         Some(r) => {
             let (a, b) = r
@@ -170,7 +130,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let mut rows: Vec<(Strategy, usize, String, f64, SimReport)> = Vec::new();
     for &s in &strategies {
         for &n in &workers {
-            for (name, bps) in &bandwidths {
+            for (name, network) in &bandwidths {
+                let bps = network.bandwidth_bps;
                 let servers = if s.uses_servers() {
                     args.servers.unwrap_or(n)
                 } else {
@@ -180,13 +141,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 if let Some(k) = &args.scheduler {
                     config.scheduler = scheduler(k)?;
                 }
-                config.network = LinkProfile {
-                    bandwidth_bps: *bps,
-                    latency_ns,
-                    buffer_bytes: window,
-                }
-                .into();
-                config.network.ingress = args.ingress;
+                config.network = network.clone();
                 config.steps = args.steps;
                 config.batch = args.batch_size;
                 config.jitter = args.jitter;
@@ -220,6 +175,18 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     server_util,
                     wall
                 );
+                let net = &report.network;
+                if network.is_lossy() || net.frames_lost + net.frames_dropped > 0 {
+                    println!(
+                        "  network: {} frames lost, {} dropped by queues, {} retransmitted; \
+                         queueing mean {:.1} us, max {:.1} us",
+                        net.frames_lost,
+                        net.frames_dropped,
+                        net.frames_retransmitted,
+                        net.mean_queueing_ns() / 1e3,
+                        net.queueing_ns_max as f64 / 1e3
+                    );
+                }
                 if let (Some(path), Some(_)) = (&args.trace, &trace_steps) {
                     std::fs::write(path, chrome_trace_json(&report.trace))
                         .with_context(|| format!("writing {}", path.display()))?;
@@ -246,10 +213,10 @@ fn write_sweep(
 ) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let mut csv = String::from("model,strategy,scheduler,workers,servers,bandwidth,bandwidth_gbps,step_seconds,samples_per_sec\n");
+    let mut csv = String::from("model,strategy,scheduler,workers,servers,bandwidth,bandwidth_gbps,step_seconds,samples_per_sec,frames_lost,frames_dropped,frames_retransmitted,mean_queueing_us\n");
     for (s, n, name, bps, r) in rows {
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.6},{:.2}\n",
+            "{},{},{},{},{},{},{},{:.6},{:.2},{},{},{},{:.3}\n",
             profile.name,
             s.name(),
             r.config.scheduler.name(),
@@ -258,7 +225,11 @@ fn write_sweep(
             name,
             bps / 1e9,
             r.mean_step_seconds,
-            r.samples_per_sec
+            r.samples_per_sec,
+            r.network.frames_lost,
+            r.network.frames_dropped,
+            r.network.frames_retransmitted,
+            r.network.mean_queueing_ns() / 1e3
         ));
     }
     std::fs::write(args.out.join("results.csv"), csv)?;
