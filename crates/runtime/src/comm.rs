@@ -173,12 +173,30 @@ enum ReadState {
         header: Header,
         done: usize,
         arrived: Instant,
+        /// Whether the payload may be read yet (the emulated ingress port's say).
+        gate: Gate,
     },
     Bytes {
         header: Header,
         buf: Vec<u8>,
         filled: usize,
     },
+}
+
+/// Where a data frame's payload stands with the receiver's emulated ingress port: the link
+/// is not read past the frame's header until the port releases the frame, so the frames
+/// of all links converging on this host queue and serialise there (and a sender whose
+/// frames wait feels TCP's back-pressure, never a deadlock: the port releases by time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Not yet offered to the port.
+    New,
+    /// Offered; its fate is not decided yet.
+    Waiting,
+    /// Released at this time (the loop's clock).
+    DueAt(u64),
+    /// Readable (released, or no ingress port).
+    Open,
 }
 
 impl ReadState {
@@ -315,6 +333,9 @@ pub struct LinkCounters {
     /// What the emulated network did to the frames sent on this link: lost, retransmitted
     /// and dropped frames and bytes, queueing delay.
     pub net: NetCounters,
+    /// What this host's emulated ingress port did to the frames received on this link
+    /// (queueing delay, drops of a full queue; zero without `ingress`).
+    pub ingress: NetCounters,
 }
 
 /// The emulated network of one process: the job's profile, and the job's seed and this
@@ -346,6 +367,9 @@ pub struct CommLoop {
     window: usize,
     /// The token of the next frame offered to the NIC.
     next_token: u64,
+    /// The host's emulated ingress port (with `ingress = true`): arriving data frames
+    /// queue and serialise there before their payload is read; tokens are link indices.
+    ingress: Option<Port>,
     /// Whether the last fill stopped because the interface's window was full (so the loop
     /// must wake when it drains below the window).
     window_full: bool,
@@ -366,12 +390,6 @@ impl CommLoop {
         options: CommOptions,
         network: Emulation,
     ) -> io::Result<(Self, Arc<Waker>)> {
-        if network.profile.ingress {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the runtime does not emulate ingress ports yet (the simulator does)",
-            ));
-        }
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let timer = PreciseTimer::new(poll.registry(), TIMER)?;
@@ -425,6 +443,8 @@ impl CommLoop {
                 shaped: network.profile.bandwidth_bps.is_some(),
                 window: network.profile.buffer_bytes,
                 next_token: 0,
+                ingress: (network.profile.ingress)
+                    .then(|| Port::ingress(&network.profile, network.seed, network.host)),
                 window_full: false,
                 pool: Vec::new(),
                 open: Vec::new(),
@@ -445,6 +465,10 @@ impl CommLoop {
                 received: l.bytes_received,
                 net: (self.egress)
                     .flow_counters(l.peer as u64)
+                    .copied()
+                    .unwrap_or_default(),
+                ingress: (self.ingress.as_ref())
+                    .and_then(|p| p.flow_counters(l.peer as u64))
                     .copied()
                     .unwrap_or_default(),
             })
@@ -513,6 +537,7 @@ impl CommLoop {
             // that nothing would end (every peer may be waiting for them).
             loop {
                 let handed = self.fill(endpoint);
+                self.release_ingress(endpoint, hooks)?;
                 for i in 0..self.links.len() {
                     if let Err(e) = self.flush(i, endpoint, hooks) {
                         // A peer that gave up may have said why just before closing: its
@@ -634,7 +659,16 @@ impl CommLoop {
             let room = self.egress.room_at(now_ns);
             t = t.min(Duration::from_nanos(room.saturating_sub(now_ns)));
         }
-        if let Some(at) = self.egress.poll_timeout() {
+        let ingress = self.ingress.as_ref().and_then(Port::poll_timeout);
+        let held = self.links.iter().filter_map(|l| match l.read {
+            ReadState::Data {
+                gate: Gate::DueAt(at),
+                ..
+            } => Some(at),
+            _ => None,
+        });
+        let port_times = self.egress.poll_timeout().into_iter().chain(ingress);
+        if let Some(at) = port_times.chain(held).min() {
             t = t.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }
         t
@@ -747,6 +781,42 @@ impl CommLoop {
         if decided {
             self.publish_net_counters();
         }
+    }
+
+    /// Takes the ingress port's decisions and lets the links whose held frame is due read
+    /// on (their bytes may already wait in the socket or the staging buffer, with no
+    /// readiness event to come).
+    fn release_ingress<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let now_ns = self.now_ns();
+        let Some(port) = self.ingress.as_mut() else {
+            return Ok(());
+        };
+        while let Some((token, fate)) = port.poll_fate(now_ns) {
+            let link = usize::try_from(token)
+                .ok()
+                .and_then(|i| self.links.get_mut(i));
+            if let Some(ReadState::Data { gate, .. }) = link.map(|l| &mut l.read) {
+                if *gate == Gate::Waiting {
+                    *gate = match fate {
+                        Fate::Delivered { at, .. } => Gate::DueAt(at),
+                        Fate::Lost { .. } | Fate::Dropped => Gate::DueAt(now_ns),
+                    };
+                }
+            }
+        }
+        for i in 0..self.links.len() {
+            if let ReadState::Data { gate, .. } = &mut self.links[i].read {
+                if matches!(*gate, Gate::DueAt(at) if at <= now_ns) {
+                    *gate = Gate::Open;
+                    self.read_link(i, endpoint, hooks)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Hands each link's network counters to the sampler.
@@ -862,11 +932,25 @@ impl CommLoop {
         hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
         let max_payload = self.options.max_payload;
+        let now_ns = self.now_ns();
         let link = &mut self.links[i];
         let peer = link.peer;
         loop {
             if link.closed || link.goodbye_received {
                 return Ok(());
+            }
+            if let ReadState::Data { header, gate, .. } = &mut link.read {
+                match (*gate, self.ingress.as_mut()) {
+                    (Gate::Open, _) => {}
+                    (Gate::New, None) => *gate = Gate::Open,
+                    (Gate::New, Some(port)) => {
+                        let bytes = HEADER_LEN + header.payload_len as usize;
+                        port.enqueue(now_ns, i as u64, FrameMeta::reliable(bytes, peer as u64));
+                        *gate = Gate::Waiting;
+                        return Ok(());
+                    }
+                    (Gate::Waiting | Gate::DueAt(_), _) => return Ok(()),
+                }
             }
             let staged = link.staging.get(link.staged.clone()).unwrap_or_default();
             if !staged.is_empty() {
@@ -1069,6 +1153,7 @@ fn advance<E: Endpoint + ?Sized>(
                     header,
                     done: 0,
                     arrived: Instant::now(),
+                    gate: Gate::New,
                 },
                 FrameKind::Heartbeat => fresh_header(),
                 k if k.is_data() => {
@@ -1098,6 +1183,7 @@ fn advance<E: Endpoint + ?Sized>(
             header,
             done,
             arrived,
+            ..
         } => {
             *done += n;
             if *done < header.payload_len as usize {

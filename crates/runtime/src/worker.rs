@@ -88,7 +88,8 @@ pub struct WorkerSummary {
     pub step_seconds: Vec<f64>,
     /// Bytes per link.
     pub links: Vec<(Rank, u64, u64)>,
-    /// What the emulated network did to this worker's frames, all links together.
+    /// What the emulated network did to this worker's frames (sent, and received at its
+    /// ingress port), all links together.
     pub network: syncopate_core::net::NetCounters,
 }
 
@@ -748,6 +749,7 @@ pub fn run_worker<E: LayerwiseEngine>(
             .collect(),
         network: counters.iter().fold(Default::default(), |mut sum, c| {
             sum.add(&c.net);
+            sum.add(&c.ingress);
             sum
         }),
     })
