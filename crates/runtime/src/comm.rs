@@ -1,18 +1,24 @@
 //! The communication loop: drives one sans-IO [`Endpoint`] over a set of TCP links with
 //! non-blocking I/O (mio), emulated link timing, heartbeats and liveness deadlines.
 //!
-//! The process has one emulated network interface (a [`Shaper`]) shared by all its links, as
-//! a host's NIC is: frames go out when the endpoint's scheduler offers them (the most urgent
-//! across the links, [`Endpoint::poll_transmit_any`]) while the interface holds less than its
-//! send window of bytes not yet serialised, and each frame is released to its socket at the
-//! time the shaper says it would have crossed the emulated link (serialisation, then the
-//! latency). A small window is what makes priority preemption real: a late urgent slice
-//! waits behind at most a window of bytes. Only the sending side is shaped; a receiver's
-//! ingress is not limited separately. Without a bandwidth limit each link holds at most a
-//! window of frames not yet written to its socket. Incoming payloads are read straight into
-//! the slot the endpoint designates. A peer that closes without saying goodbye, sends a
-//! malformed or unexpected frame, aborts, or stays silent past the deadline ends the loop
-//! with an error that names it; the others are told through an Abort frame.
+//! The process has one emulated network interface shared by all its links, as a host's NIC
+//! is: the core's egress [`Port`] (the same network model the simulator runs). Frames go
+//! out when the endpoint's scheduler offers them (the most urgent across the links,
+//! [`Endpoint::poll_transmit_lent`]) while the port admits them (it holds less than its send
+//! window of bytes not yet serialised), and each frame is released to its socket at the
+//! time the port says it would have reached the peer (serialisation, the latency, and for a
+//! lost frame a retransmission timeout and its re-serialisation; a link's frames leave in
+//! order). A small window is what makes priority preemption real: a late urgent slice waits
+//! behind at most a window of bytes. With `ingress`, arriving data frames also wait in the
+//! host's ingress [`Port`] before their payload is read. Without a bandwidth limit each link
+//! holds at most a window of frames not yet written to its socket (back-pressure).
+//!
+//! Small frames are cheap: up to 32 due frames (256 KiB) go out in one vectored write,
+//! and reads go through a staging buffer, many frames a read; large payloads are read
+//! straight into the slot the endpoint designates, and lent payloads written straight from
+//! the endpoint's buffers. A peer that closes without saying goodbye, sends a malformed or
+//! unexpected frame, aborts, or stays silent past the deadline ends the loop with an error
+//! that names it; the others are told through an Abort frame.
 //!
 //! The loop keeps the endpoint's call order (see [`syncopate_core::strategy`]): transmits,
 //! then the endpoint's timer ([`Endpoint::poll_timeout`], armed on the same nanosecond
@@ -314,7 +320,7 @@ impl LinkState {
             };
             // The frame has crossed the emulated link: it no longer occupies the send
             // buffer, so the next one can start serialising while this one is written.
-            self.queued_bytes -= frame.len();
+            self.queued_bytes = self.queued_bytes.saturating_sub(frame.len());
             bytes += frame.len();
             self.writing.push_back(frame);
         }
@@ -768,7 +774,7 @@ impl CommLoop {
                     link.scheduled.push_back((release, frame));
                 }
                 Fate::Lost { .. } | Fate::Dropped => {
-                    link.queued_bytes -= frame.len();
+                    link.queued_bytes = link.queued_bytes.saturating_sub(frame.len());
                     if let Some(h) = frame.lent {
                         endpoint.handle_sent(link.peer, &h);
                     }
