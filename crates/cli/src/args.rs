@@ -277,7 +277,6 @@ impl NetworkArgs {
 
     /// [`NetworkArgs::resolve_with`] with an unlimited default bandwidth (the runtime's
     /// commands, once they flatten these flags).
-    #[allow(dead_code)]
     pub fn resolve(&self) -> Result<NetworkProfile> {
         self.resolve_with(None)
     }

@@ -128,7 +128,8 @@ impl BenchIters {
 }
 
 /// Runs the benchmark for each size in `sizes` (bytes) on this process; workers return
-/// their rows (rank 0's are the ones to report), servers an empty list.
+/// their rows (rank 0's are the ones to report), servers an empty list. Frames carry at most
+/// the plan's `frame_elems` (ring segments) or `slice_params` (parameter-server slices).
 pub fn run_comm_bench(
     ctx: &ProcessContext,
     layout: &JobLayout,
@@ -139,7 +140,7 @@ pub fn run_comm_bench(
     // One set of links for every size: each size is one run of the loop, and the goodbye
     // exchange at the end of a run keeps the rounds apart.
     let links = join(ctx, layout, BENCH_FINGERPRINT)?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);

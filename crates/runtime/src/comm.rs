@@ -1,18 +1,30 @@
 //! The communication loop: drives one sans-IO [`Endpoint`] over a set of TCP links with
 //! non-blocking I/O (mio), emulated link timing, heartbeats and liveness deadlines.
 //!
-//! The process has one emulated network interface (a [`Shaper`]) shared by all its links, as
-//! a host's NIC is: frames go out when the endpoint's scheduler offers them (the most urgent
-//! across the links, [`Endpoint::poll_transmit_any`]) while the interface holds less than its
-//! send window of bytes not yet serialised, and each frame is released to its socket at the
-//! time the shaper says it would have crossed the emulated link (serialisation, then the
-//! latency). A small window is what makes priority preemption real: a late urgent slice
-//! waits behind at most a window of bytes. Only the sending side is shaped; a receiver's
-//! ingress is not limited separately. Without a bandwidth limit each link holds at most a
-//! window of frames not yet written to its socket. Incoming payloads are read straight into
-//! the slot the endpoint designates. A peer that closes without saying goodbye, sends a
-//! malformed or unexpected frame, aborts, or stays silent past the deadline ends the loop
-//! with an error that names it; the others are told through an Abort frame.
+//! The process has one emulated network interface shared by all its links, as a host's NIC
+//! is: the core's egress [`Port`] (the same network model the simulator runs). Frames go
+//! out when the endpoint's scheduler offers them (the most urgent across the links,
+//! [`Endpoint::poll_transmit_lent`]) while the port admits them (it holds less than its send
+//! window of bytes not yet serialised), and each frame is released to its socket at the
+//! time the port says it would have reached the peer (serialisation, the latency, and for a
+//! lost frame a retransmission timeout and its re-serialisation; a link's frames leave in
+//! order). A small window is what makes priority preemption real: a late urgent slice waits
+//! behind at most a window of bytes. With `ingress`, arriving data frames also wait in the
+//! host's ingress [`Port`] before their payload is read. Without a bandwidth limit each link
+//! holds at most a window of frames not yet written to its socket (back-pressure).
+//!
+//! Small frames are cheap: up to 32 due frames (256 KiB) go out in one vectored write,
+//! and reads go through a staging buffer, many frames a read; large payloads are read
+//! straight into the slot the endpoint designates, and lent payloads written straight from
+//! the endpoint's buffers. A peer that closes without saying goodbye, sends a malformed or
+//! unexpected frame, aborts, or stays silent past the deadline ends the loop with an error
+//! that names it; the others are told through an Abort frame.
+//!
+//! The loop keeps the endpoint's call order (see [`syncopate_core::strategy`]): transmits,
+//! then the endpoint's timer ([`Endpoint::poll_timeout`], armed on the same nanosecond
+//! `timerfd` as the frame releases, on the loop's clock: nanoseconds since the loop was
+//! created), then the hooks drain events; a due timer is handed to
+//! [`Endpoint::handle_timeout`] at the top of the next round.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -24,7 +36,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
-use syncopate_core::net::{LinkProfile, Shaper};
+use syncopate_core::net::{Fate, FrameMeta, NetCounters, NetworkProfile, Port};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, Transmit};
 use syncopate_core::wire::{
     f32_bytes, f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
@@ -167,12 +179,52 @@ enum ReadState {
         header: Header,
         done: usize,
         arrived: Instant,
+        /// Whether the payload may be read yet (the emulated ingress port's say).
+        gate: Gate,
     },
     Bytes {
         header: Header,
         buf: Vec<u8>,
+        filled: usize,
     },
 }
+
+/// Where a data frame's payload stands with the receiver's emulated ingress port: the link
+/// is not read past the frame's header until the port releases the frame, so the frames
+/// of all links converging on this host queue and serialise there (and a sender whose
+/// frames wait feels TCP's back-pressure, never a deadlock: the port releases by time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Not yet offered to the port.
+    New,
+    /// Offered; its fate is not decided yet.
+    Waiting,
+    /// Released at this time (the loop's clock).
+    DueAt(u64),
+    /// Readable (released, or no ingress port).
+    Open,
+}
+
+impl ReadState {
+    /// Bytes of a data frame's payload still to come (0 outside a payload).
+    fn payload_left(&self) -> usize {
+        match self {
+            ReadState::Data { header, done, .. } => {
+                (header.payload_len as usize).saturating_sub(*done)
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Bytes a link reads from its socket at a time, ahead of the frame being parsed.
+const STAGING_BYTES: usize = 64 << 10;
+/// A payload with at least this many bytes still to come is read straight into its slot
+/// (no copy); shorter ones go through the staging buffer, many frames to a read.
+const DIRECT_READ_BYTES: usize = 32 << 10;
+/// Largest payload of a control frame (an Abort's reason is at most 4 KiB): larger ones are
+/// refused at their header, before anything is allocated.
+const MAX_CONTROL_PAYLOAD: u32 = 64 << 10;
 
 /// A frame on its way out.
 struct OutFrame {
@@ -200,16 +252,35 @@ impl OutFrame {
     }
 }
 
+/// At most this many frames go into one vectored write (two slices each)...
+const BATCH_FRAMES: usize = 32;
+/// ...and frames are added to it while it holds less than this many bytes (a frame in a
+/// batch has left the emulated send window, so the batch bounds how far past the window a
+/// late urgent frame can be, as the socket's own buffer does).
+const BATCH_BYTES: usize = 256 << 10;
+
 struct LinkState {
     peer: Rank,
     stream: TcpStream,
     read: ReadState,
+    /// Bytes read from the socket and not yet parsed are `staging[staged]`; they stay there
+    /// past a goodbye, for the next run of the loop.
+    staging: Box<[u8]>,
+    staged: std::ops::Range<usize>,
+    /// Frames offered to the emulated interface whose fate it has not yet decided, with
+    /// their tokens.
+    awaiting: VecDeque<(u64, OutFrame)>,
     /// Frames scheduled on the emulated link, with their release times.
     scheduled: VecDeque<(u64, OutFrame)>,
+    /// The release time of the link's latest scheduled frame (frames leave in order).
+    last_release: u64,
     /// Heartbeats, aborts and goodbyes: bypass the emulation.
     control: VecDeque<Vec<u8>>,
-    /// The frame being written and how many of its bytes are.
-    current: Option<(OutFrame, usize)>,
+    /// Frames being written, in order (released by the emulated link, or control frames),
+    /// at most one batch of them.
+    writing: VecDeque<OutFrame>,
+    /// Bytes of the first frame in `writing` already written.
+    written: usize,
     queued_bytes: usize,
     last_recv: Instant,
     last_send: Instant,
@@ -221,6 +292,41 @@ struct LinkState {
     bytes_received: u64,
 }
 
+impl LinkState {
+    /// Whether nothing of the link is waiting to be written.
+    fn is_drained(&self) -> bool {
+        self.writing.is_empty()
+            && self.control.is_empty()
+            && self.scheduled.is_empty()
+            && self.awaiting.is_empty()
+    }
+
+    /// Moves the frames due at `now_ns` into the batch being written: control frames first
+    /// (only at a frame boundary, when nothing is being written), then frames the emulated
+    /// link has released, while the batch has room.
+    fn take_due(&mut self, now_ns: u64) {
+        if self.writing.is_empty() {
+            if let Some(frame) = self.control.pop_front() {
+                self.writing.push_back(OutFrame::control(frame));
+            }
+        }
+        let mut bytes: usize = self.writing.iter().map(OutFrame::len).sum();
+        while self.writing.len() < BATCH_FRAMES
+            && (bytes < BATCH_BYTES || self.writing.is_empty())
+            && self.scheduled.front().is_some_and(|(t, _)| *t <= now_ns)
+        {
+            let Some((_, frame)) = self.scheduled.pop_front() else {
+                break;
+            };
+            // The frame has crossed the emulated link: it no longer occupies the send
+            // buffer, so the next one can start serialising while this one is written.
+            self.queued_bytes = self.queued_bytes.saturating_sub(frame.len());
+            bytes += frame.len();
+            self.writing.push_back(frame);
+        }
+    }
+}
+
 /// Byte counters of one link, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LinkCounters {
@@ -230,6 +336,24 @@ pub struct LinkCounters {
     pub sent: u64,
     /// Bytes read from the socket.
     pub received: u64,
+    /// What the emulated network did to the frames sent on this link: lost, retransmitted
+    /// and dropped frames and bytes, queueing delay.
+    pub net: NetCounters,
+    /// What this host's emulated ingress port did to the frames received on this link
+    /// (queueing delay, drops of a full queue; zero without `ingress`).
+    pub ingress: NetCounters,
+}
+
+/// The emulated network of one process: the job's profile, and the job's seed and this
+/// host's id, from which its random streams derive (same seed, same losses).
+#[derive(Debug, Clone, Default)]
+pub struct Emulation {
+    /// Every knob of the network.
+    pub profile: NetworkProfile,
+    /// The job's seed.
+    pub seed: u64,
+    /// This host (its rank).
+    pub host: u64,
 }
 
 /// A communication loop over a set of links.
@@ -240,7 +364,18 @@ pub struct CommLoop {
     links: Vec<LinkState>,
     options: CommOptions,
     origin: Instant,
-    nic: Shaper,
+    /// The process's emulated NIC: admission (the send window), when each frame leaves
+    /// and reaches the peer, losses and retransmissions.
+    egress: Port,
+    /// Whether the NIC has a bandwidth (else each link holds at most a window of frames
+    /// not yet written, as the sockets' back-pressure).
+    shaped: bool,
+    window: usize,
+    /// The token of the next frame offered to the NIC.
+    next_token: u64,
+    /// The host's emulated ingress port (with `ingress = true`): arriving data frames
+    /// queue and serialise there before their payload is read; tokens are link indices.
+    ingress: Option<Port>,
     /// Whether the last fill stopped because the interface's window was full (so the loop
     /// must wake when it drains below the window).
     window_full: bool,
@@ -254,12 +389,12 @@ pub struct CommLoop {
 }
 
 impl CommLoop {
-    /// Registers the links, which share one emulated interface of profile `network`; returns
-    /// the loop and a waker for other threads.
+    /// Registers the links, which share one emulated interface of `network`; returns the
+    /// loop and a waker for other threads.
     pub fn new(
         links: Vec<Link>,
         options: CommOptions,
-        network: LinkProfile,
+        network: Emulation,
     ) -> io::Result<(Self, Arc<Waker>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -283,9 +418,14 @@ impl CommLoop {
                     buf: [0; HEADER_LEN],
                     filled: 0,
                 },
+                staging: vec![0; STAGING_BYTES].into_boxed_slice(),
+                staged: 0..0,
+                awaiting: VecDeque::new(),
                 scheduled: VecDeque::new(),
+                last_release: 0,
                 control: VecDeque::new(),
-                current: None,
+                writing: VecDeque::new(),
+                written: 0,
                 queued_bytes: 0,
                 last_recv: now,
                 last_send: now,
@@ -305,7 +445,12 @@ impl CommLoop {
                 links: states,
                 options,
                 origin: now,
-                nic: Shaper::new(network),
+                egress: Port::egress(&network.profile, network.seed, network.host),
+                shaped: network.profile.bandwidth_bps.is_some(),
+                window: network.profile.buffer_bytes,
+                next_token: 0,
+                ingress: (network.profile.ingress)
+                    .then(|| Port::ingress(&network.profile, network.seed, network.host)),
                 window_full: false,
                 pool: Vec::new(),
                 open: Vec::new(),
@@ -324,6 +469,14 @@ impl CommLoop {
                 peer: l.peer,
                 sent: l.bytes_sent,
                 received: l.bytes_received,
+                net: (self.egress)
+                    .flow_counters(l.peer as u64)
+                    .copied()
+                    .unwrap_or_default(),
+                ingress: (self.ingress.as_ref())
+                    .and_then(|p| p.flow_counters(l.peer as u64))
+                    .copied()
+                    .unwrap_or_default(),
             })
             .collect()
     }
@@ -339,7 +492,7 @@ impl CommLoop {
     }
 
     fn now_ns(&self) -> u64 {
-        self.origin.elapsed().as_nanos() as u64
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Runs until the hooks say [`Flow::Finish`] (then says goodbye and flushes) or an error.
@@ -372,18 +525,25 @@ impl CommLoop {
             l.goodbye_received = false;
             l.goodbye_sent = false;
         }
+        // Frames of this run may already wait behind the last run's goodbye, read but not
+        // parsed, with no readiness event to come for them.
+        for i in 0..self.links.len() {
+            self.read_link(i, endpoint, hooks)?;
+        }
         let mut finishing = false;
         let mut goodbye_sent = false;
         loop {
             if !finishing && hooks.on_commands(endpoint)? == Flow::Finish {
                 finishing = true;
             }
+            self.fire_timeout(endpoint);
             let now = Instant::now();
             // Transmitting can complete a step (the last frame handed over or written), and
             // the hooks may then start the next one: its frames go out now, not after a wait
             // that nothing would end (every peer may be waiting for them).
             loop {
                 let handed = self.fill(endpoint);
+                self.release_ingress(endpoint, hooks)?;
                 for i in 0..self.links.len() {
                     if let Err(e) = self.flush(i, endpoint, hooks) {
                         // A peer that gave up may have said why just before closing: its
@@ -402,10 +562,7 @@ impl CommLoop {
                     break;
                 }
             }
-            let drained = self
-                .links
-                .iter()
-                .all(|l| l.current.is_none() && l.control.is_empty() && l.scheduled.is_empty());
+            let drained = self.links.iter().all(|l| l.is_drained());
             if finishing && drained {
                 if !goodbye_sent {
                     self.say_goodbye();
@@ -416,7 +573,8 @@ impl CommLoop {
                     return Ok(());
                 }
             }
-            self.wait(&mut events)?;
+            let deadline = endpoint.poll_timeout();
+            self.wait(&mut events, deadline)?;
             for ev in events.iter() {
                 if ev.token() == WAKER {
                     continue;
@@ -440,7 +598,12 @@ impl CommLoop {
     /// moved it only looks (a zero-timeout poll, then a yield): a process that has just
     /// sent or received is likely to be answered within microseconds, and waking a sleeping
     /// thread costs more than that (tens of microseconds on a virtual machine).
-    fn wait(&mut self, events: &mut Events) -> Result<(), CommError> {
+    /// `endpoint_deadline` is the endpoint's own timer ([`Endpoint::poll_timeout`]).
+    fn wait(
+        &mut self,
+        events: &mut Events,
+        endpoint_deadline: Option<u64>,
+    ) -> Result<(), CommError> {
         let busy = !self.options.busy_poll.is_zero()
             && self
                 .links
@@ -451,14 +614,15 @@ impl CommLoop {
         let timeout = if busy {
             Duration::ZERO
         } else {
-            let timeout = self.next_timeout();
-            // Sub-millisecond deadlines (frame releases) go to the precise timer; the poll's
-            // own timeout is whole milliseconds.
-            if timeout < Duration::from_millis(50) {
-                self.timer
-                    .arm(timeout)
-                    .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
+            let mut timeout = self.next_timeout();
+            if let Some(at) = endpoint_deadline {
+                timeout = timeout.min(Duration::from_nanos(at.saturating_sub(self.now_ns())));
             }
+            // Every deadline (frame releases, the endpoint's timer) goes to the precise
+            // timer; the poll's own timeout is whole milliseconds and only a backstop.
+            self.timer
+                .arm(timeout)
+                .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
             timeout.max(Duration::from_millis(50))
         };
         if let Err(e) = self.poll.poll(events, Some(timeout)) {
@@ -470,6 +634,14 @@ impl CommLoop {
             std::thread::yield_now();
         }
         Ok(())
+    }
+
+    /// Calls the endpoint's [`Endpoint::handle_timeout`] if the time it asked for has come.
+    fn fire_timeout<E: Endpoint + ?Sized>(&self, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        if endpoint.poll_timeout().is_some_and(|at| at <= now_ns) {
+            endpoint.handle_timeout(now_ns);
+        }
     }
 
     fn status(&self) -> LinkStatus {
@@ -484,29 +656,47 @@ impl CommLoop {
         let mut t = self.options.heartbeat.min(Duration::from_millis(100));
         for l in &self.links {
             if let Some((release, _)) = l.scheduled.front() {
-                if l.current.is_none() {
+                if l.writing.is_empty() {
                     t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
                 }
             }
         }
         if self.window_full {
-            let window_ns = self.nic.transmission_ns(self.nic.profile().buffer_bytes);
-            let below = self.nic.free_at_ns().saturating_sub(window_ns);
-            t = t.min(Duration::from_nanos(below.saturating_sub(now_ns)));
+            let room = self.egress.room_at(now_ns);
+            t = t.min(Duration::from_nanos(room.saturating_sub(now_ns)));
+        }
+        let ingress = self.ingress.as_ref().and_then(Port::poll_timeout);
+        let held = self.links.iter().filter_map(|l| match l.read {
+            ReadState::Data {
+                gate: Gate::DueAt(at),
+                ..
+            } => Some(at),
+            _ => None,
+        });
+        let port_times = self.egress.poll_timeout().into_iter().chain(ingress);
+        if let Some(at) = port_times.chain(held).min() {
+            t = t.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }
         t
     }
 
-    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room;
-    /// returns how many it handed over.
+    /// Asks the endpoint for frames while the interface (or, unshaped, each link) has room,
+    /// then collects the fates the interface has decided; returns how many frames it handed
+    /// over.
     fn fill<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) -> usize {
+        let handed = self.offer_frames(endpoint);
+        self.collect_fates(endpoint);
+        handed
+    }
+
+    /// Offers the endpoint's frames to the emulated interface while it admits them.
+    fn offer_frames<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) -> usize {
         let now_ns = self.now_ns();
-        let window = self.nic.profile().buffer_bytes;
-        let shaped = self.nic.profile().bandwidth_bps.is_some();
+        let (shaped, window) = (self.shaped, self.window);
         self.window_full = false;
         let mut handed = 0;
         loop {
-            if shaped && self.nic.backlog_bytes(now_ns) >= window {
+            if !self.egress.has_room(now_ns) {
                 self.window_full = true;
                 return handed;
             }
@@ -547,14 +737,106 @@ impl CommLoop {
                 self.pool.push(frame.bytes);
                 return handed;
             };
-            let release = self.nic.schedule(now_ns, frame.len());
+            let token = self.next_token;
+            self.next_token = token.wrapping_add(1);
+            // Every strategy so far is reliable: the port retransmits what it loses, and
+            // keeps each link's frames in order (one flow per link), as TCP does.
+            let meta = FrameMeta::reliable(frame.len(), peer as u64);
+            self.egress.enqueue(now_ns, token, meta);
             link.queued_bytes += frame.len();
-            link.scheduled.push_back((release, frame));
+            link.awaiting.push_back((token, frame));
             handed += 1;
         }
     }
 
-    /// Writes what is due on link `i` until the socket would block.
+    /// Takes the fates the emulated interface has decided: a delivered frame is released to
+    /// its socket at its delivery time (never before the link's previous frame); a frame the
+    /// network gave up (loss-tolerant frames only) is returned to the endpoint unsent.
+    fn collect_fates<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        let mut decided = false;
+        while let Some((token, fate)) = self.egress.poll_fate(now_ns) {
+            decided = true;
+            let found = self.links.iter_mut().find_map(|l| {
+                let pos = l.awaiting.iter().position(|(t, _)| *t == token)?;
+                Some((l, pos))
+            });
+            let Some((link, pos)) = found else {
+                continue;
+            };
+            let Some((_, frame)) = link.awaiting.remove(pos) else {
+                continue;
+            };
+            match fate {
+                Fate::Delivered { at, .. } => {
+                    let release = at.max(link.last_release);
+                    link.last_release = release;
+                    link.scheduled.push_back((release, frame));
+                }
+                Fate::Lost { .. } | Fate::Dropped => {
+                    link.queued_bytes = link.queued_bytes.saturating_sub(frame.len());
+                    if let Some(h) = frame.lent {
+                        endpoint.handle_sent(link.peer, &h);
+                    }
+                    if frame.queued.is_some() {
+                        self.pool.push(frame.bytes);
+                    }
+                }
+            }
+        }
+        if decided {
+            self.publish_net_counters();
+        }
+    }
+
+    /// Takes the ingress port's decisions and lets the links whose held frame is due read
+    /// on (their bytes may already wait in the socket or the staging buffer, with no
+    /// readiness event to come).
+    fn release_ingress<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let now_ns = self.now_ns();
+        let Some(port) = self.ingress.as_mut() else {
+            return Ok(());
+        };
+        while let Some((token, fate)) = port.poll_fate(now_ns) {
+            let link = usize::try_from(token)
+                .ok()
+                .and_then(|i| self.links.get_mut(i));
+            if let Some(ReadState::Data { gate, .. }) = link.map(|l| &mut l.read) {
+                if *gate == Gate::Waiting {
+                    *gate = match fate {
+                        Fate::Delivered { at, .. } => Gate::DueAt(at),
+                        Fate::Lost { .. } | Fate::Dropped => Gate::DueAt(now_ns),
+                    };
+                }
+            }
+        }
+        for i in 0..self.links.len() {
+            if let ReadState::Data { gate, .. } = &mut self.links[i].read {
+                if matches!(*gate, Gate::DueAt(at) if at <= now_ns) {
+                    *gate = Gate::Open;
+                    self.read_link(i, endpoint, hooks)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands each link's network counters to the sampler.
+    fn publish_net_counters(&self) {
+        for (l, shared) in self.links.iter().zip(&self.traffic.links) {
+            if let Some(c) = self.egress.flow_counters(l.peer as u64) {
+                shared.net.store(c);
+            }
+        }
+    }
+
+    /// Writes what is due on link `i` until the socket would block: several frames at a
+    /// time (one vectored write of up to [`BATCH_FRAMES`] frames or [`BATCH_BYTES`] bytes),
+    /// so that small frames do not cost a system call each.
     fn flush<E: Endpoint + ?Sized>(
         &mut self,
         i: usize,
@@ -570,7 +852,7 @@ impl CommLoop {
         if link.closed {
             return Ok(());
         }
-        if link.current.is_none()
+        if link.writing.is_empty()
             && link.control.is_empty()
             && !link.goodbye_sent
             && now - link.last_send >= heartbeat
@@ -579,45 +861,26 @@ impl CommLoop {
                 .push_back(Header::control(FrameKind::Heartbeat, 0).encode().to_vec());
         }
         loop {
-            if link.current.is_none() {
-                if let Some(frame) = link.control.pop_front() {
-                    link.current = Some((OutFrame::control(frame), 0));
-                } else if link.scheduled.front().is_some_and(|(t, _)| *t <= now_ns) {
-                    if let Some((_, frame)) = link.scheduled.pop_front() {
-                        // The frame has crossed the emulated link: it no longer occupies the
-                        // send buffer, so the next one can start serialising while this one
-                        // is written to the socket.
-                        link.queued_bytes -= frame.len();
-                        link.current = Some((frame, 0));
-                    }
-                } else {
-                    return Ok(());
-                }
-            }
-            let Some((frame, pos)) = link.current.as_mut() else {
+            link.take_due(now_ns);
+            if link.writing.is_empty() {
                 return Ok(());
-            };
-            let written = match frame.lent {
-                Some(h) => write_lent(
-                    &mut link.stream,
-                    &frame.bytes,
-                    f32_bytes(endpoint.lent_payload(&h)),
-                    *pos,
-                ),
-                None => link.stream.write(&frame.bytes[*pos..]),
-            };
-            match written {
+            }
+            match write_batch(&mut link.stream, &link.writing, link.written, &*endpoint) {
                 Ok(0) => {
                     return Err(lost(&*hooks, link.peer, "connection closed while sending"));
                 }
                 Ok(n) => {
-                    *pos += n;
                     link.bytes_sent += n as u64;
                     traffic.add_sent(i, n as u64);
                     link.last_send = now;
                     link.last_write_progress = now;
-                    if *pos == frame.len() {
-                        if let Some((frame, _)) = link.current.take() {
+                    link.written += n;
+                    while let Some(len) = link.writing.front().map(OutFrame::len) {
+                        if link.written < len {
+                            break;
+                        }
+                        link.written -= len;
+                        if let Some(frame) = link.writing.pop_front() {
                             if let Some(h) = frame.lent {
                                 endpoint.handle_sent(link.peer, &h);
                             }
@@ -656,7 +919,7 @@ impl CommLoop {
                 ),
             ));
         }
-        if link.current.is_some()
+        if !link.writing.is_empty()
             && now.saturating_duration_since(link.last_write_progress) > timeout
         {
             return Err(lost(hooks, link.peer, "it stopped reading (send stalled)"));
@@ -664,7 +927,10 @@ impl CommLoop {
         Ok(())
     }
 
-    /// Reads every complete frame available on link `i`.
+    /// Reads every complete frame available on link `i`. Reads go into the link's staging
+    /// buffer (many small frames a system call), and the frames are taken out of it; a
+    /// payload with at least [`DIRECT_READ_BYTES`] still to come is read straight into the
+    /// endpoint's slot instead.
     fn read_link<E: Endpoint + ?Sized>(
         &mut self,
         i: usize,
@@ -672,29 +938,42 @@ impl CommLoop {
         hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
         let max_payload = self.options.max_payload;
+        let now_ns = self.now_ns();
         let link = &mut self.links[i];
         let peer = link.peer;
         loop {
             if link.closed || link.goodbye_received {
                 return Ok(());
             }
-            let read = match &mut link.read {
-                ReadState::Header { buf, filled } => link.stream.read(&mut buf[*filled..]),
-                ReadState::Data { header, done, .. } => {
-                    let slot = endpoint
-                        .recv_slot(peer, header)
-                        .map_err(|e| protocol(&*hooks, peer, e))?;
-                    let bytes = f32_bytes_mut(slot);
-                    link.stream.read(&mut bytes[*done..])
+            if let ReadState::Data { header, gate, .. } = &mut link.read {
+                match (*gate, self.ingress.as_mut()) {
+                    (Gate::Open, _) => {}
+                    (Gate::New, None) => *gate = Gate::Open,
+                    (Gate::New, Some(port)) => {
+                        let bytes = HEADER_LEN + header.payload_len as usize;
+                        port.enqueue(now_ns, i as u64, FrameMeta::reliable(bytes, peer as u64));
+                        *gate = Gate::Waiting;
+                        return Ok(());
+                    }
+                    (Gate::Waiting | Gate::DueAt(_), _) => return Ok(()),
                 }
-                ReadState::Bytes { header, buf } => {
-                    let start = buf.len();
-                    buf.resize(header.payload_len as usize, 0);
-                    let r = link.stream.read(&mut buf[start..]);
-                    let got = *r.as_ref().unwrap_or(&0);
-                    buf.truncate(start + got);
-                    r
-                }
+            }
+            let staged = link.staging.get(link.staged.clone()).unwrap_or_default();
+            if !staged.is_empty() {
+                let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
+                let n = dest.len().min(staged.len());
+                dest[..n].copy_from_slice(&staged[..n]);
+                link.staged.start += n;
+                advance(link, n, endpoint, hooks, max_payload)?;
+                continue;
+            }
+            let direct = link.read.payload_left() >= DIRECT_READ_BYTES;
+            let read = if direct {
+                let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
+                link.stream.read(dest)
+            } else {
+                link.staged = 0..0;
+                link.stream.read(&mut link.staging[..])
             };
             let n = match read {
                 Ok(0) => return Err(lost(&*hooks, peer, "connection closed")),
@@ -706,62 +985,10 @@ impl CommLoop {
             link.bytes_received += n as u64;
             self.traffic.add_received(i, n as u64);
             link.last_recv = Instant::now();
-            let next = match &mut link.read {
-                ReadState::Header { buf, filled } => {
-                    *filled += n;
-                    if *filled < HEADER_LEN {
-                        None
-                    } else {
-                        let header = Header::decode(buf, max_payload)
-                            .map_err(|e: WireError| protocol(&*hooks, peer, e.into()))?;
-                        Some(match header.kind {
-                            k if k.is_data() && header.payload_len > 0 => ReadState::Data {
-                                header,
-                                done: 0,
-                                arrived: Instant::now(),
-                            },
-                            FrameKind::Heartbeat => fresh_header(),
-                            k if k.is_data() => {
-                                complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
-                                fresh_header()
-                            }
-                            _ if header.payload_len == 0 => {
-                                handle_control(link, &header, &[], &*hooks)?;
-                                fresh_header()
-                            }
-                            _ => ReadState::Bytes {
-                                header,
-                                buf: Vec::with_capacity(header.payload_len as usize),
-                            },
-                        })
-                    }
-                }
-                ReadState::Data {
-                    header,
-                    done,
-                    arrived,
-                } => {
-                    *done += n;
-                    if *done < header.payload_len as usize {
-                        None
-                    } else {
-                        let (header, arrived) = (*header, *arrived);
-                        complete_data(endpoint, peer, &header, arrived, hooks)?;
-                        Some(fresh_header())
-                    }
-                }
-                ReadState::Bytes { header, buf } => {
-                    if buf.len() < header.payload_len as usize {
-                        None
-                    } else {
-                        let (header, buf) = (*header, std::mem::take(buf));
-                        handle_control(link, &header, &buf, &*hooks)?;
-                        Some(fresh_header())
-                    }
-                }
-            };
-            if let Some(state) = next {
-                link.read = state;
+            if direct {
+                advance(link, n, endpoint, hooks, max_payload)?;
+            } else {
+                link.staged = 0..n;
             }
         }
     }
@@ -785,11 +1012,16 @@ impl CommLoop {
         frame.extend_from_slice(&payload[..len]);
         let deadline = Instant::now() + Duration::from_millis(500);
         for l in &mut self.links {
+            l.awaiting.clear();
             l.scheduled.clear();
             if l.closed {
                 continue;
             }
-            if let Some((current, pos)) = l.current.take() {
+            // Only the first frame being written may be partly written; the rest go unsent.
+            let first = l.writing.pop_front();
+            let pos = std::mem::take(&mut l.written);
+            l.writing.clear();
+            if let Some(current) = first {
                 let mut rest = current.bytes.get(pos..).unwrap_or_default().to_vec();
                 if let Some(h) = current.lent {
                     let payload = f32_bytes(endpoint.lent_payload(&h));
@@ -822,19 +1054,31 @@ impl CommLoop {
     }
 }
 
-/// Writes what is left of a lent frame, its header `head` (in our buffer) then its `payload`
-/// (in the endpoint's), from byte `pos` of the whole, in one vectored write.
-fn write_lent(
+/// Writes `frames` (the first of them from its byte `written` on) in one vectored write:
+/// each frame's bytes, then a lent frame's payload straight from the endpoint's buffer.
+fn write_batch<E: Endpoint + ?Sized>(
     stream: &mut TcpStream,
-    head: &[u8],
-    payload: &[u8],
-    pos: usize,
+    frames: &VecDeque<OutFrame>,
+    written: usize,
+    endpoint: &E,
 ) -> io::Result<usize> {
-    if pos < head.len() {
-        stream.write_vectored(&[IoSlice::new(&head[pos..]), IoSlice::new(payload)])
-    } else {
-        stream.write(payload.get(pos - head.len()..).unwrap_or_default())
+    let mut slices = [IoSlice::new(&[]); 2 * BATCH_FRAMES];
+    let mut n = 0;
+    let mut skip = written;
+    for frame in frames.iter().take(BATCH_FRAMES) {
+        let payload = frame
+            .lent
+            .map_or(&[][..], |h| f32_bytes(endpoint.lent_payload(&h)));
+        for part in [&frame.bytes[..], payload] {
+            let rest = part.get(skip.min(part.len())..).unwrap_or_default();
+            skip = skip.saturating_sub(part.len());
+            if !rest.is_empty() {
+                slices[n] = IoSlice::new(rest);
+                n += 1;
+            }
+        }
     }
+    stream.write_vectored(&slices[..n])
 }
 
 /// Writes `bytes` to a non-blocking stream, retrying until done or `deadline`.
@@ -856,6 +1100,121 @@ fn write_all_until(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) 
         }
     }
     true
+}
+
+/// Where the next bytes of the frame being read go: the rest of its header, of the slot the
+/// endpoint designates for its payload (which must hold exactly the payload), or of a
+/// control frame's payload.
+fn destination<'a, E: Endpoint + ?Sized>(
+    read: &'a mut ReadState,
+    endpoint: &'a mut E,
+    peer: Rank,
+    hooks: &dyn Hooks<E>,
+) -> Result<&'a mut [u8], CommError> {
+    Ok(match read {
+        ReadState::Header { buf, filled } => buf.get_mut(*filled..).unwrap_or_default(),
+        ReadState::Data { header, done, .. } => {
+            let slot = endpoint
+                .recv_slot(peer, header)
+                .map_err(|e| protocol(hooks, peer, e))?;
+            let bytes = f32_bytes_mut(slot);
+            if bytes.len() != header.payload_len as usize {
+                let reason = format!(
+                    "{}-byte slot for a {}-byte payload",
+                    bytes.len(),
+                    header.payload_len
+                );
+                return Err(protocol(
+                    hooks,
+                    peer,
+                    ProtocolError::Unexpected { from: peer, reason },
+                ));
+            }
+            bytes.get_mut(*done..).unwrap_or_default()
+        }
+        ReadState::Bytes { buf, filled, .. } => buf.get_mut(*filled..).unwrap_or_default(),
+    })
+}
+
+/// `n` more bytes of the frame being read have landed where [`destination`] said: moves the
+/// link's reader on, handing complete frames to the endpoint (data) or the link (control).
+fn advance<E: Endpoint + ?Sized>(
+    link: &mut LinkState,
+    n: usize,
+    endpoint: &mut E,
+    hooks: &mut dyn Hooks<E>,
+    max_payload: u32,
+) -> Result<(), CommError> {
+    let peer = link.peer;
+    let next = match &mut link.read {
+        ReadState::Header { buf, filled } => {
+            *filled += n;
+            if *filled < HEADER_LEN {
+                return Ok(());
+            }
+            let header = Header::decode(buf, max_payload)
+                .map_err(|e: WireError| protocol(&*hooks, peer, e.into()))?;
+            match header.kind {
+                k if k.is_data() && header.payload_len > 0 => ReadState::Data {
+                    header,
+                    done: 0,
+                    arrived: Instant::now(),
+                    gate: Gate::New,
+                },
+                FrameKind::Heartbeat => fresh_header(),
+                k if k.is_data() => {
+                    complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
+                    fresh_header()
+                }
+                _ if header.payload_len == 0 => {
+                    handle_control(link, &header, &[], &*hooks)?;
+                    fresh_header()
+                }
+                _ if header.payload_len > MAX_CONTROL_PAYLOAD => {
+                    let reason = format!(
+                        "{:?} frame announcing {} bytes (at most {MAX_CONTROL_PAYLOAD})",
+                        header.kind, header.payload_len
+                    );
+                    let error = ProtocolError::Unexpected { from: peer, reason };
+                    return Err(protocol(&*hooks, peer, error));
+                }
+                _ => ReadState::Bytes {
+                    header,
+                    buf: vec![0; header.payload_len as usize],
+                    filled: 0,
+                },
+            }
+        }
+        ReadState::Data {
+            header,
+            done,
+            arrived,
+            ..
+        } => {
+            *done += n;
+            if *done < header.payload_len as usize {
+                return Ok(());
+            }
+            let (header, arrived) = (*header, *arrived);
+            complete_data(endpoint, peer, &header, arrived, hooks)?;
+            fresh_header()
+        }
+        ReadState::Bytes {
+            header,
+            buf,
+            filled,
+        } => {
+            *filled += n;
+            if *filled < buf.len() {
+                return Ok(());
+            }
+            let (header, buf) = (*header, std::mem::take(buf));
+            handle_control(link, &header, &buf, &*hooks)?;
+            fresh_header()
+        }
+    };
+    link.read = next;
+    Ok(())
 }
 
 fn fresh_header() -> ReadState {
@@ -943,3 +1302,6 @@ fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -
         error,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use syncopate_core::net::LinkProfile;
+use syncopate_core::net::NetworkProfile;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::Rank;
 
@@ -30,8 +30,21 @@ pub fn key_infos(spec: &syncopate_train::model::ModelSpec) -> Vec<KeyInfo> {
 pub struct JobLayout {
     /// Strategy, processes, sizes, and the factory of the endpoints.
     pub sync: SyncPlan,
-    /// Emulated profile of every link.
-    pub network: LinkProfile,
+    /// The emulated network (every process's NIC).
+    pub network: NetworkProfile,
+    /// The job's seed, from which the emulated network's random streams derive.
+    pub net_seed: u64,
+}
+
+impl JobLayout {
+    /// The emulated network of process `rank`.
+    pub fn emulation(&self, rank: Rank) -> crate::comm::Emulation {
+        crate::comm::Emulation {
+            profile: self.network.clone(),
+            seed: self.net_seed,
+            host: rank as u64,
+        }
+    }
 }
 
 impl std::ops::Deref for JobLayout {

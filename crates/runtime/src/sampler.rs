@@ -29,6 +29,44 @@ pub struct LinkTraffic {
     pub sent: AtomicU64,
     /// Bytes read from it.
     pub received: AtomicU64,
+    /// What the emulated network did to the frames sent on it so far.
+    pub net: LinkNet,
+}
+
+/// The emulated network's counters of one link (frames sent on it), shared with the
+/// sampler: stored by the transport, read by the sampler.
+#[derive(Debug, Default)]
+pub struct LinkNet {
+    /// Frames lost on the way (and retransmitted, for reliable frames).
+    pub frames_lost: AtomicU64,
+    /// Retransmissions.
+    pub frames_retransmitted: AtomicU64,
+    /// Frames dropped by a full queue.
+    pub frames_dropped: AtomicU64,
+    /// Total time frames waited in the queue before serialising, nanoseconds.
+    pub queueing_ns: AtomicU64,
+}
+
+impl LinkNet {
+    /// Stores `c`'s counters.
+    pub fn store(&self, c: &syncopate_core::net::NetCounters) {
+        self.frames_lost.store(c.frames_lost, Ordering::Relaxed);
+        (self.frames_retransmitted).store(c.frames_retransmitted, Ordering::Relaxed);
+        self.frames_dropped
+            .store(c.frames_dropped, Ordering::Relaxed);
+        self.queueing_ns
+            .store(c.queueing_ns_total, Ordering::Relaxed);
+    }
+
+    /// The counters: frames lost, retransmitted, dropped, and the queueing delay in ns.
+    pub fn load(&self) -> [u64; 4] {
+        [
+            self.frames_lost.load(Ordering::Relaxed),
+            self.frames_retransmitted.load(Ordering::Relaxed),
+            self.frames_dropped.load(Ordering::Relaxed),
+            self.queueing_ns.load(Ordering::Relaxed),
+        ]
+    }
 }
 
 impl TrafficTotals {
@@ -84,10 +122,15 @@ pub struct Sample {
     pub net_received_bytes: u64,
     /// Per link: `(peer, bytes sent, bytes received)` so far.
     pub links: Vec<(usize, u64, u64)>,
+    /// Per link, in the same order: frames lost, retransmitted and dropped by the emulated
+    /// network so far, and the queueing delay in nanoseconds.
+    pub link_net: Vec<[u64; 4]>,
 }
 
 /// The CSV header of [`Sample`] rows; per-link columns (`sent_to_rank<R>`,
-/// `received_from_rank<R>`) follow.
+/// `received_from_rank<R>`) follow, then the emulated network's per link
+/// (`lost_to_rank<R>`, `retransmitted_to_rank<R>`, `dropped_to_rank<R>`,
+/// `queueing_ns_to_rank<R>`).
 pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
 
 /// The CSV header for samples of these links.
@@ -95,6 +138,11 @@ pub fn csv_header(links: &[(usize, u64, u64)]) -> String {
     let mut header = CSV_HEADER.to_string();
     for (peer, _, _) in links {
         header.push_str(&format!(",sent_to_rank{peer},received_from_rank{peer}"));
+    }
+    for (peer, _, _) in links {
+        header.push_str(&format!(
+            ",lost_to_rank{peer},retransmitted_to_rank{peer},dropped_to_rank{peer},queueing_ns_to_rank{peer}"
+        ));
     }
     header
 }
@@ -115,6 +163,11 @@ impl Sample {
         );
         for (_, sent, received) in &self.links {
             row.push_str(&format!(",{sent},{received}"));
+        }
+        for i in 0..self.links.len() {
+            let [lost, retransmitted, dropped, queueing] =
+                self.link_net.get(i).copied().unwrap_or_default();
+            row.push_str(&format!(",{lost},{retransmitted},{dropped},{queueing}"));
         }
         row
     }
@@ -206,6 +259,7 @@ impl ResourceSampler {
                                 )
                             })
                             .collect(),
+                        link_net: traffic.links.iter().map(|l| l.net.load()).collect(),
                     });
                     last = (now, ticks);
                     if flag.load(Ordering::Relaxed) {
@@ -314,6 +368,7 @@ mod tests {
             net_sent_bytes: 3,
             net_received_bytes: 4,
             links: vec![(2, 3, 4)],
+            link_net: vec![[5, 5, 0, 7]],
         };
         write_csv(&path, &[s.clone(), s]).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -322,6 +377,17 @@ mod tests {
         let header: Vec<_> = text.lines().next().unwrap().split(',').collect();
         let row: Vec<_> = text.lines().nth(1).unwrap().split(',').collect();
         assert_eq!(header.len(), row.len());
-        assert_eq!(header[8..], ["sent_to_rank2", "received_from_rank2"]);
+        assert_eq!(
+            header[8..],
+            [
+                "sent_to_rank2",
+                "received_from_rank2",
+                "lost_to_rank2",
+                "retransmitted_to_rank2",
+                "dropped_to_rank2",
+                "queueing_ns_to_rank2"
+            ]
+        );
+        assert_eq!(row[10..], ["5", "5", "0", "7"]);
     }
 }

@@ -110,7 +110,7 @@ pub fn run_server(
         .server_endpoint(ctx.rank, key_infos(spec), initial, optim)
         .map_err(|e| RunError::Local(e.to_string()))?;
     let links = join(ctx, layout, spec.fingerprint())?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let mut hooks = ServerHooks {
         layout: layout.clone(),

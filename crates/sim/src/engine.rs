@@ -81,6 +81,8 @@ pub(crate) struct Sim<'a> {
     frames_sent: u64,
     step_end: Vec<u64>,
     tracer: Tracer,
+    /// Per host: the endpoint timer a [`Event::Timeout`] is queued for.
+    timers: Vec<Option<u64>>,
 }
 
 /// The network flow of the directed link `from -> to` (ranks fit 32 bits).
@@ -182,6 +184,7 @@ impl<'a> Sim<'a> {
             frames_sent: 0,
             step_end: vec![0; cfg.steps as usize],
             tracer: Tracer::new(cfg.trace_steps.clone()),
+            timers: vec![None; cfg.workers + cfg.servers],
         })
     }
 
@@ -190,9 +193,13 @@ impl<'a> Sim<'a> {
         for w in 0..self.cfg.workers {
             self.drive(w, false)?;
         }
+        for h in 0..self.hosts.len() {
+            self.arm_timer(h);
+        }
         while let Some((t, ev)) = self.queue.pop() {
             self.now = t;
             self.events += 1;
+            let touched = self.touched_host(ev);
             match ev {
                 Event::ComputeDone(w) => {
                     self.trainers[w].compute_done();
@@ -212,6 +219,10 @@ impl<'a> Sim<'a> {
                     self.hosts[host].nic.poll_at[usize::from(ingress)] = None;
                     self.collect(host, ingress)?;
                 }
+                Event::Timeout(h) => self.timeout(h)?,
+            }
+            if let Some(h) = touched {
+                self.arm_timer(h);
             }
         }
         let stuck: Vec<String> = (self.trainers.iter().enumerate())
@@ -530,6 +541,59 @@ impl<'a> Sim<'a> {
                 drain(ep.as_mut(), &mut self.trainers[to], &mut self.step_end, now);
                 self.drive(to, self.sends_on_delivery)
             }
+        }
+    }
+
+    /// The host whose endpoint event `ev` calls (whose timer may then change).
+    fn touched_host(&self, ev: Event) -> Option<usize> {
+        match ev {
+            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => Some(h),
+            Event::Deliver(slot) => self.frames.get(slot)?.as_ref().map(|f| f.to),
+            Event::Arrive(_) | Event::NetPoll { .. } => None,
+        }
+    }
+
+    /// Queues a [`Event::Timeout`] for host `h`'s endpoint timer unless one is queued for it.
+    fn arm_timer(&mut self, h: usize) {
+        let ep: &dyn Endpoint = match &self.hosts[h].role {
+            Role::Worker(w) => w.as_ref(),
+            Role::Server(s) => s.as_ref(),
+        };
+        let at = ep.poll_timeout();
+        if at != self.timers[h] {
+            self.timers[h] = at;
+            if let Some(at) = at {
+                self.queue.push(at.max(self.now), Event::Timeout(h));
+            }
+        }
+    }
+
+    /// Host `h`'s endpoint timer came due (a stale event, for a timer since moved, does
+    /// nothing): the endpoint handles it, then is polled as after any event.
+    fn timeout(&mut self, h: usize) -> Result<(), SimError> {
+        if self.timers[h].is_none_or(|at| at > self.now) {
+            return Ok(());
+        }
+        self.timers[h] = None;
+        let now = self.now;
+        match &mut self.hosts[h].role {
+            Role::Worker(ep) => {
+                ep.handle_timeout(now);
+                self.drive(h, true)
+            }
+            Role::Server(ep) => {
+                ep.handle_timeout(now);
+                self.fill(h)
+            }
+        }
+    }
+
+    /// Worker `w`'s endpoint, for tests that wrap it.
+    #[cfg(test)]
+    pub(crate) fn worker_mut(&mut self, w: usize) -> Option<&mut Box<dyn WorkerSync>> {
+        match &mut self.hosts.get_mut(w)?.role {
+            Role::Worker(ep) => Some(ep),
+            Role::Server(_) => None,
         }
     }
 

@@ -20,6 +20,8 @@ pub(crate) enum Event {
     Arrive(usize),
     /// A frame is handed to the receiving endpoint.
     Deliver(usize),
+    /// A host's endpoint timer ([`syncopate_core::strategy::Endpoint::poll_timeout`]) is due.
+    Timeout(usize),
     /// A host's network port has something due (a retransmission, a serialisation start).
     NetPoll {
         /// The host.

@@ -314,3 +314,116 @@ fn a_straggler_delays_every_synchronous_step_by_its_extra_compute() {
         assert!(simulate(&profile, &c).is_err(), "rank 4 is no worker");
     }
 }
+/// Wraps a worker's endpoint, adding a timer at each of `deadlines` in turn and recording
+/// the virtual time each fired at.
+struct TimerProbe {
+    inner: Option<Box<dyn syncopate_core::strategy::WorkerSync>>,
+    deadlines: Vec<u64>,
+    fired: std::rc::Rc<std::cell::RefCell<Vec<u64>>>,
+}
+
+mod probe_impl {
+    use super::TimerProbe;
+    use syncopate_core::strategy::{
+        Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync,
+    };
+    use syncopate_core::wire::Header;
+
+    impl Endpoint for TimerProbe {
+        fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+            self.inner
+                .as_mut()
+                .is_some_and(|e| e.poll_transmit(link, out))
+        }
+        fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+            self.inner.as_mut()?.poll_transmit_any(links, out)
+        }
+        fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+            self.inner.as_mut()?.poll_transmit_lent(links, out)
+        }
+        fn lent_payload(&self, header: &Header) -> &[f32] {
+            self.inner.as_ref().map_or(&[], |e| e.lent_payload(header))
+        }
+        fn handle_sent(&mut self, link: Rank, header: &Header) {
+            if let Some(e) = self.inner.as_mut() {
+                e.handle_sent(link, header);
+            }
+        }
+        fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+            match self.inner.as_mut() {
+                Some(e) => e.recv_slot(link, h),
+                None => Ok(&mut []),
+            }
+        }
+        fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+            self.inner
+                .as_mut()
+                .map_or(Ok(()), |e| e.handle_payload(link, h))
+        }
+        fn poll_timeout(&self) -> Option<u64> {
+            self.deadlines.get(self.fired.borrow().len()).copied()
+        }
+        fn handle_timeout(&mut self, now_ns: u64) {
+            if self.poll_timeout().is_some_and(|at| at <= now_ns) {
+                self.fired.borrow_mut().push(now_ns);
+            }
+        }
+    }
+
+    impl WorkerSync for TimerProbe {
+        fn begin_step(&mut self, step: u64) {
+            if let Some(e) = self.inner.as_mut() {
+                e.begin_step(step);
+            }
+        }
+        fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
+            if let Some(e) = self.inner.as_mut() {
+                e.handle_gradient(key, grad);
+            }
+        }
+        fn handle_backward_done(&mut self) {
+            if let Some(e) = self.inner.as_mut() {
+                e.handle_backward_done();
+            }
+        }
+        fn poll_event(&mut self) -> Option<WorkerEvent> {
+            self.inner.as_mut()?.poll_event()
+        }
+        fn take_values(&mut self, key: usize) -> Vec<f32> {
+            self.inner
+                .as_mut()
+                .map_or_else(Vec::new, |e| e.take_values(key))
+        }
+    }
+}
+
+/// An endpoint's timer fires at exactly the virtual time it asked for (one of them after the
+/// last step), once each, and a timer that does nothing leaves the run unchanged.
+#[test]
+fn endpoint_timers_fire_at_their_virtual_time() {
+    let profile = model(&[(1 << 20, 100_000, 200_000), (1 << 18, 50_000, 80_000)]);
+    let mut c = config(StrategyKind::Allreduce, 2, 0, GBIT, 10_000);
+    c.steps = 3;
+    let plain = run(&profile, &c);
+    let end = *plain.step_end_ns.last().unwrap();
+    let mut deadlines = vec![1_000_000, 2_500_000, 2_500_001, end / 2, end + 7];
+    deadlines.sort_unstable();
+    let fired = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut sim = Sim::new(&profile, &c, Polling::Lean).unwrap();
+    let slot = sim.worker_mut(1).unwrap();
+    let placeholder: Box<dyn syncopate_core::strategy::WorkerSync> = Box::new(TimerProbe {
+        inner: None,
+        deadlines: Vec::new(),
+        fired: fired.clone(),
+    });
+    let inner = std::mem::replace(slot, placeholder);
+    *slot = Box::new(TimerProbe {
+        inner: Some(inner),
+        deadlines: deadlines.clone(),
+        fired: fired.clone(),
+    });
+    let timed = sim.run().unwrap();
+    assert_eq!(*fired.borrow(), deadlines);
+    assert_eq!(timed.step_end_ns, plain.step_end_ns);
+    assert_eq!(timed.frames, plain.frames);
+}

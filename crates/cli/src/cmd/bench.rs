@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use syncopate_core::net::{parse_bandwidth, parse_size, LinkProfile};
-use syncopate_core::strategy::{StrategyKind, SyncPlan};
+use syncopate_core::net::parse_size;
+use syncopate_core::strategy::{StrategyKind, SyncPlan, FRAME_ELEMS};
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::{run_comm_bench, BenchIters};
 use syncopate_runtime::comm::CommOptions;
@@ -14,7 +14,10 @@ use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, ProcessContext};
 use syncopate_runtime::launch::{launch, LaunchPlan};
 
-use crate::args::strategy_parser;
+use crate::args::{strategy_parser, NetworkArgs};
+
+/// The benchmark's send window unless one is given: 4 MiB, one largest frame.
+const BENCH_SEND_BUFFER: usize = 4 << 20;
 
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
 #[derive(Debug, Clone, Args)]
@@ -32,12 +35,17 @@ pub struct BenchArgs {
     /// Message sizes, comma-separated (per worker: the buffer reduced, or pushed and pulled).
     #[arg(long, default_value = "4KiB,64KiB,1MiB,16MiB,100MiB")]
     sizes: String,
-    /// Emulated bandwidth of every link (default: unlimited).
-    #[arg(long)]
-    bandwidth: Option<String>,
-    /// Send buffer of every link.
+    /// The emulated network (default: unlimited, lossless, and a 4 MiB send window unless
+    /// --send-buffer or the --network file says otherwise).
+    #[command(flatten)]
+    net: NetworkArgs,
+    /// Seed of the emulated network's random choices (losses): same seed, same losses.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest frame on the wire: the ring's segment and the parameter server's slice
+    /// (payload bytes, a multiple of 4; at most 4 MiB, the default).
     #[arg(long, default_value = "4MiB")]
-    send_buffer: String,
+    frame_bytes: String,
     /// Time at least this many operations per size...
     #[arg(long, default_value_t = 5)]
     min_iters: u64,
@@ -58,29 +66,43 @@ pub struct BenchArgs {
 impl BenchArgs {
     fn layout(&self) -> Result<JobLayout> {
         let strategy = self.strategy;
-        let network = LinkProfile {
-            bandwidth_bps: match &self.bandwidth {
-                Some(b) => parse_bandwidth(b)?,
-                None => None,
-            },
-            latency_ns: 0,
-            buffer_bytes: parse_size(&self.send_buffer)?.max(1),
-        };
+        let mut network = self.net.resolve()?;
+        if self.net.send_buffer.is_none() && self.net.network.is_none() {
+            network.buffer_bytes = BENCH_SEND_BUFFER;
+        }
         let servers = if strategy.uses_servers() {
             self.servers
         } else {
             0
         };
+        let frame_elems = self.frame_elems()?;
         let layout = JobLayout {
             // One bucket of the whole buffer: each size is one message.
+            // Frames (ring segments, parameter-server slices) of at most --frame-bytes.
             sync: SyncPlan {
                 bucket_bytes: usize::MAX,
+                frame_elems,
+                slice_params: frame_elems,
                 ..SyncPlan::new(strategy, self.workers, servers)
             },
+
             network,
+            net_seed: self.seed,
         };
         layout.validate()?;
         Ok(layout)
+    }
+
+    /// Values in the largest frame (`--frame-bytes`).
+    fn frame_elems(&self) -> Result<usize> {
+        let bytes = parse_size(&self.frame_bytes)?;
+        if !(4..=FRAME_ELEMS * 4).contains(&bytes) {
+            bail!(
+                "--frame-bytes must be between 4 B and {} MiB, got {bytes}",
+                (FRAME_ELEMS * 4) >> 20
+            );
+        }
+        Ok(bytes / 4)
     }
 
     fn sizes(&self) -> Result<Vec<usize>> {

@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
-use syncopate_core::net::{parse_bandwidth, parse_duration_ns, parse_size, LinkProfile};
+use syncopate_core::net::{parse_size, NetworkProfile};
+
+use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
@@ -41,18 +43,11 @@ pub struct JobArgs {
     /// Parameter-server processes (ps strategies only).
     #[arg(long, default_value_t = 0)]
     pub servers: usize,
-    /// Emulated bandwidth of every link, e.g. 1gbit, 100mbit (default: unlimited).
-    #[arg(long)]
-    pub bandwidth: Option<String>,
-    /// Emulated one-way latency of every link, e.g. 1ms.
-    #[arg(long)]
-    pub latency: Option<String>,
-    /// Send buffer of every link: bytes queued ahead on the link, e.g. 2MiB.
-    #[arg(long)]
-    pub send_buffer: Option<String>,
-    /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes); flags override it.
-    #[arg(long, value_name = "FILE")]
-    pub network: Option<PathBuf>,
+    /// The emulated network (default: unlimited bandwidth, lossless); the resolved profile
+    /// is recorded in config.toml's `sync.network`.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub net: NetworkArgs,
     /// All-reduce bucket size in MB (the default is PyTorch DDP's).
     #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES as f64 / 1e6)]
     pub bucket_mb: f64,
@@ -141,24 +136,7 @@ pub struct JobArgs {
 
 impl JobArgs {
     fn layout(&self) -> Result<JobLayout> {
-        let mut network = match &self.network {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading network profile {}", path.display()))?;
-                toml::from_str::<LinkProfile>(&text)
-                    .with_context(|| format!("network profile {}", path.display()))?
-            }
-            None => LinkProfile::default(),
-        };
-        if let Some(b) = &self.bandwidth {
-            network.bandwidth_bps = parse_bandwidth(b)?;
-        }
-        if let Some(l) = &self.latency {
-            network.latency_ns = parse_duration_ns(l)?;
-        }
-        if let Some(b) = &self.send_buffer {
-            network.buffer_bytes = parse_size(b)?.max(1);
-        }
+        let mut network = self.net.resolve()?;
         let factor = self.scale_factor()?;
         let scaled = |bytes: usize| ((bytes as f64 * factor).ceil() as usize).max(1);
         network.bandwidth_bps = network.bandwidth_bps.map(|b| b * factor);
@@ -166,7 +144,9 @@ impl JobArgs {
         let layout = JobLayout {
             sync: self.sync_plan()?.scaled(factor),
             network,
+            net_seed: self.settings.seed,
         };
+        layout.network.validate()?;
         layout.validate()?;
         Straggler::check(&self.slow_worker, self.workers)?;
         Ok(layout)
@@ -299,7 +279,7 @@ struct ResolvedSync {
     bucket_bytes: usize,
     /// The network in words (an absent bandwidth_bps below means unlimited).
     network_summary: String,
-    network: LinkProfile,
+    network: NetworkProfile,
 }
 
 /// Writes the job's resolved configuration as `dir/config.toml`.
@@ -313,7 +293,7 @@ fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayo
             credit_bytes: layout.credit_bytes,
             bucket_bytes: layout.bucket_bytes,
             network_summary: describe_network(&layout.network),
-            network: layout.network,
+            network: layout.network.clone(),
         },
         job: args,
     };
@@ -372,12 +352,21 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     Ok(())
 }
 
-fn describe_network(p: &LinkProfile) -> String {
+fn describe_network(p: &NetworkProfile) -> String {
     let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
         format!("{:.3} Gbit/s", b / 1e9)
     });
+    let loss = if p.is_lossy() {
+        format!(
+            ", loss {:.3} % (rto {:.1} ms)",
+            p.loss * 100.0,
+            p.rto_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{bw}, latency {:.3} ms, send buffer {} KiB",
+        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
         p.latency_ns as f64 / 1e6,
         p.buffer_bytes / 1024
     )
@@ -454,7 +443,11 @@ struct JobSummary<'a> {
     strategy: &'static str,
     workers: usize,
     servers: usize,
-    network: LinkProfile,
+    network: NetworkProfile,
+    /// Worker 0's frames lost, retransmitted and dropped by the emulated network.
+    frames_lost: u64,
+    frames_retransmitted: u64,
+    frames_dropped: u64,
     test_accuracy: f64,
     test_loss: f64,
     final_loss: f64,
@@ -561,7 +554,10 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             strategy: layout.strategy.name(),
             workers: layout.workers,
             servers: layout.servers,
-            network: layout.network,
+            network: layout.network.clone(),
+            frames_lost: summary.network.frames_lost,
+            frames_retransmitted: summary.network.frames_retransmitted,
+            frames_dropped: summary.network.frames_dropped,
             test_accuracy: test.accuracy,
             test_loss: test.loss,
             final_loss: summary.final_loss,

@@ -5,6 +5,32 @@
 //! methods that hand out what it wants done (a frame to transmit on a link, an event for the
 //! training loop). Links are named by the peer's rank. No clocks, threads or sockets: the
 //! runtime and the in-process tests drive the very same code.
+//!
+//! # Time
+//!
+//! Time comes in as an argument: nanoseconds on the driver's clock (the runtime's
+//! communication loop counts from its own start, the simulator from virtual time zero). An
+//! endpoint that needs a timer (a deadline, a probe, a retransmission) says when with
+//! [`Endpoint::poll_timeout`] and is told with [`Endpoint::handle_timeout`]; it never reads
+//! a clock.
+//!
+//! # How a driver calls an endpoint
+//!
+//! The contract every driver keeps (the runtime's `comm.rs` and the simulator's
+//! `engine.rs`), as quinn-proto's `Connection` states its own:
+//!
+//! 1. After any `handle_*` call (a gradient, backward done, a payload, a frame sent, a
+//!    timeout) or [`WorkerSync::begin_step`], call the transmit polls
+//!    ([`Endpoint::poll_transmit_lent`] or its kin) until they hand out nothing, on the
+//!    links that have room; a link that gains room later is polled then.
+//! 2. Then read [`Endpoint::poll_timeout`] and arm a timer for it, replacing any earlier one
+//!    (`None`: no timer).
+//! 3. Then, for a worker, call [`WorkerSync::poll_event`] until it answers `None`:
+//!    transmitting can complete a step (the last frame handed over), so events are polled
+//!    after the transmits, never only after frames arrive.
+//! 4. When the armed time has come, call [`Endpoint::handle_timeout`] with the current time,
+//!    then start again at 1. Calling it early or twice is harmless: spurious calls are
+//!    no-ops.
 
 mod kind;
 mod plan;
@@ -142,4 +168,17 @@ pub trait Endpoint {
 
     /// The payload announced by `header` has been written into the slot.
     fn handle_payload(&mut self, link: Rank, header: &Header) -> Result<(), ProtocolError>;
+
+    /// When the endpoint next wants [`Endpoint::handle_timeout`] called: absolute
+    /// nanoseconds on the driver's clock, `None` for no timer. Read it after the transmit
+    /// polls (see the module docs); the answer replaces any earlier one. The default: never.
+    #[must_use]
+    fn poll_timeout(&self) -> Option<u64> {
+        None
+    }
+
+    /// The time from [`Endpoint::poll_timeout`] has come (`now_ns` is at or after it, on the
+    /// driver's clock). A call before any deadline, or a second call for the same one, must
+    /// do nothing, so a driver may call it spuriously. The default does nothing.
+    fn handle_timeout(&mut self, _now_ns: u64) {}
 }

@@ -94,6 +94,9 @@ pub struct WorkerSummary {
     pub step_seconds: Vec<f64>,
     /// Bytes per link.
     pub links: Vec<(Rank, u64, u64)>,
+    /// What the emulated network did to this worker's frames (sent, and received at its
+    /// ingress port), all links together.
+    pub network: syncopate_core::net::NetCounters,
 }
 
 /// One evaluation of the test set during training.
@@ -360,7 +363,7 @@ fn start_comm(
     keys: &[KeyInfo],
     mut endpoint: Box<dyn WorkerSync + Send>,
 ) -> Result<Comm, RunError> {
-    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.network)
+    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let traffic = comm_loop.traffic();
     let (to_tx, to_rx) = channel();
@@ -550,6 +553,11 @@ fn summarise(
             .iter()
             .map(|c| (c.peer, c.sent, c.received))
             .collect(),
+        network: counters.iter().fold(Default::default(), |mut sum, c| {
+            sum.add(&c.net);
+            sum.add(&c.ingress);
+            sum
+        }),
     }
 }
 
