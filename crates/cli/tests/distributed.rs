@@ -59,6 +59,19 @@ fn read_weights(path: &Path) -> Vec<(String, Vec<f32>)> {
     out
 }
 
+/// Asserts that `got` equals the single-process weights `want` to float tolerance.
+fn assert_same_weights(got: &[(String, Vec<f32>)], want: &[(String, Vec<f32>)], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for ((name, a), (_, b)) in got.iter().zip(want) {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-4 + 1e-3 * y.abs(),
+                "{what}: {name} differs: {x} vs {y}"
+            );
+        }
+    }
+}
+
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = format!(
@@ -171,16 +184,11 @@ fn synchronous_strategies_reproduce_single_process_training() {
                 .arg("--summary-json")
                 .arg(&summary);
             run_ok(&mut launch);
-            let got = read_weights(&out);
-            assert_eq!(got.len(), want.len());
-            for ((name, a), (_, b)) in got.iter().zip(&want) {
-                for (x, y) in a.iter().zip(b) {
-                    assert!(
-                        (x - y).abs() <= 1e-4 + 1e-3 * y.abs(),
-                        "{strategy} with {workers} workers: {name} differs: {x} vs {y}"
-                    );
-                }
-            }
+            assert_same_weights(
+                &read_weights(&out),
+                &want,
+                &format!("{strategy} with {workers} workers"),
+            );
             let json: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
             assert_eq!(json["steps"], steps);
@@ -238,16 +246,11 @@ fn synchronous_strategies_survive_a_lossy_network() {
                 .arg("--summary-json")
                 .arg(&summary),
         );
-        let got = read_weights(&out);
-        assert_eq!(got.len(), want.len());
-        for ((name, a), (_, b)) in got.iter().zip(&want) {
-            for (x, y) in a.iter().zip(b) {
-                assert!(
-                    (x - y).abs() <= 1e-4 + 1e-3 * y.abs(),
-                    "{strategy} under loss: {name} differs: {x} vs {y}"
-                );
-            }
-        }
+        assert_same_weights(
+            &read_weights(&out),
+            &want,
+            &format!("{strategy} under loss"),
+        );
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
         let lost = json["frames_lost"].as_u64().unwrap();
