@@ -50,6 +50,8 @@ impl OptimizerPlace {
     pub fn of(strategy: StrategyKind) -> Self {
         if strategy.uses_servers() {
             OptimizerPlace::Server
+        } else if strategy.averages() == crate::strategy::Averaged::Weights {
+            OptimizerPlace::BeforeSync
         } else {
             OptimizerPlace::AfterSync
         }
@@ -703,7 +705,7 @@ mod tests {
                 }
                 a @ Action::Begin(_) => {
                     assert!(pending.is_empty(), "begins before the last step ended");
-                    if strategy.uses_servers() {
+                    if OptimizerPlace::of(strategy) != OptimizerPlace::AfterSync {
                         pending.extend((0..keys).map(WorkerEvent::ParamsReady));
                     }
                     pending.push(WorkerEvent::StepDone);

@@ -50,6 +50,10 @@ pub enum FrameKind {
     Abort = 7,
     /// Orderly end of the job.
     Goodbye = 8,
+    /// A chain receiver's acknowledgement to its sender: every value of the frame's step is
+    /// in and the receiver has begun that step, so the sender may run ahead by one step
+    /// (step-wise averaging). A data frame of no values.
+    Ack = 9,
 }
 
 impl FrameKind {
@@ -57,7 +61,11 @@ impl FrameKind {
     pub fn is_data(self) -> bool {
         matches!(
             self,
-            FrameKind::Push | FrameKind::Params | FrameKind::Reduce | FrameKind::Gather
+            FrameKind::Push
+                | FrameKind::Params
+                | FrameKind::Reduce
+                | FrameKind::Gather
+                | FrameKind::Ack
         )
     }
 
@@ -71,6 +79,7 @@ impl FrameKind {
             6 => FrameKind::Heartbeat,
             7 => FrameKind::Abort,
             8 => FrameKind::Goodbye,
+            9 => FrameKind::Ack,
             _ => return None,
         })
     }
@@ -191,7 +200,7 @@ impl Header {
                 payload_len: h.payload_len,
             });
         }
-        if kind == FrameKind::Heartbeat && h.payload_len != 0 {
+        if matches!(kind, FrameKind::Heartbeat | FrameKind::Ack) && h.payload_len != 0 {
             return Err(WireError::UnexpectedPayload(h.payload_len));
         }
         Ok(h)

@@ -18,6 +18,10 @@ pub const FRAME_ELEMS: usize = 1 << 20;
 /// bytes, take the time (`RingAllReduce::with_direct_below`; measured in docs/BENCHMARKS.md).
 pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
 
+/// Largest frame of the chain strategies (64 KiB of values): a bucket streams along the chain
+/// only when it is cut finer than the bucket, since one worker at a time holds a segment.
+pub const CHAIN_SEGMENT_ELEMS: usize = 16 << 10;
+
 /// P3's slice size (`MXNET_KVSTORE_SLICE_THRESHOLD` in the authors' code).
 pub const P3_SLICE_PARAMS: usize = 40_000;
 
@@ -42,6 +46,12 @@ pub enum StrategyKind {
     /// P3: parameter server with 40,000-parameter slices placed round robin, priority
     /// scheduling by layer, and the next forward starting layer by layer as slices return.
     P3,
+    /// Ring reduce: the gradients' sum along the ring's chain to a root, then the root's
+    /// average along the chain again (reduce then broadcast).
+    RingReduce,
+    /// Step-wise averaging: after its own optimizer step each worker adopts the mean of its
+    /// weights and those of the workers before it on the step's chain; no second pass.
+    Stepwise,
 }
 
 /// What a strategy averages across the workers.
@@ -56,12 +66,14 @@ pub enum Averaged {
 
 impl StrategyKind {
     /// Every strategy.
-    pub const ALL: [StrategyKind; 5] = [
+    pub const ALL: [StrategyKind; 7] = [
         StrategyKind::Ps,
         StrategyKind::PsNoOverlap,
         StrategyKind::Allreduce,
         StrategyKind::AllreduceNoOverlap,
         StrategyKind::P3,
+        StrategyKind::RingReduce,
+        StrategyKind::Stepwise,
     ];
 
     /// The strategy named `name` (as [`StrategyKind::name`] writes it).
@@ -77,6 +89,8 @@ impl StrategyKind {
             StrategyKind::Allreduce => "allreduce",
             StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
             StrategyKind::P3 => "p3",
+            StrategyKind::RingReduce => "ring-reduce",
+            StrategyKind::Stepwise => "stepwise",
         }
     }
 
@@ -99,6 +113,14 @@ impl StrategyKind {
                 "P3: slices round robin over the servers, priority by layer, preemption at \
                  slice boundaries, next forward layer by layer"
             }
+            StrategyKind::RingReduce => {
+                "ring reduce: gradient sums along the ring to a root, its average back around \
+                 (exact, ~2M bytes per worker)"
+            }
+            StrategyKind::Stepwise => {
+                "step-wise averaging (approximate): after its own optimizer step each worker \
+                 adopts the mean of the weights before it on the chain, no second pass (~M bytes)"
+            }
         }
     }
 
@@ -116,14 +138,22 @@ impl StrategyKind {
 
     /// What it averages across the workers.
     pub fn averages(self) -> Averaged {
-        Averaged::Gradients
+        match self {
+            StrategyKind::Stepwise => Averaged::Weights,
+            _ => Averaged::Gradients,
+        }
     }
 
     /// Whether every worker ends each step with exactly the values of single-process
     /// training on the workers' whole batch (to float tolerance); approximate strategies
     /// report their deviation instead.
     pub fn exact(self) -> bool {
-        true
+        self.averages() == Averaged::Gradients
+    }
+
+    /// Whether its workers pass values along the ring's chain ([`super::ChainPass`]).
+    pub fn chain(self) -> bool {
+        matches!(self, StrategyKind::RingReduce | StrategyKind::Stepwise)
     }
 
     /// Whether it needs parameter servers.
@@ -139,15 +169,20 @@ impl StrategyKind {
     pub fn overlaps(self) -> bool {
         matches!(
             self,
-            StrategyKind::Ps | StrategyKind::Allreduce | StrategyKind::P3
+            StrategyKind::Ps
+                | StrategyKind::Allreduce
+                | StrategyKind::P3
+                | StrategyKind::RingReduce
+                | StrategyKind::Stepwise
         )
     }
 
     /// Whether the next forward overlaps this step's synchronisation: layer `k` of the next
-    /// step runs as soon as layer `k`'s fresh values are back (parameter servers with
-    /// overlap, P3), instead of after the whole step is done.
+    /// step runs as soon as layer `k`'s fresh values are back, instead of after the whole
+    /// step is done. That holds where workers receive values rather than gradients
+    /// (parameter servers with overlap, P3, step-wise averaging).
     pub fn forward_overlap(self) -> bool {
-        self.uses_servers() && self.overlaps()
+        self.overlaps() && (self.uses_servers() || self.averages() == Averaged::Weights)
     }
 
     /// The scheduler used when none is asked for.

@@ -32,7 +32,9 @@
 //!    then start again at 1. Calling it early or twice is harmless: spurious calls are
 //!    no-ops.
 
+mod chain;
 mod kind;
+mod mixing;
 mod plan;
 mod ps;
 mod ring;
@@ -40,11 +42,13 @@ mod ring;
 mod tests;
 
 pub use kind::{
-    Averaged, StrategyKind, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
+    Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
     FRAME_ELEMS, P3_SLICE_PARAMS,
 };
 pub use plan::{scale_count, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
+pub use chain::ChainPass;
+pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
 pub use ring::RingAllReduce;
 
 use crate::wire::{Header, WireError};

@@ -4,8 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::kind::{DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS};
-use super::{PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StrategyKind, WorkerSync};
+use super::kind::{
+    CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
+    FRAME_ELEMS,
+};
+use super::{
+    ChainPass, ChainSchedule, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StepwiseHead,
+    StrategyKind, WorkerSync,
+};
 use crate::registry::{KeyInfo, TensorRegistry};
 use crate::sched::SchedulerKind;
 
@@ -34,6 +40,9 @@ pub enum PlanError {
         /// Processes in the job, one past the last server rank.
         world: usize,
     },
+    /// A step-wise averaging setting given to another strategy.
+    #[error("{0} applies to --strategy stepwise only (this job runs {1})")]
+    StepwiseOnly(&'static str, &'static str),
 }
 
 /// How a job synchronises: the strategy, the scheduler, the processes and every size the
@@ -60,6 +69,19 @@ pub struct SyncPlan {
     /// Ring buckets whose copies hold at most this many values together are shared whole
     /// (see [`DIRECT_SHARE_ELEMS`]).
     pub direct_share_elems: usize,
+    /// Largest frame payload in elements on the chain strategies (see [`CHAIN_SEGMENT_ELEMS`]).
+    #[serde(default = "default_chain_segment")]
+    pub chain_segment_elems: usize,
+    /// Where step-wise averaging's chain starts each step.
+    #[serde(default)]
+    pub stepwise_head: StepwiseHead,
+    /// Step-wise averaging: every this many steps an exact average instead (0: never).
+    #[serde(default)]
+    pub full_sync_every: u64,
+}
+
+fn default_chain_segment() -> usize {
+    CHAIN_SEGMENT_ELEMS
 }
 
 /// What a full-size count `n` (elements or bytes) becomes at scale `factor`: rounded up, at
@@ -85,6 +107,9 @@ impl SyncPlan {
             credit_bytes: DEFAULT_CREDIT_BYTES,
             frame_elems: FRAME_ELEMS,
             direct_share_elems: DIRECT_SHARE_ELEMS,
+            chain_segment_elems: CHAIN_SEGMENT_ELEMS,
+            stepwise_head: StepwiseHead::default(),
+            full_sync_every: 0,
         }
     }
 
@@ -98,6 +123,7 @@ impl SyncPlan {
             credit_bytes: scale_count(self.credit_bytes, factor),
             frame_elems: scale_count(self.frame_elems, factor),
             direct_share_elems: scale_count(self.direct_share_elems, factor),
+            chain_segment_elems: scale_count(self.chain_segment_elems, factor),
             ..self
         }
     }
@@ -118,12 +144,21 @@ impl SyncPlan {
             (self.slice_params, "slice_params"),
             (self.bucket_bytes, "bucket_bytes"),
             (self.frame_elems, "frame_elems"),
+            (self.chain_segment_elems, "chain_segment_elems"),
         ];
         if let Some((_, what)) = sizes.iter().find(|(n, _)| *n == 0) {
             return Err(PlanError::Zero(what));
         }
         if self.scheduler.uses_credit() && self.credit_bytes == 0 {
             return Err(PlanError::Zero("credit_bytes"));
+        }
+        if self.strategy != StrategyKind::Stepwise {
+            if self.full_sync_every > 0 {
+                return Err(PlanError::StepwiseOnly("--full-sync-every", name));
+            }
+            if self.stepwise_head != StepwiseHead::default() {
+                return Err(PlanError::StepwiseOnly("--stepwise-head", name));
+            }
         }
         Ok(())
     }
@@ -156,6 +191,16 @@ impl SyncPlan {
         } else {
             d.push_str(&format!("/bucket={}", self.bucket_bytes));
         }
+        if self.strategy.chain() {
+            d.push_str(&format!("/segment={}", self.chain_segment_elems));
+        }
+        if self.strategy == StrategyKind::Stepwise {
+            d.push_str(&format!(
+                "/head={}/full-sync={}",
+                self.stepwise_head.name(),
+                self.full_sync_every
+            ));
+        }
         if self.scheduler.uses_credit() {
             d.push_str(&format!("/credit={}", self.credit_bytes));
         }
@@ -174,9 +219,44 @@ impl SyncPlan {
         (self.bucket_bytes / 4).max(1)
     }
 
+    /// Who averages with whom on a chain strategy (`None` for the others).
+    pub fn chain_schedule(&self) -> Option<ChainSchedule> {
+        let workers = self.workers;
+        match self.strategy {
+            StrategyKind::RingReduce => Some(ChainSchedule::RingReduce { workers }),
+            StrategyKind::Stepwise => Some(ChainSchedule::Stepwise {
+                workers,
+                head: self.stepwise_head,
+                full_sync_every: self.full_sync_every,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The effective number of contributors of the long-run mixing (see
+    /// [`ChainSchedule::effective_contributors`]): the worker count for every strategy that
+    /// averages exactly.
+    pub fn effective_contributors(&self) -> f64 {
+        match self.chain_schedule() {
+            Some(schedule) => schedule.effective_contributors(),
+            None => self.workers as f64,
+        }
+    }
+
     /// The state machine of worker `rank` for a model with these keys.
     pub fn worker_endpoint(&self, rank: Rank, keys: Vec<KeyInfo>) -> Box<dyn WorkerSync + Send> {
         let overlap = self.strategy.overlaps();
+        if let Some(schedule) = self.chain_schedule() {
+            return Box::new(ChainPass::new(
+                rank,
+                schedule,
+                keys,
+                self.bucket_elems(),
+                self.chain_segment_elems.min(self.frame_elems),
+                overlap,
+                self.scheduler,
+            ));
+        }
         if self.strategy.uses_servers() {
             let reg = self.registry(keys);
             let credit = self.credit_bytes;

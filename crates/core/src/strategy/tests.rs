@@ -509,3 +509,98 @@ fn ring_keeps_frames_that_arrive_before_the_first_step_begins() {
         assert!(close(&w.take_values(0), &want));
     }
 }
+
+/// What the worker at each rank adopts in step `step` of `schedule` when every worker hands
+/// over `grad(step, rank, key)` as its weights: the mean of positions `0..=k`, summed in
+/// chain order and scaled as the chain does, or the exact mean of everyone in a full sync.
+fn stepwise_reference(schedule: &ChainSchedule, step: u64, key: usize, len: usize) -> Vec<Vec<f32>> {
+    let n = schedule.workers();
+    let round = schedule.round(step);
+    let mut sums: Vec<Vec<f32>> = Vec::new();
+    let mut acc = vec![0f32; len];
+    for pos in 0..n {
+        let own = grad(step, schedule.rank_at(pos, step), key, len);
+        if pos == 0 {
+            acc = own;
+        } else {
+            acc.iter_mut().zip(&own).for_each(|(a, x)| *a += x);
+        }
+        sums.push(acc.clone());
+    }
+    (0..n)
+        .map(|rank| {
+            let pos = if round.exact { n - 1 } else { schedule.position(rank, step) };
+            let f = 1.0 / (pos + 1) as f32;
+            sums[pos].iter().map(|s| s * f).collect()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Step-wise averaging, whatever the interleaving, buckets, segments and scheduler:
+    /// after each step the worker at chain position k holds exactly the mean of positions
+    /// 0..=k's handed-over weights (rotating or fixed head), and after a full sync every
+    /// replica holds the same bits, the mean of all.
+    #[test]
+    fn stepwise_adopts_the_mean_of_the_chain_up_to_each_worker(
+        n in 1usize..6,
+        sizes in prop::collection::vec(1usize..40, 1..5),
+        bucket in 1usize..80,
+        segment in 1usize..30,
+        scheduler in prop::sample::select(vec![SchedulerKind::Fifo, SchedulerKind::Priority]),
+        head in prop::sample::select(StepwiseHead::ALL.to_vec()),
+        full_sync_every in 0u64..3,
+        seed: u64,
+    ) {
+        let plan = SyncPlan {
+            scheduler,
+            bucket_bytes: 4 * bucket,
+            chain_segment_elems: segment,
+            stepwise_head: head,
+            full_sync_every,
+            ..SyncPlan::new(StrategyKind::Stepwise, n, 0)
+        };
+        prop_assert!(plan.validate().is_ok());
+        let schedule = plan.chain_schedule().expect("a chain strategy");
+        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
+            .map(|r| -> Box<dyn WorkerSync> { plan.worker_endpoint(r, keys(&sizes)) })
+            .collect();
+        let steps = 5;
+        let results = drive(&mut ws, &mut [], &sizes, steps, seed);
+        for step in 0..steps {
+            for (key, &len) in sizes.iter().enumerate() {
+                let want = stepwise_reference(&schedule, step, key, len);
+                for rank in 0..n {
+                    let got = &results[step as usize][rank][key];
+                    prop_assert_eq!(got, &want[rank], "step {} rank {} key {}", step, rank, key);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_head_cannot_run_more_than_a_step_ahead_of_its_right_neighbour() {
+    // Fixed head, two workers: worker 0 never receives anything, so only worker 1's
+    // acknowledgement holds it back.
+    let plan = SyncPlan {
+        stepwise_head: StepwiseHead::Fixed,
+        ..SyncPlan::new(StrategyKind::Stepwise, 2, 0)
+    };
+    let mut head = plan.worker_endpoint(0, keys(&[3]));
+    head.begin_step(0);
+    head.handle_gradient(0, &[1.0, 2.0, 3.0]);
+    head.handle_backward_done();
+    let mut out = Vec::new();
+    assert!(head.poll_transmit(1, &mut out));
+    let events: Vec<_> = std::iter::from_fn(|| head.poll_event()).collect();
+    assert_eq!(events, vec![WorkerEvent::ParamsReady(0)], "no StepDone before the ack");
+    let mut ack = Header::data(crate::wire::FrameKind::Ack, 0, 0, 0, 0);
+    ack.sender = 1;
+    assert!(head.recv_slot(1, &ack).is_ok());
+    head.handle_payload(1, &ack).expect("the ack of step 0");
+    assert_eq!(head.poll_event(), Some(WorkerEvent::StepDone));
+    assert!(head.handle_payload(1, &ack).is_err(), "a second ack is refused");
+}
