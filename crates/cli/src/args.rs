@@ -11,7 +11,7 @@ use syncopate_core::net::{
     parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
 };
 use syncopate_core::sched::SchedulerKind;
-use syncopate_core::strategy::StrategyKind;
+use syncopate_core::strategy::{StepwiseHead, StrategyKind, SyncPlan};
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
@@ -371,6 +371,51 @@ pub fn strategy_parser() -> impl TypedValueParser<Value = StrategyKind> {
     PossibleValuesParser::new(values).try_map(|name| {
         StrategyKind::from_name(&name).ok_or_else(|| format!("unknown strategy '{name}'"))
     })
+}
+
+/// Values of `--stepwise-head`, each listed in `--help` with its description.
+pub fn stepwise_head_parser() -> impl TypedValueParser<Value = StepwiseHead> {
+    let values = StepwiseHead::ALL.map(|h| PossibleValue::new(h.name()).help(h.description()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        StepwiseHead::from_name(&name).ok_or_else(|| format!("unknown stepwise head '{name}'"))
+    })
+}
+
+/// The settings of step-wise averaging (`--strategy stepwise` only), shared by `launch`,
+/// `worker`, `server` and `simulate`.
+#[derive(Debug, Clone, Default, Args, Serialize)]
+pub struct StepwiseArgs {
+    /// Step-wise averaging: where each step's chain starts (default rotate).
+    #[arg(long, value_parser = stepwise_head_parser())]
+    pub stepwise_head: Option<StepwiseHead>,
+    /// Step-wise averaging: every H steps an exact average of the weights (all-reduce
+    /// style: the sum along the chain, the average back around) so the replicas meet
+    /// again; 0 (the default): never.
+    #[arg(long, value_name = "H")]
+    pub full_sync_every: Option<u64>,
+}
+
+impl StepwiseArgs {
+    /// `plan` with these settings; refuses them for another strategy.
+    pub fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
+        let given = [
+            ("--stepwise-head", self.stepwise_head.is_some()),
+            ("--full-sync-every", self.full_sync_every.is_some()),
+        ];
+        if plan.strategy != StrategyKind::Stepwise {
+            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                bail!(
+                    "{flag} applies to --strategy stepwise only (this job runs {})",
+                    plan.strategy.name()
+                );
+            }
+        }
+        Ok(SyncPlan {
+            stepwise_head: self.stepwise_head.unwrap_or(plan.stepwise_head),
+            full_sync_every: self.full_sync_every.unwrap_or(plan.full_sync_every),
+            ..plan
+        })
+    }
 }
 
 /// Values of `--scheduler`: the core's schedulers by name, each listed in `--help` with its

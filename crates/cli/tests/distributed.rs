@@ -143,7 +143,7 @@ fn synchronous_strategies_reproduce_single_process_training() {
             .arg(&reference);
         run_ok(&mut single);
         let want = read_weights(&reference);
-        let variants: [(&str, &[&str]); 8] = [
+        let variants: [(&str, &[&str]); 10] = [
             ("ps", &[]),
             ("ps-no-overlap", &[]),
             ("allreduce", &[]),
@@ -155,6 +155,12 @@ fn synchronous_strategies_reproduce_single_process_training() {
             // P3's slicing, priority and forward overlap change the timing, never the maths.
             ("p3", &[]),
             ("p3", &["--scheduler", "credit", "--credit-bytes", "300KB"]),
+            // Reduce along the chain to the last worker, its average back around; 2 kB
+            // segments so each bucket streams.
+            ("ring-reduce", &["--bucket-mb", "0.05"]),
+            // Averaging the weights after every worker's own momentum step, exactly, every
+            // step, is (by linearity) single-process SGD with momentum.
+            ("stepwise", &["--full-sync-every", "1"]),
         ];
         for (i, (strategy, extra)) in variants.into_iter().enumerate() {
             let out = dir
@@ -198,6 +204,69 @@ fn synchronous_strategies_reproduce_single_process_training() {
     }
 }
 
+/// Ring reduce with 3 workers (a chain whose middle both adds and forwards) reproduces
+/// single-process training; step-wise averaging with one worker is single-process training.
+#[test]
+fn chain_strategies_reproduce_single_process_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 6u64);
+    for (strategy, workers) in [("ring-reduce", 3usize), ("stepwise", 1)] {
+        let reference = dir.path().join(format!("single-{workers}.safetensors"));
+        run_ok(
+            Command::new(EXE)
+                .arg("train")
+                .args(train_flags(batch * workers, steps))
+                .arg("--save")
+                .arg(&reference),
+        );
+        let out = dir.path().join(format!("{strategy}.safetensors"));
+        run_ok(
+            Command::new(EXE)
+                .arg("launch")
+                .args(["--strategy", strategy, "--workers", &workers.to_string()])
+                .args(train_flags(batch, steps))
+                .arg("--save")
+                .arg(&out),
+        );
+        let what = format!("{strategy} with {workers} workers");
+        assert_same_weights(&read_weights(&out), &read_weights(&reference), &what);
+    }
+}
+
+/// Step-wise settings are refused for other strategies, naming the flag.
+#[test]
+fn stepwise_flags_are_refused_for_other_strategies() {
+    let out = Command::new(EXE)
+        .args([
+            "launch",
+            "--strategy",
+            "allreduce",
+            "--full-sync-every",
+            "5",
+        ])
+        .args(train_flags(8, 2))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--full-sync-every applies to --strategy stepwise"),
+        "{err}"
+    );
+    let out = Command::new(EXE)
+        .args([
+            "launch",
+            "--strategy",
+            "stepwise",
+            "--stepwise-head",
+            "random",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rotate"));
+}
+
 /// Under an emulated 1 % frame loss with a 20 ms retransmission timeout, every synchronous
 /// strategy still reproduces single-process training (a loss only delays a frame), and the
 /// losses are reported in summary.json (the job's seed decides them, so they replay).
@@ -220,6 +289,7 @@ fn synchronous_strategies_survive_a_lossy_network() {
         "ps-no-overlap",
         "allreduce",
         "allreduce-no-overlap",
+        "ring-reduce",
     ] {
         let out = dir.path().join(format!("{strategy}.safetensors"));
         let summary = dir.path().join(format!("{strategy}.json"));

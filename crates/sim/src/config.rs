@@ -10,7 +10,7 @@ use syncopate_core::wire::HEADER_LEN;
 
 use crate::SimError;
 
-use syncopate_core::strategy::{scale_count, StrategyKind, SyncPlan};
+use syncopate_core::strategy::{scale_count, StepwiseHead, StrategyKind, SyncPlan};
 
 /// Everything a simulation depends on (recorded in its report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +47,12 @@ pub struct SimConfig {
     pub stragglers: Vec<Straggler>,
     /// Steps whose compute and frames are recorded as trace events.
     pub trace_steps: Option<Range<u64>>,
+    /// Where step-wise averaging's chain starts each step.
+    #[serde(default)]
+    pub stepwise_head: StepwiseHead,
+    /// Step-wise averaging: an exact average every this many steps (0: never).
+    #[serde(default)]
+    pub full_sync_every: u64,
 }
 
 impl SimConfig {
@@ -73,6 +79,8 @@ impl SimConfig {
             seed: 0,
             stragglers: Vec::new(),
             trace_steps: None,
+            stepwise_head: plan.stepwise_head,
+            full_sync_every: plan.full_sync_every,
         }
     }
 
@@ -117,6 +125,8 @@ impl SimConfig {
             slice_params: self.slice_params.unwrap_or(full.slice_params),
             bucket_bytes: self.bucket_bytes,
             credit_bytes: self.credit_bytes,
+            stepwise_head: self.stepwise_head,
+            full_sync_every: self.full_sync_every,
             ..full
         }
         .scaled(self.scale)

@@ -65,14 +65,38 @@ impl LocalOptimizer {
 
     /// Updates every key of `engine` with `grads` (one buffer per key) and advances the step.
     pub fn apply(&mut self, engine: &mut dyn LayerwiseEngine, grads: &[Vec<f32>]) -> Result<()> {
+        self.apply_keys(engine, 0..grads.len(), grads)?;
+        self.advance();
+        Ok(())
+    }
+
+    /// Updates the keys in `keys` of `engine` with their gradients out of `grads` (one
+    /// buffer per key of the model) at the current step's learning rate, without advancing
+    /// the step: weight-averaging strategies update layer by layer, then call
+    /// [`LocalOptimizer::advance`] once the step's last layer is done.
+    pub fn apply_keys(
+        &mut self,
+        engine: &mut dyn LayerwiseEngine,
+        keys: std::ops::Range<usize>,
+        grads: &[Vec<f32>],
+    ) -> Result<()> {
         let lr = self.lr();
-        for (key, (grad, velocity)) in grads.iter().zip(&mut self.velocity).enumerate() {
+        for key in keys {
+            let (Some(grad), Some(velocity)) = (grads.get(key), self.velocity.get_mut(key)) else {
+                return Err(TrainError::Config(format!(
+                    "no gradient buffer for key {key}"
+                )));
+            };
             let mut values = engine.param(key)?.to_vec();
             self.sgd.step(lr, &mut values, grad, velocity);
             engine.set_param(key, values)?;
         }
-        self.step += 1;
         Ok(())
+    }
+
+    /// Moves to the next step's learning rate.
+    pub fn advance(&mut self) {
+        self.step += 1;
     }
 }
 

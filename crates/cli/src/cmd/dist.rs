@@ -26,7 +26,7 @@ use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
-use crate::args::{scheduler_parser, strategy_parser, TrainSettings};
+use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs, TrainSettings};
 use crate::progress::{RankNotices, TrainProgress};
 
 /// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
@@ -48,9 +48,12 @@ pub struct JobArgs {
     #[command(flatten)]
     #[serde(skip)]
     pub net: NetworkArgs,
-    /// All-reduce bucket size in MB (the default is PyTorch DDP's).
+    /// Bucket size in MB of the ring strategies (allreduce, ring-reduce, stepwise; the
+    /// default is PyTorch DDP's).
     #[arg(long, default_value_t = DEFAULT_BUCKET_BYTES as f64 / 1e6)]
     pub bucket_mb: f64,
+    #[command(flatten)]
+    pub stepwise: StepwiseArgs,
     /// Order of the frames on every link (default: the strategy's, listed with --strategy's
     /// values). Also applies to ps and allreduce, so each P3 mechanism can be switched on
     /// alone.
@@ -158,7 +161,7 @@ impl JobArgs {
             bail!("--bucket-mb must be positive");
         }
         let defaults = SyncPlan::new(self.strategy, self.workers, self.servers);
-        Ok(SyncPlan {
+        self.stepwise.apply(SyncPlan {
             scheduler: self.scheduler.unwrap_or(defaults.scheduler),
             slice_params: self.slice_params.unwrap_or(defaults.slice_params),
             credit_bytes: parse_size(&self.credit_bytes)?,

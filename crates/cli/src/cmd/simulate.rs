@@ -12,7 +12,7 @@ use syncopate_core::strategy::StrategyKind;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
 
-use crate::args::{scheduler_parser, strategy_parser};
+use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs};
 
 use crate::args::NetworkArgs;
 
@@ -39,6 +39,8 @@ pub struct SimulateArgs {
     /// Scheduler (default: the strategy's, listed with --strategy's values).
     #[arg(long, value_parser = scheduler_parser())]
     pub scheduler: Option<SchedulerKind>,
+    #[command(flatten)]
+    pub stepwise: StepwiseArgs,
     /// Steps to simulate.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -141,6 +143,11 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 config.jitter = args.jitter;
                 config.seed = args.seed;
                 config.stragglers = args.slow_worker.clone();
+                if s == StrategyKind::Stepwise {
+                    let plan = args.stepwise.apply(config.plan())?;
+                    config.stepwise_head = plan.stepwise_head;
+                    config.full_sync_every = plan.full_sync_every;
+                }
                 config.trace_steps = trace_steps.clone();
                 let hosts = (n + servers) as f64;
                 config.scale = match args.scale {

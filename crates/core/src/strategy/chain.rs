@@ -258,7 +258,10 @@ impl ChainPass {
             return;
         }
         if self.expects_sums() {
-            add_assign(&mut self.data[b][r.clone()], &self.incoming[parity][b][r.clone()]);
+            add_assign(
+                &mut self.data[b][r.clone()],
+                &self.incoming[parity][b][r.clone()],
+            );
         }
         if !self.last() {
             self.seg_state[segment] = SegState::Forwarded;
@@ -313,16 +316,14 @@ impl ChainPass {
     }
 
     fn maybe_ack(&mut self) {
-        if self.begun && self.owes_ack() && !self.ack_sent && self.sums_in == self.segments.len()
-        {
+        if self.begun && self.owes_ack() && !self.ack_sent && self.sums_in == self.segments.len() {
             self.ack_due = true;
         }
     }
 
     fn maybe_step_done(&mut self) {
-        let all_sent = self.queue.is_empty()
-            && self.lent == 0
-            && (self.ack_sent || !self.owes_ack());
+        let all_sent =
+            self.queue.is_empty() && self.lent == 0 && (self.ack_sent || !self.owes_ack());
         let acked = self.acked || !self.needs_ack() || self.segments.is_empty();
         let all_launched = self.launched.iter().all(|&l| l);
         if self.begun
@@ -361,7 +362,10 @@ impl ChainPass {
                 }
                 let this = self.begun && h.step == self.step;
                 if !this && h.step != next {
-                    return Err(err(&format!("wrong step (this worker is at {})", self.step)));
+                    return Err(err(&format!(
+                        "wrong step (this worker is at {})",
+                        self.step
+                    )));
                 }
                 if self.schedule.position(self.rank, h.step) == 0 {
                     return Err(err("the head of the chain receives no running sum"));
@@ -375,7 +379,10 @@ impl ChainPass {
                     return Err(err("the average comes only from the left neighbour"));
                 }
                 if !self.begun || h.step != self.step {
-                    return Err(err(&format!("wrong step (this worker is at {})", self.step)));
+                    return Err(err(&format!(
+                        "wrong step (this worker is at {})",
+                        self.step
+                    )));
                 }
                 if !self.round.exact || self.last() {
                     return Err(err("no average comes back to this worker in this round"));
@@ -487,7 +494,11 @@ fn cut(
                     start < offset + seg_len && offset < end
                 })
                 .collect();
-            let layer = overlapping.iter().map(|&k| keys[k].layer).min().unwrap_or(0);
+            let layer = overlapping
+                .iter()
+                .map(|&k| keys[k].layer)
+                .min()
+                .unwrap_or(0);
             segments.push(Segment {
                 bucket: b,
                 offset,

@@ -248,7 +248,11 @@ mod tests {
     fn mul(a: &[Vec<f64>], b: &[Vec<f64>]) -> Vec<Vec<f64>> {
         let n = a.len();
         (0..n)
-            .map(|i| (0..n).map(|j| (0..n).map(|k| a[i][k] * b[k][j]).sum()).collect())
+            .map(|i| {
+                (0..n)
+                    .map(|j| (0..n).map(|k| a[i][k] * b[k][j]).sum())
+                    .collect()
+            })
             .collect()
     }
 
@@ -300,7 +304,10 @@ mod tests {
         }
         // Two workers, rotating: P = W1 W0 = [[3/4, 1/4], [1/2, 1/2]], pi = (2/3, 1/3).
         let two = stepwise(2, StepwiseHead::Rotate, 0);
-        assert!(close(two.effective_contributors(), 1.0 / (4.0 / 9.0 + 1.0 / 9.0)));
+        assert!(close(
+            two.effective_contributors(),
+            1.0 / (4.0 / 9.0 + 1.0 / 9.0)
+        ));
     }
 
     #[test]

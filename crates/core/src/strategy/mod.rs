@@ -41,14 +41,14 @@ mod ring;
 #[cfg(test)]
 mod tests;
 
+pub use chain::ChainPass;
 pub use kind::{
-    Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
-    FRAME_ELEMS, P3_SLICE_PARAMS,
+    Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+    DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
 };
+pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
 pub use plan::{scale_count, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
-pub use chain::ChainPass;
-pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
 pub use ring::RingAllReduce;
 
 use crate::wire::{Header, WireError};

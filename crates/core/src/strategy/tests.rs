@@ -513,7 +513,12 @@ fn ring_keeps_frames_that_arrive_before_the_first_step_begins() {
 /// What the worker at each rank adopts in step `step` of `schedule` when every worker hands
 /// over `grad(step, rank, key)` as its weights: the mean of positions `0..=k`, summed in
 /// chain order and scaled as the chain does, or the exact mean of everyone in a full sync.
-fn stepwise_reference(schedule: &ChainSchedule, step: u64, key: usize, len: usize) -> Vec<Vec<f32>> {
+fn stepwise_reference(
+    schedule: &ChainSchedule,
+    step: u64,
+    key: usize,
+    len: usize,
+) -> Vec<Vec<f32>> {
     let n = schedule.workers();
     let round = schedule.round(step);
     let mut sums: Vec<Vec<f32>> = Vec::new();
@@ -529,7 +534,11 @@ fn stepwise_reference(schedule: &ChainSchedule, step: u64, key: usize, len: usiz
     }
     (0..n)
         .map(|rank| {
-            let pos = if round.exact { n - 1 } else { schedule.position(rank, step) };
+            let pos = if round.exact {
+                n - 1
+            } else {
+                schedule.position(rank, step)
+            };
             let f = 1.0 / (pos + 1) as f32;
             sums[pos].iter().map(|s| s * f).collect()
         })
@@ -596,11 +605,18 @@ fn a_head_cannot_run_more_than_a_step_ahead_of_its_right_neighbour() {
     let mut out = Vec::new();
     assert!(head.poll_transmit(1, &mut out));
     let events: Vec<_> = std::iter::from_fn(|| head.poll_event()).collect();
-    assert_eq!(events, vec![WorkerEvent::ParamsReady(0)], "no StepDone before the ack");
+    assert_eq!(
+        events,
+        vec![WorkerEvent::ParamsReady(0)],
+        "no StepDone before the ack"
+    );
     let mut ack = Header::data(crate::wire::FrameKind::Ack, 0, 0, 0, 0);
     ack.sender = 1;
     assert!(head.recv_slot(1, &ack).is_ok());
     head.handle_payload(1, &ack).expect("the ack of step 0");
     assert_eq!(head.poll_event(), Some(WorkerEvent::StepDone));
-    assert!(head.handle_payload(1, &ack).is_err(), "a second ack is refused");
+    assert!(
+        head.handle_payload(1, &ack).is_err(),
+        "a second ack is refused"
+    );
 }

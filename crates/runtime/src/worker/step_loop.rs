@@ -254,7 +254,9 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     }
 
     /// Runs the whole backward pass (the engine calls back after each layer); the
-    /// sequencer says what follows each layer.
+    /// sequencer says what follows each layer. Layers whose optimizer runs before their
+    /// weights are handed over are updated and handed over once the engine's backward has
+    /// returned: the engine cannot change a layer's weights while it runs.
     fn backward(&mut self, seq: &mut StepSequencer, first: usize) -> Result<(), RunError> {
         let Self {
             engine,
@@ -265,12 +267,14 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             record,
             slowdown,
             step,
+            grads,
             ..
         } = self;
         let mut failure = None;
         let mut expected = first;
+        let mut deferred = Deferred::default();
         let mut layer_start = Instant::now();
-        let result = engine.backward(&mut |layer, grads| {
+        let result = engine.backward(&mut |layer, layer_grads| {
             let computed = layer_start.elapsed();
             if *slowdown > 1.0 {
                 std::thread::sleep(computed.mul_f64(*slowdown - 1.0));
@@ -281,8 +285,13 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                 let name = format!("backward {}", layer_names[layer]);
                 t.span(*step, "compute", &name, layer_start, now);
             }
-            let after = after_backward(seq, comm, layer, expected, &layer_keys[layer], grads);
-            match after {
+            let mut ctx = AfterBackward {
+                seq,
+                comm,
+                grads,
+                deferred: &mut deferred,
+            };
+            match ctx.run(layer, expected, &layer_keys[layer], layer_grads) {
                 Ok(Some(next)) => expected = next,
                 Ok(None) => {}
                 Err(e) => {
@@ -297,7 +306,34 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         if let Some(e) = failure {
             return Err(e);
         }
-        Ok(result?)
+        result?;
+        self.hand_over_deferred(deferred)
+    }
+
+    /// Updates and hands over, in the order backward produced them, the layers whose
+    /// weights go to the strategy after a local optimizer step; then backward's end.
+    fn hand_over_deferred(&mut self, deferred: Deferred) -> Result<(), RunError> {
+        if deferred.layers.is_empty() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        for &layer in &deferred.layers {
+            let keys = self.layer_keys[layer].clone();
+            self.optimizer
+                .apply_keys(&mut *self.engine, keys.clone(), &self.grads)?;
+            for key in keys {
+                let weights = self.engine.param(key)?.to_vec();
+                self.comm.send(ToComm::Gradient(key, weights))?;
+            }
+        }
+        self.optimizer.advance();
+        let end = Instant::now();
+        self.record.times.optimizer += (end - t).as_secs_f64();
+        self.span("optimizer", "optimizer, layer by layer", t, end);
+        if deferred.backward_done {
+            self.comm.send(ToComm::BackwardDone)?;
+        }
+        Ok(())
     }
 
     fn optimize(&mut self) -> Result<(), RunError> {
@@ -369,41 +405,74 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     }
 }
 
-/// After layer `layer`'s backward: does what the sequencer asks until the engine's next
-/// layer (returned) or the end of the backward pass.
-fn after_backward(
-    seq: &mut StepSequencer,
-    comm: &mut Comm,
-    layer: usize,
-    expected: usize,
-    keys: &Range<usize>,
-    grads: &LayerGrads,
-) -> Result<Option<usize>, RunError> {
-    if layer != expected {
-        return Err(RunError::Local(format!(
-            "the engine computed layer {layer}'s backward where the step sequence expects layer {expected}"
-        )));
-    }
-    seq.compute_done();
-    loop {
-        match seq.poll_action() {
-            Action::HandOver(k) if k == layer => {
-                for (key, g) in grads.iter() {
-                    debug_assert!(keys.contains(&key));
-                    comm.send(ToComm::Gradient(key, g.to_vec()))?;
+/// Layers whose optimizer step and hand-over wait for the end of the engine's backward.
+#[derive(Default)]
+struct Deferred {
+    /// In the order backward produced them.
+    layers: Vec<usize>,
+    /// Whether backward's end must follow them.
+    backward_done: bool,
+}
+
+/// What runs after one layer's backward, inside the engine's callback.
+struct AfterBackward<'s> {
+    seq: &'s mut StepSequencer,
+    comm: &'s mut Comm,
+    grads: &'s mut [Vec<f32>],
+    deferred: &'s mut Deferred,
+}
+
+impl AfterBackward<'_> {
+    /// After layer `layer`'s backward: does what the sequencer asks until the engine's next
+    /// layer (returned) or the end of the backward pass.
+    fn run(
+        &mut self,
+        layer: usize,
+        expected: usize,
+        keys: &Range<usize>,
+        layer_grads: &LayerGrads,
+    ) -> Result<Option<usize>, RunError> {
+        if layer != expected {
+            return Err(RunError::Local(format!(
+                "the engine computed layer {layer}'s backward where the step sequence expects layer {expected}"
+            )));
+        }
+        self.seq.compute_done();
+        loop {
+            match self.seq.poll_action() {
+                Action::OptimizeLayer(k) if k == layer => {
+                    for (key, g) in layer_grads.iter() {
+                        debug_assert!(keys.contains(&key));
+                        if let Some(slot) = self.grads.get_mut(key) {
+                            slot.clear();
+                            slot.extend_from_slice(g);
+                        }
+                    }
+                    self.deferred.layers.push(layer);
                 }
-            }
-            Action::Backward(next) => return Ok(Some(next)),
-            Action::BackwardDone => {
-                comm.send(ToComm::BackwardDone)?;
-                return Ok(None);
-            }
-            other => {
-                return Err(RunError::Local(format!(
-                    "step sequence: {other:?} during layer {layer}'s backward is not supported \
-                     by this worker (weights handed over before averaging need an engine that \
-                     can update a layer while backward runs)"
-                )))
+                Action::HandOver(k) if k == layer => {
+                    if self.deferred.layers.last() == Some(&layer) {
+                        continue;
+                    }
+                    for (key, g) in layer_grads.iter() {
+                        debug_assert!(keys.contains(&key));
+                        self.comm.send(ToComm::Gradient(key, g.to_vec()))?;
+                    }
+                }
+                Action::Backward(next) => return Ok(Some(next)),
+                Action::BackwardDone if !self.deferred.layers.is_empty() => {
+                    self.deferred.backward_done = true;
+                    return Ok(None);
+                }
+                Action::BackwardDone => {
+                    self.comm.send(ToComm::BackwardDone)?;
+                    return Ok(None);
+                }
+                other => {
+                    return Err(RunError::Local(format!(
+                        "step sequence: {other:?} during layer {layer}'s backward"
+                    )))
+                }
             }
         }
     }
