@@ -427,3 +427,40 @@ fn endpoint_timers_fire_at_their_virtual_time() {
     assert_eq!(timed.step_end_ns, plain.step_end_ns);
     assert_eq!(timed.frames, plain.frames);
 }
+
+/// The chain strategies run in the simulator on the same core: ring reduce moves about
+/// twice the model per worker (the sum along the chain, the average back), step-wise
+/// averaging about once (the running sum only), and a fixed head never receives.
+#[test]
+fn chain_strategies_move_their_textbook_bytes() {
+    let layers: Vec<(usize, u64, u64)> = (0..6).map(|_| (200_000, 100_000, 200_000)).collect();
+    let profile = model(&layers);
+    let model_bytes = 6.0 * 200_000.0 * 4.0;
+    let n = 8;
+    let sent = |strategy, head| {
+        let mut c = config(strategy, n, 0, 10.0 * GBIT, 5_000);
+        c.steps = 4;
+        if strategy == StrategyKind::Stepwise {
+            c.stepwise_head = head;
+        }
+        let r = run(&profile, &c);
+        assert_eq!(r.step_seconds.len(), 4);
+        let per_worker: Vec<f64> = r.traffic[..n]
+            .iter()
+            .map(|t| t.bytes_sent as f64 / 4.0 / model_bytes)
+            .collect();
+        (r, per_worker)
+    };
+    use syncopate_core::strategy::StepwiseHead::{Fixed, Rotate};
+    let (_, ring) = sent(StrategyKind::RingReduce, Rotate);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let ring_mean = mean(&ring);
+    assert!((ring_mean - 2.0 * 7.0 / 8.0).abs() < 0.05, "{ring:?}");
+    let (rotate_report, rotate) = sent(StrategyKind::Stepwise, Rotate);
+    assert!((mean(&rotate) - 7.0 / 8.0).abs() < 0.05, "{rotate:?}");
+    let (_, fixed) = sent(StrategyKind::Stepwise, Fixed);
+    // Worker 7 is the last of a chain headed by worker 0: it forwards nothing.
+    assert!(fixed[n - 1] < 0.01 && fixed[0] > 0.95, "{fixed:?}");
+    let (allreduce_report, _) = sent(StrategyKind::Allreduce, Rotate);
+    assert!(rotate_report.mean_step_seconds <= allreduce_report.mean_step_seconds * 1.01);
+}

@@ -12,7 +12,7 @@ use syncopate_core::net::{parse_size, NetworkProfile};
 use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
-use syncopate_core::strategy::{SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
+use syncopate_core::strategy::{Averaged, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
@@ -335,6 +335,9 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         layout.sync_descriptor(),
         describe_network(&layout.network)
     );
+    if !layout.strategy.exact() {
+        eprintln!("{}", describe_mixing(&layout));
+    }
     launch(&LaunchPlan {
         exe,
         args: forwarded,
@@ -372,6 +375,22 @@ fn describe_network(p: &NetworkProfile) -> String {
         "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
         p.latency_ns as f64 / 1e6,
         p.buffer_bytes / 1024
+    )
+}
+
+/// What an approximate strategy's mixing amounts to, for the start-up banner.
+fn describe_mixing(layout: &JobLayout) -> String {
+    let sync = match layout.full_sync_every {
+        0 => "never".to_string(),
+        h => format!("every {h} steps"),
+    };
+    format!(
+        "{} averages weights, not gradients (approximate): chain head {}, exact average {sync}; \
+         effective number of contributors {:.2} of {} workers",
+        layout.strategy.name(),
+        layout.stepwise_head.name(),
+        layout.effective_contributors(),
+        layout.workers
     )
 }
 
@@ -444,6 +463,12 @@ fn local_ip_towards(peer: SocketAddr) -> IpAddr {
 struct JobSummary<'a> {
     command: &'static str,
     strategy: &'static str,
+    /// Whether every worker ends each step with single-process training's values.
+    exact: bool,
+    /// What the workers average: gradients or weights.
+    averages: Averaged,
+    /// 1 / sum(pi_i^2) of the long-run mixing (the worker count where averaging is exact).
+    effective_contributors: f64,
     workers: usize,
     servers: usize,
     network: NetworkProfile,
@@ -555,6 +580,9 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         let file = JobSummary {
             command: "launch",
             strategy: layout.strategy.name(),
+            exact: layout.strategy.exact(),
+            averages: layout.strategy.averages(),
+            effective_contributors: layout.effective_contributors(),
             workers: layout.workers,
             servers: layout.servers,
             network: layout.network.clone(),

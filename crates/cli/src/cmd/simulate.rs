@@ -123,6 +123,11 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         "s util",
         "wall s"
     );
+    let stepwise_flags =
+        args.stepwise.stepwise_head.is_some() || args.stepwise.full_sync_every.is_some();
+    if stepwise_flags && !strategies.contains(&StrategyKind::Stepwise) {
+        bail!("--stepwise-head and --full-sync-every apply to --strategy stepwise only");
+    }
     let mut rows: Vec<(StrategyKind, usize, String, f64, SimReport)> = Vec::new();
     for &s in strategies {
         for &n in &workers {
