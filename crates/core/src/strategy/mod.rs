@@ -38,6 +38,7 @@ mod ps;
 mod ring;
 #[cfg(test)]
 mod tests;
+mod traffic;
 
 pub use kind::{
     Averaged, StrategyKind, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
@@ -46,6 +47,7 @@ pub use kind::{
 pub use plan::{scale_count, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
+pub use traffic::textbook_bytes_per_step;
 
 use crate::wire::{Header, WireError};
 
