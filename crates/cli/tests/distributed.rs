@@ -267,6 +267,71 @@ fn stepwise_flags_are_refused_for_other_strategies() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("rotate"));
 }
 
+/// Launches allreduce with 2 workers evaluating every 2 of 6 steps, plus `extra`; returns
+/// launch's output and the summary JSON (the run directory is `dir`).
+fn launch_replicas(dir: &Path, extra: &[&str]) -> (String, serde_json::Value) {
+    let summary = dir.join("summary.json");
+    let out = run_ok(
+        Command::new(EXE)
+            .args(["launch", "--strategy", "allreduce", "--workers", "2"])
+            .args(train_flags(8, 6))
+            .args(["--eval-every", "2"])
+            .args(extra)
+            .arg("--metrics-dir")
+            .arg(dir)
+            .arg("--summary-json")
+            .arg(&summary),
+    );
+    let json = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    (out, json)
+}
+
+/// An exact strategy leaves identical replicas: at every evaluation their divergence is 0
+/// and their exact average scores exactly what worker 0 scores; the snapshots are removed
+/// afterwards, and the bytes per step are reported beside the textbook figure.
+#[test]
+fn exact_replicas_do_not_diverge_and_average_to_worker_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, json) = launch_replicas(dir.path(), &[]);
+    let evals = json["worker0"]["evaluations"].as_array().unwrap();
+    assert_eq!(evals.len(), 3, "{json}");
+    for e in evals {
+        assert!(e["divergence"].as_f64().unwrap() < 1e-12, "{e}");
+        assert_eq!(e["average_accuracy"], e["accuracy"], "{e}");
+        assert_eq!(e["average_loss"], e["loss"], "{e}");
+    }
+    assert!(json["divergence"].as_f64().unwrap() < 1e-12, "{json}");
+    assert_eq!(json["average_accuracy"], json["test_accuracy"]);
+    let csv = std::fs::read_to_string(dir.path().join("evals-rank0.csv")).unwrap();
+    assert!(
+        csv.starts_with(
+            "epoch,step,t_s,test_accuracy,test_loss,average_accuracy,average_loss,divergence\n"
+        ),
+        "{csv}"
+    );
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(
+        out.contains("replicas: divergence 0.000e0, average accuracy"),
+        "{out}"
+    );
+    assert!(!dir.path().join("replicas").exists());
+    // Ring all-reduce of 2 workers: each sends the model once a step, plus headers.
+    let (sent, textbook) = (
+        json["bytes_per_step"].as_f64().unwrap(),
+        json["textbook_bytes_per_step"].as_f64().unwrap(),
+    );
+    assert!(
+        textbook > 0.0 && sent >= textbook && sent < 1.05 * textbook,
+        "{json}"
+    );
+
+    // Switched off: no snapshots, no statistics.
+    let (out, json) = launch_replicas(dir.path(), &["--no-replica-stats"]);
+    assert!(json["divergence"].is_null() && json["average_accuracy"].is_null());
+    assert!(!out.contains("replicas:"), "{out}");
+    assert!(!dir.path().join("replicas").exists());
+}
+
 /// Under an emulated 1 % frame loss with a 20 ms retransmission timeout, every synchronous
 /// strategy still reproduces single-process training (a loss only delays a frame), and the
 /// losses are reported in summary.json (the job's seed decides them, so they replay).

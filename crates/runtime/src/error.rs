@@ -17,6 +17,9 @@ pub enum RunError {
     /// Training failed.
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// A replica snapshot could not be written.
+    #[error(transparent)]
+    Replica(#[from] crate::replicas::ReplicaError),
     /// Something local (a thread, a socket option).
     #[error("{0}")]
     Local(String),

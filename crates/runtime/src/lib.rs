@@ -14,6 +14,7 @@ pub mod job;
 pub mod launch;
 pub mod process;
 pub mod rendezvous;
+pub mod replicas;
 pub mod sampler;
 pub mod server;
 pub mod timer;

@@ -26,6 +26,7 @@ use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
+use super::replicas;
 use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs, TrainSettings};
 use crate::progress::{RankNotices, TrainProgress};
 
@@ -121,8 +122,9 @@ pub struct JobArgs {
     /// (Chrome trace format; open it in Perfetto).
     #[arg(long, value_name = "A..B", requires = "metrics_dir")]
     pub trace_steps: Option<String>,
-    /// Worker 0 also evaluates the test set every N steps (besides after every epoch);
-    /// the time spent evaluating is left out of every training time.
+    /// Worker 0 also evaluates the test set every N steps (besides after every epoch and
+    /// after the last step); the time spent evaluating (and writing replica snapshots) is
+    /// left out of every training time.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub eval_every: Option<u64>,
     /// Test accuracy to reach (a fraction, e.g. 0.97): the summary's time_to_accuracy_s is
@@ -132,6 +134,21 @@ pub struct JobArgs {
     /// Where worker 0 writes the job's final figures as JSON.
     #[arg(long, value_name = "FILE")]
     pub summary_json: Option<PathBuf>,
+    /// No replica statistics. By default (real models: there is a test set) every worker
+    /// writes its weights at each evaluation point, and after the job `launch` evaluates
+    /// their exact average and measures how far apart they are: evals-rank0.csv gains the
+    /// columns average_accuracy, average_loss and divergence (mean over workers of
+    /// |x_i - avg|^2 / |avg|^2), --summary-json the same per evaluation and for the last.
+    #[arg(long, conflicts_with = "replica_dir")]
+    pub no_replica_stats: bool,
+    /// Keep the replica snapshots once `launch` has used them (they are removed otherwise).
+    #[arg(long)]
+    pub keep_replicas: bool,
+    /// Folder of the replica snapshots (step-000050-rank1.f32: every parameter in key order,
+    /// flat little-endian f32). `launch` uses this, else METRICS_DIR/replicas, else a
+    /// temporary folder, and passes it to the workers; a worker without it writes none.
+    #[arg(long, value_name = "DIR")]
+    pub replica_dir: Option<PathBuf>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -210,7 +227,9 @@ impl JobArgs {
 
     /// The model and the data it trains on: a real model with its dataset, or a compute
     /// profile with a tiny placeholder dataset (its batches only set the step's sample count).
-    fn model_and_data(&self) -> Result<(model::ModelSpec, syncopate_train::data::Dataset)> {
+    pub(crate) fn model_and_data(
+        &self,
+    ) -> Result<(model::ModelSpec, syncopate_train::data::Dataset)> {
         let s = &self.settings;
         if model::is_profile_name(&s.model) {
             if s.steps.is_none() {
@@ -323,7 +342,12 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     }
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     // Everything after `launch` is passed on unchanged: the processes parse the same flags.
-    let forwarded: Vec<_> = std::env::args_os().skip(2).collect();
+    let mut forwarded: Vec<_> = std::env::args_os().skip(2).collect();
+    let replicas = replicas::snapshot_dir(&args)?;
+    if let (Some(dir), None) = (&replicas, &args.replica_dir) {
+        forwarded.push("--replica-dir".into());
+        forwarded.push(dir.clone().into_os_string());
+    }
     let scale = match &args.scale {
         Some(f) => format!(" (model scaled by {f}: bytes and bandwidth)"),
         None => String::new(),
@@ -347,6 +371,9 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: Duration::from_secs(10),
     })?;
+    if let Some(dir) = &replicas {
+        replicas::report(&args, layout.workers, dir)?;
+    }
     if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
         if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
             eprintln!(
@@ -486,6 +513,17 @@ struct JobSummary<'a> {
     target_accuracy: Option<f64>,
     time_to_accuracy_s: Option<f64>,
     steps_to_accuracy: Option<u64>,
+    /// Test accuracy of the exact average of the workers' weights at the last evaluation
+    /// (filled in by `launch` after the job; null without replica statistics).
+    average_accuracy: Option<f64>,
+    /// Test loss of that average.
+    average_loss: Option<f64>,
+    /// The workers' divergence at the last evaluation: mean of |x_i - avg|^2 / |avg|^2.
+    divergence: Option<f64>,
+    /// Bytes worker 0 sent per step, all links (measured).
+    bytes_per_step: f64,
+    /// The strategy's textbook bytes per step per worker for this model.
+    textbook_bytes_per_step: f64,
     worker0: &'a WorkerSummary,
     settings: &'a JobArgs,
 }
@@ -521,6 +559,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             _ => None,
         },
         eval_every: args.eval_every,
+        replica_dir: args.replica_dir.clone(),
         target_accuracy: args.target_accuracy,
         slowdown: Straggler::slowdown(&args.slow_worker, ctx.rank),
     };
@@ -599,6 +638,11 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             target_accuracy: args.target_accuracy,
             time_to_accuracy_s: summary.time_to_accuracy,
             steps_to_accuracy: summary.steps_to_accuracy,
+            average_accuracy: None,
+            average_loss: None,
+            divergence: None,
+            bytes_per_step: summary.bytes_per_step,
+            textbook_bytes_per_step: summary.textbook_bytes_per_step,
             worker0: &summary,
             settings: &args,
         };

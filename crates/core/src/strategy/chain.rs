@@ -579,6 +579,15 @@ impl Endpoint for ChainPass {
         true
     }
 
+    /// The acknowledgement first, then the data: the same choice whatever the links' order.
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let (left, right) = (self.left(), self.right());
+        if self.ack_due && links.contains(&left) && self.poll_transmit(left, out) {
+            return Some(left);
+        }
+        (links.contains(&right) && self.poll_transmit(right, out)).then_some(right)
+    }
+
     fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
         if self.n == 1 {
             return None;

@@ -40,6 +40,7 @@ mod ps;
 mod ring;
 #[cfg(test)]
 mod tests;
+mod traffic;
 
 pub use chain::ChainPass;
 pub use kind::{
@@ -50,6 +51,7 @@ pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
 pub use plan::{scale_count, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
+pub use traffic::textbook_bytes_per_step;
 
 use crate::wire::{Header, WireError};
 

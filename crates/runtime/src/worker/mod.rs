@@ -10,7 +10,7 @@ use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{EvalSchedule, StepPlan, StepSequencer};
-use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
+use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
@@ -43,6 +43,9 @@ pub struct WorkerPlan {
     pub save: Option<std::path::PathBuf>,
     /// Rank 0 also evaluates every this many steps (besides at the end of every epoch).
     pub eval_every: Option<u64>,
+    /// Where every worker writes a snapshot of its weights at each evaluation point (see
+    /// [`crate::replicas`]); `None`: no snapshots. Profile models write none.
+    pub replica_dir: Option<std::path::PathBuf>,
     /// Test accuracy (a fraction) whose first evaluation at or above it sets the time to
     /// accuracy.
     pub target_accuracy: Option<f64>,
@@ -92,8 +95,16 @@ pub struct WorkerSummary {
     pub times: WorkerTimes,
     /// Wall time of every step, seconds (evaluations excluded).
     pub step_seconds: Vec<f64>,
-    /// Bytes per link.
+    /// Bytes per link: (peer, sent, received).
     pub links: Vec<(Rank, u64, u64)>,
+    /// Bytes this worker sent on all its links per step (measured: headers, heartbeats
+    /// and all).
+    pub bytes_per_step: f64,
+    /// Bytes this worker received on all its links per step (measured).
+    pub received_bytes_per_step: f64,
+    /// The textbook bytes per step per worker of the strategy for this model
+    /// ([`syncopate_core::strategy::textbook_bytes_per_step`]).
+    pub textbook_bytes_per_step: f64,
     /// What the emulated network did to this worker's frames (sent, and received at its
     /// ingress port), all links together.
     pub network: syncopate_core::net::NetCounters,
@@ -110,6 +121,14 @@ pub struct EvalPoint {
     pub accuracy: f64,
     /// Test loss.
     pub loss: f64,
+    /// Test accuracy of the exact average of every worker's weights at this step; filled in
+    /// by `launch` after the job from the replica snapshots (`None`: not computed).
+    pub average_accuracy: Option<f64>,
+    /// Test loss of that average.
+    pub average_loss: Option<f64>,
+    /// Mean over workers of ||x_i − x̄||² / ||x̄||² at this step (see
+    /// [`crate::replicas`]).
+    pub divergence: Option<f64>,
 }
 
 /// Rank 0's evaluations, as CSV rows and as points.
@@ -138,6 +157,9 @@ impl EvalLog {
             seconds,
             accuracy: eval.accuracy,
             loss: eval.loss,
+            average_accuracy: None,
+            average_loss: None,
+            divergence: None,
         });
     }
 }
@@ -428,6 +450,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     }
     let keys: Vec<KeyInfo> = key_infos(&spec);
     let evaluates = ctx.rank == 0 && !spec.is_profile();
+    let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
     let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
@@ -446,7 +469,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         Duration::Steps(s) => s,
     };
     let eval = EvalSchedule {
-        enabled: evaluates,
+        enabled: evaluates || snapshots.is_some(),
         steps_per_epoch: per_epoch,
         every: plan.eval_every,
     };
@@ -470,6 +493,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         &sizes,
     );
     run.slowdown = plan.slowdown;
+    run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
     let (record, tracer) = (run.record, run.tracer);
@@ -481,11 +505,13 @@ pub fn run_worker<E: LayerwiseEngine>(
     let (counters, frame_trace) = comm.finish()?;
     crate::job::finish_sampler(resources)?;
     write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
+    let model_bytes = (spec.num_params() * 4) as f64;
     Ok(summarise(
         ctx.rank,
         total,
         plan,
-        layout.workers,
+        layout,
+        model_bytes,
         record,
         &counters,
     ))
@@ -520,15 +546,18 @@ fn write_outputs(
     Ok(())
 }
 
-/// The worker's summary from what its loop recorded.
+/// The worker's summary from what its loop recorded, for a model of `model_bytes`.
 fn summarise(
     rank: Rank,
     total: u64,
     plan: &WorkerPlan,
-    workers: usize,
+    layout: &JobLayout,
+    model_bytes: f64,
     record: Record,
     counters: &[LinkCounters],
 ) -> WorkerSummary {
+    let workers = layout.workers;
+    let per_step = |bytes: u64| bytes as f64 / total.max(1) as f64;
     let train_seconds = record.trained;
     let reached = plan
         .target_accuracy
@@ -553,6 +582,9 @@ fn summarise(
             .iter()
             .map(|c| (c.peer, c.sent, c.received))
             .collect(),
+        bytes_per_step: per_step(counters.iter().map(|c| c.sent).sum()),
+        received_bytes_per_step: per_step(counters.iter().map(|c| c.received).sum()),
+        textbook_bytes_per_step: textbook_bytes_per_step(layout.strategy, workers, model_bytes),
         network: counters.iter().fold(Default::default(), |mut sum, c| {
             sum.add(&c.net);
             sum.add(&c.ingress);

@@ -16,6 +16,7 @@ use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
 use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
+use crate::replicas::write_snapshot;
 use crate::trace::TraceRecorder;
 
 /// What the loop measured, for the worker's outputs.
@@ -84,6 +85,8 @@ pub(super) struct StepLoop<'a, E> {
     pub slowdown: f64,
     /// Samples per step over all workers.
     pub global_batch: usize,
+    /// Where to write this worker's weight snapshots at evaluation points, and its rank.
+    pub snapshots: Option<(std::path::PathBuf, usize)>,
     pub record: Record,
     /// The step being run, its epoch, its batch and its figures.
     step: u64,
@@ -124,6 +127,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             layer_keys,
             slowdown: 1.0,
             global_batch: 0,
+            snapshots: None,
             record: Record::new(),
             step: 0,
             epoch: 0,
@@ -374,6 +378,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         Ok(())
     }
 
+    /// At an evaluation point: writes this worker's weight snapshot (when asked) and
+    /// evaluates the test set (where this worker has one), both left out of training time.
     fn evaluate(
         &mut self,
         step: u64,
@@ -381,13 +387,32 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         last: bool,
         steps: u64,
     ) -> Result<(), RunError> {
-        let Some(test) = self.test else {
-            return Ok(());
-        };
         let trained = self.record.train_seconds();
         let t = Instant::now();
-        let eval = evaluate(&mut *self.engine, test, 256)?;
+        if let Some((dir, rank)) = &self.snapshots {
+            write_snapshot(&*self.engine, dir, step + 1, *rank)?;
+        }
+        let eval = match self.test {
+            Some(test) => Some(evaluate(&mut *self.engine, test, 256)?),
+            None => None,
+        };
         self.record.eval_seconds += t.elapsed().as_secs_f64();
+        if let Some(eval) = eval {
+            self.record_eval(step, epoch_end, last, steps, trained, eval);
+        }
+        Ok(())
+    }
+
+    /// Records the evaluation after step `step` (`trained` seconds of training so far).
+    fn record_eval(
+        &mut self,
+        step: u64,
+        epoch_end: bool,
+        last: bool,
+        steps: u64,
+        trained: f64,
+        eval: Evaluation,
+    ) {
         self.record
             .evals
             .push(self.epoch + 1, step + 1, trained, &eval);
@@ -401,7 +426,6 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             debug_assert_eq!(step + 1, steps);
             self.record.test = Some(eval);
         }
-        Ok(())
     }
 }
 
