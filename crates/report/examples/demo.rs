@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         name: name.into(),
         points: workers.iter().map(|&w| (w, f(w))).collect(),
         style,
+        colour: None,
     };
     let chart = LineChart {
         title: "Scaling of synchronisation strategies".into(),

@@ -6,11 +6,15 @@
 //! log axis, non-positive values are skipped, and empty, single-point or constant data still gives a valid SVG.
 #![warn(missing_docs)]
 
+mod grouped;
 mod html;
 
+pub use grouped::{BarSeries, BarStyle, GroupedBars};
 pub use html::HtmlReport;
 
+use plotters::coord::combinators::WithKeyPoints;
 use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::{RangedCoordf64, RangedCoordusize};
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
@@ -36,8 +40,18 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(186, 176, 172),
 ];
 
+/// Number of distinct colours; a colour index cycles through them (index modulo this).
+pub const PALETTE_LEN: usize = PALETTE.len();
+
 fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
+}
+
+/// The colour of palette index `i` as `#RRGGBB` (as the SVGs write it), e.g. for a legend
+/// outside the charts.
+pub fn colour_hex(i: usize) -> String {
+    let c = colour(i);
+    format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
 }
 
 /// Why a chart could not be rendered.
@@ -88,6 +102,9 @@ pub enum Scale {
     Linear,
     /// Base-10 logarithmic axis; non-positive values are skipped.
     Log,
+    /// Linear axis fixed to [0, 1] (accuracies and other fractions); values outside are
+    /// skipped.
+    Unit,
 }
 
 /// One line on a chart.
@@ -99,6 +116,10 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// How the series is drawn.
     pub style: LineStyle,
+    /// Palette index of the series' colour (cycling past [`PALETTE_LEN`]); `None`: the
+    /// series' position in its chart. A fixed index keeps a series' colour the same across
+    /// charts.
+    pub colour: Option<usize>,
 }
 
 /// A line chart: several series against one x axis.
@@ -141,15 +162,22 @@ pub struct StackedBars {
 }
 
 /// Largest magnitude drawn: beyond it, axis spans overflow and `plotters` cannot place ticks.
-const LIMIT: f64 = 1e300;
+pub(crate) const LIMIT: f64 = 1e300;
 
 fn usable(v: f64, scale: Scale) -> bool {
-    v.abs() <= LIMIT && (scale == Scale::Linear || v > 0.0)
+    match scale {
+        Scale::Linear => v.abs() <= LIMIT,
+        Scale::Log => v.abs() <= LIMIT && v > 0.0,
+        Scale::Unit => (0.0..=1.0).contains(&v),
+    }
 }
 
 /// Axis range covering `values` (unusable ones skipped), padded by 5% of the span (in log
 /// space for a log axis); a default range when nothing is usable.
 fn axis_range(values: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
+    if scale == Scale::Unit {
+        return (0.0, 1.0);
+    }
     let log = scale == Scale::Log;
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for v in values.filter(|&v| usable(v, scale)) {
@@ -195,6 +223,55 @@ fn fmt_tick(v: &f64) -> String {
     }
 }
 
+/// The contents of an SVG's `<text>` elements (titles, tick labels, legend entries), trimmed
+/// and unescaped, in document order: what a check of a rendered chart looks at.
+pub fn svg_texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let body = &t[t.find('>')? + 1..];
+            Some(unescape(body[..body.find("</text>")?].trim()))
+        })
+        .collect()
+}
+
+/// Text with XML's predefined entities replaced by their characters.
+fn unescape(text: &str) -> String {
+    [
+        ("&lt;", "<"),
+        ("&gt;", ">"),
+        ("&quot;", "\""),
+        ("&#39;", "'"),
+        ("&apos;", "'"),
+        ("&amp;", "&"),
+    ]
+    .iter()
+    .fold(text.to_string(), |t, (entity, c)| t.replace(entity, c))
+}
+
+/// A bar chart's plot: integer x units labelled with categories at key points, f64 values.
+pub(crate) type CategoryChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<WithKeyPoints<RangedCoordusize>, RangedCoordf64>>;
+
+/// The axes of a bar chart: category names under the bars, no vertical grid lines.
+pub(crate) fn draw_category_mesh(
+    chart: &mut CategoryChart,
+    cat_label: &dyn Fn(&usize) -> String,
+    y_label: &str,
+) -> Result<(), ChartError> {
+    chart
+        .configure_mesh()
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 16))
+        .disable_x_mesh()
+        .x_label_formatter(cat_label)
+        .y_label_formatter(&fmt_tick)
+        .y_desc(y_label)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(render)
+}
+
 fn check_size(width: u32, height: u32) -> Result<(), ChartError> {
     let ok = |v| (MIN_SIZE..=MAX_SIZE).contains(&v);
     if !(ok(width) && ok(height)) {
@@ -221,16 +298,15 @@ impl LineChart {
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(64);
-            use Scale::{Linear, Log};
-            match (self.x_scale, self.y_scale) {
-                (Linear, Linear) => self.draw(builder.build_cartesian_2d(x0..x1, y0..y1)),
-                (Log, Linear) => {
+            match (self.x_scale == Scale::Log, self.y_scale == Scale::Log) {
+                (false, false) => self.draw(builder.build_cartesian_2d(x0..x1, y0..y1)),
+                (true, false) => {
                     self.draw(builder.build_cartesian_2d((x0..x1).log_scale(), y0..y1))
                 }
-                (Linear, Log) => {
+                (false, true) => {
                     self.draw(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale()))
                 }
-                (Log, Log) => self
+                (true, true) => self
                     .draw(builder.build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())),
             }?;
             root.present().map_err(render)?;
@@ -261,7 +337,7 @@ impl LineChart {
             .draw()
             .map_err(render)?;
         for (i, s) in self.series.iter().enumerate() {
-            let c = colour(i);
+            let c = colour(s.colour.unwrap_or(i));
             let line = c.stroke_width(2);
             // Runs of consecutive usable points; an unusable point breaks the line.
             let runs = s
@@ -355,17 +431,7 @@ impl StackedBars {
                 )
                 .map_err(render)?;
             let cat_label = |v: &usize| self.categories.get(v / 10).cloned().unwrap_or_default();
-            chart
-                .configure_mesh()
-                .label_style(("sans-serif", 14))
-                .axis_desc_style(("sans-serif", 16))
-                .disable_x_mesh()
-                .x_label_formatter(&cat_label)
-                .y_label_formatter(&fmt_tick)
-                .y_desc(&self.y_label)
-                .light_line_style(WHITE.mix(0.0))
-                .draw()
-                .map_err(render)?;
+            draw_category_mesh(&mut chart, &cat_label, &self.y_label)?;
             let mut base = vec![0.0; n];
             for (k, (name, values)) in self.parts.iter().enumerate() {
                 let c = colour(k);

@@ -18,6 +18,7 @@ fn series(name: &str, points: Vec<(f64, f64)>, style: LineStyle) -> Series {
         name: name.into(),
         points,
         style,
+        colour: None,
     }
 }
 
@@ -230,6 +231,20 @@ fn awkward_bars() {
 }
 
 #[test]
+fn svg_texts_are_read_back() {
+    let svg = bars().to_svg().unwrap();
+    let texts = svg_texts(&svg);
+    assert!(
+        texts.contains(&"Step time breakdown".to_string()),
+        "{texts:?}"
+    );
+    assert!(texts.contains(&"hierarchical".to_string()));
+    assert!(svg_texts("<svg><text a=\"1\">x").is_empty());
+    let escaped = "<text>a &lt;b&gt; &amp;&#39;c&#39;&amp;lt;</text>";
+    assert_eq!(svg_texts(escaped), ["a <b> &'c'&lt;"]);
+}
+
+#[test]
 fn tick_format() {
     assert_eq!(fmt_tick(&0.0), "0");
     assert_eq!(fmt_tick(&-0.0), "0");
@@ -267,4 +282,97 @@ fn html_escapes_and_is_self_contained() {
     assert_eq!(page.matches(ns).count(), 2);
     let urls = page.matches("http://").count() + page.matches("https://").count();
     assert_eq!(urls, page.matches(ns).count());
+}
+
+fn grouped() -> GroupedBars {
+    GroupedBars {
+        title: "Accuracy per bandwidth".into(),
+        y_label: "test accuracy".into(),
+        categories: vec!["1gbit".into(), "10gbit".into()],
+        series: vec![
+            BarSeries {
+                name: "ps".into(),
+                values: vec![0.5, 0.9],
+                colour: Some(3),
+                style: BarStyle::Filled,
+            },
+            BarSeries {
+                name: "p3 textbook".into(),
+                values: vec![f64::NAN, 0.95],
+                colour: Some(3),
+                style: BarStyle::Outline,
+            },
+        ],
+        y_max: Some(1.0),
+        width: 640,
+        height: 400,
+    }
+}
+
+#[test]
+fn grouped_bars_render_with_fixed_colours_and_top() {
+    let svg = grouped().to_svg().unwrap();
+    svg_ok(&svg);
+    for text in [
+        "ps",
+        "p3 textbook",
+        "1gbit",
+        "10gbit",
+        "Accuracy per bandwidth",
+    ] {
+        assert!(svg.contains(text), "missing {text}");
+    }
+    assert!(svg.contains(&colour_hex(3)));
+    assert!(
+        !svg.contains(&colour_hex(0)),
+        "only the fixed colour is used"
+    );
+    // The axis stops at 1: no tick beyond it.
+    let texts = svg_texts(&svg);
+    assert!(texts.iter().any(|t| t == "1"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t == "1.1"), "{texts:?}");
+}
+
+#[test]
+fn awkward_grouped_bars() {
+    let mut g = grouped();
+    g.y_max = None;
+    g.series[0].values = vec![f64::INFINITY, -1.0];
+    g.series[1].values = vec![f64::MAX, 1e-300];
+    svg_ok(&g.to_svg().unwrap());
+    g.series.clear();
+    svg_ok(&g.to_svg().unwrap());
+    g.categories.clear();
+    svg_ok(&g.to_svg().unwrap());
+    g.series.push(grouped().series[0].clone());
+    assert!(matches!(
+        g.to_svg(),
+        Err(ChartError::PartLength {
+            expected: 0,
+            got: 2,
+            ..
+        })
+    ));
+    let mut g = grouped();
+    (g.width, g.height) = (MIN_SIZE, MIN_SIZE);
+    svg_ok(&g.to_svg().unwrap());
+}
+
+#[test]
+fn unit_axis_is_zero_to_one_and_colours_are_fixed() {
+    let mut s = series(
+        "acc",
+        vec![(0.0, 0.2), (0.5, 1.0), (1.0, 1.5)],
+        LineStyle::Solid,
+    );
+    s.colour = Some(PALETTE_LEN + 2);
+    let svg = chart(vec![s], Scale::Unit, Scale::Unit).to_svg().unwrap();
+    svg_ok(&svg);
+    assert!(svg.contains(&colour_hex(2)), "indices cycle");
+    let texts = svg_texts(&svg);
+    assert!(texts.iter().any(|t| t == "1"), "{texts:?}");
+    assert!(!texts
+        .iter()
+        .any(|t| t.parse::<f64>().is_ok_and(|v| v > 1.0)));
+    assert_eq!(axis_range([0.3, 0.4].into_iter(), Scale::Unit), (0.0, 1.0));
 }

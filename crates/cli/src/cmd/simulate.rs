@@ -254,6 +254,7 @@ fn write_sweep(
                 name: label,
                 points: vec![(x, r.samples_per_sec)],
                 style: LineStyle::Solid,
+                colour: None,
             }),
         }
     }

@@ -1,17 +1,19 @@
-//! A study's results: one row per finished run (`results.csv`) and `report.html` with
-//! throughput against bandwidth per model next to the ideal bound, a step breakdown and a
-//! summary table.
+//! A study's results: one row per finished run (`results.csv`) and `report.html`: per model,
+//! one chart per metric comparing the variants (see `compare`), a summary table, and each
+//! run's resources per process as detail.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use syncopate_core::net::parse_bandwidth;
-use syncopate_report::{HtmlReport, LineChart, LineStyle, Scale, Series, StackedBars};
+use syncopate_report::{HtmlReport, LineChart, LineStyle, Scale, Series};
 use syncopate_train::model::{self, LayerOp};
 
+use super::compare::{colour_of, comparative_section, variant_colours};
 use super::config::{RunSpec, StudyConfig};
 use super::run::summary_path;
+use super::summary::{self, EvalSample, MetricsTable, WorkerResources};
 
 /// The figures of one finished run.
 #[derive(Debug, Clone, Serialize)]
@@ -51,13 +53,34 @@ pub struct RunRow {
     /// Training seconds until an evaluation first reached the target (NaN: never, or no
     /// target).
     pub time_to_accuracy: f64,
+    /// Final test accuracy of the exact average of all replicas (NaN: not recorded).
+    pub average_accuracy: f64,
+    /// Final replica divergence, mean over workers of ||x_i - mean||^2 / ||mean||^2 (NaN: not
+    /// recorded).
+    pub divergence: f64,
+    /// Bytes sent per step per worker, measured (NaN: not recorded).
+    pub bytes_per_step: f64,
+    /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
+    pub textbook_bytes_per_step: f64,
+    /// Mean CPU per worker, % of one core (NaN: no metrics).
+    pub mean_cpu_percent: f64,
+    /// Peak resident memory per worker, bytes (mean over workers; NaN: no metrics).
+    pub peak_rss_bytes: f64,
+    /// Bytes sent on the links per worker over the run (NaN: no metrics).
+    pub net_bytes: f64,
+    /// Bytes read and written on storage per worker over the run (NaN: no metrics).
+    pub disk_bytes: f64,
+    /// Rank 0's evaluations during training.
+    #[serde(skip)]
+    pub evaluations: Vec<EvalSample>,
 }
 
 /// Reads every finished run of `config` under `dir`.
 pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<RunRow>> {
     let mut rows = Vec::new();
     for run in config.runs() {
-        let path = summary_path(&dir.join("runs").join(&run.id));
+        let run_dir = dir.join("runs").join(&run.id);
+        let path = summary_path(&run_dir);
         if !path.is_file() {
             continue;
         }
@@ -65,17 +88,28 @@ pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<RunRow>> {
             &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
         )
         .with_context(|| format!("parsing {}", path.display()))?;
-        rows.push(row(config, &run, &json)?);
+        let resources = summary::worker_resources(&run_dir, run.workers);
+        rows.push(row(config, &run, &json, resources)?);
     }
     Ok(rows)
 }
 
-fn row(config: &StudyConfig, run: &RunSpec, json: &serde_json::Value) -> Result<RunRow> {
-    let w0 = &json["worker0"];
-    let steps: Vec<f64> = w0["step_seconds"]
+/// Worker 0's step times, seconds.
+fn step_times(json: &serde_json::Value) -> Vec<f64> {
+    json["worker0"]["step_seconds"]
         .as_array()
         .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn row(
+    config: &StudyConfig,
+    run: &RunSpec,
+    json: &serde_json::Value,
+    resources: WorkerResources,
+) -> Result<RunRow> {
+    let w0 = &json["worker0"];
+    let steps = step_times(json);
     let warm = (config.warmup_steps as usize).min(steps.len().saturating_sub(1));
     let measured = &steps[warm..];
     let step_seconds = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
@@ -86,6 +120,7 @@ fn row(config: &StudyConfig, run: &RunSpec, json: &serde_json::Value) -> Result<
         ideal_step_seconds(&run.model, bandwidth_bps).map_or(f64::NAN, |ideal| samples / ideal);
     let n = steps.len().max(1) as f64;
     let num = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let field = |name| summary::number(json, name);
     Ok(RunRow {
         id: run.id.clone(),
         model: run.model.clone(),
@@ -104,6 +139,15 @@ fn row(config: &StudyConfig, run: &RunSpec, json: &serde_json::Value) -> Result<
         wall_seconds: num(&json["wall_seconds"]),
         target_accuracy: num(&json["target_accuracy"]),
         time_to_accuracy: num(&json["time_to_accuracy_s"]),
+        average_accuracy: field("average_accuracy"),
+        divergence: field("divergence"),
+        bytes_per_step: field("bytes_per_step"),
+        textbook_bytes_per_step: field("textbook_bytes_per_step"),
+        mean_cpu_percent: resources.mean_cpu_percent,
+        peak_rss_bytes: resources.peak_rss_bytes,
+        net_bytes: resources.net_bytes,
+        disk_bytes: resources.disk_bytes,
+        evaluations: summary::evaluations(json),
     })
 }
 
@@ -130,172 +174,153 @@ pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Optio
     Some((compute_ns as f64 * 1e-9).max(comm))
 }
 
+/// The columns of `results.csv`.
+const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,\
+    samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
+    test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
+    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes\n";
+
+/// One row of `results.csv`.
+fn csv_row(r: &RunRow) -> String {
+    format!(
+        "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
+         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0}\n",
+        r.id,
+        r.model,
+        quote(&r.variant),
+        r.bandwidth,
+        r.bandwidth_gbps,
+        r.workers,
+        r.seed,
+        r.step_seconds,
+        r.samples_per_sec,
+        r.ideal_samples_per_sec,
+        r.fraction_of_ideal,
+        r.compute_per_step,
+        r.wait_per_step,
+        r.test_accuracy,
+        r.wall_seconds,
+        r.target_accuracy,
+        r.time_to_accuracy,
+        r.average_accuracy,
+        r.divergence,
+        r.bytes_per_step,
+        r.textbook_bytes_per_step,
+        r.mean_cpu_percent,
+        r.peak_rss_bytes,
+        r.net_bytes,
+        r.disk_bytes
+    )
+}
+
 /// Writes `results.csv` and `report.html` under `dir`; returns the report's path.
 pub fn write_report(
     config: &StudyConfig,
     dir: &Path,
     rows: &[RunRow],
 ) -> Result<std::path::PathBuf> {
-    let mut csv = String::from(
-        "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,samples_per_sec,\
-         ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,test_accuracy,\
-         wall_seconds,target_accuracy,time_to_accuracy_s\n",
-    );
-    for r in rows {
-        csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2}\n",
-            r.id,
-            r.model,
-            quote(&r.variant),
-            r.bandwidth,
-            r.bandwidth_gbps,
-            r.workers,
-            r.seed,
-            r.step_seconds,
-            r.samples_per_sec,
-            r.ideal_samples_per_sec,
-            r.fraction_of_ideal,
-            r.compute_per_step,
-            r.wait_per_step,
-            r.test_accuracy,
-            r.wall_seconds,
-            r.target_accuracy,
-            r.time_to_accuracy
-        ));
-    }
+    let csv: String = std::iter::once(CSV_HEADER.to_string())
+        .chain(rows.iter().map(csv_row))
+        .collect();
     std::fs::write(dir.join("results.csv"), csv)?;
-
     let mut html = HtmlReport::new(&format!("Study {}", config.name));
     if !config.description.is_empty() {
         html.paragraph(&config.description);
     }
     html.paragraph(&format!(
         "{} finished runs; {} steps each, the first {} left out of the throughput; batch {} per \
-         worker. The ideal bound of a profile model is workers x batch / max(compute, model bytes / \
-         bandwidth).",
+         worker. Each variant has one colour in every chart; where the study has several seeds, \
+         bars are the mean over them and curves over time show the first seed. The ideal bound \
+         of a profile model is workers x batch / max(compute, model bytes / bandwidth).",
         rows.len(),
         config.steps,
         config.warmup_steps,
         config.batch_size
     ));
-    let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
-    models.dedup();
-    for model in models {
-        let of_model: Vec<&RunRow> = rows.iter().filter(|r| r.model == model).collect();
-        html.heading(model);
-        let mut series = Vec::new();
-        let mut variants: Vec<&str> = of_model.iter().map(|r| r.variant.as_str()).collect();
-        variants.dedup();
-        variants.sort_unstable();
-        variants.dedup();
-        for v in &variants {
-            series.push(Series {
-                name: v.to_string(),
-                points: of_model
-                    .iter()
-                    .filter(|r| r.variant == *v)
-                    .map(|r| (r.bandwidth_gbps, r.samples_per_sec))
-                    .collect(),
-                style: LineStyle::Solid,
-            });
-        }
-        let mut ideal: Vec<(f64, f64)> = of_model
-            .iter()
-            .map(|r| (r.bandwidth_gbps, r.ideal_samples_per_sec))
-            .filter(|p| p.1.is_finite())
-            .collect();
-        ideal.sort_by(|a, b| a.0.total_cmp(&b.0));
-        ideal.dedup_by(|a, b| a.0 == b.0);
-        if !ideal.is_empty() {
-            series.push(Series {
-                name: "ideal max(compute, comm)".into(),
-                points: ideal,
-                style: LineStyle::Dashed,
-            });
-        }
-        let chart = LineChart {
-            title: format!("{model}: throughput vs bandwidth"),
-            x_label: "bandwidth per worker, Gbit/s (full-size model)".into(),
-            y_label: "samples/s (all workers)".into(),
-            x_scale: Scale::Log,
-            y_scale: Scale::Linear,
-            series,
-            width: 820,
-            height: 480,
-        };
-        let svg = chart.to_svg()?;
-        let file: String = model
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        std::fs::write(dir.join(format!("throughput-{file}.svg")), &svg)?;
-        html.svg(&svg);
-        let categories: Vec<String> = of_model
-            .iter()
-            .map(|r| format!("{} @ {}", r.variant, r.bandwidth))
-            .collect();
-        let bars = StackedBars {
-            title: format!("{model}: step breakdown (worker 0)"),
-            y_label: "seconds per step".into(),
-            categories,
-            parts: vec![
-                (
-                    "compute".into(),
-                    of_model.iter().map(|r| r.compute_per_step).collect(),
-                ),
-                (
-                    "waiting on communication".into(),
-                    of_model.iter().map(|r| r.wait_per_step).collect(),
-                ),
-            ],
-            width: 820.max(60 * of_model.len() as u32),
-            height: 420,
-        };
-        html.svg(&bars.to_svg()?);
-        time_to_accuracy_chart(&mut html, model, &of_model)?;
-        convergence_charts(&mut html, dir, model, &of_model)?;
-    }
-    resource_charts(&mut html, dir, rows)?;
+    comparative_section(&mut html, config, dir, rows)?;
     html.heading("All runs");
-    let table: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.model.clone(),
-                r.variant.clone(),
-                r.bandwidth.clone(),
-                r.workers.to_string(),
-                format!("{:.3}", r.step_seconds),
-                format!("{:.1}", r.samples_per_sec),
-                format!("{:.1}", r.ideal_samples_per_sec),
-                format!("{:.0} %", r.fraction_of_ideal * 100.0),
-                if r.test_accuracy.is_finite() {
-                    format!("{:.2} %", r.test_accuracy * 100.0)
-                } else {
-                    "-".into()
-                },
-                time_to_accuracy_cell(r),
-            ]
-        })
-        .collect();
-    html.table(
-        &[
-            "model",
-            "variant",
-            "bandwidth",
-            "workers",
-            "step s",
-            "samples/s",
-            "ideal samples/s",
-            "of ideal",
-            "accuracy",
-            "time to accuracy",
-        ],
-        &table,
-    );
+    let (header, table) = summary_table(rows);
+    html.table(&header, &table);
+    resource_charts(&mut html, config, dir, rows)?;
     let path = dir.join("report.html");
     std::fs::write(&path, html.finish())?;
     Ok(path)
+}
+
+/// `text` when `v` is finite, `-` otherwise.
+pub fn or_dash(v: f64, text: String) -> String {
+    if v.is_finite() {
+        text
+    } else {
+        "-".into()
+    }
+}
+
+/// `v` as a percentage with two decimals, or `-`.
+pub fn percent_cell(v: f64) -> String {
+    or_dash(v, format!("{:.2} %", v * 100.0))
+}
+
+/// `v / 1e6` with one decimal, or `-`.
+pub fn mega_cell(v: f64) -> String {
+    or_dash(v, format!("{:.1}", v / 1e6))
+}
+
+/// The header and rows of the summary table (the HTML report's and the printed one's).
+pub fn summary_table(rows: &[RunRow]) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let header = vec![
+        "model",
+        "variant",
+        "bandwidth",
+        "workers",
+        "seed",
+        "step s",
+        "samples/s",
+        "ideal samples/s",
+        "of ideal",
+        "accuracy",
+        "avg-model accuracy",
+        "divergence",
+        "time to accuracy",
+        "MB/step",
+        "textbook MB/step",
+        "CPU %",
+        "peak RSS MB",
+        "net MB",
+        "disk MB",
+    ];
+    let table = rows.iter().map(table_row).collect();
+    (header, table)
+}
+
+fn table_row(r: &RunRow) -> Vec<String> {
+    vec![
+        r.model.clone(),
+        r.variant.clone(),
+        r.bandwidth.clone(),
+        r.workers.to_string(),
+        r.seed.to_string(),
+        format!("{:.3}", r.step_seconds),
+        format!("{:.1}", r.samples_per_sec),
+        or_dash(
+            r.ideal_samples_per_sec,
+            format!("{:.1}", r.ideal_samples_per_sec),
+        ),
+        or_dash(
+            r.fraction_of_ideal,
+            format!("{:.0} %", r.fraction_of_ideal * 100.0),
+        ),
+        percent_cell(r.test_accuracy),
+        percent_cell(r.average_accuracy),
+        or_dash(r.divergence, format!("{:.3e}", r.divergence)),
+        time_to_accuracy_cell(r),
+        mega_cell(r.bytes_per_step),
+        mega_cell(r.textbook_bytes_per_step),
+        or_dash(r.mean_cpu_percent, format!("{:.0}", r.mean_cpu_percent)),
+        mega_cell(r.peak_rss_bytes),
+        mega_cell(r.net_bytes),
+        mega_cell(r.disk_bytes),
+    ]
 }
 
 /// `12.3 s to 97 %`, `not reached (97 %)` or `-` without a target.
@@ -314,111 +339,18 @@ pub fn time_to_accuracy_cell(r: &RunRow) -> String {
     }
 }
 
-/// Training time until the target accuracy, one bar per run (runs that never reached it
-/// have no bar); nothing when no run has a target.
-fn time_to_accuracy_chart(html: &mut HtmlReport, model: &str, runs: &[&RunRow]) -> Result<()> {
-    let Some(target) = runs
-        .iter()
-        .map(|r| r.target_accuracy)
-        .find(|t| t.is_finite())
-    else {
-        return Ok(());
-    };
-    let bars = StackedBars {
-        title: format!(
-            "{model}: training time to {:.1} % test accuracy (no bar: not reached)",
-            target * 100.0
-        ),
-        y_label: "seconds of training".into(),
-        categories: runs
-            .iter()
-            .map(|r| format!("{} @ {}", r.variant, r.bandwidth))
-            .collect(),
-        parts: vec![(
-            "time to accuracy".into(),
-            runs.iter()
-                .map(|r| {
-                    if r.time_to_accuracy.is_finite() {
-                        r.time_to_accuracy
-                    } else {
-                        0.0
-                    }
-                })
-                .collect(),
-        )],
-        width: 820.max(60 * runs.len() as u32),
-        height: 420,
-    };
-    html.svg(&bars.to_svg()?);
-    Ok(())
-}
-
-/// `(x, y)` columns of a CSV file, rows with non-finite values left out.
-fn csv_points(path: &Path, x: usize, y: usize) -> Vec<(f64, f64)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let v: Vec<f64> = l
-                .split(',')
-                .map(|c| c.parse().unwrap_or(f64::NAN))
-                .collect();
-            Some((*v.get(x)?, *v.get(y)?))
-        })
-        .filter(|(a, b)| a.is_finite() && b.is_finite())
-        .collect()
-}
-
-/// Training loss (worker 0's shard) and test accuracy against wall time, one line per run.
-fn convergence_charts(
-    html: &mut HtmlReport,
-    dir: &Path,
-    model: &str,
-    runs: &[&RunRow],
-) -> Result<()> {
-    for (what, file, x, y, unit) in [
-        ("training loss", "steps-rank0.csv", 1, 3, "loss (worker 0)"),
-        ("test accuracy", "evals-rank0.csv", 2, 3, "accuracy"),
-    ] {
-        let series: Vec<Series> = runs
-            .iter()
-            .map(|r| Series {
-                name: format!("{} @ {}", r.variant, r.bandwidth),
-                points: csv_points(&dir.join("runs").join(&r.id).join(file), x, y),
-                style: if what == "test accuracy" {
-                    LineStyle::Points
-                } else {
-                    LineStyle::Solid
-                },
-            })
-            .filter(|s| !s.points.is_empty())
-            .collect();
-        if series.is_empty() {
-            continue;
-        }
-        let chart = LineChart {
-            title: format!("{model}: {what} vs wall time"),
-            x_label: "seconds of training".into(),
-            y_label: unit.into(),
-            x_scale: Scale::Linear,
-            y_scale: Scale::Linear,
-            series,
-            width: 820,
-            height: 420,
-        };
-        html.svg(&chart.to_svg()?);
-    }
-    Ok(())
-}
-
 /// Most runs whose per-process resource charts go into the report (every run's CSVs stay in
 /// its directory).
 const RESOURCE_CHART_RUNS: usize = 6;
 
-/// CPU, memory and network over time for every process of the first runs.
-fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result<()> {
+/// CPU, memory, network and disk over time for every process of the first runs, in the
+/// variant's colour: worker 0 a line, the other workers points, servers dashed.
+fn resource_charts(
+    html: &mut HtmlReport,
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[RunRow],
+) -> Result<()> {
     let with_metrics: Vec<&RunRow> = rows
         .iter()
         .filter(|r| {
@@ -434,55 +366,46 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
     html.heading("Resources per process");
     html.paragraph(&format!(
         "CPU (user + system, % of one core), resident memory, bytes sent and disk bytes read and \
-         written per process, sampled every second; charts for the first {} of {} runs (every run's metrics-rank<R>.csv is in \
-         its directory).",
+         written per process, sampled every second, in the variant's colour (worker 0: line, \
+         other workers: points, servers: dashed); charts for the first {} of {} runs (every \
+         run's metrics-rank<R>.csv is in its directory).",
         RESOURCE_CHART_RUNS.min(with_metrics.len()),
         with_metrics.len()
     ));
+    let colours = variant_colours(config);
     for r in with_metrics.into_iter().take(RESOURCE_CHART_RUNS) {
-        let run_dir = dir.join("runs").join(&r.id);
-        let mut cpu = Vec::new();
-        let mut rss = Vec::new();
-        let mut net = Vec::new();
-        let mut disk = Vec::new();
-        for rank in 0.. {
-            let path = run_dir.join(format!("metrics-rank{rank}.csv"));
-            let Ok(text) = std::fs::read_to_string(&path) else {
-                break;
-            };
-            let rows: Vec<Vec<f64>> = text
-                .lines()
-                .skip(1)
-                .map(|l| {
-                    l.split(',')
-                        .map(|v| v.parse().unwrap_or(f64::NAN))
-                        .collect()
-                })
-                .filter(|v: &Vec<f64>| v.len() >= 8)
-                .collect();
-            let name = if rank < r.workers {
-                format!("worker {rank}")
-            } else {
-                format!("server {}", rank - r.workers)
-            };
-            let series = |f: &dyn Fn(&[f64]) -> f64| Series {
-                name: name.clone(),
-                points: rows.iter().map(|v| (v[0], f(v))).collect(),
-                style: LineStyle::Solid,
-            };
-            cpu.push(series(&|v| v[1] + v[2]));
-            rss.push(series(&|v| v[3] / 1e6));
-            net.push(series(&|v| v[6] / 1e6));
-            disk.push(series(&|v| (v[4] + v[5]) / 1e6));
+        for chart in run_resource_charts(dir, r, colour_of(&colours, &r.variant)) {
+            html.svg(&chart.to_svg()?);
         }
-        for (what, unit, series) in [
-            ("CPU", "% of one core", cpu),
-            ("memory (RSS)", "MB", rss),
-            ("sent on the links", "MB (cumulative)", net),
-            ("disk read + written", "MB (cumulative)", disk),
-        ] {
-            let chart = LineChart {
-                title: format!("{} - {}: {what}", r.model, r.variant),
+    }
+    Ok(())
+}
+
+/// The four resource charts of one run, one series per process.
+fn run_resource_charts(dir: &Path, r: &RunRow, colour: Option<usize>) -> Vec<LineChart> {
+    let run_dir = dir.join("runs").join(&r.id);
+    let tables: Vec<MetricsTable> = (0..)
+        .map_while(|rank| MetricsTable::read(&run_dir.join(format!("metrics-rank{rank}.csv"))))
+        .collect();
+    let resources: [(&str, &str, &[&str], f64); 4] = [
+        ("CPU", "% of one core", summary::CPU, 1.0),
+        ("memory (RSS)", "MB", summary::RSS, 1e6),
+        ("sent on the links", "MB (cumulative)", summary::NET, 1e6),
+        ("disk read + written", "MB (cumulative)", summary::DISK, 1e6),
+    ];
+    resources
+        .into_iter()
+        .map(|(what, unit, columns, divisor)| {
+            let series = tables
+                .iter()
+                .enumerate()
+                .map(|(rank, t)| {
+                    let values: Vec<f64> = t.sum_of(columns).iter().map(|v| v / divisor).collect();
+                    process_series(rank, r.workers, t.over_time(&values), colour)
+                })
+                .collect();
+            LineChart {
+                title: format!("{} - {} @ {}: {what}", r.model, r.variant, r.bandwidth),
                 x_label: "seconds since the process started".into(),
                 y_label: unit.into(),
                 x_scale: Scale::Linear,
@@ -490,11 +413,29 @@ fn resource_charts(html: &mut HtmlReport, dir: &Path, rows: &[RunRow]) -> Result
                 series,
                 width: 640,
                 height: 320,
-            };
-            html.svg(&chart.to_svg()?);
-        }
+            }
+        })
+        .collect()
+}
+
+/// A process's series: named and styled by its rank (workers first, then servers).
+fn process_series(
+    rank: usize,
+    workers: usize,
+    points: Vec<(f64, f64)>,
+    colour: Option<usize>,
+) -> Series {
+    let (name, style) = match rank {
+        0 => ("worker 0".to_string(), LineStyle::Solid),
+        r if r < workers => (format!("worker {r}"), LineStyle::Points),
+        r => (format!("server {}", r - workers), LineStyle::Dashed),
+    };
+    Series {
+        name,
+        points,
+        style,
+        colour,
     }
-    Ok(())
 }
 
 fn quote(s: &str) -> String {
@@ -502,6 +443,42 @@ fn quote(s: &str) -> String {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
+    }
+}
+
+/// A row with only its place in the matrix set and every figure NaN, for tests.
+#[cfg(test)]
+impl RunRow {
+    pub fn empty(model: &str, workers: usize) -> Self {
+        let nan = f64::NAN;
+        RunRow {
+            id: String::new(),
+            model: model.into(),
+            variant: String::new(),
+            bandwidth: String::new(),
+            bandwidth_gbps: nan,
+            workers,
+            seed: 0,
+            step_seconds: nan,
+            samples_per_sec: nan,
+            ideal_samples_per_sec: nan,
+            fraction_of_ideal: nan,
+            compute_per_step: nan,
+            wait_per_step: nan,
+            test_accuracy: nan,
+            wall_seconds: nan,
+            target_accuracy: nan,
+            time_to_accuracy: nan,
+            average_accuracy: nan,
+            divergence: nan,
+            bytes_per_step: nan,
+            textbook_bytes_per_step: nan,
+            mean_cpu_percent: nan,
+            peak_rss_bytes: nan,
+            net_bytes: nan,
+            disk_bytes: nan,
+            evaluations: Vec::new(),
+        }
     }
 }
 
