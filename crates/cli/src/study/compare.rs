@@ -45,15 +45,15 @@ pub fn groups<'a>(config: &StudyConfig, rows: &'a [RunRow]) -> Vec<Group<'a>> {
         for &workers in &config.workers {
             let of: Vec<&RunRow> = rows
                 .iter()
-                .filter(|r| r.model == model.name && r.workers == workers)
+                .filter(|r| r.model == model.display_name() && r.workers == workers)
                 .collect();
             if of.is_empty() {
                 continue;
             }
             let title = if config.workers.len() > 1 {
-                format!("{}, {workers} workers", model.name)
+                format!("{}, {workers} workers", model.display_name())
             } else {
-                model.name.clone()
+                model.display_name().to_string()
             };
             out.push(Group {
                 title,

@@ -65,12 +65,23 @@ fn default_seeds() -> Vec<u64> {
 pub struct ModelEntry {
     /// `--model` value (`lenet`, `profile:vgg19`, ...).
     pub name: String,
+    /// Name in run ids, tables and charts (default: `name`), to run one model twice with
+    /// other flags (e.g. on two datasets).
+    #[serde(default)]
+    pub label: Option<String>,
     /// Bandwidths for this model (default: the study's).
     #[serde(default)]
     pub bandwidths: Vec<String>,
     /// Extra flags for this model's runs (e.g. `--dataset mnist`).
     #[serde(default)]
     pub args: Vec<String>,
+}
+
+impl ModelEntry {
+    /// The name runs and charts show.
+    pub fn display_name(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// One strategy variant: a strategy and the flags that switch its mechanisms.
@@ -212,11 +223,15 @@ impl StudyConfig {
         args.extend(variant.args.iter().cloned());
         let id = sanitize(&format!(
             "{}-{}-{}-w{}-s{}",
-            model.name, variant.label, bandwidth, workers, seed
+            model.display_name(),
+            variant.label,
+            bandwidth,
+            workers,
+            seed
         ));
         RunSpec {
             id,
-            model: model.name.clone(),
+            model: model.display_name().to_string(),
             variant: variant.label.clone(),
             bandwidth: bandwidth.to_string(),
             workers,
