@@ -233,6 +233,31 @@ fn chain_strategies_reproduce_single_process_training() {
     }
 }
 
+/// Same seed, same bits: two runs of each parameter-server strategy with 3 workers (whose
+/// pushes reach the servers in whatever order the sockets deliver them) end with identical
+/// weights, because servers add the pushes in rank order.
+#[test]
+fn parameter_servers_are_bit_reproducible() {
+    let dir = tempfile::tempdir().unwrap();
+    for strategy in ["ps", "p3"] {
+        let weights: Vec<_> = (0..2)
+            .map(|run| {
+                let out = dir.path().join(format!("{strategy}-{run}.safetensors"));
+                run_ok(
+                    Command::new(EXE)
+                        .arg("launch")
+                        .args(["--strategy", strategy, "--workers", "3", "--servers", "2"])
+                        .args(train_flags(8, 6))
+                        .arg("--save")
+                        .arg(&out),
+                );
+                read_weights(&out)
+            })
+            .collect();
+        assert!(weights[0] == weights[1], "{strategy}: two runs differ");
+    }
+}
+
 /// Step-wise settings are refused for other strategies, naming the flag.
 #[test]
 fn stepwise_flags_are_refused_for_other_strategies() {

@@ -23,6 +23,9 @@ pub struct ServerSummary {
     pub rank: Rank,
     /// Slice updates applied.
     pub updates: u64,
+    /// The most gradient values held at once in pushes waiting for their turn in the
+    /// rank-order sum (what bit-reproducibility costs in memory).
+    pub peak_early_values: usize,
     /// Bytes per link: `(peer, sent, received)`.
     pub links: Vec<(Rank, u64, u64)>,
 }
@@ -131,6 +134,7 @@ pub fn run_server(
     Ok(ServerSummary {
         rank: ctx.rank,
         updates: server.updates(),
+        peak_early_values: server.peak_early_values(),
         links: comm
             .counters()
             .iter()

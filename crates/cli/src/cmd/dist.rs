@@ -671,6 +671,10 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
         layout.workers,
     );
     let summary = run_server(&ctx, &layout, &spec, initial, s.optim(steps_hint)?)?;
-    tracing::info!(updates = summary.updates, "server done");
+    tracing::info!(
+        updates = summary.updates,
+        peak_early_values = summary.peak_early_values,
+        "server done"
+    );
     Ok(())
 }

@@ -169,7 +169,9 @@ pub trait Endpoint {
 
     /// Where the payload of a data frame announced by `header` from `link` goes: the driver
     /// reads exactly `header.length` values into the returned slice, then calls
-    /// [`Endpoint::handle_payload`]. Refuses frames that do not fit the protocol state.
+    /// [`Endpoint::handle_payload`]. Refuses frames that do not fit the protocol state. A
+    /// driver reading the payload as it arrives asks again for the same frame: the answer
+    /// must be the same slot.
     fn recv_slot(&mut self, link: Rank, header: &Header) -> Result<&mut [f32], ProtocolError>;
 
     /// The payload announced by `header` has been written into the slot.

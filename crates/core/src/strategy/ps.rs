@@ -2,6 +2,10 @@
 //! server that owns it; a server waits for all N pushes of a slice, averages them, applies
 //! SGD and answers every worker with the updated slice; a worker's step is done when every
 //! slice is back.
+//!
+//! A server adds the pushes of a slice in rank order, `((g0 + g1) + g2) + ...`, whatever
+//! order they arrive in: a push that comes before its turn waits in a buffer of its own. So
+//! the same seed gives the same bits on every run, as on the ring strategies.
 
 use std::collections::VecDeque;
 
@@ -327,6 +331,16 @@ pub struct PsServer {
     /// One receive buffer per worker link, so a frame's slot stays put until it is complete
     /// whatever other frames arrive meanwhile.
     scratch: Vec<Vec<f32>>,
+    /// Per slice and worker: a push that arrived before its turn in the rank-order sum.
+    early: Vec<Vec<Option<Vec<f32>>>>,
+    /// Buffers for early pushes, reused.
+    spare: Vec<Vec<f32>>,
+    /// Per slice: the worker whose push is added next.
+    next_rank: Vec<usize>,
+    /// Early pushes held now, and the most ever held at once (values), for the cost of
+    /// summing in rank order.
+    early_values: usize,
+    peak_early_values: usize,
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
     pushed_by: Vec<Vec<bool>>,
@@ -404,6 +418,11 @@ impl PsServer {
             velocity: (0..keys).map(sized).collect(),
             acc: (0..keys).map(sized).collect(),
             scratch: vec![vec![0.0; max_slice]; workers],
+            early: vec![vec![None; workers]; slices],
+            spare: Vec::new(),
+            next_rank: vec![0; slices],
+            early_values: 0,
+            peak_early_values: 0,
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
             pushed_by: vec![vec![false; workers]; slices],
@@ -425,6 +444,12 @@ impl PsServer {
     /// Slice updates applied so far.
     pub fn updates(&self) -> u64 {
         self.updates
+    }
+
+    /// The most values this server ever held in pushes waiting for their turn in the
+    /// rank-order sum (the memory that bit-reproducibility costs).
+    pub fn peak_early_values(&self) -> usize {
+        self.peak_early_values
     }
 
     /// Whether any reply is still queued for a worker.
@@ -487,6 +512,21 @@ impl PsServer {
 }
 
 impl PsServer {
+    /// Adds, in rank order, the pushes of `slice` that arrived before their turn and whose
+    /// turn has come.
+    fn add_waiting_pushes(&mut self, slice: usize) {
+        let s = self.reg.slices()[slice];
+        while let Some(buf) = self.early[slice]
+            .get_mut(self.next_rank[slice])
+            .and_then(Option::take)
+        {
+            add_assign(&mut self.acc[s.key][s.range()], &buf);
+            self.early_values -= buf.len();
+            self.spare.push(buf);
+            self.next_rank[slice] += 1;
+        }
+    }
+
     /// Takes the next answer queued for `link` and says what it carries (the payload is
     /// `params[key][offset..offset + length]`).
     fn next_answer(&mut self, link: Rank) -> Option<Header> {
@@ -538,17 +578,35 @@ impl Endpoint for PsServer {
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
         let len = self.reg.slices()[slice].len;
-        Ok(&mut self.scratch[link][..len])
+        if link == self.next_rank[slice] {
+            return Ok(&mut self.scratch[link][..len]);
+        }
+        // Before its turn: into a buffer of its own, where it waits. A driver asks again for
+        // the slot of a frame still arriving, so the frame keeps the buffer it was given.
+        let spare = &mut self.spare;
+        let buf = self.early[slice][link].get_or_insert_with(|| {
+            let mut buf = spare.pop().unwrap_or_default();
+            buf.resize(len, 0.0);
+            buf
+        });
+        Ok(buf.as_mut_slice())
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let slice = self.check(link, h)?;
         let s = self.reg.slices()[slice];
         let r = s.range();
-        add_assign(
-            &mut self.acc[s.key][r.clone()],
-            &self.scratch[link][..s.len],
-        );
+        if link == self.next_rank[slice] {
+            add_assign(
+                &mut self.acc[s.key][r.clone()],
+                &self.scratch[link][..s.len],
+            );
+            self.next_rank[slice] += 1;
+            self.add_waiting_pushes(slice);
+        } else {
+            self.early_values += s.len;
+            self.peak_early_values = self.peak_early_values.max(self.early_values);
+        }
         if self.pushes[slice] == 0 {
             self.slice_step[slice] = h.step;
         }
@@ -565,6 +623,7 @@ impl Endpoint for PsServer {
                 &mut self.velocity[s.key][r],
             );
             acc.iter_mut().for_each(|a| *a = 0.0);
+            self.next_rank[slice] = 0;
             self.pushes[slice] = 0;
             self.pushed_by[slice].iter_mut().for_each(|b| *b = false);
             self.out_step[slice] = h.step;
