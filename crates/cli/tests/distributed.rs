@@ -258,6 +258,41 @@ fn parameter_servers_are_bit_reproducible() {
     }
 }
 
+/// Duration flags with values no clock can hold are refused with a message, not a panic
+/// (they used to panic in the workers: "value is either too big or NaN").
+#[test]
+fn absurd_durations_are_refused_up_front() {
+    for flag in [
+        "--peer-timeout",
+        "--stall-timeout",
+        "--connect-timeout",
+        "--metrics-interval",
+    ] {
+        for value in ["inf", "1e30", "-1", "NaN"] {
+            let out = Command::new(EXE)
+                .args(["launch", &format!("{flag}={value}")])
+                .args(train_flags(8, 2))
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+            assert!(err.contains(flag) && !err.contains("panicked"), "{err}");
+        }
+    }
+}
+
+/// `launch --token T` runs the job under T (its processes used T while the launcher's
+/// coordinator made up another, so it always failed).
+#[test]
+fn launch_takes_the_given_token() {
+    let token = "ab".repeat(32);
+    run_ok(
+        Command::new(EXE)
+            .args(["launch", "--workers", "2", "--token", &token])
+            .args(train_flags(8, 2)),
+    );
+}
+
 /// Step-wise settings are refused for other strategies, naming the flag.
 #[test]
 fn stepwise_flags_are_refused_for_other_strategies() {

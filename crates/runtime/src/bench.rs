@@ -186,6 +186,7 @@ pub fn run_comm_bench(
                 layout: layout.clone(),
                 tracer: None,
                 updates: 0,
+                step: 0,
             };
             comm.run(&mut server, &mut server_hooks)?;
         }

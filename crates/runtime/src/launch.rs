@@ -28,6 +28,9 @@ pub struct LaunchPlan {
     pub connect_timeout: Duration,
     /// How long the others get to stop by themselves after one failed.
     pub grace: Duration,
+    /// The job token (`None`: a fresh one). The processes are given it in
+    /// `$SYNCOPATE_TOKEN`; a `--token` among `args` must be this one.
+    pub token: Option<JobToken>,
 }
 
 /// Failure of a launched job.
@@ -68,7 +71,7 @@ fn name(rank: usize, workers: usize) -> String {
 /// `[worker 0]` / `[server 1]` prefix.
 pub fn launch(plan: &LaunchPlan) -> Result<(), LaunchError> {
     let world = plan.workers + plan.servers;
-    let token = JobToken::generate();
+    let token = plan.token.clone().unwrap_or_else(JobToken::generate);
     let listener = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Listen)?;
     let addr: SocketAddr = listener.local_addr().map_err(LaunchError::Listen)?;
     let coordinator = {

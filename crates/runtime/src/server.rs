@@ -37,6 +37,8 @@ pub(crate) struct ServerHooks {
     pub(crate) tracer: Option<TraceRecorder>,
     /// Slice updates seen so far (a push that raises it applied a slice).
     pub(crate) updates: u64,
+    /// The latest step a push was received for (errors name it).
+    pub(crate) step: u64,
 }
 
 impl Hooks<PsServer> for ServerHooks {
@@ -44,7 +46,12 @@ impl Hooks<PsServer> for ServerHooks {
         Ok(Flow::Continue)
     }
 
-    fn on_progress(&mut self, _: &mut PsServer, status: LinkStatus) -> Result<Flow, CommError> {
+    fn on_progress(
+        &mut self,
+        server: &mut PsServer,
+        status: LinkStatus,
+    ) -> Result<Flow, CommError> {
+        self.step = server.latest_step();
         Ok(if status.goodbyes == status.links {
             Flow::Finish
         } else {
@@ -53,7 +60,7 @@ impl Hooks<PsServer> for ServerHooks {
     }
 
     fn step(&self) -> u64 {
-        0
+        self.step
     }
 
     fn describe(&self, rank: Rank) -> String {
@@ -123,6 +130,7 @@ pub fn run_server(
             .and_then(|m| m.trace_steps.clone())
             .map(|window| TraceRecorder::new(ctx.rank, window)),
         updates: 0,
+        step: 0,
     };
     let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(&mut server, &mut hooks)?;

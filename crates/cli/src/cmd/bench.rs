@@ -133,6 +133,7 @@ pub fn bench_cmd(args: BenchArgs) -> Result<()> {
         servers: layout.servers,
         connect_timeout: Duration::from_secs(60),
         grace: Duration::from_secs(10),
+        token: None,
     })?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{Averaged, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
-use syncopate_runtime::auth::JobToken;
+use syncopate_runtime::auth::{AuthError, JobToken};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
@@ -81,12 +81,12 @@ pub struct JobArgs {
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
     /// Declare a silent peer lost after this many seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     pub peer_timeout: f64,
     /// A worker gives up when nothing of a step's synchronisation arrives for this many
     /// seconds although every peer is alive (a protocol stall). Default: 120 s plus four
     /// times the time the model's bytes take through the emulated interface. 0: never.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub stall_timeout: Option<f64>,
     /// After moving any byte, the communication thread keeps polling its sockets without
     /// sleeping for this many microseconds (lower latency for small frames, at the cost of
@@ -99,7 +99,7 @@ pub struct JobArgs {
     #[arg(long = "slow-worker", value_name = "RANK:FACTOR")]
     pub slow_worker: Vec<Straggler>,
     /// Seconds the processes get to find each other.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
     pub connect_timeout: f64,
     /// Address to accept peer connections on (default: the one that reaches MASTER_ADDR).
     #[arg(long)]
@@ -115,7 +115,7 @@ pub struct JobArgs {
     #[arg(long, value_name = "DIR")]
     pub metrics_dir: Option<PathBuf>,
     /// Seconds between resource samples.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
     pub metrics_interval: f64,
     /// Record a timeline of these steps (e.g. 10..20, 0-based, end excluded) into
     /// --metrics-dir: one trace-rank<R>.json per worker, merged by `launch` into trace.json
@@ -152,6 +152,23 @@ pub struct JobArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// The longest duration a flag accepts: a week.
+const MAX_FLAG_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A duration flag in seconds: a finite number from 0 to a week.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    let s: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if !s.is_finite() || !(0.0..=MAX_FLAG_SECONDS).contains(&s) {
+        return Err(format!(
+            "{text} s is not a duration from 0 to {MAX_FLAG_SECONDS} s (a week)"
+        ));
+    }
+    Ok(s)
 }
 
 impl JobArgs {
@@ -265,6 +282,16 @@ impl JobArgs {
         })
     }
 
+    /// The token given with `--token`, `--token-file` or the environment (`None`: `launch`
+    /// makes a fresh one).
+    fn given_token(&self) -> Result<Option<JobToken>> {
+        match JobToken::resolve(self.token.as_deref(), self.token_file.as_deref()) {
+            Ok(token) => Ok(Some(token)),
+            Err(AuthError::NoToken) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// `--stall-timeout`, or its default for a model of `params` parameters.
     fn stall_timeout(&self, params: usize, layout: &JobLayout) -> Result<Option<Duration>> {
         match self.stall_timeout {
@@ -370,6 +397,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         servers: layout.servers,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: Duration::from_secs(10),
+        token: args.given_token()?,
     })?;
     if let Some(dir) = &replicas {
         replicas::report(&args, layout.workers, dir)?;

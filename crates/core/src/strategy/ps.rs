@@ -341,6 +341,7 @@ pub struct PsServer {
     /// summing in rank order.
     early_values: usize,
     peak_early_values: usize,
+    latest_step: u64,
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
     pushed_by: Vec<Vec<bool>>,
@@ -423,6 +424,7 @@ impl PsServer {
             next_rank: vec![0; slices],
             early_values: 0,
             peak_early_values: 0,
+            latest_step: 0,
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
             pushed_by: vec![vec![false; workers]; slices],
@@ -450,6 +452,11 @@ impl PsServer {
     /// rank-order sum (the memory that bit-reproducibility costs).
     pub fn peak_early_values(&self) -> usize {
         self.peak_early_values
+    }
+
+    /// The latest step any push was received for (0 before the first).
+    pub fn latest_step(&self) -> u64 {
+        self.latest_step
     }
 
     /// Whether any reply is still queued for a worker.
@@ -596,6 +603,7 @@ impl Endpoint for PsServer {
         let slice = self.check(link, h)?;
         let s = self.reg.slices()[slice];
         let r = s.range();
+        self.latest_step = self.latest_step.max(h.step);
         if link == self.next_rank[slice] {
             add_assign(
                 &mut self.acc[s.key][r.clone()],

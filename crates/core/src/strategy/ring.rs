@@ -52,6 +52,8 @@ struct BucketState {
     early: Vec<(u64, usize, usize)>,
     /// Per segment of the bucket: whether its reduce (gather) frame of this step arrived.
     got_reduce: Vec<bool>,
+    /// Per segment: whether its reduce frame of the step after this one arrived early.
+    got_reduce_next: Vec<bool>,
     got_gather: Vec<bool>,
     /// Direct buckets, per step parity: every rank's copy, `(parity * n + origin) * len`.
     shares: Vec<f32>,
@@ -191,6 +193,7 @@ impl RingAllReduce {
                 let segments = b.chunks.iter().map(Vec::len).sum();
                 BucketState {
                     got_reduce: vec![false; segments],
+                    got_reduce_next: vec![false; segments],
                     got_gather: vec![false; segments],
                     ..Default::default()
                 }
@@ -472,7 +475,8 @@ impl RingAllReduce {
         } else {
             &st.got_reduce
         };
-        if !next_step && seen[segment] {
+        let seen = if next_step { &st.got_reduce_next } else { seen };
+        if seen[segment] {
             return Err(err("segment received twice"));
         }
         Ok((b, segment))
@@ -512,6 +516,9 @@ impl WorkerSync for RingAllReduce {
         self.reset_state();
         for (b, s) in std::mem::take(&mut self.next_step_shares) {
             self.forward_share(b, s);
+        }
+        for st in &mut self.state {
+            st.got_reduce_next.fill(false);
         }
         for (b, segment, s, off, len) in std::mem::take(&mut self.next_step_early) {
             self.state[b].got_reduce[segment] = true;
@@ -607,6 +614,7 @@ impl Endpoint for RingAllReduce {
             return Ok(());
         }
         if h.step != self.step || !self.begun {
+            self.state[b].got_reduce_next[segment] = true;
             self.next_step_early.push((b, segment, s, off, len));
             return Ok(());
         }

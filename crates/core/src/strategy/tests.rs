@@ -667,3 +667,44 @@ proptest! {
         }
     }
 }
+
+/// A server knows the step it is at (its errors name it; they all said "step 0").
+#[test]
+fn a_server_knows_its_latest_step() {
+    let plan = SyncPlan::new(StrategyKind::Ps, 2, 1);
+    let sizes = [5, 7];
+    let mut ws: Vec<Box<dyn WorkerSync>> = (0..2)
+        .map(|r| -> Box<dyn WorkerSync> { plan.worker_endpoint(r, keys(&sizes)) })
+        .collect();
+    let init: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
+    let mut ss = vec![plan
+        .server_endpoint(2, keys(&sizes), init, ServerOptim::plain(0.1))
+        .expect("a server")];
+    assert_eq!(ss[0].latest_step(), 0);
+    drive(&mut ws, &mut ss, &sizes, 4, 7);
+    assert_eq!(ss[0].latest_step(), 3);
+}
+
+/// A reduce frame of a step not yet begun, delivered twice, is refused the second time
+/// (it was kept twice and added twice at the step's start: silent corruption).
+#[test]
+fn a_replayed_early_ring_frame_is_refused() {
+    let sizes = [6usize];
+    let mut ahead = RingAllReduce::new(1, 2, keys(&sizes), 100, 2, true, SchedulerKind::Fifo);
+    let mut behind = RingAllReduce::new(0, 2, keys(&sizes), 100, 2, true, SchedulerKind::Fifo);
+    ahead.begin_step(0);
+    ahead.handle_gradient(0, &grad(0, 1, 0, 6));
+    let mut frame = Vec::new();
+    assert!(ahead.poll_transmit(0, &mut frame));
+    let mut hb = [0u8; HEADER_LEN];
+    hb.copy_from_slice(&frame[..HEADER_LEN]);
+    let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).expect("a header");
+    let mut deliver = |w: &mut RingAllReduce| -> Result<(), ProtocolError> {
+        let slot = w.recv_slot(1, &h)?;
+        crate::wire::f32_bytes_mut(slot).copy_from_slice(&frame[HEADER_LEN..]);
+        w.handle_payload(1, &h)
+    };
+    deliver(&mut behind).expect("the first copy is kept for the step");
+    let err = deliver(&mut behind).expect_err("the replay is refused");
+    assert!(err.to_string().contains("twice"), "{err}");
+}
