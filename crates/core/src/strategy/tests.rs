@@ -699,7 +699,7 @@ fn a_replayed_early_ring_frame_is_refused() {
     let mut hb = [0u8; HEADER_LEN];
     hb.copy_from_slice(&frame[..HEADER_LEN]);
     let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).expect("a header");
-    let mut deliver = |w: &mut RingAllReduce| -> Result<(), ProtocolError> {
+    let deliver = |w: &mut RingAllReduce| -> Result<(), ProtocolError> {
         let slot = w.recv_slot(1, &h)?;
         crate::wire::f32_bytes_mut(slot).copy_from_slice(&frame[HEADER_LEN..]);
         w.handle_payload(1, &h)
