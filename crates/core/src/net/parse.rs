@@ -146,7 +146,9 @@ pub(crate) mod serde_helpers {
             match Option::<Either>::deserialize(d)? {
                 None => Ok(None),
                 Some(Either::Number(n)) if n > 0.0 => Ok(Some(n)),
-                Some(Either::Number(_)) => Ok(None),
+                Some(Either::Number(n)) => Err(serde::de::Error::custom(format!(
+                    "bandwidth {n}: must be positive (leave it out for an unlimited link)"
+                ))),
                 Some(Either::Text(t)) => {
                     super::super::parse_bandwidth(&t).map_err(serde::de::Error::custom)
                 }

@@ -260,15 +260,41 @@ fn check_probability(field: String, flag: &'static str, p: f64) -> Result<(), Pr
 }
 
 /// Checks an optional bandwidth field.
+/// The slowest link the model accepts (1 kbit/s): slower ones overflow its nanosecond clock
+/// on large frames.
+pub const MIN_BANDWIDTH_BPS: f64 = 1e3;
+
+/// The fastest link the model accepts (1 Pbit/s).
+pub const MAX_BANDWIDTH_BPS: f64 = 1e15;
+
+/// The longest latency or retransmission timeout the model accepts (an hour).
+pub const MAX_DELAY_NS: u64 = 3_600_000_000_000;
+
 fn check_bandwidth(field: String, flag: &'static str, b: Option<f64>) -> Result<(), ProfileError> {
     match b {
-        Some(bps) if !(bps > 0.0 && bps.is_finite()) => Err(ProfileError::new(
-            field,
-            flag,
-            format!("{bps} bit/s must be positive and finite"),
-        )),
+        Some(bps) if !(MIN_BANDWIDTH_BPS..=MAX_BANDWIDTH_BPS).contains(&bps) => {
+            Err(ProfileError::new(
+                field,
+                flag,
+                format!(
+                    "{bps:e} bit/s is outside {MIN_BANDWIDTH_BPS:e}..={MAX_BANDWIDTH_BPS:e} bit/s \
+                     (1 kbit/s to 1 Pbit/s; leave it out for an unlimited link)"
+                ),
+            ))
+        }
         _ => Ok(()),
     }
+}
+
+fn check_delay(field: String, flag: &'static str, ns: u64) -> Result<(), ProfileError> {
+    if ns > MAX_DELAY_NS {
+        return Err(ProfileError::new(
+            field,
+            flag,
+            format!("{ns} ns is longer than an hour ({MAX_DELAY_NS} ns)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a bursty-loss setting.
@@ -325,6 +351,8 @@ impl NetworkProfile {
     /// Checks every value; the error names the field and its flag.
     pub fn validate(&self) -> Result<(), ProfileError> {
         check_bandwidth("bandwidth_bps".into(), "--bandwidth", self.bandwidth_bps)?;
+        check_delay("latency_ns".into(), "--latency", self.latency_ns)?;
+        check_delay("rto_ns".into(), "--rto", self.rto_ns)?;
         if self.buffer_bytes == 0 {
             return Err(ProfileError::new(
                 "buffer_bytes",
@@ -390,6 +418,9 @@ impl NetworkProfile {
                 "--network",
                 p.bandwidth_bps,
             )?;
+            if let Some(l) = p.latency_ns {
+                check_delay(format!("path[{i}].latency_ns"), "--network", l)?;
+            }
             if let Some(l) = p.loss {
                 check_probability(format!("path[{i}].loss"), "--network", l)?;
             }
@@ -508,5 +539,29 @@ mod tests {
         assert!(toml::from_str::<NetworkProfile>("queue_discipline = \"red\"").is_err());
         let back: NetworkProfile = toml::from_str(&toml::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn links_no_clock_can_hold_are_refused() {
+        let err = |text: &str| match toml::from_str::<NetworkProfile>(text) {
+            Err(e) => e.to_string(),
+            Ok(p) => p
+                .validate()
+                .map_err(|e| e.to_string())
+                .err()
+                .unwrap_or_default(),
+        };
+        for (text, want) in [
+            ("bandwidth_bps = -5", "must be positive"),
+            ("bandwidth_bps = 0", "must be positive"),
+            ("bandwidth_bps = 1e-300", "bandwidth_bps"),
+            ("bandwidth_bps = 1e300", "bandwidth_bps"),
+            ("latency_ns = \"7200s\"", "latency_ns"),
+            ("rto_ns = 4e12", "rto_ns"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "{text}: {e:?}");
+        }
+        assert!(err("bandwidth_bps = \"1gbit\"\nlatency_ns = \"50s\"").is_empty());
     }
 }
