@@ -151,6 +151,14 @@ impl StudyConfig {
                 );
             }
         }
+        let mut ids = std::collections::HashSet::new();
+        if let Some(run) = self.runs().into_iter().find(|r| !ids.insert(r.id.clone())) {
+            bail!(
+                "two runs would share the directory '{}': give the models or variants \
+                 distinct labels",
+                run.id
+            );
+        }
         Ok(())
     }
 
@@ -300,5 +308,14 @@ scheduler = "priority"
         let c: StudyConfig = toml::from_str(&bad).unwrap();
         assert!(c.validate().is_err());
         assert!(toml::from_str::<StudyConfig>(&STUDY.replace("steps = 4", "stepz = 4")).is_err());
+    }
+
+    #[test]
+    fn runs_that_would_share_a_directory_are_refused() {
+        // "ps [fifo]" and "ps (fifo)" make the same file-name-safe id.
+        let text = format!("{STUDY}\n[[variants]]\nlabel = \"ps [fifo]\"\nstrategy = \"ps\"\n");
+        let config: StudyConfig = toml::from_str(&text).unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("share the directory"), "{err}");
     }
 }

@@ -36,6 +36,16 @@ pub fn run_matrix(
 ) -> Result<Vec<(RunSpec, RunOutcome)>> {
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     let runs = config.runs();
+    let stale = stale_runs(&runs, dir);
+    if !stale.is_empty() {
+        anyhow::bail!(
+            "{} finished run(s) under {} were made with other arguments than the study now \
+             gives ({}); remove them (or use another --out) to run them again",
+            stale.len(),
+            dir.join("runs").display(),
+            stale.join(", ")
+        );
+    }
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -68,6 +78,28 @@ pub fn run_matrix(
     }
     bar.finish_and_clear();
     Ok(outcomes)
+}
+
+/// The finished runs under `dir` whose recorded arguments (`run.toml`) differ from what
+/// the study gives them now: resuming would silently reuse them.
+pub fn stale_runs(runs: &[RunSpec], dir: &Path) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Recorded {
+        args: Vec<String>,
+    }
+    runs.iter()
+        .filter(|run| {
+            let run_dir = dir.join("runs").join(&run.id);
+            if !summary_path(&run_dir).is_file() {
+                return false;
+            }
+            let recorded = std::fs::read_to_string(run_dir.join("run.toml"))
+                .ok()
+                .and_then(|text| toml::from_str::<Recorded>(&text).ok());
+            recorded.is_none_or(|r| r.args != run.args)
+        })
+        .map(|run| run.id.clone())
+        .collect()
 }
 
 /// One run: writes its place in the matrix as `run.toml` and its output as `log.txt`;
@@ -120,4 +152,40 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
     std::fs::rename(&partial, summary_path(run_dir))
         .with_context(|| format!("the run wrote no summary ({})", partial.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(steps: &str) -> RunSpec {
+        RunSpec {
+            id: "lenet-ps".into(),
+            model: "lenet".into(),
+            variant: "ps".into(),
+            bandwidth: "1gbit".into(),
+            workers: 2,
+            seed: 1,
+            args: vec!["--steps".into(), steps.into()],
+        }
+    }
+
+    #[test]
+    fn a_finished_run_made_with_other_arguments_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("runs").join("lenet-ps");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        std::fs::write(
+            run_dir.join("run.toml"),
+            toml::to_string(&spec("10")).unwrap(),
+        )
+        .unwrap();
+        // Not finished: never stale.
+        assert!(stale_runs(&[spec("20")], dir.path()).is_empty());
+        std::fs::write(summary_path(&run_dir), "{}").unwrap();
+        assert!(stale_runs(&[spec("10")], dir.path()).is_empty());
+        assert_eq!(stale_runs(&[spec("20")], dir.path()), vec!["lenet-ps"]);
+        std::fs::remove_file(run_dir.join("run.toml")).unwrap();
+        assert_eq!(stale_runs(&[spec("10")], dir.path()), vec!["lenet-ps"]);
+    }
 }
