@@ -293,6 +293,75 @@ fn launch_takes_the_given_token() {
     );
 }
 
+/// The pid of the child of `parent` whose environment says `RANK=rank`.
+fn child_with_rank(parent: u32, rank: usize) -> Option<u32> {
+    let want = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Field 4 (after the parenthesised name) is the parent's pid.
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let has_rank = env.split(|&b| b == 0).any(|v| v == want.as_bytes());
+        (ppid == parent && has_rank).then_some(pid)
+    })
+}
+
+/// A frozen (SIGSTOPped) worker: the others stop within the peer timeout, and `launch` kills
+/// it and ends the job within about two seconds more (it used to wait 10 s).
+#[test]
+fn a_frozen_worker_ends_the_job_within_the_peer_timeout() {
+    let mut launch = Command::new(EXE)
+        .args(["launch", "--workers", "2", "--peer-timeout", "1"])
+        .args([
+            "--model",
+            "mlp",
+            "--dataset",
+            "synthetic",
+            "--synthetic-samples",
+            "256",
+        ])
+        .args(["--steps", "100000000", "--batch-size", "8", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(launch.stderr.take().unwrap()).lines();
+    while !lines
+        .next()
+        .expect("launch ended before training")
+        .unwrap()
+        .contains("[worker 1] rank 1: joined the job")
+    {}
+    let victim = child_with_rank(launch.id(), 1).expect("worker 1's process");
+    let stopped = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-STOP", &victim.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let status = launch.wait().unwrap();
+    let took = stopped.elapsed();
+    let _ = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status();
+    let log = drain.join().unwrap().join("\n");
+    assert!(!status.success(), "{log}");
+    // Peer timeout 1 s, grace 2 s, plus slack for a loaded machine.
+    assert!(
+        took < Duration::from_secs(7),
+        "the job took {took:?}:\n{log}"
+    );
+    assert!(log.contains("rank 1"), "{log}");
+}
+
 /// Step-wise settings are refused for other strategies, naming the flag.
 #[test]
 fn stepwise_flags_are_refused_for_other_strategies() {

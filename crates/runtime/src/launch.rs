@@ -33,6 +33,11 @@ pub struct LaunchPlan {
     pub token: Option<JobToken>,
 }
 
+/// How long the other processes get to stop by themselves once one has failed: they learn
+/// of it within a tenth of a second (abort frames), so a process still running after this
+/// is frozen or stuck, and is killed.
+pub const LAUNCH_GRACE: Duration = Duration::from_secs(2);
+
 /// Failure of a launched job.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {

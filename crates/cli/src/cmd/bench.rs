@@ -12,7 +12,7 @@ use syncopate_runtime::bench::{run_comm_bench, BenchIters};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, ProcessContext};
-use syncopate_runtime::launch::{launch, LaunchPlan};
+use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 
 use crate::args::{strategy_parser, NetworkArgs};
 
@@ -132,7 +132,7 @@ pub fn bench_cmd(args: BenchArgs) -> Result<()> {
         workers: layout.workers,
         servers: layout.servers,
         connect_timeout: Duration::from_secs(60),
-        grace: Duration::from_secs(10),
+        grace: LAUNCH_GRACE,
         token: None,
     })?;
     Ok(())

@@ -17,7 +17,7 @@ use syncopate_runtime::auth::{AuthError, JobToken};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
-use syncopate_runtime::launch::{launch, LaunchPlan};
+use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 use syncopate_runtime::server::run_server;
 use syncopate_runtime::trace::merge_traces;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
@@ -396,7 +396,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         workers: layout.workers,
         servers: layout.servers,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
-        grace: Duration::from_secs(10),
+        grace: LAUNCH_GRACE,
         token: args.given_token()?,
     })?;
     if let Some(dir) = &replicas {
