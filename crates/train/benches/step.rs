@@ -52,7 +52,7 @@ fn bench_steps(c: &mut Criterion) {
         group.bench_function(format!("{name}/fwd+bwd"), |b| {
             b.iter(|| {
                 engine.forward(&batch, &mut |_, _| Ok(())).expect("forward");
-                engine.backward(&mut |_, _| Ok(())).expect("backward");
+                engine.backward(&mut |_, _, _| Ok(())).expect("backward");
             })
         });
     }

@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         engine.finish_forward()?;
         fwd[layers].push(t.elapsed().as_secs_f64() * 1e3);
         let mut last = Instant::now();
-        engine.backward(&mut |l, _| {
+        engine.backward(&mut |l, _, _| {
             bwd[l].push(last.elapsed().as_secs_f64() * 1e3);
             last = Instant::now();
             Ok(())

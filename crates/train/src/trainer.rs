@@ -115,7 +115,7 @@ pub fn train_step(
     }
     let out = engine.finish_forward()?;
     let t1 = Instant::now();
-    engine.backward(&mut |_, layer_grads| {
+    engine.backward(&mut |_, layer_grads, _| {
         for (key, g) in layer_grads.iter() {
             grads[key].copy_from_slice(g);
         }

@@ -36,7 +36,7 @@ fn gradients(engine: &mut BurnEngine, batch: &Batch) -> (Vec<Vec<f32>>, Vec<usiz
     let mut order = Vec::new();
     engine.forward(batch, &mut |_, _| Ok(())).unwrap();
     engine
-        .backward(&mut |layer, g| {
+        .backward(&mut |layer, g, _| {
             order.push(layer);
             for (k, v) in g.iter() {
                 grads[k] = v.to_vec();

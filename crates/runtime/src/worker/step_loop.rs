@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration as StdDuration, Instant};
 
-use syncopate_core::step::{Action, Awaiting, StepSequencer};
+use syncopate_core::step::{Action, Awaiting, OptimizerPlace, StepSequencer};
 use syncopate_core::strategy::WorkerEvent;
 use syncopate_train::data::{Batch, Loader, Split};
 use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
@@ -258,9 +258,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     }
 
     /// Runs the whole backward pass (the engine calls back after each layer); the
-    /// sequencer says what follows each layer. Layers whose optimizer runs before their
-    /// weights are handed over are updated and handed over once the engine's backward has
-    /// returned: the engine cannot change a layer's weights while it runs.
+    /// sequencer says what follows each layer: its hand-over, and first, where weights are
+    /// averaged, its local optimizer step.
     fn backward(&mut self, seq: &mut StepSequencer, first: usize) -> Result<(), RunError> {
         let Self {
             engine,
@@ -272,13 +271,13 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             slowdown,
             step,
             grads,
+            optimizer,
             ..
         } = self;
         let mut failure = None;
         let mut expected = first;
-        let mut deferred = Deferred::default();
         let mut layer_start = Instant::now();
-        let result = engine.backward(&mut |layer, layer_grads| {
+        let result = engine.backward(&mut |layer, layer_grads, engine| {
             let computed = layer_start.elapsed();
             if *slowdown > 1.0 {
                 std::thread::sleep(computed.mul_f64(*slowdown - 1.0));
@@ -289,13 +288,15 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                 let name = format!("backward {}", layer_names[layer]);
                 t.span(*step, "compute", &name, layer_start, now);
             }
-            let mut ctx = AfterBackward {
+            let mut after = AfterBackward {
                 seq,
                 comm,
                 grads,
-                deferred: &mut deferred,
+                optimizer,
+                engine,
+                record,
             };
-            match ctx.run(layer, expected, &layer_keys[layer], layer_grads) {
+            match after.run(layer, expected, &layer_keys[layer], layer_grads) {
                 Ok(Some(next)) => expected = next,
                 Ok(None) => {}
                 Err(e) => {
@@ -310,34 +311,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         if let Some(e) = failure {
             return Err(e);
         }
-        result?;
-        self.hand_over_deferred(deferred)
-    }
-
-    /// Updates and hands over, in the order backward produced them, the layers whose
-    /// weights go to the strategy after a local optimizer step; then backward's end.
-    fn hand_over_deferred(&mut self, deferred: Deferred) -> Result<(), RunError> {
-        if deferred.layers.is_empty() {
-            return Ok(());
-        }
-        let t = Instant::now();
-        for &layer in &deferred.layers {
-            let keys = self.layer_keys[layer].clone();
-            self.optimizer
-                .apply_keys(&mut *self.engine, keys.clone(), &self.grads)?;
-            for key in keys {
-                let weights = self.engine.param(key)?.to_vec();
-                self.comm.send(ToComm::Gradient(key, weights))?;
-            }
-        }
-        self.optimizer.advance();
-        let end = Instant::now();
-        self.record.times.optimizer += (end - t).as_secs_f64();
-        self.span("optimizer", "optimizer, layer by layer", t, end);
-        if deferred.backward_done {
-            self.comm.send(ToComm::BackwardDone)?;
-        }
-        Ok(())
+        Ok(result?)
     }
 
     fn optimize(&mut self) -> Result<(), RunError> {
@@ -429,21 +403,14 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     }
 }
 
-/// Layers whose optimizer step and hand-over wait for the end of the engine's backward.
-#[derive(Default)]
-struct Deferred {
-    /// In the order backward produced them.
-    layers: Vec<usize>,
-    /// Whether backward's end must follow them.
-    backward_done: bool,
-}
-
 /// What runs after one layer's backward, inside the engine's callback.
 struct AfterBackward<'s> {
     seq: &'s mut StepSequencer,
     comm: &'s mut Comm,
     grads: &'s mut [Vec<f32>],
-    deferred: &'s mut Deferred,
+    optimizer: &'s mut LocalOptimizer,
+    engine: &'s mut dyn LayerwiseEngine,
+    record: &'s mut Record,
 }
 
 impl AfterBackward<'_> {
@@ -462,33 +429,32 @@ impl AfterBackward<'_> {
             )));
         }
         self.seq.compute_done();
+        let mut updated = false;
         loop {
             match self.seq.poll_action() {
                 Action::OptimizeLayer(k) if k == layer => {
-                    for (key, g) in layer_grads.iter() {
-                        debug_assert!(keys.contains(&key));
-                        if let Some(slot) = self.grads.get_mut(key) {
-                            slot.clear();
-                            slot.extend_from_slice(g);
-                        }
+                    self.optimize_layer(keys, layer_grads)?;
+                    updated = true;
+                }
+                // Weights after the layer's own optimizer step, or its gradients.
+                Action::HandOver(k) if k == layer && updated => {
+                    for key in keys.clone() {
+                        let weights = self.engine.param(key)?.to_vec();
+                        self.comm.send(ToComm::Gradient(key, weights))?;
                     }
-                    self.deferred.layers.push(layer);
                 }
                 Action::HandOver(k) if k == layer => {
-                    if self.deferred.layers.last() == Some(&layer) {
-                        continue;
-                    }
                     for (key, g) in layer_grads.iter() {
                         debug_assert!(keys.contains(&key));
                         self.comm.send(ToComm::Gradient(key, g.to_vec()))?;
                     }
                 }
                 Action::Backward(next) => return Ok(Some(next)),
-                Action::BackwardDone if !self.deferred.layers.is_empty() => {
-                    self.deferred.backward_done = true;
-                    return Ok(None);
-                }
                 Action::BackwardDone => {
+                    // The step's layers are all updated: the next step's learning rate.
+                    if self.seq.plan().optimizer == OptimizerPlace::BeforeSync {
+                        self.optimizer.advance();
+                    }
                     self.comm.send(ToComm::BackwardDone)?;
                     return Ok(None);
                 }
@@ -499,5 +465,24 @@ impl AfterBackward<'_> {
                 }
             }
         }
+    }
+
+    /// The optimizer on this layer's keys with their own gradients.
+    fn optimize_layer(
+        &mut self,
+        keys: &Range<usize>,
+        layer_grads: &LayerGrads,
+    ) -> Result<(), RunError> {
+        let t = Instant::now();
+        for (key, g) in layer_grads.iter() {
+            if let Some(slot) = self.grads.get_mut(key) {
+                slot.clear();
+                slot.extend_from_slice(g);
+            }
+        }
+        self.optimizer
+            .apply_keys(&mut *self.engine, keys.clone(), self.grads)?;
+        self.record.times.optimizer += t.elapsed().as_secs_f64();
+        Ok(())
     }
 }

@@ -15,7 +15,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 
 use super::conv_block::{self, ConvSaved, ConvShape};
 use super::flat::{FlatView, LayerGrads};
-use super::{BackwardMode, LayerwiseEngine, StepOutput};
+use super::{BackwardMode, LayerwiseEngine, OnLayer, StepOutput};
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::model::{LayerOp, ModelSpec};
@@ -600,10 +600,7 @@ impl LayerwiseEngine for BurnEngine {
         Ok(out)
     }
 
-    fn backward(
-        &mut self,
-        on_layer: &mut dyn FnMut(usize, &LayerGrads) -> Result<()>,
-    ) -> Result<()> {
+    fn backward(&mut self, on_layer: &mut OnLayer<'_>) -> Result<()> {
         let mut pass = self
             .pass
             .take()
@@ -617,7 +614,8 @@ impl LayerwiseEngine for BurnEngine {
             BackwardMode::Whole => {
                 let grads = loss.backward();
                 for layer in (0..layers).rev() {
-                    on_layer(layer, &self.param_grads(layer, &grads)?)?;
+                    let layer_grads = self.param_grads(layer, &grads)?;
+                    on_layer(layer, &layer_grads, self)?;
                 }
             }
             BackwardMode::Segmented => {
@@ -635,13 +633,14 @@ impl LayerwiseEngine for BurnEngine {
                         })?;
                         if let Some(saved) = pass.saved[layer].take() {
                             let (grads, g_input) = self.conv_block_backward(layer, &saved, g)?;
-                            on_layer(layer, &grads)?;
+                            on_layer(layer, &grads, self)?;
                             g_up = g_input;
                             continue;
                         }
                         pass.outputs[layer].clone().weighted_sum(g)?.backward()
                     };
-                    on_layer(layer, &self.param_grads(layer, &grads)?)?;
+                    let layer_grads = self.param_grads(layer, &grads)?;
+                    on_layer(layer, &layer_grads, self)?;
                     if layer > 0 {
                         // The gradient of layer k's input leaf is layer k-1's output gradient.
                         g_up = pass.inputs[layer]

@@ -44,6 +44,10 @@ pub enum BackwardMode {
     Whole,
 }
 
+/// What [`LayerwiseEngine::backward`] calls after each layer: the layer, its parameters'
+/// gradients, and the engine (for the parameters of the layers whose backward is done).
+pub type OnLayer<'a> = dyn FnMut(usize, &LayerGrads, &mut dyn LayerwiseEngine) -> Result<()> + 'a;
+
 /// A model that trains layer by layer (see the module documentation for the call order).
 pub trait LayerwiseEngine {
     /// The model this engine trains.
@@ -58,12 +62,12 @@ pub trait LayerwiseEngine {
     /// Computes the loss after the last layer.
     fn finish_forward(&mut self) -> Result<StepOutput>;
 
-    /// Back-propagates the last forward pass, calling `on_layer(k, grads)` for each layer
-    /// from the last to the first as soon as its parameters' gradients are known.
-    fn backward(
-        &mut self,
-        on_layer: &mut dyn FnMut(usize, &LayerGrads) -> Result<()>,
-    ) -> Result<()>;
+    /// Back-propagates the last forward pass, calling `on_layer(k, grads, engine)` for each
+    /// layer from the last to the first as soon as its parameters' gradients are known.
+    /// Through `engine` the callback may read and replace the parameters of layer `k` and of
+    /// the layers after it (their backward is done: a local optimizer step per layer), and
+    /// nothing else.
+    fn backward(&mut self, on_layer: &mut OnLayer<'_>) -> Result<()>;
 
     /// Zero-copy view of parameter `key`'s current values.
     fn param(&self, key: usize) -> Result<FlatView>;

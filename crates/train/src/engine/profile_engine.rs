@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::flat::{FlatView, LayerGrads};
-use super::{LayerwiseEngine, StepOutput};
+use super::{LayerwiseEngine, OnLayer, StepOutput};
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::model::{LayerOp, ModelSpec};
@@ -125,10 +125,7 @@ impl LayerwiseEngine for ProfileEngine {
         })
     }
 
-    fn backward(
-        &mut self,
-        on_layer: &mut dyn FnMut(usize, &LayerGrads) -> Result<()>,
-    ) -> Result<()> {
+    fn backward(&mut self, on_layer: &mut OnLayer<'_>) -> Result<()> {
         self.pacer.resync();
         for layer in (0..self.spec.layers.len()).rev() {
             self.pacer.run(self.times(layer).1);
@@ -139,7 +136,7 @@ impl LayerwiseEngine for ProfileEngine {
                     .map(|k| (k, FlatView::shared(self.grads[k].clone())))
                     .collect(),
             };
-            on_layer(layer, &grads)?;
+            on_layer(layer, &grads, self)?;
             // Handing the gradients over is the caller's time, not the layer's.
             self.pacer.resync();
         }
@@ -209,7 +206,7 @@ mod tests {
         engine.forward(&batch, &mut |_, _| Ok(())).unwrap();
         let mut seen = Vec::new();
         engine
-            .backward(&mut |_, g| {
+            .backward(&mut |_, g, _| {
                 seen.extend(g.iter().map(|(k, _)| k));
                 Ok(())
             })
