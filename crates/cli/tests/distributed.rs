@@ -72,6 +72,20 @@ fn assert_same_weights(got: &[(String, Vec<f32>)], want: &[(String, Vec<f32>)], 
     }
 }
 
+/// The weights of single-process training with `batch` samples a step for `steps` steps
+/// (the reference every synchronous strategy must reproduce), trained into `dir`.
+fn single_process_weights(dir: &Path, batch: usize, steps: u64) -> Vec<(String, Vec<f32>)> {
+    let path = dir.join(format!("single-{batch}x{steps}.safetensors"));
+    run_ok(
+        Command::new(EXE)
+            .arg("train")
+            .args(train_flags(batch, steps))
+            .arg("--save")
+            .arg(&path),
+    );
+    read_weights(&path)
+}
+
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = format!(
@@ -134,15 +148,7 @@ fn synchronous_strategies_reproduce_single_process_training() {
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps) = (8usize, 6u64);
     for workers in [2usize, 4] {
-        let reference = dir.path().join(format!("single-{workers}.safetensors"));
-        let mut single = Command::new(EXE);
-        single
-            .arg("train")
-            .args(train_flags(batch * workers, steps))
-            .arg("--save")
-            .arg(&reference);
-        run_ok(&mut single);
-        let want = read_weights(&reference);
+        let want = single_process_weights(dir.path(), batch * workers, steps);
         let variants: [(&str, &[&str]); 10] = [
             ("ps", &[]),
             ("ps-no-overlap", &[]),
@@ -211,14 +217,7 @@ fn chain_strategies_reproduce_single_process_training() {
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps) = (8usize, 6u64);
     for (strategy, workers) in [("ring-reduce", 3usize), ("stepwise", 1)] {
-        let reference = dir.path().join(format!("single-{workers}.safetensors"));
-        run_ok(
-            Command::new(EXE)
-                .arg("train")
-                .args(train_flags(batch * workers, steps))
-                .arg("--save")
-                .arg(&reference),
-        );
+        let want = single_process_weights(dir.path(), batch * workers, steps);
         let out = dir.path().join(format!("{strategy}.safetensors"));
         run_ok(
             Command::new(EXE)
@@ -229,7 +228,7 @@ fn chain_strategies_reproduce_single_process_training() {
                 .arg(&out),
         );
         let what = format!("{strategy} with {workers} workers");
-        assert_same_weights(&read_weights(&out), &read_weights(&reference), &what);
+        assert_same_weights(&read_weights(&out), &want, &what);
     }
 }
 
@@ -468,15 +467,7 @@ fn exact_replicas_do_not_diverge_and_average_to_worker_0() {
 fn synchronous_strategies_survive_a_lossy_network() {
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps, workers) = (8usize, 20u64, 2usize);
-    let reference = dir.path().join("single.safetensors");
-    run_ok(
-        Command::new(EXE)
-            .arg("train")
-            .args(train_flags(batch * workers, steps))
-            .arg("--save")
-            .arg(&reference),
-    );
-    let want = read_weights(&reference);
+    let want = single_process_weights(dir.path(), batch * workers, steps);
     for strategy in [
         "p3",
         "ps",
