@@ -1,4 +1,5 @@
-//! Fuzzes the sans-IO strategy state machines (`RingAllReduce`, `PsWorker`, `PsServer`) with
+//! Fuzzes the sans-IO strategy state machines (`RingAllReduce`, `PsWorker`, `PsServer`,
+//! `ChainPass` for ring reduce and step-wise averaging) with
 //! hostile peers: no sequence of frames, however malformed, duplicated, reordered or forged,
 //! may make an endpoint panic. Refusing a frame with a `ProtocolError` is fine.
 //!
@@ -47,8 +48,8 @@ use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StrategyKind, WorkerEvent,
-    WorkerSync,
+    Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StepwiseHead, StrategyKind,
+    SyncPlan, WorkerEvent, WorkerSync,
 };
 use syncopate_core::wire::{f32_bytes_mut, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
@@ -57,7 +58,7 @@ const MAX_OPS: usize = 3_000;
 /// Largest payload a forged frame carries (the rest of its slot keeps its old values).
 const MAX_FORGED_PAYLOAD: usize = 4 * 1024;
 
-const KINDS: [FrameKind; 8] = [
+const KINDS: [FrameKind; 9] = [
     FrameKind::Control,
     FrameKind::Push,
     FrameKind::Params,
@@ -66,6 +67,7 @@ const KINDS: [FrameKind; 8] = [
     FrameKind::Heartbeat,
     FrameKind::Abort,
     FrameKind::Goodbye,
+    FrameKind::Ack,
 ];
 
 /// Whether to print what the cluster does (`SYNCOPATE_FUZZ_TRACE=1`, for reading a reproducer).
@@ -234,6 +236,22 @@ impl Cluster {
             } else {
                 StrategyKind::PsNoOverlap
             }
+        } else if u.ratio(1, 2)? {
+            // The chain strategies, built as every driver builds them.
+            let strategy = *u.choose(&[StrategyKind::RingReduce, StrategyKind::Stepwise])?;
+            let stepwise = strategy == StrategyKind::Stepwise;
+            let plan = SyncPlan {
+                scheduler,
+                bucket_bytes: 4 * u.int_in_range(1..=600)?,
+                chain_segment_elems: u.int_in_range(1..=128)?,
+                stepwise_head: *u.choose(&StepwiseHead::ALL)?,
+                full_sync_every: if stepwise { u.int_in_range(0..=3)? } else { 0 },
+                ..SyncPlan::new(strategy, n, 0)
+            };
+            for r in 0..n {
+                workers.push(plan.worker_endpoint(r, keys.clone()));
+            }
+            strategy
         } else {
             let bucket: usize = u.int_in_range(1..=600)?;
             let segment: usize = u.int_in_range(1..=128)?;
