@@ -3,7 +3,7 @@
 
 use super::StrategyKind;
 
-/// The textbook bytes a worker *sends* per step (mean over the workers) under `strategy`
+/// The textbook bytes a worker *sends* per step, as a mean over the workers, under `strategy`
 /// with `workers` workers for a model of `model_bytes` bytes (M below; N the workers), to
 /// set beside the measured `bytes_per_step`:
 ///
@@ -13,10 +13,14 @@ use super::StrategyKind;
 /// - `allreduce`, `allreduce-no-overlap`: 2(N−1)/N·M (reduce-scatter and all-gather, each
 ///   (N−1)/N·M); 0 with one worker.
 /// - `ring-reduce`: 2(N−1)/N·M. The sum travels N−1 hops of M and the average N−1 hops
-///   again; a worker moves ~2M, but the root sends only the average and the worker before
-///   it only the sum.
+///   again: the head of the chain (worker 0) and the workers after it send 2M, the root
+///   (the last worker) and the worker before it M.
 /// - `stepwise`: (N−1)/N·M: one pass of M along N−1 hops, nothing back (steps that are full
-///   syncs cost as ring reduce).
+///   syncs cost as ring reduce). Each worker sends M except the last of the step's chain:
+///   with a fixed head, worker 0 always sends M and the last worker nothing.
+///
+/// A run's measured `bytes_per_step` is worker 0's, so on the chain strategies it is not
+/// the mean this returns.
 pub fn textbook_bytes_per_step(strategy: StrategyKind, workers: usize, model_bytes: f64) -> f64 {
     let n = workers.max(1) as f64;
     let hops = (n - 1.0) / n;
