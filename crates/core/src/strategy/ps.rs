@@ -331,8 +331,9 @@ pub struct PsServer {
     /// One receive buffer per worker link, so a frame's slot stays put until it is complete
     /// whatever other frames arrive meanwhile.
     scratch: Vec<Vec<f32>>,
-    /// Per slice and worker: a push that arrived before its turn in the rank-order sum.
-    early: Vec<Vec<Option<Vec<f32>>>>,
+    /// Per slice and worker: a push that began to arrive before its turn in the rank-order
+    /// sum, and whether all of it is in.
+    early: Vec<Vec<Option<(Vec<f32>, bool)>>>,
     /// Buffers for early pushes, reused.
     spare: Vec<Vec<f32>>,
     /// Per slice: the worker whose push is added next.
@@ -519,14 +520,18 @@ impl PsServer {
 }
 
 impl PsServer {
-    /// Adds, in rank order, the pushes of `slice` that arrived before their turn and whose
-    /// turn has come.
+    /// Adds, in rank order, the pushes of `slice` that arrived (all of them) before their
+    /// turn and whose turn has come.
     fn add_waiting_pushes(&mut self, slice: usize) {
         let s = self.reg.slices()[slice];
-        while let Some(buf) = self.early[slice]
-            .get_mut(self.next_rank[slice])
-            .and_then(Option::take)
-        {
+        while let Some(slot) = self.early[slice].get_mut(self.next_rank[slice]) {
+            // A push still arriving stays where it is until it is all in.
+            if !matches!(slot, Some((_, true))) {
+                break;
+            }
+            let Some((buf, _)) = slot.take() else {
+                break;
+            };
             add_assign(&mut self.acc[s.key][s.range()], &buf);
             self.early_values -= buf.len();
             self.spare.push(buf);
@@ -585,16 +590,17 @@ impl Endpoint for PsServer {
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
         let len = self.reg.slices()[slice].len;
-        if link == self.next_rank[slice] {
+        if self.early[slice][link].is_none() && link == self.next_rank[slice] {
             return Ok(&mut self.scratch[link][..len]);
         }
         // Before its turn: into a buffer of its own, where it waits. A driver asks again for
-        // the slot of a frame still arriving, so the frame keeps the buffer it was given.
+        // the slot of a frame still arriving (its turn may come meanwhile), so the frame
+        // keeps the buffer it was given.
         let spare = &mut self.spare;
-        let buf = self.early[slice][link].get_or_insert_with(|| {
+        let (buf, _) = self.early[slice][link].get_or_insert_with(|| {
             let mut buf = spare.pop().unwrap_or_default();
             buf.resize(len, 0.0);
-            buf
+            (buf, false)
         });
         Ok(buf.as_mut_slice())
     }
@@ -604,17 +610,29 @@ impl Endpoint for PsServer {
         let s = self.reg.slices()[slice];
         let r = s.range();
         self.latest_step = self.latest_step.max(h.step);
-        if link == self.next_rank[slice] {
-            add_assign(
-                &mut self.acc[s.key][r.clone()],
-                &self.scratch[link][..s.len],
-            );
-            self.next_rank[slice] += 1;
-            self.add_waiting_pushes(slice);
-        } else {
-            self.early_values += s.len;
-            self.peak_early_values = self.peak_early_values.max(self.early_values);
+        match self.early[slice][link].as_mut() {
+            // Read into the sum's own buffer: it was this push's turn when it began.
+            None if link == self.next_rank[slice] => {
+                add_assign(
+                    &mut self.acc[s.key][r.clone()],
+                    &self.scratch[link][..s.len],
+                );
+                self.next_rank[slice] += 1;
+            }
+            None => {
+                return Err(ProtocolError::unexpected(
+                    link,
+                    h,
+                    "payload handed over without its slot",
+                ))
+            }
+            Some((_, complete)) => {
+                *complete = true;
+                self.early_values += s.len;
+                self.peak_early_values = self.peak_early_values.max(self.early_values);
+            }
         }
+        self.add_waiting_pushes(slice);
         if self.pushes[slice] == 0 {
             self.slice_step[slice] = h.step;
         }

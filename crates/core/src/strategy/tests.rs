@@ -62,25 +62,34 @@ impl Net {
 
     /// Delivers the head frame of link `i` into `to`; returns whether there was one.
     fn deliver(&mut self, i: usize, to: &mut dyn Endpoint) -> bool {
-        let ((from, _), q) = &mut self.links[i];
-        if !matches!(q.front(), Some(Queued::Wire(_))) {
+        self.deliver_around(i, None, to)
+    }
+
+    /// Delivers the head frame of link `i` into `to` in two parts, asking for its slot each
+    /// time as a driver reading a frame as it arrives does, and between the parts delivers
+    /// the head frame of link `between` (another link into `to`), as frames of several links
+    /// complete while one is still arriving. Returns whether link `i` had a frame.
+    fn deliver_around(&mut self, i: usize, between: Option<usize>, to: &mut dyn Endpoint) -> bool {
+        let from = self.links[i].0 .0;
+        if !matches!(self.links[i].1.front(), Some(Queued::Wire(_))) {
             return false;
         }
-        let Some(Queued::Wire(frame)) = q.pop_front() else {
+        let Some(Queued::Wire(frame)) = self.links[i].1.pop_front() else {
             return false;
         };
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&frame[..HEADER_LEN]);
         let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).expect("valid header");
-        // In two parts, asking for the slot each time, as a driver reading a frame as it
-        // arrives does.
         let payload = &frame[HEADER_LEN..];
         let half = payload.len() / 8 * 4;
-        let slot = to.recv_slot(*from, &h).expect("frame accepted");
+        let slot = to.recv_slot(from, &h).expect("frame accepted");
         crate::wire::f32_bytes_mut(slot)[..half].copy_from_slice(&payload[..half]);
-        let slot = to.recv_slot(*from, &h).expect("frame accepted again");
+        if let Some(j) = between.filter(|&j| j != i && self.links[j].0 .1 == self.links[i].0 .1) {
+            self.deliver(j, to);
+        }
+        let slot = to.recv_slot(from, &h).expect("frame accepted again");
         crate::wire::f32_bytes_mut(slot)[half..].copy_from_slice(&payload[half..]);
-        to.handle_payload(*from, &h).expect("payload accepted");
+        to.handle_payload(from, &h).expect("payload accepted");
         true
     }
 }
@@ -200,10 +209,12 @@ fn drive(
             _ => {
                 let i = rng.gen_range(0..net.links.len());
                 let to = net.links[i].0 .1;
+                // Now and then another link's frame completes while this one arrives.
+                let between = rng.gen_bool(0.3).then(|| rng.gen_range(0..net.links.len()));
                 if to < n {
-                    net.deliver(i, workers[to].as_mut());
+                    net.deliver_around(i, between, workers[to].as_mut());
                 } else {
-                    net.deliver(i, &mut servers[to - n]);
+                    net.deliver_around(i, between, &mut servers[to - n]);
                 }
             }
         }
