@@ -315,6 +315,9 @@ impl Endpoint for PsWorker {
     }
 }
 
+/// A push that began to arrive before its turn: its values, and whether all are in.
+type EarlyPush = (Vec<f32>, bool);
+
 /// One parameter-server shard: owns some slices, aggregates pushes, applies SGD, answers.
 pub struct PsServer {
     index: usize,
@@ -333,7 +336,7 @@ pub struct PsServer {
     scratch: Vec<Vec<f32>>,
     /// Per slice and worker: a push that began to arrive before its turn in the rank-order
     /// sum, and whether all of it is in.
-    early: Vec<Vec<Option<(Vec<f32>, bool)>>>,
+    early: Vec<Vec<Option<EarlyPush>>>,
     /// Buffers for early pushes, reused.
     spare: Vec<Vec<f32>>,
     /// Per slice: the worker whose push is added next.
