@@ -1,0 +1,72 @@
+//! The command's own surface: `--help` names every command and nothing promised for later,
+//! and `syncopate models` lists every built-in model with figures that add up.
+
+use std::process::Command;
+
+const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
+
+fn stdout(args: &[&str]) -> String {
+    let out = Command::new(EXE).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn help_names_every_command_and_promises_nothing() {
+    let help = stdout(&["--help"]);
+    for command in [
+        "train",
+        "launch",
+        "worker",
+        "server",
+        "models",
+        "bench-comm",
+        "study",
+        "simulate",
+        "report",
+    ] {
+        assert!(
+            help.contains(&format!("  {command} ")),
+            "{command} missing:\n{help}"
+        );
+    }
+    assert!(!help.contains("(later)"), "{help}");
+}
+
+#[test]
+fn models_lists_each_model_with_its_parameters() {
+    let out = stdout(&["models"]);
+    for model in ["mlp", "lenet", "resnet20"] {
+        let header = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{model} ")))
+            .unwrap_or_else(|| panic!("{model} missing:\n{out}"));
+        // "lenet  (...): 4 layers, 8 keys, 225034 parameters (0.90 MB fp32)": the layers'
+        // parameters add up to the model's.
+        let total: u64 = header
+            .split(" parameters")
+            .next()
+            .and_then(|h| h.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no parameter count in {header}"));
+        let layers: u64 = out
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{model} ")))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .filter_map(|l| {
+                l.split(" params")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        assert_eq!(layers, total, "{model}:\n{out}");
+    }
+}
