@@ -10,7 +10,8 @@
 //!    so a link is only ever made between two holders of the job token.
 //!
 //! A slow or hostile connection never blocks the others: every accepted connection is
-//! handshaken on its own thread, and everything is bounded by the caller's timeout.
+//! handshaken on its own thread (at most 64 at once), cut off if it has not authenticated
+//! and registered within 5 s, and everything is bounded by the caller's timeout.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,6 +28,12 @@ use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
 
 /// How often the accept loop polls its listener while idle.
 const POLL: Duration = Duration::from_millis(10);
+/// How long one connection may take to authenticate and register (never more than the
+/// caller's timeout): a peer that trickles its bytes is cut off then, not at the end of the
+/// whole rendezvous.
+const ADMISSION_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections handshaken at once; more wait in the listener's backlog.
+const MAX_ADMISSIONS: usize = 64;
 /// Pause between attempts to reach a peer that is not listening yet.
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -584,8 +591,29 @@ where
         .map_err(io_error("cannot poll the listener"))?;
     let admit = Arc::new(admit);
     let (tx, rx) = mpsc::channel();
+    let mut admitting: Vec<Admission> = Vec::new();
     let outcome = loop {
-        accept_one(listener, &admit, &tx);
+        admitting.retain(|a| !a.thread.is_finished());
+        let expired = |a: &&Admission| Instant::now() >= a.deadline && !a.thread.is_finished();
+        for a in admitting.iter().filter(expired) {
+            // The blocked read fails, and the thread ends.
+            let _ = a.stream.shutdown(std::net::Shutdown::Both);
+            note_failure(
+                failures,
+                format!(
+                    "{}: not authenticated and registered within {:.0} s; cut off",
+                    a.addr,
+                    a.allowed.as_secs_f64()
+                ),
+            );
+        }
+        admitting.retain(|a| Instant::now() < a.deadline);
+        while admitting.len() < MAX_ADMISSIONS {
+            match accept_one(listener, &admit, &tx, deadline) {
+                Some(a) => admitting.push(a),
+                None => break,
+            }
+        }
         match rx.recv_timeout(POLL) {
             Ok(Ok(item)) => match take(item) {
                 Ok(true) => break true,
@@ -605,20 +633,43 @@ where
     Ok(outcome)
 }
 
+/// A connection being authenticated on its own thread.
+struct Admission {
+    addr: SocketAddr,
+    /// A handle on the connection, to cut it off.
+    stream: TcpStream,
+    thread: thread::JoinHandle<()>,
+    deadline: Instant,
+    allowed: Duration,
+}
+
 type Admitted<T> = Result<T, String>;
 
-/// Accepts one pending connection, if any, and admits it on a new thread.
-fn accept_one<T, A>(listener: &TcpListener, admit: &Arc<A>, tx: &mpsc::Sender<Admitted<T>>)
+/// Accepts one pending connection, if any, and admits it on a new thread, which gets until
+/// [`ADMISSION_DEADLINE`] (or the rendezvous' end, if sooner).
+fn accept_one<T, A>(
+    listener: &TcpListener,
+    admit: &Arc<A>,
+    tx: &mpsc::Sender<Admitted<T>>,
+    rendezvous_end: Instant,
+) -> Option<Admission>
 where
     T: Send + 'static,
     A: Fn(TcpStream, SocketAddr) -> Admitted<T> + Send + Sync + 'static,
 {
     let (stream, addr) = match listener.accept() {
         Ok(pair) => pair,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
         Err(e) => {
             tracing::warn!("accept failed: {e}");
-            return;
+            return None;
+        }
+    };
+    let handle = match stream.try_clone() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!("cannot keep a handle on the connection from {addr}: {e}");
+            return None;
         }
     };
     let (admit, tx) = (Arc::clone(admit), tx.clone());
@@ -632,8 +683,22 @@ where
             // The receiver is gone once the rendezvous is over; the connection is dropped.
             let _ = tx.send(result);
         });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start a thread for the connection from {addr}: {e}");
+    match spawned {
+        Ok(thread) => {
+            let now = Instant::now();
+            let deadline = (now + ADMISSION_DEADLINE).min(rendezvous_end);
+            Some(Admission {
+                addr,
+                stream: handle,
+                thread,
+                deadline,
+                allowed: deadline.saturating_duration_since(now),
+            })
+        }
+        Err(e) => {
+            tracing::warn!("cannot start a thread for the connection from {addr}: {e}");
+            None
+        }
     }
 }
 

@@ -220,3 +220,37 @@ fn asymmetric_links_time_out_naming_the_missing_rank() {
         .to_string();
     assert!(e.contains("ranks [1]"), "{e}");
 }
+
+/// A connection that never says a word is cut off after the admission deadline (5 s), not
+/// held until the end of the rendezvous, and the coordinator says so.
+#[test]
+fn a_silent_connection_is_cut_off_at_the_admission_deadline() {
+    let token = JobToken::generate();
+    let (addr, coordinator) = start_coordinator(&token, 1, Duration::from_secs(8));
+    let mut silent = TcpStream::connect(addr).unwrap();
+    let start = Instant::now();
+    // The coordinator closes the connection: the read ends (EOF or a reset), well before
+    // the 8 s of the whole rendezvous.
+    let mut buf = [0u8; 64];
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    loop {
+        match silent.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    let cut_after = start.elapsed();
+    assert!(
+        cut_after < Duration::from_millis(7500),
+        "cut after {cut_after:?}"
+    );
+    match coordinator.join().unwrap() {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("cut off"), "{msg}");
+        }
+        Ok(_) => panic!("nobody registered"),
+    }
+}
