@@ -283,7 +283,10 @@ impl Endpoint for PsWorker {
             return Err(ProtocolError::unexpected(link, h, "slice received twice"));
         }
         let s = self.reg.slices()[slice];
-        Ok(&mut self.params[s.key][s.range()])
+        // The key's buffer is made at the step's start and handed out once complete.
+        self.params[s.key]
+            .get_mut(s.range())
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "parameters outside a step"))
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
