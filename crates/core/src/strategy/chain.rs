@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use super::bucket::{cut, Buckets};
 use super::mixing::{ChainRound, ChainSchedule};
 use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
@@ -115,7 +116,7 @@ impl ChainPass {
         scheduler: SchedulerKind,
     ) -> Self {
         let n = schedule.workers();
-        let (buckets, segments, key_place) = cut(&keys, bucket_elems, segment_elems.max(1));
+        let (buckets, segments, key_place) = cut_buckets(&keys, bucket_elems, segment_elems);
         let lens: Vec<usize> = buckets
             .iter()
             .map(|b| b.keys.iter().map(|&k| keys[k].numel).sum())
@@ -455,43 +456,25 @@ impl ChainPass {
     }
 }
 
-/// Cuts `keys` into buckets (filled from the last key, as backward produces them) and the
-/// buckets into segments; returns them with each key's `(bucket, offset)`.
-fn cut(
+/// Cuts `keys` into buckets (as every ring strategy fills them) and the buckets into
+/// segments; returns them with each key's `(bucket, offset)`.
+fn cut_buckets(
     keys: &[KeyInfo],
     bucket_elems: usize,
     segment_elems: usize,
 ) -> (Vec<Bucket>, Vec<Segment>, Vec<(usize, usize)>) {
-    let mut buckets: Vec<(Vec<usize>, usize)> = Vec::new();
-    let mut key_place = vec![(0, 0); keys.len()];
-    for key in (0..keys.len()).rev() {
-        let numel = keys[key].numel;
-        let fits = buckets
-            .last()
-            .is_some_and(|(_, len)| *len > 0 && len + numel <= bucket_elems);
-        if !fits {
-            buckets.push((Vec::new(), 0));
-        }
-        let b = buckets.len() - 1;
-        let (bucket_keys, len) = &mut buckets[b];
-        key_place[key] = (b, *len);
-        bucket_keys.push(key);
-        *len += numel;
-    }
+    let fill = Buckets::fill(keys, bucket_elems);
     let mut segments = Vec::new();
     let mut out = Vec::new();
-    for (b, (bucket_keys, len)) in buckets.into_iter().enumerate() {
+    for (b, (bucket_keys, &len)) in fill.keys.into_iter().zip(&fill.lens).enumerate() {
         let first = segments.len();
-        let mut offset = 0;
-        while offset < len {
-            let seg_len = segment_elems.min(len - offset);
+        for (offset, seg_len) in cut(0, len, segment_elems) {
             let overlapping: Vec<usize> = bucket_keys
                 .iter()
                 .copied()
                 .filter(|&k| {
-                    let start = key_place[k].1;
-                    let end = start + keys[k].numel;
-                    start < offset + seg_len && offset < end
+                    let start = fill.place[k].1;
+                    start < offset + seg_len && offset < start + keys[k].numel
                 })
                 .collect();
             let layer = overlapping
@@ -506,14 +489,13 @@ fn cut(
                 keys: overlapping,
                 layer,
             });
-            offset += seg_len;
         }
         out.push(Bucket {
             keys: bucket_keys,
             segments: first..segments.len(),
         });
     }
-    (out, segments, key_place)
+    (out, segments, fill.place)
 }
 
 impl WorkerSync for ChainPass {

@@ -32,6 +32,7 @@
 //!    then start again at 1. Calling it early or twice is harmless: spurious calls are
 //!    no-ops.
 
+mod bucket;
 mod chain;
 mod kind;
 mod mixing;

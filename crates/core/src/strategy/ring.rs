@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 
+use super::bucket::{cut, Buckets};
 use super::{frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
@@ -113,44 +114,28 @@ impl RingAllReduce {
     ) -> Self {
         let n = workers.max(1);
         let segment_elems = segment_elems.max(1);
-        let mut buckets: Vec<Bucket> = Vec::new();
-        let mut key_place = vec![(0, 0); keys.len()];
-        for key in (0..keys.len()).rev() {
-            let numel = keys[key].numel;
-            let fits = buckets
-                .last()
-                .is_some_and(|b| b.len > 0 && b.len + numel <= bucket_elems);
-            if !fits {
-                buckets.push(Bucket {
-                    keys: Vec::new(),
-                    len: 0,
-                    chunks: Vec::new(),
-                    first_segment: Vec::new(),
-                    layer: 0,
-                    direct: false,
-                });
-            }
-            let b = buckets.len() - 1;
-            let bucket = &mut buckets[b];
-            key_place[key] = (b, bucket.len);
-            bucket.keys.push((key, bucket.len));
-            bucket.len += numel;
-            bucket.layer = bucket.layer.max(keys[key].layer);
-        }
+        let fill = Buckets::fill(&keys, bucket_elems);
+        let key_place = fill.place.clone();
+        let mut buckets: Vec<Bucket> = fill
+            .keys
+            .iter()
+            .zip(&fill.lens)
+            .map(|(bucket_keys, &len)| Bucket {
+                keys: bucket_keys.iter().map(|&k| (k, key_place[k].1)).collect(),
+                len,
+                chunks: (0..n)
+                    .map(|c| cut(c * len / n, (c + 1) * len / n, segment_elems))
+                    .collect(),
+                first_segment: Vec::new(),
+                layer: bucket_keys
+                    .iter()
+                    .map(|&k| keys[k].layer)
+                    .max()
+                    .unwrap_or(0),
+                direct: false,
+            })
+            .collect();
         for b in &mut buckets {
-            b.chunks = (0..n)
-                .map(|c| {
-                    let (start, end) = (c * b.len / n, (c + 1) * b.len / n);
-                    let mut segs = Vec::new();
-                    let mut off = start;
-                    while off < end {
-                        let len = segment_elems.min(end - off);
-                        segs.push((off, len));
-                        off += len;
-                    }
-                    segs
-                })
-                .collect();
             b.first_segment = b
                 .chunks
                 .iter()
