@@ -151,6 +151,20 @@ impl StudyConfig {
                 );
             }
         }
+        if let Some(v) = self
+            .variants
+            .iter()
+            .find(|v| syncopate_core::strategy::StrategyKind::from_name(&v.strategy).is_none())
+        {
+            bail!(
+                "variant '{}': no strategy '{}' (known: {})",
+                v.label,
+                v.strategy,
+                syncopate_core::strategy::StrategyKind::ALL
+                    .map(|s| s.name())
+                    .join(", ")
+            );
+        }
         let mut ids = std::collections::HashSet::new();
         if let Some(run) = self.runs().into_iter().find(|r| !ids.insert(r.id.clone())) {
             bail!(
@@ -317,5 +331,22 @@ scheduler = "priority"
         let config: StudyConfig = toml::from_str(&text).unwrap();
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("share the directory"), "{err}");
+    }
+
+    /// Every study shipped in `studies/` loads and validates (names, strategies, distinct run
+    /// directories), so a typo there is a test failure, not a surprise an hour into a study.
+    #[test]
+    fn the_shipped_studies_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let config = StudyConfig::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+                assert!(!config.runs().is_empty(), "{}", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 5, "{seen} studies in {}", dir.display());
     }
 }
