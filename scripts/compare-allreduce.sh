@@ -6,11 +6,13 @@
 # noisy neighbour hits all three alike.
 #
 # Usage: scripts/compare-allreduce.sh [--ranks "2 4"] [--sizes "4K 64K 1M 16M 100M"]
-#                                      [--rounds 3] [--min-time 1] [--out DIR]
+#                                      [--rounds 3] [--min-time 1] [--bench-args "ARGS"]
+#                                      [--out DIR]
 #   --ranks     process counts to compare (default "2 4")
 #   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 4K 64K 1M 16M 100M)
 #   --rounds    repetitions of the whole matrix; the table shows each figure's median
 #   --min-time  seconds of timed operations per size and implementation (default 1)
+#   --bench-args  more flags for our runs (bench-comm), e.g. "--frame-mac"
 #   --out       where the raw CSVs and the table go (default target/compare-allreduce)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
 # Prints a Markdown table (bus bandwidth 2(n-1)/n x bytes / median time, GB/s, and our ratio
@@ -25,26 +27,12 @@ ranks="2 4"
 sizes="4K 64K 1M 16M 100M"
 rounds=3
 min_time=1
+bench_args=""
 out="$root/target/compare-allreduce"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --ranks) ranks=$2; shift 2 ;;
-    --sizes) sizes=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --min-time) min_time=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "compare-allreduce: unknown argument '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "compare-allreduce: --rounds must be a positive integer" >&2; exit 2; }
-
-if [ -n "${SYNCOPATE_BIN:-}" ]; then
-  syncopate=$SYNCOPATE_BIN   # another build of ours, e.g. to compare before and after a change
-else
-  cargo build --workspace --all-targets --quiet
-  syncopate="$root/target/debug/syncopate"
-fi
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
+bench_parse_args compare-allreduce 21 "$@"
+bench_binary
 have_mpi=1
 have_gloo=1
 command -v mpirun >/dev/null 2>&1 || { have_mpi=0; echo "compare-allreduce: no mpirun; Open MPI left out (scripts/install-reference.sh)" >&2; }
@@ -64,8 +52,9 @@ collect() {
 for round in $(seq 1 "$rounds"); do
   for n in $ranks; do
     echo "round $round/$rounds, $n ranks: syncopate" >&2
+    # shellcheck disable=SC2086
     "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$ours_sizes" \
-      --min-time "$min_time" 2>/dev/null | sed 's/^\[worker 0\] //' | collect syncopate "$round"
+      --min-time "$min_time" $bench_args 2>/dev/null | sed 's/^\[worker 0\] //' | collect syncopate "$round"
     if [ $have_mpi = 1 ]; then
       echo "round $round/$rounds, $n ranks: Open MPI" >&2
       # shellcheck disable=SC2086
@@ -79,20 +68,14 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-/usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
-import csv, statistics, sys
+PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
+import statistics
 from collections import defaultdict
+from bench_table import publish, rows, size_name
 
-raw, table = sys.argv[1], sys.argv[2]
 bw = defaultdict(list)
-for row in csv.DictReader(open(raw)):
+for row in rows():
     bw[(row["impl"], int(row["ranks"]), int(row["size_bytes"]))].append(float(row["busbw_GBps"]))
-
-def size_name(b):
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f and b % f == 0:
-            return "%d %s" % (b // f, unit)
-    return "%d B" % b
 
 def fmt(v):
     return "-" if v is None else "%.3f" % v
@@ -114,7 +97,6 @@ for n, size in sorted({(k[1], k[2]) for k in bw}):
     lines.append("| " + " | ".join(cells) + " |")
 rounds = max((len(v) for v in bw.values()), default=0)
 text = "\n".join(lines) + "\n\nBus bandwidth in GB/s, median of %d round(s).\n" % rounds
-open(table, "w").write(text)
-print(text)
+publish(text)
 EOF
 echo "raw measurements: $raw; table: $out/table.md" >&2

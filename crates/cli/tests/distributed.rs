@@ -86,6 +86,20 @@ fn single_process_weights(dir: &Path, batch: usize, steps: u64) -> Vec<(String, 
     read_weights(&path)
 }
 
+/// `syncopate launch` of `strategy` with `workers` workers and `servers` servers.
+fn launch(strategy: &str, workers: usize, servers: usize) -> Command {
+    let mut cmd = Command::new(EXE);
+    cmd.arg("launch").args([
+        "--strategy",
+        strategy,
+        "--workers",
+        &workers.to_string(),
+        "--servers",
+        &servers.to_string(),
+    ]);
+    cmd
+}
+
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = format!(
@@ -101,8 +115,9 @@ fn run_ok(cmd: &mut Command) -> String {
 /// server, and reports one row per size with the operations it timed.
 #[test]
 fn bench_comm_measures_every_size() {
-    let cases: [&[&str]; 3] = [
+    let cases: [&[&str]; 4] = [
         &["--strategy", "allreduce", "--workers", "3"],
+        &["--strategy", "allreduce", "--workers", "2", "--frame-mac"],
         &[
             "--strategy",
             "allreduce",
@@ -174,28 +189,19 @@ fn synchronous_strategies_reproduce_single_process_training() {
                 .join(format!("{strategy}-{workers}-{i}.safetensors"));
             let summary = dir.path().join(format!("{strategy}-{workers}-{i}.json"));
             let servers = if strategy.starts_with("ps") || strategy == "p3" {
-                "2"
+                2
             } else {
-                "0"
+                0
             };
-            let mut launch = Command::new(EXE);
-            launch
-                .arg("launch")
-                .args([
-                    "--strategy",
-                    strategy,
-                    "--workers",
-                    &workers.to_string(),
-                    "--servers",
-                    servers,
-                ])
-                .args(train_flags(batch, steps))
-                .args(extra)
-                .arg("--save")
-                .arg(&out)
-                .arg("--summary-json")
-                .arg(&summary);
-            run_ok(&mut launch);
+            run_ok(
+                launch(strategy, workers, servers)
+                    .args(train_flags(batch, steps))
+                    .args(extra)
+                    .arg("--save")
+                    .arg(&out)
+                    .arg("--summary-json")
+                    .arg(&summary),
+            );
             assert_same_weights(
                 &read_weights(&out),
                 &want,
@@ -208,6 +214,74 @@ fn synchronous_strategies_reproduce_single_process_training() {
             assert!(json["samples_per_sec"].as_f64().unwrap() > 0.0);
         }
     }
+}
+
+/// With every frame tagged and checked (`--frame-mac`, which `launch` passes to every
+/// process), ring all-reduce and the parameter server still reproduce single-process
+/// training: the MACs change what goes on the wire, never what arrives.
+#[test]
+fn frame_macs_leave_training_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps, workers) = (8usize, 6u64, 2usize);
+    let want = single_process_weights(dir.path(), batch * workers, steps);
+    for (strategy, servers) in [("allreduce", 0), ("ps", 2)] {
+        let out = dir.path().join(format!("{strategy}-mac.safetensors"));
+        let metrics = dir.path().join(format!("{strategy}-metrics"));
+        run_ok(
+            launch(strategy, workers, servers)
+                .arg("--frame-mac")
+                .args(train_flags(batch, steps))
+                .arg("--save")
+                .arg(&out)
+                .arg("--metrics-dir")
+                .arg(&metrics),
+        );
+        assert_same_weights(
+            &read_weights(&out),
+            &want,
+            &format!("{strategy} with frame MACs"),
+        );
+        let config = std::fs::read_to_string(metrics.join("config.toml")).unwrap();
+        assert!(config.contains("frame_mac = true"), "{config}");
+    }
+}
+
+/// Processes that disagree about frame MACs are refused at the rendezvous, naming the flag.
+#[test]
+fn processes_must_agree_on_frame_macs() {
+    let token = JobToken::generate();
+    let hex = token.to_hex();
+    let (port, _coord) = coordinator(2, 2, 0, token);
+    let flags = |mac: bool| {
+        let mut f = ONE_ALLREDUCE_STEP.to_vec();
+        f.extend(["--quiet", "--connect-timeout", "10"]);
+        if mac {
+            f.push("--frame-mac");
+        }
+        f
+    };
+    let children: Vec<_> = [false, true]
+        .into_iter()
+        .enumerate()
+        .map(|(rank, mac)| {
+            process("worker", rank, 2, port, &hex, &flags(mac))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    assert!(outputs.iter().all(|o| !o.status.success()));
+    let stderr: String = outputs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert!(stderr.contains("frame MACs"), "{stderr}");
+    assert!(stderr.contains("--frame-mac"), "{stderr}");
 }
 
 /// Ring reduce with 3 workers (a chain whose middle both adds and forwards) reproduces
@@ -479,21 +553,12 @@ fn synchronous_strategies_survive_a_lossy_network() {
         let out = dir.path().join(format!("{strategy}.safetensors"));
         let summary = dir.path().join(format!("{strategy}.json"));
         let servers = if strategy.starts_with("ps") || strategy == "p3" {
-            "1"
+            1
         } else {
-            "0"
+            0
         };
         run_ok(
-            Command::new(EXE)
-                .arg("launch")
-                .args([
-                    "--strategy",
-                    strategy,
-                    "--workers",
-                    "2",
-                    "--servers",
-                    servers,
-                ])
+            launch(strategy, 2, servers)
                 .args(train_flags(batch, steps))
                 .args(["--loss", "1%", "--rto", "20ms"])
                 .arg("--save")
@@ -621,6 +686,9 @@ fn profile_replay_runs_p3_over_real_links() {
     }
 }
 
+/// Flags of a worker of a one-step all-reduce job of 2 workers.
+const ONE_ALLREDUCE_STEP: [&str; 6] = ["--strategy", "allreduce", "--workers", "2", "--steps", "1"];
+
 fn coordinator(
     world: usize,
     workers: usize,
@@ -662,16 +730,7 @@ fn a_wrong_token_is_refused() {
     let token = JobToken::generate();
     let (port, coord) = coordinator(2, 2, 0, token.clone());
     let wrong = JobToken::generate().to_hex();
-    let flags = [
-        "--strategy",
-        "allreduce",
-        "--workers",
-        "2",
-        "--steps",
-        "1",
-        "--connect-timeout",
-        "5",
-    ];
+    let flags = [&ONE_ALLREDUCE_STEP[..], &["--connect-timeout", "5"]].concat();
     let out = process("worker", 1, 2, port, &wrong, &flags)
         .output()
         .unwrap();

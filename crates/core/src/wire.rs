@@ -21,6 +21,11 @@
 //! Decoding never trusts a length: the payload is bounded by a maximum frame size, data
 //! frames must carry exactly `4 * length` bytes, and unknown versions or kinds are refused
 //! with an error that says what was found.
+//!
+//! On a link with frame MACs every frame is followed by a 32-byte tag over its number in
+//! the link's direction, its header and its payload ([`mac`]).
+
+pub mod mac;
 
 /// Protocol version spoken by this build.
 pub const VERSION: u8 = 1;

@@ -16,6 +16,18 @@
 //! ([`check_compatible`]). A side that refuses sends an Abort frame with the reason and
 //! returns an error; the other side reports that reason as [`AuthError::Refused`], so both
 //! ends say why.
+//!
+//! A handshake also gives both ends the connection's frame keys ([`Session::keys`]), one
+//! per direction, for the per-frame MACs of [`syncopate_core::wire::mac`]:
+//!
+//! ```text
+//! key(initiator -> acceptor) = HMAC(token, "syncopate-v1 frames initiator->acceptor" || nonce_i || nonce_a)
+//! key(acceptor -> initiator) = HMAC(token, "syncopate-v1 frames acceptor->initiator" || nonce_i || nonce_a)
+//! ```
+//!
+//! Fresh nonces make the keys of every connection new; only holders of the token can
+//! compute them, and since these labels differ from the handshake's within their first 14
+//! bytes, no key is ever one of the MACs sent on the wire.
 
 use std::fmt;
 use std::io;
@@ -27,6 +39,7 @@ use hmac::{Hmac, Mac};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use syncopate_core::wire::mac::{FrameKey, LinkKeys};
 use syncopate_core::wire::VERSION;
 
 use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
@@ -38,6 +51,8 @@ pub const TOKEN_FILE_ENV: &str = "SYNCOPATE_TOKEN_FILE";
 
 const ACCEPTOR_LABEL: &[u8] = b"syncopate-v1 acceptor";
 const INITIATOR_LABEL: &[u8] = b"syncopate-v1 initiator";
+const FRAMES_FROM_INITIATOR_LABEL: &[u8] = b"syncopate-v1 frames initiator->acceptor";
+const FRAMES_FROM_ACCEPTOR_LABEL: &[u8] = b"syncopate-v1 frames acceptor->initiator";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -170,6 +185,11 @@ pub struct PeerInfo {
     pub workers: usize,
     /// Parameter servers in the job.
     pub servers: usize,
+    /// Whether the process tags its frames with MACs and wants its peers' tagged
+    /// (`--frame-mac`; false for coordinators and launchers, which exchange no frames
+    /// after the handshake).
+    #[serde(default)]
+    pub frame_mac: bool,
 }
 
 impl PeerInfo {
@@ -190,7 +210,13 @@ impl PeerInfo {
             strategy: strategy.to_owned(),
             workers,
             servers,
+            frame_mac: false,
         }
+    }
+
+    /// The same info, tagging frames with MACs or not.
+    pub fn with_frame_mac(self, frame_mac: bool) -> Self {
+        Self { frame_mac, ..self }
     }
 
     /// "rank 3 (worker)".
@@ -286,8 +312,8 @@ enum Message {
 /// Checks that a peer can work with us, after it has been authenticated.
 ///
 /// The rule: protocol version, worker count and server count must always match; model
-/// fingerprint and strategy must match only when both sides carry a model (workers and
-/// servers), since coordinators and launchers carry 0 and "" for them. Returns the reason
+/// fingerprint, strategy and frame MACs must match only when both sides carry a model
+/// (workers and servers), since coordinators and launchers carry 0, "" and no MACs. Returns the reason
 /// for refusing, phrased from our side ("... differs from ours ...").
 pub fn check_compatible(ours: &PeerInfo, theirs: &PeerInfo) -> Result<(), String> {
     compat_mismatch(ours, "ours", theirs).map_or(Ok(()), Err)
@@ -333,10 +359,28 @@ pub(crate) fn compat_mismatch(
             t.strategy, o.strategy
         ));
     }
+    if t.frame_mac != o.frame_mac {
+        let on_off = |on: bool| if on { "on" } else { "off" };
+        return Some(format!(
+            "frame MACs {} differ from {label} {} (give every process the same --frame-mac)",
+            on_off(t.frame_mac),
+            on_off(o.frame_mac)
+        ));
+    }
     None
 }
 
-/// Authenticates the peer on `stream` and checks compatibility; returns the peer's info.
+/// What a successful handshake yields.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// Who the peer is.
+    pub peer: PeerInfo,
+    /// This end's frame keys for the connection (see the module docs).
+    pub keys: LinkKeys,
+}
+
+/// Authenticates the peer on `stream` and checks compatibility; returns the peer's info
+/// and the connection's frame keys.
 ///
 /// `initiator` is the side that opened the connection. Read and write timeouts of
 /// `timeout` (per message) apply during the handshake and are cleared afterwards.
@@ -346,7 +390,7 @@ pub fn handshake(
     me: &PeerInfo,
     initiator: bool,
     timeout: Duration,
-) -> Result<PeerInfo, AuthError> {
+) -> Result<Session, AuthError> {
     let timeout = Some(timeout.max(Duration::from_millis(1)));
     stream.set_read_timeout(timeout)?;
     stream.set_write_timeout(timeout)?;
@@ -363,11 +407,7 @@ pub fn handshake(
     Ok(info)
 }
 
-fn initiate(
-    stream: &mut TcpStream,
-    token: &JobToken,
-    me: &PeerInfo,
-) -> Result<PeerInfo, AuthError> {
+fn initiate(stream: &mut TcpStream, token: &JobToken, me: &PeerInfo) -> Result<Session, AuthError> {
     let nonce_i = fresh_nonce();
     let hello = Message::Hello {
         info: me.clone(),
@@ -395,12 +435,15 @@ fn initiate(
     };
     send(stream, &peer, &proof)?;
     match receive(stream, &peer)? {
-        Message::Accepted => Ok(info_a),
+        Message::Accepted => Ok(Session {
+            peer: info_a,
+            keys: link_keys(token, &nonce_i, &nonce_a, true),
+        }),
         other => Err(violation(stream, &peer, "acceptance", &other)),
     }
 }
 
-fn accept(stream: &mut TcpStream, token: &JobToken, me: &PeerInfo) -> Result<PeerInfo, AuthError> {
+fn accept(stream: &mut TcpStream, token: &JobToken, me: &PeerInfo) -> Result<Session, AuthError> {
     let addr = peer_addr(stream);
     let unknown = format!("the peer at {addr}");
     let (info_i, nonce_i) = match receive(stream, &unknown) {
@@ -436,7 +479,46 @@ fn accept(stream: &mut TcpStream, token: &JobToken, me: &PeerInfo) -> Result<Pee
     verify(stream, &peer, expected, &mac_i)?;
     check_peer(stream, &peer, me, &info_i)?;
     send(stream, &peer, &Message::Accepted)?;
-    Ok(info_i)
+    Ok(Session {
+        peer: info_i,
+        keys: link_keys(token, &nonce_i, &nonce_a, false),
+    })
+}
+
+/// This end's frame keys for a connection whose handshake exchanged `nonce_i` (the
+/// initiator's) and `nonce_a` (the acceptor's).
+fn link_keys(
+    token: &JobToken,
+    nonce_i: &[u8; 32],
+    nonce_a: &[u8; 32],
+    initiator: bool,
+) -> LinkKeys {
+    let key = |label: &[u8]| {
+        let mut mac = hmac_sha256(token);
+        mac.update(label);
+        mac.update(nonce_i);
+        mac.update(nonce_a);
+        FrameKey::new(mac.finalize().into_bytes().into())
+    };
+    let (from_i, from_a) = (
+        key(FRAMES_FROM_INITIATOR_LABEL),
+        key(FRAMES_FROM_ACCEPTOR_LABEL),
+    );
+    if initiator {
+        LinkKeys {
+            send: from_i,
+            recv: from_a,
+        }
+    } else {
+        LinkKeys {
+            send: from_a,
+            recv: from_i,
+        }
+    }
+}
+
+fn hmac_sha256(token: &JobToken) -> HmacSha256 {
+    HmacSha256::new_from_slice(&token.0).expect("HMAC accepts keys of any length")
 }
 
 fn fresh_nonce() -> [u8; 32] {
@@ -458,7 +540,7 @@ fn keyed(
     second: &[u8; 32],
     info: &PeerInfo,
 ) -> HmacSha256 {
-    let mut mac = HmacSha256::new_from_slice(&token.0).expect("HMAC accepts keys of any length");
+    let mut mac = hmac_sha256(token);
     mac.update(label);
     mac.update(first);
     mac.update(second);
@@ -559,7 +641,7 @@ mod tests {
         a: &PeerInfo,
         token_i: &JobToken,
         i: &PeerInfo,
-    ) -> (Result<PeerInfo, AuthError>, Result<PeerInfo, AuthError>) {
+    ) -> (Result<Session, AuthError>, Result<Session, AuthError>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let (token_i, i) = (token_i.clone(), i.clone());
@@ -577,8 +659,21 @@ mod tests {
         let t = JobToken::generate();
         let (a, i) = (info(0, 7, "ps"), info(1, 7, "ps"));
         let (ra, ri) = pair(&t, &a, &t, &i);
-        assert_eq!(ra.unwrap(), i);
-        assert_eq!(ri.unwrap(), a);
+        assert_eq!(ra.unwrap().peer, i);
+        assert_eq!(ri.unwrap().peer, a);
+    }
+
+    #[test]
+    fn both_ends_derive_mirrored_frame_keys_new_for_every_connection() {
+        let t = JobToken::generate();
+        let (a, i) = (info(0, 7, "ps"), info(1, 7, "ps"));
+        let (ra, ri) = pair(&t, &a, &t, &i);
+        let (ka, ki) = (ra.unwrap().keys, ri.unwrap().keys);
+        assert_eq!(ka, ki.reversed());
+        assert_ne!(ka.send, ka.recv);
+        let (again, _) = pair(&t, &a, &t, &i);
+        let again = again.unwrap().keys;
+        assert!(again.send != ka.send && again.recv != ka.recv);
     }
 
     #[test]
@@ -614,6 +709,26 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn peers_must_agree_on_frame_macs() {
+        let t = JobToken::generate();
+        let on = info(1, 7, "ps").with_frame_mac(true);
+        let (ra, ri) = pair(&t, &info(0, 7, "ps"), &t, &on);
+        for e in [ra.unwrap_err(), ri.unwrap_err()] {
+            let e = e.to_string();
+            assert!(
+                e.contains("frame MACs on differ from ours off")
+                    || e.contains("frame MACs off differ from ours on"),
+                "{e}"
+            );
+        }
+        let (ra, ri) = pair(&t, &info(0, 7, "ps").with_frame_mac(true), &t, &on);
+        assert!(ra.is_ok() && ri.is_ok());
+        let coord = PeerInfo::new(0, Role::Coordinator, 0, "", 2, 0);
+        let (ra, ri) = pair(&t, &coord, &t, &on);
+        assert!(ra.is_ok() && ri.is_ok());
     }
 
     #[test]

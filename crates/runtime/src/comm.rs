@@ -20,6 +20,14 @@
 //! unexpected frame, aborts, or stays silent past the deadline ends the loop with an error
 //! that names it; the others are told through an Abort frame.
 //!
+//! With [`CommOptions::frame_mac`] every frame carries a MAC tag
+//! ([`syncopate_core::wire::mac`]) under the keys of its link's handshake: a frame's tag is
+//! computed when it joins the batch being written (so that the frames of a link are
+//! numbered in the order they leave), and a frame received is hashed as its bytes land and
+//! acted on only once the tag that follows it checks. A frame that fails ends the loop with
+//! [`CommError::Integrity`]; its payload may already sit in the endpoint's slot, but the
+//! endpoint is never told it arrived.
+//!
 //! The loop keeps the endpoint's call order (see [`syncopate_core::strategy`]): transmits,
 //! then the endpoint's timer ([`Endpoint::poll_timeout`], armed on the same nanosecond
 //! `timerfd` as the frame releases, on the loop's clock: nanoseconds since the loop was
@@ -38,6 +46,7 @@ use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
 use syncopate_core::net::{Fate, FrameMeta, NetCounters, NetworkProfile, Port};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, Transmit};
+use syncopate_core::wire::mac::{FrameOpener, FrameSealer, IntegrityError, LinkKeys, Tag, TAG_LEN};
 use syncopate_core::wire::{
     f32_bytes, f32_bytes_mut, FrameKind, Header, WireError, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
 };
@@ -46,11 +55,14 @@ const WAKER: Token = Token(usize::MAX);
 const TIMER: Token = Token(usize::MAX - 1);
 
 /// One connection to a peer.
+#[derive(Debug)]
 pub struct Link {
     /// The peer's rank.
     pub peer: Rank,
     /// The connected, authenticated stream.
     pub stream: std::net::TcpStream,
+    /// The frame keys its handshake derived (used with [`CommOptions::frame_mac`]).
+    pub keys: LinkKeys,
 }
 
 /// Timing knobs of the loop.
@@ -68,6 +80,9 @@ pub struct CommOptions {
     /// After moving any byte, poll without sleeping for this long (zero: always sleep until
     /// something happens). Trades CPU for latency, as MPI's progress loop does.
     pub busy_poll: Duration,
+    /// Tag every frame sent and check the tag of every frame received (the two ends of a
+    /// link must agree; the handshake checks that they do).
+    pub frame_mac: bool,
 }
 
 impl Default for CommOptions {
@@ -78,6 +93,7 @@ impl Default for CommOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
             stall_timeout: Some(Duration::from_secs(120)),
             busy_poll: Duration::ZERO,
+            frame_mac: false,
         }
     }
 }
@@ -104,6 +120,19 @@ pub enum CommError {
         step: u64,
         /// What it sent.
         error: ProtocolError,
+    },
+    /// A frame from the peer does not carry the tag its link's key gives it.
+    #[error(
+        "frame {frame} from {peer} failed its integrity check at step {step} (altered, \
+         replayed, reordered or dropped on the way)"
+    )]
+    Integrity {
+        /// Who.
+        peer: String,
+        /// The frame's number on its link, from the peer's first frame on (0).
+        frame: u64,
+        /// Step of this process.
+        step: u64,
     },
     /// The peer gave up and said why.
     #[error("{peer} aborted at step {step}: {reason}")]
@@ -181,11 +210,34 @@ enum ReadState {
         arrived: Instant,
         /// Whether the payload may be read yet (the emulated ingress port's say).
         gate: Gate,
+        /// Bytes of the payload fed to the link's frame MAC so far.
+        hashed: usize,
     },
     Bytes {
         header: Header,
         buf: Vec<u8>,
         filled: usize,
+    },
+    /// The MAC tag after a frame read whole (links with frame MACs).
+    Tag {
+        buf: Tag,
+        filled: usize,
+        frame: Received,
+    },
+}
+
+/// A frame read whole, to act on (on a link with frame MACs, once its tag has checked).
+enum Received {
+    Heartbeat(Header),
+    /// A data frame, its payload in the endpoint's slot; its header came at `arrived`.
+    Data {
+        header: Header,
+        arrived: Instant,
+    },
+    /// A control frame and its payload.
+    Control {
+        header: Header,
+        payload: Vec<u8>,
     },
 }
 
@@ -217,6 +269,16 @@ impl ReadState {
     }
 }
 
+impl Received {
+    fn header(&self) -> &Header {
+        match self {
+            Received::Heartbeat(header)
+            | Received::Data { header, .. }
+            | Received::Control { header, .. } => header,
+        }
+    }
+}
+
 /// Bytes a link reads from its socket at a time, ahead of the frame being parsed.
 const STAGING_BYTES: usize = 64 << 10;
 /// A payload with at least this many bytes still to come is read straight into its slot
@@ -235,24 +297,71 @@ struct OutFrame {
     lent: Option<Header>,
     /// When a data frame was handed to the network interface (`None`: a control frame).
     queued: Option<Instant>,
+    /// The frame's MAC tag, written last, on a link with frame MACs: reserved when the
+    /// frame is made (so that its length on the wire is known from the start), computed
+    /// when it joins the batch being written ([`LinkState::take_due`]).
+    tag: Option<Tag>,
 }
 
 impl OutFrame {
-    fn control(bytes: Vec<u8>) -> Self {
+    /// A frame with a tag to come if `tagged`.
+    fn new(bytes: Vec<u8>, lent: Option<Header>, queued: Option<Instant>, tagged: bool) -> Self {
         Self {
             bytes,
-            lent: None,
-            queued: None,
+            lent,
+            queued,
+            tag: tagged.then_some([0; TAG_LEN]),
         }
     }
 
-    /// Bytes on the wire, header and payload.
+    /// Bytes on the wire: header, payload and tag.
     fn len(&self) -> usize {
-        self.bytes.len() + self.lent.map_or(0, |h| h.payload_len as usize)
+        self.bytes.len()
+            + self.lent.map_or(0, |h| h.payload_len as usize)
+            + self.tag.map_or(0, |t| t.len())
+    }
+
+    /// The frame's bytes in the order they are written: `bytes`, the lent payload (if
+    /// any) and the tag (if any).
+    fn parts<'a, E: Endpoint + ?Sized>(&'a self, endpoint: &'a E) -> [&'a [u8]; 3] {
+        let payload = self
+            .lent
+            .map_or(&[][..], |h| f32_bytes(endpoint.lent_payload(&h)));
+        let tag = self.tag.as_ref().map_or(&[][..], |t| &t[..]);
+        [&self.bytes, payload, tag]
+    }
+
+    /// Computes the frame's tag (if it has one) as the next frame of `sealer`.
+    fn seal<E: Endpoint + ?Sized>(&mut self, sealer: Option<&mut FrameSealer>, endpoint: &E) {
+        let (Some(sealer), Some(_)) = (sealer, self.tag) else {
+            return;
+        };
+        let [bytes, payload, _] = self.parts(endpoint);
+        // Every frame made here starts with its header (one without could only fail).
+        if let Some((header, body)) = bytes.split_first_chunk::<HEADER_LEN>() {
+            let tag = sealer.seal(header, &[body, payload]);
+            self.tag = Some(tag);
+        }
     }
 }
 
-/// At most this many frames go into one vectored write (two slices each)...
+/// The parts of a frame from its byte `skip` on, empty ones left out.
+fn unwritten(parts: [&[u8]; 3], mut skip: usize) -> impl Iterator<Item = &[u8]> {
+    parts.into_iter().filter_map(move |part| {
+        let rest = part.get(skip.min(part.len())..).unwrap_or_default();
+        skip = skip.saturating_sub(part.len());
+        (!rest.is_empty()).then_some(rest)
+    })
+}
+
+/// The frame MACs of a link: the frames it sends are tagged, those it receives checked.
+struct LinkMac {
+    seal: FrameSealer,
+    open: FrameOpener,
+}
+
+/// At most this many frames go into one vectored write (three slices each: bytes, lent
+/// payload, tag)...
 const BATCH_FRAMES: usize = 32;
 /// ...and frames are added to it while it holds less than this many bytes (a frame in a
 /// batch has left the emulated send window, so the batch bounds how far past the window a
@@ -290,6 +399,8 @@ struct LinkState {
     closed: bool,
     bytes_sent: u64,
     bytes_received: u64,
+    /// Frame MACs (`None`: frames go without tags).
+    mac: Option<LinkMac>,
 }
 
 impl LinkState {
@@ -303,11 +414,13 @@ impl LinkState {
 
     /// Moves the frames due at `now_ns` into the batch being written: control frames first
     /// (only at a frame boundary, when nothing is being written), then frames the emulated
-    /// link has released, while the batch has room.
-    fn take_due(&mut self, now_ns: u64) {
+    /// link has released, while the batch has room. Each frame is tagged as it joins.
+    fn take_due<E: Endpoint + ?Sized>(&mut self, now_ns: u64, endpoint: &E) {
         if self.writing.is_empty() {
-            if let Some(frame) = self.control.pop_front() {
-                self.writing.push_back(OutFrame::control(frame));
+            if let Some(bytes) = self.control.pop_front() {
+                let mut frame = OutFrame::new(bytes, None, None, self.mac.is_some());
+                frame.seal(self.mac.as_mut().map(|m| &mut m.seal), endpoint);
+                self.writing.push_back(frame);
             }
         }
         let mut bytes: usize = self.writing.iter().map(OutFrame::len).sum();
@@ -315,13 +428,14 @@ impl LinkState {
             && (bytes < BATCH_BYTES || self.writing.is_empty())
             && self.scheduled.front().is_some_and(|(t, _)| *t <= now_ns)
         {
-            let Some((_, frame)) = self.scheduled.pop_front() else {
+            let Some((_, mut frame)) = self.scheduled.pop_front() else {
                 break;
             };
             // The frame has crossed the emulated link: it no longer occupies the send
             // buffer, so the next one can start serialising while this one is written.
             self.queued_bytes = self.queued_bytes.saturating_sub(frame.len());
             bytes += frame.len();
+            frame.seal(self.mac.as_mut().map(|m| &mut m.seal), endpoint);
             self.writing.push_back(frame);
         }
     }
@@ -403,6 +517,10 @@ impl CommLoop {
         let traffic = Arc::new(TrafficTotals::for_peers(links.iter().map(|l| l.peer)));
         let mut states = Vec::with_capacity(links.len());
         for (i, link) in links.into_iter().enumerate() {
+            let mac = options.frame_mac.then(|| LinkMac {
+                seal: FrameSealer::new(&link.keys.send),
+                open: FrameOpener::new(&link.keys.recv),
+            });
             link.stream.set_nonblocking(true)?;
             link.stream.set_nodelay(true)?;
             let mut stream = TcpStream::from_std(link.stream);
@@ -435,6 +553,7 @@ impl CommLoop {
                 closed: false,
                 bytes_sent: 0,
                 bytes_received: 0,
+                mac,
             });
         }
         Ok((
@@ -723,11 +842,7 @@ impl CommLoop {
                 Transmit::Copied(peer) => (peer, None),
                 Transmit::Lent(peer, header) => (peer, Some(header)),
             };
-            let frame = OutFrame {
-                bytes: buf,
-                lent,
-                queued: Some(Instant::now()),
-            };
+            let frame = OutFrame::new(buf, lent, Some(Instant::now()), self.options.frame_mac);
             let Some(link) = self.links.iter_mut().find(|l| l.peer == peer) else {
                 // The endpoint named a link it was not offered: a bug, but never leave a lent
                 // payload unreturned.
@@ -861,7 +976,7 @@ impl CommLoop {
                 .push_back(Header::control(FrameKind::Heartbeat, 0).encode().to_vec());
         }
         loop {
-            link.take_due(now_ns);
+            link.take_due(now_ns, &*endpoint);
             if link.writing.is_empty() {
                 return Ok(());
             }
@@ -950,7 +1065,8 @@ impl CommLoop {
                     (Gate::Open, _) => {}
                     (Gate::New, None) => *gate = Gate::Open,
                     (Gate::New, Some(port)) => {
-                        let bytes = HEADER_LEN + header.payload_len as usize;
+                        let tag = if link.mac.is_some() { TAG_LEN } else { 0 };
+                        let bytes = HEADER_LEN + header.payload_len as usize + tag;
                         port.enqueue(now_ns, i as u64, FrameMeta::reliable(bytes, peer as u64));
                         *gate = Gate::Waiting;
                         return Ok(());
@@ -1006,10 +1122,8 @@ impl CommLoop {
     fn abort_all<E: Endpoint + ?Sized>(&mut self, endpoint: &E, reason: &str) {
         let payload = reason.as_bytes();
         let len = payload.len().min(4096);
-        let mut frame = Header::control(FrameKind::Abort, len as u32)
-            .encode()
-            .to_vec();
-        frame.extend_from_slice(&payload[..len]);
+        let header = Header::control(FrameKind::Abort, len as u32).encode();
+        let body = &payload[..len];
         let deadline = Instant::now() + Duration::from_millis(500);
         for l in &mut self.links {
             l.awaiting.clear();
@@ -1017,20 +1131,26 @@ impl CommLoop {
             if l.closed {
                 continue;
             }
-            // Only the first frame being written may be partly written; the rest go unsent.
+            // Only the first frame being written may be partly written; the rest go unsent,
+            // and the numbers their tags took go to the abort.
             let first = l.writing.pop_front();
             let pos = std::mem::take(&mut l.written);
+            let unsent = l.writing.len() as u64;
             l.writing.clear();
+            if let Some(mac) = &mut l.mac {
+                mac.seal.unseal(unsent);
+            }
             if let Some(current) = first {
-                let mut rest = current.bytes.get(pos..).unwrap_or_default().to_vec();
-                if let Some(h) = current.lent {
-                    let payload = f32_bytes(endpoint.lent_payload(&h));
-                    let start = pos.saturating_sub(current.bytes.len());
-                    rest.extend_from_slice(payload.get(start..).unwrap_or_default());
-                }
+                let rest: Vec<u8> = unwritten(current.parts(endpoint), pos)
+                    .collect::<Vec<_>>()
+                    .concat();
                 if !write_all_until(&mut l.stream, &rest, deadline) {
                     continue;
                 }
+            }
+            let mut frame = [&header[..], body].concat();
+            if let Some(mac) = &mut l.mac {
+                frame.extend_from_slice(&mac.seal.seal(&header, &[body]));
             }
             if write_all_until(&mut l.stream, &frame, deadline) {
                 let _ = l.stream.shutdown(std::net::Shutdown::Write);
@@ -1055,28 +1175,23 @@ impl CommLoop {
 }
 
 /// Writes `frames` (the first of them from its byte `written` on) in one vectored write:
-/// each frame's bytes, then a lent frame's payload straight from the endpoint's buffer.
+/// each frame's bytes, then a lent frame's payload straight from the endpoint's buffer,
+/// then its tag.
 fn write_batch<E: Endpoint + ?Sized>(
     stream: &mut TcpStream,
     frames: &VecDeque<OutFrame>,
     written: usize,
     endpoint: &E,
 ) -> io::Result<usize> {
-    let mut slices = [IoSlice::new(&[]); 2 * BATCH_FRAMES];
+    let mut slices = [IoSlice::new(&[]); 3 * BATCH_FRAMES];
     let mut n = 0;
     let mut skip = written;
     for frame in frames.iter().take(BATCH_FRAMES) {
-        let payload = frame
-            .lent
-            .map_or(&[][..], |h| f32_bytes(endpoint.lent_payload(&h)));
-        for part in [&frame.bytes[..], payload] {
-            let rest = part.get(skip.min(part.len())..).unwrap_or_default();
-            skip = skip.saturating_sub(part.len());
-            if !rest.is_empty() {
-                slices[n] = IoSlice::new(rest);
-                n += 1;
-            }
+        for rest in unwritten(frame.parts(endpoint), skip) {
+            slices[n] = IoSlice::new(rest);
+            n += 1;
         }
+        skip = skip.saturating_sub(frame.len());
     }
     stream.write_vectored(&slices[..n])
 }
@@ -1133,11 +1248,13 @@ fn destination<'a, E: Endpoint + ?Sized>(
             bytes.get_mut(*done..).unwrap_or_default()
         }
         ReadState::Bytes { buf, filled, .. } => buf.get_mut(*filled..).unwrap_or_default(),
+        ReadState::Tag { buf, filled, .. } => buf.get_mut(*filled..).unwrap_or_default(),
     })
 }
 
 /// `n` more bytes of the frame being read have landed where [`destination`] said: moves the
-/// link's reader on, handing complete frames to the endpoint (data) or the link (control).
+/// link's reader on, handing complete frames (once their tag has checked, on a link with
+/// frame MACs) to the endpoint (data) or the link (control).
 fn advance<E: Endpoint + ?Sized>(
     link: &mut LinkState,
     n: usize,
@@ -1160,15 +1277,24 @@ fn advance<E: Endpoint + ?Sized>(
                     done: 0,
                     arrived: Instant::now(),
                     gate: Gate::New,
+                    hashed: 0,
                 },
-                FrameKind::Heartbeat => fresh_header(),
+                FrameKind::Heartbeat => {
+                    received(link, Received::Heartbeat(header), endpoint, hooks)?
+                }
                 k if k.is_data() => {
-                    complete_data(endpoint, peer, &header, Instant::now(), hooks)?;
-                    fresh_header()
+                    let frame = Received::Data {
+                        header,
+                        arrived: Instant::now(),
+                    };
+                    received(link, frame, endpoint, hooks)?
                 }
                 _ if header.payload_len == 0 => {
-                    handle_control(link, &header, &[], &*hooks)?;
-                    fresh_header()
+                    let frame = Received::Control {
+                        header,
+                        payload: Vec::new(),
+                    };
+                    received(link, frame, endpoint, hooks)?
                 }
                 _ if header.payload_len > MAX_CONTROL_PAYLOAD => {
                     let reason = format!(
@@ -1189,15 +1315,30 @@ fn advance<E: Endpoint + ?Sized>(
             header,
             done,
             arrived,
+            hashed,
             ..
         } => {
             *done += n;
+            if let Some(mac) = &mut link.mac {
+                let landed = *done;
+                feed_payload(
+                    &mut mac.open,
+                    endpoint,
+                    peer,
+                    header,
+                    hashed,
+                    landed,
+                    &*hooks,
+                )?;
+            }
             if *done < header.payload_len as usize {
                 return Ok(());
             }
-            let (header, arrived) = (*header, *arrived);
-            complete_data(endpoint, peer, &header, arrived, hooks)?;
-            fresh_header()
+            let frame = Received::Data {
+                header: *header,
+                arrived: *arrived,
+            };
+            received(link, frame, endpoint, hooks)?
         }
         ReadState::Bytes {
             header,
@@ -1208,13 +1349,90 @@ fn advance<E: Endpoint + ?Sized>(
             if *filled < buf.len() {
                 return Ok(());
             }
-            let (header, buf) = (*header, std::mem::take(buf));
-            handle_control(link, &header, &buf, &*hooks)?;
+            if let Some(mac) = &mut link.mac {
+                mac.open.update(buf);
+            }
+            let frame = Received::Control {
+                header: *header,
+                payload: std::mem::take(buf),
+            };
+            received(link, frame, endpoint, hooks)?
+        }
+        ReadState::Tag { buf, filled, frame } => {
+            *filled += n;
+            if *filled < TAG_LEN {
+                return Ok(());
+            }
+            let (tag, header) = (*buf, *frame.header());
+            let frame = std::mem::replace(frame, Received::Heartbeat(header));
+            if let Some(mac) = &mut link.mac {
+                (mac.open.finish(&header.encode(), &tag))
+                    .map_err(|e| integrity(&*hooks, peer, e))?;
+            }
+            act(link, frame, endpoint, hooks)?;
             fresh_header()
         }
     };
     link.read = next;
     Ok(())
+}
+
+/// Feeds `open` the payload bytes of the frame `header` that have landed in the endpoint's
+/// slot since the last call (`hashed` so far, `landed` now), a whole
+/// [`HASH_BLOCK`](syncopate_core::wire::mac::HASH_BLOCK) at a
+/// time until the last bytes: hashed where they were read to, while they are still in the
+/// cache, at BLAKE3's full speed.
+fn feed_payload<E: Endpoint + ?Sized>(
+    open: &mut FrameOpener,
+    endpoint: &mut E,
+    peer: Rank,
+    header: &Header,
+    hashed: &mut usize,
+    landed: usize,
+    hooks: &dyn Hooks<E>,
+) -> Result<(), CommError> {
+    let upto = FrameOpener::feed_upto(landed, header.payload_len as usize);
+    if upto > *hashed {
+        let slot = (endpoint.recv_slot(peer, header)).map_err(|e| protocol(hooks, peer, e))?;
+        open.update(f32_bytes(slot).get(*hashed..upto).unwrap_or_default());
+        *hashed = upto;
+    }
+    Ok(())
+}
+
+/// A frame has been read whole: on a link with frame MACs its tag is read next, else it is
+/// acted on now. Returns what the link reads next.
+fn received<E: Endpoint + ?Sized>(
+    link: &mut LinkState,
+    frame: Received,
+    endpoint: &mut E,
+    hooks: &mut dyn Hooks<E>,
+) -> Result<ReadState, CommError> {
+    if link.mac.is_some() {
+        return Ok(ReadState::Tag {
+            buf: [0; TAG_LEN],
+            filled: 0,
+            frame,
+        });
+    }
+    act(link, frame, endpoint, hooks)?;
+    Ok(fresh_header())
+}
+
+/// Hands a frame read whole (and checked) to the endpoint (data) or the link (control).
+fn act<E: Endpoint + ?Sized>(
+    link: &mut LinkState,
+    frame: Received,
+    endpoint: &mut E,
+    hooks: &mut dyn Hooks<E>,
+) -> Result<(), CommError> {
+    match frame {
+        Received::Heartbeat(_) => Ok(()),
+        Received::Data { header, arrived } => {
+            complete_data(endpoint, link.peer, &header, arrived, hooks)
+        }
+        Received::Control { header, payload } => handle_control(link, &header, &payload, &*hooks),
+    }
 }
 
 fn fresh_header() -> ReadState {
@@ -1292,6 +1510,14 @@ fn lost<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, reason: &str) -> CommError 
         peer: hooks.describe(peer),
         step: hooks.step(),
         reason: reason.into(),
+    }
+}
+
+fn integrity<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: IntegrityError) -> CommError {
+    CommError::Integrity {
+        peer: hooks.describe(peer),
+        frame: error.frame,
+        step: hooks.step(),
     }
 }
 

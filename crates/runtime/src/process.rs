@@ -41,6 +41,7 @@ pub fn peer_info(ctx: &ProcessContext, layout: &JobLayout, fingerprint: u64) -> 
         layout.workers,
         layout.servers,
     )
+    .with_frame_mac(ctx.comm.frame_mac)
 }
 
 /// Rendezvous with the job and connect to every peer this rank needs.
@@ -99,16 +100,12 @@ pub fn join(
         }
     }
     let table = table?;
-    let streams = connect_mesh(
+    Ok(connect_mesh(
         &me,
         &table,
         &layout.peers(ctx.rank),
         &data,
         &ctx.token,
         ctx.connect_timeout,
-    )?;
-    Ok(streams
-        .into_iter()
-        .map(|(peer, stream)| Link { peer, stream })
-        .collect())
+    )?)
 }

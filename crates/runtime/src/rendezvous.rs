@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{compat_mismatch, handshake, AuthError, JobToken, PeerInfo, Role};
+use crate::auth::{compat_mismatch, handshake, AuthError, JobToken, PeerInfo, Role, Session};
+use crate::comm::Link;
 use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
 
 /// How often the accept loop polls its listener while idle.
@@ -223,7 +224,9 @@ fn admit_registration(
     me: &PeerInfo,
     timeout: Duration,
 ) -> Result<Registration, String> {
-    let info = handshake(&mut stream, token, me, false, timeout).map_err(|e| e.to_string())?;
+    let info = handshake(&mut stream, token, me, false, timeout)
+        .map_err(|e| e.to_string())?
+        .peer;
     let who = format!("{} at {addr}", info.describe());
     stream
         .set_read_timeout(Some(nonzero(timeout)))
@@ -406,8 +409,8 @@ fn connect_with_retry(
     }
 }
 
-/// Builds this process's links: returns one authenticated stream per rank in `peers`,
-/// sorted by rank, with `TCP_NODELAY` set.
+/// Builds this process's links: returns one authenticated link per rank in `peers`,
+/// sorted by rank, with `TCP_NODELAY` set and the frame keys its handshake derived.
 ///
 /// For each pair the higher rank dials the lower rank's `data_addr` and the lower rank
 /// accepts on `listener` (left in blocking mode afterwards), so links must be symmetric:
@@ -420,7 +423,7 @@ pub fn connect_mesh(
     listener: &TcpListener,
     token: &JobToken,
     timeout: Duration,
-) -> Result<Vec<(usize, TcpStream)>, RendezvousError> {
+) -> Result<Vec<Link>, RendezvousError> {
     let deadline = deadline_after(timeout);
     let wanted = wanted_members(me, table, peers)?;
     let (lower, higher): (Vec<Member>, Vec<Member>) =
@@ -429,12 +432,12 @@ pub fn connect_mesh(
     // so every dial eventually meets an accepting peer.
     let mut links = Vec::with_capacity(lower.len() + higher.len());
     for m in &lower {
-        links.push((m.rank, dial(me, m, token, deadline)?));
+        links.push(dial(me, m, token, deadline)?);
     }
     links.extend(accept_links(
         me, &higher, listener, token, deadline, timeout,
     )?);
-    links.sort_by_key(|(rank, _)| *rank);
+    links.sort_by_key(|link| link.peer);
     Ok(links)
 }
 
@@ -470,16 +473,17 @@ fn dial(
     m: &Member,
     token: &JobToken,
     deadline: Instant,
-) -> Result<TcpStream, RendezvousError> {
+) -> Result<Link, RendezvousError> {
     let peer = format!("rank {} at {}", m.rank, m.data_addr);
     let mut stream = connect_with_retry(m.data_addr, &peer, deadline)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
-    let info = handshake(&mut stream, token, me, true, remaining).map_err(|source| {
-        RendezvousError::Handshake {
-            peer: peer.clone(),
-            source,
-        }
-    })?;
+    let Session { peer: info, keys } =
+        handshake(&mut stream, token, me, true, remaining).map_err(|source| {
+            RendezvousError::Handshake {
+                peer: peer.clone(),
+                source,
+            }
+        })?;
     if info.rank != m.rank || info.role != m.role {
         let reason = format!(
             "{} answered at the address of rank {} ({})",
@@ -493,7 +497,11 @@ fn dial(
     stream.set_nodelay(true).map_err(io_error(format!(
         "cannot set TCP_NODELAY on the link to {peer}"
     )))?;
-    Ok(stream)
+    Ok(Link {
+        peer: m.rank,
+        stream,
+        keys,
+    })
 }
 
 /// Accepts the links from the higher ranks in `expected`.
@@ -504,7 +512,7 @@ fn accept_links(
     token: &JobToken,
     deadline: Instant,
     timeout: Duration,
-) -> Result<Vec<(usize, TcpStream)>, RendezvousError> {
+) -> Result<Vec<Link>, RendezvousError> {
     if expected.is_empty() {
         return Ok(Vec::new());
     }
@@ -512,14 +520,14 @@ fn accept_links(
         let (token, me) = (token.clone(), me.clone());
         move |mut stream: TcpStream, addr: SocketAddr| {
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let info =
+            let session =
                 handshake(&mut stream, &token, &me, false, remaining).map_err(|e| e.to_string())?;
-            Ok((stream, addr, info))
+            Ok((stream, addr, session))
         }
     };
-    let mut links: BTreeMap<usize, TcpStream> = BTreeMap::new();
-    let take = |(stream, addr, info): (TcpStream, SocketAddr, PeerInfo)| {
-        keep_link(stream, addr, &info, me, expected, &mut links)?;
+    let mut links: BTreeMap<usize, Link> = BTreeMap::new();
+    let take = |(stream, addr, session): (TcpStream, SocketAddr, Session)| {
+        keep_link(stream, addr, session, me, expected, &mut links)?;
         Ok(links.len() == expected.len())
     };
     let mut failures = Vec::new();
@@ -537,18 +545,19 @@ fn accept_links(
             failures,
         });
     }
-    Ok(links.into_iter().collect())
+    Ok(links.into_values().collect())
 }
 
 /// Keeps an accepted link if its rank is expected and not linked yet, else refuses it.
 fn keep_link(
     mut stream: TcpStream,
     addr: SocketAddr,
-    info: &PeerInfo,
+    session: Session,
     me: &PeerInfo,
     expected: &[Member],
-    links: &mut BTreeMap<usize, TcpStream>,
+    links: &mut BTreeMap<usize, Link>,
 ) -> Result<(), String> {
+    let info = &session.peer;
     let known = expected
         .iter()
         .any(|m| m.rank == info.rank && m.role == info.role);
@@ -559,7 +568,11 @@ fn keep_link(
             stream
                 .set_nodelay(true)
                 .map_err(|e| format!("{} at {addr}: {e}", info.describe()))?;
-            slot.insert(stream);
+            slot.insert(Link {
+                peer: info.rank,
+                stream,
+                keys: session.keys,
+            });
             return Ok(());
         }
     };

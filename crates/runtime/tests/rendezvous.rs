@@ -5,8 +5,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use syncopate_core::wire::mac::{FrameOpener, FrameSealer, Tag, TAG_LEN};
 use syncopate_core::wire::{FrameKind, Header, DEFAULT_MAX_PAYLOAD};
 use syncopate_runtime::auth::{JobToken, PeerInfo, Role};
+use syncopate_runtime::comm::Link;
 use syncopate_runtime::frame_io::{read_frame, write_frame};
 use syncopate_runtime::rendezvous::{
     connect_mesh, register, serve_coordinator, Member, RendezvousError,
@@ -89,22 +91,32 @@ fn four_processes_rendezvous_and_build_a_full_mesh() {
     }
 }
 
-/// Sends one data frame on every link, then reads one from every link; returns the
-/// senders heard from, checking each link carries the frame of the rank it claims.
-fn exchange_one_frame(rank: usize, links: Vec<(usize, TcpStream)>) -> Vec<usize> {
+/// Sends one data frame, with its MAC tag, on every link, then reads one from every link;
+/// returns the senders heard from, checking each link carries the frame of the rank it
+/// claims, tagged with the key the two ends' handshake gave them.
+fn exchange_one_frame(rank: usize, links: Vec<Link>) -> Vec<usize> {
     let mut links = links;
-    for (_, stream) in &mut links {
+    for link in &mut links {
         let mut h = Header::data(FrameKind::Push, 1, 0, 0, 1);
         h.sender = rank as u32;
-        write_frame(stream, &h, &(rank as f32).to_le_bytes()).unwrap();
+        let payload = (rank as f32).to_le_bytes();
+        write_frame(&mut link.stream, &h, &payload).unwrap();
+        let tag = FrameSealer::new(&link.keys.send).seal(&h.encode(), &[&payload]);
+        link.stream.write_all(&tag).unwrap();
     }
     links
         .iter_mut()
-        .map(|(peer, stream)| {
-            let (h, payload) = read_frame(stream, DEFAULT_MAX_PAYLOAD).unwrap();
-            assert_eq!(h.sender as usize, *peer);
-            assert_eq!(payload, (*peer as f32).to_le_bytes());
-            *peer
+        .map(|link| {
+            let (h, payload) = read_frame(&mut link.stream, DEFAULT_MAX_PAYLOAD).unwrap();
+            assert_eq!(h.sender as usize, link.peer);
+            assert_eq!(payload, (link.peer as f32).to_le_bytes());
+            let mut tag: Tag = [0; TAG_LEN];
+            link.stream.read_exact(&mut tag).unwrap();
+            let mut opener = FrameOpener::new(&link.keys.recv);
+            opener.update(&payload);
+            let opened = opener.finish(&h.encode(), &tag);
+            assert_eq!(opened, Ok(0), "rank {rank} from {}", link.peer);
+            link.peer
         })
         .collect()
 }

@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// sleeping process costs more than the transfer.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 200)]
     busy_poll_us: u64,
+    /// Tag every frame with a MAC and check it on arrival, as a job with --frame-mac does
+    /// (to measure what frame integrity costs).
+    #[arg(long)]
+    frame_mac: bool,
 }
 
 impl BenchArgs {
@@ -152,6 +156,7 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         connect_timeout: Duration::from_secs(60),
         comm: CommOptions {
             busy_poll: Duration::from_micros(args.busy_poll_us),
+            frame_mac: args.frame_mac,
             ..CommOptions::default()
         },
         metrics: None,

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# What per-frame MACs cost: ring all-reduce bus bandwidth (`syncopate bench-comm`) without
+# and with --frame-mac, alternated in one run (for each round and rank count, both runs back
+# to back, their order swapped every round) so that a noisy neighbour hits both alike; the
+# cost is taken from each round's pair, never across runs.
+#
+# Usage: scripts/bench-frame-mac.sh [--ranks "2 4"] [--sizes "64K 100M"] [--rounds 5]
+#                                   [--min-time 1] [--bench-args "ARGS"] [--out DIR]
+#   --ranks     process counts (default "2 4")
+#   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 64K 100M)
+#   --rounds    repetitions; the table shows medians and the range of the per-round costs
+#   --min-time  seconds of timed operations per size and run (default 1)
+#   --bench-args  more bench-comm flags for every run, e.g. "--bandwidth 1gbit"
+#   --out       where the raw CSV and the table go (default target/bench-frame-mac)
+# SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
+# Prints a Markdown table (bus bandwidth 2(n-1)/n x bytes / median time, GB/s, without and
+# with MACs, and the cost 1 - with/without) and writes it to OUT/table.md, with every
+# measurement in OUT/raw.csv.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+ranks="2 4"
+sizes="64K 100M"
+rounds=5
+min_time=1
+bench_args=""
+out="$root/target/bench-frame-mac"
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
+bench_parse_args bench-frame-mac 18 "$@"
+bench_binary
+
+mkdir -p "$out"
+raw="$out/raw.csv"
+echo "mac,round,size_bytes,ranks,median_s,busbw_GBps" > "$raw"
+bench_sizes=$(echo "$sizes" | tr ' ' ',')
+
+# Runs bench-comm once and appends its rows under mac=$1 (off/on), round $2, ranks $3.
+run() {
+  local mac=$1 round=$2 n=$3 flag=()
+  [ "$mac" = on ] && flag=(--frame-mac)
+  echo "round $round/$rounds, $n ranks, frame MACs $mac" >&2
+  # shellcheck disable=SC2086
+  "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$bench_sizes" \
+    --min-time "$min_time" $bench_args "${flag[@]}" 2>/dev/null | sed 's/^\[worker 0\] //' \
+    | grep -E '^[0-9]' | cut -d, -f1-4 | sed "s/^/$mac,$round,/" >> "$raw"
+}
+
+for round in $(seq 1 "$rounds"); do
+  for n in $ranks; do
+    if [ $((round % 2)) = 1 ]; then order="off on"; else order="on off"; fi
+    for mac in $order; do run "$mac" "$round" "$n"; done
+  done
+done
+
+PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
+import statistics
+from bench_table import publish, rows, size_name
+
+# (ranks, size) -> round -> mac -> bus bandwidth
+bw = {}
+for row in rows():
+    key = (int(row["ranks"]), int(row["size_bytes"]))
+    bw.setdefault(key, {}).setdefault(row["round"], {})[row["mac"]] = float(row["busbw_GBps"])
+
+lines = ["| ranks | size | without MACs | with MACs | cost (median) | cost per round |",
+         "|---|---|---|---|---|---|"]
+for (n, size), rounds in sorted(bw.items()):
+    pairs = [r for r in rounds.values() if "off" in r and "on" in r]
+    if not pairs:
+        continue
+    off = statistics.median(r["off"] for r in pairs)
+    on = statistics.median(r["on"] for r in pairs)
+    costs = sorted(1 - r["on"] / r["off"] for r in pairs)
+    lines.append("| %d | %s | %.3f | %.3f | **%.0f %%** | %s |" % (
+        n, size_name(size), off, on, 100 * statistics.median(costs),
+        ", ".join("%.0f %%" % (100 * c) for c in costs)))
+count = max((len(r) for r in bw.values()), default=0)
+text = "\n".join(lines) + ("\n\nBus bandwidth in GB/s, median of %d round(s); cost = "
+                           "1 - with / without, from each round's pair.\n" % count)
+publish(text)
+EOF
+echo "raw measurements: $raw; table: $out/table.md" >&2
