@@ -297,7 +297,8 @@ impl<'a> Sim<'a> {
                     | Action::OptimizeLayer(_)
                     | Action::Optimize
                     | Action::StepEnd(_)
-                    | Action::Evaluate { .. } => continue,
+                    | Action::Evaluate { .. }
+                    | Action::Checkpoint(_) => continue,
                     Action::BackwardDone => ep.handle_backward_done(),
                 }
                 drain(ep.as_mut(), trainer, &mut self.step_end, self.now);

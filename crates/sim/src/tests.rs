@@ -371,6 +371,11 @@ mod probe_impl {
     }
 
     impl WorkerSync for TimerProbe {
+        fn start_at(&mut self, step: u64) {
+            if let Some(e) = self.inner.as_mut() {
+                e.start_at(step);
+            }
+        }
         fn begin_step(&mut self, step: u64) {
             if let Some(e) = self.inner.as_mut() {
                 e.begin_step(step);

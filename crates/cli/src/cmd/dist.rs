@@ -14,11 +14,12 @@ use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{Averaged, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
 use syncopate_runtime::auth::{AuthError, JobToken};
+use syncopate_runtime::checkpoint::CheckpointPlan;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
-use syncopate_runtime::server::run_server;
+use syncopate_runtime::server::{run_server, ServerPlan};
 use syncopate_runtime::trace::merge_traces;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::checkpoint;
@@ -110,6 +111,21 @@ pub struct JobArgs {
     /// Where worker 0 saves the final weights.
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+    /// Every process writes its state (weights, momentum, steps done; servers their shards)
+    /// every N steps into --checkpoint-dir (or the --resume folder), keeping the last two.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: Option<u64>,
+    /// Folder of the job's checkpoints (`step-<S>/rank-<R>.safetensors` and a manifest per
+    /// process). `launch` also keeps a generated job token there (job.token), so that
+    /// --resume can run under the same token.
+    #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Restart the job from the newest checkpoint in DIR that every process completed; the
+    /// run goes on to the same --steps/--epochs and ends with the weights an uninterrupted
+    /// run would have had. A checkpoint of another model, strategy, worker or server count
+    /// or token is refused.
+    #[arg(long, value_name = "DIR", conflicts_with = "load")]
+    pub resume: Option<PathBuf>,
     /// Every process samples its CPU, memory, disk and network into
     /// DIR/metrics-rank<R>.csv.
     #[arg(long, value_name = "DIR")]
@@ -282,6 +298,50 @@ impl JobArgs {
         })
     }
 
+    /// `--checkpoint-every N` into `--checkpoint-dir` (or, resuming, the `--resume` folder).
+    fn checkpoint_plan(&self) -> Result<Option<CheckpointPlan>> {
+        let Some(every) = self.checkpoint_every else {
+            return Ok(None);
+        };
+        let Some(dir) = self.checkpoint_dir.as_ref().or(self.resume.as_ref()) else {
+            bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to write into");
+        };
+        Ok(Some(CheckpointPlan {
+            dir: dir.clone(),
+            every,
+        }))
+    }
+
+    /// The folder where `launch` keeps a generated token for the job's checkpoints.
+    fn token_home(&self) -> Option<&std::path::Path> {
+        self.checkpoint_dir.as_deref().or(self.resume.as_deref())
+    }
+
+    /// The job's token for `launch`: the given one, else (with checkpoints) the one kept in
+    /// the checkpoint folder, made and kept there on the first run; `None`: a fresh one.
+    fn launch_token(&self) -> Result<Option<JobToken>> {
+        if let Some(token) = self.given_token()? {
+            return Ok(Some(token));
+        }
+        let Some(dir) = self.token_home() else {
+            return Ok(None);
+        };
+        let path = dir.join("job.token");
+        if path.exists() {
+            return Ok(Some(JobToken::resolve(None, Some(&path))?));
+        }
+        if self.resume.is_some() && self.checkpoint_dir.is_none() {
+            bail!(
+                "{} has no job.token: resume with the job's --token or --token-file",
+                dir.display()
+            );
+        }
+        let token = JobToken::generate();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_secret(&path, &token.to_hex())?;
+        Ok(Some(token))
+    }
+
     /// The token given with `--token`, `--token-file` or the environment (`None`: `launch`
     /// makes a fresh one).
     fn given_token(&self) -> Result<Option<JobToken>> {
@@ -356,6 +416,7 @@ fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayo
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.trace_window()?;
+    args.checkpoint_plan()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
             bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
@@ -397,7 +458,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         servers: layout.servers,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: LAUNCH_GRACE,
-        token: args.given_token()?,
+        token: args.launch_token()?,
     })?;
     if let Some(dir) = &replicas {
         replicas::report(&args, layout.workers, dir)?;
@@ -502,6 +563,21 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
     })
 }
 
+/// Writes `text` to a new file at `path` that only its owner may read.
+fn write_secret(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 /// The local address that routes to `peer` (no packet is sent).
 fn local_ip_towards(peer: SocketAddr) -> IpAddr {
     if peer.ip().is_loopback() {
@@ -590,6 +666,8 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         replica_dir: args.replica_dir.clone(),
         target_accuracy: args.target_accuracy,
         slowdown: Straggler::slowdown(&args.slow_worker, ctx.rank),
+        checkpoint: args.checkpoint_plan()?,
+        resume: args.resume.clone(),
     };
     let test_len = data.test.len();
     let mut progress = TrainProgress::new(steps_hint, args.quiet);
@@ -698,7 +776,14 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
         s.batch_size,
         layout.workers,
     );
-    let summary = run_server(&ctx, &layout, &spec, initial, s.optim(steps_hint)?)?;
+    let plan = ServerPlan {
+        initial,
+        optim: s.optim(steps_hint)?,
+        steps: steps_hint,
+        checkpoint: args.checkpoint_plan()?,
+        resume: args.resume.clone(),
+    };
+    let summary = run_server(&ctx, &layout, &spec, plan)?;
     tracing::info!(
         updates = summary.updates,
         peak_early_values = summary.peak_early_values,

@@ -115,6 +115,9 @@ pub enum WorkerEvent {
 
 /// The worker side of a strategy, as the training loop drives it.
 pub trait WorkerSync: Endpoint {
+    /// Before anything else: the job resumes after `step` steps (its first step is `step`,
+    /// and peers may send frames of that step before it begins here).
+    fn start_at(&mut self, step: u64);
     /// Starts step `step` (the previous step must have reported [`WorkerEvent::StepDone`]).
     fn begin_step(&mut self, step: u64);
     /// Backward produced `key`'s gradient (copied in; the caller keeps its buffer).

@@ -177,6 +177,10 @@ impl PsWorker {
 }
 
 impl WorkerSync for PsWorker {
+    fn start_at(&mut self, step: u64) {
+        self.step = step;
+    }
+
     fn begin_step(&mut self, step: u64) {
         self.step = step;
         self.held.clear();
@@ -358,6 +362,12 @@ pub struct PsServer {
     out_step: Vec<u64>,
     updates: u64,
     sequence: u64,
+    /// Slices this server owns.
+    owned_slices: usize,
+    /// Per step not yet complete: slices updated.
+    updated_in_step: std::collections::BTreeMap<u64, usize>,
+    /// Steps all of whose owned slices are updated, not yet polled.
+    completed: std::collections::VecDeque<u64>,
 }
 
 /// Optimizer settings a server applies.
@@ -441,7 +451,58 @@ impl PsServer {
             out_step: vec![0; slices],
             updates: 0,
             sequence: 0,
+            owned_slices: (0..slices).filter(|&s| reg.owner(s) == index).count(),
+            updated_in_step: Default::default(),
+            completed: Default::default(),
             reg,
+        }
+    }
+
+    /// The values and momentum of every key (empty for keys this server owns no slice
+    /// of; within the others only the owned ranges are meaningful): what a checkpoint of
+    /// this server holds.
+    pub fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
+        (&self.params, &self.velocity)
+    }
+
+    /// Restores a checkpoint taken after `first_step` steps: the values and momentum of
+    /// every key as [`PsServer::state`] gave them. Pushes of earlier steps are refused from
+    /// now on.
+    pub fn restore(
+        &mut self,
+        params: Vec<Vec<f32>>,
+        velocity: Vec<Vec<f32>>,
+        first_step: u64,
+    ) -> Result<(), String> {
+        let shapes = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+        let want = shapes(&self.params);
+        if shapes(&params) != want || shapes(&velocity) != want {
+            return Err(format!(
+                "the checkpoint's tensors do not match server {}'s share of the model",
+                self.index
+            ));
+        }
+        self.params = params;
+        self.velocity = velocity;
+        self.slice_step.fill(first_step);
+        self.latest_step = first_step;
+        Ok(())
+    }
+
+    /// The next step all of whose slices owned here have been updated (each step once, in
+    /// order): the moment a checkpoint of this server holds exactly that step.
+    pub fn poll_step_complete(&mut self) -> Option<u64> {
+        self.completed.pop_front()
+    }
+
+    /// Counts an update of a slice of `step`; the step is complete once every owned slice
+    /// has had its update.
+    fn count_update(&mut self, step: u64) {
+        let n = self.updated_in_step.entry(step).or_insert(0);
+        *n += 1;
+        if *n == self.owned_slices {
+            self.updated_in_step.remove(&step);
+            self.completed.push_back(step);
         }
     }
 
@@ -511,7 +572,7 @@ impl PsServer {
             // The slice's next step would not be representable.
             return Err(ProtocolError::unexpected(link, h, "step out of range"));
         }
-        if self.pushes[slice] == 0 && self.updates > 0 && h.step < self.slice_step[slice] {
+        if self.pushes[slice] == 0 && h.step < self.slice_step[slice] {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
         if self.pushed_by[slice][link] {
@@ -661,6 +722,7 @@ impl Endpoint for PsServer {
             self.out_step[slice] = h.step;
             self.slice_step[slice] = h.step + 1;
             self.updates += 1;
+            self.count_update(h.step);
             let p = pending_for(&self.reg, slice, &mut self.arrival);
             for q in &mut self.out {
                 q.push(p);

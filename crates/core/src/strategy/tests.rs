@@ -694,6 +694,32 @@ fn a_server_knows_its_latest_step() {
     assert_eq!(ss[0].latest_step(), 0);
     drive(&mut ws, &mut ss, &sizes, 4, 7);
     assert_eq!(ss[0].latest_step(), 3);
+    let completed: Vec<u64> = std::iter::from_fn(|| ss[0].poll_step_complete()).collect();
+    assert_eq!(completed, vec![0, 1, 2, 3], "each step once, in order");
+}
+
+/// A server restored from its state after 4 steps holds that state, and refuses pushes of
+/// the steps its checkpoint already holds.
+#[test]
+fn a_restored_server_resumes_at_its_checkpoints_step() {
+    let plan = SyncPlan::new(StrategyKind::Ps, 2, 1);
+    let sizes = [5, 7];
+    let init: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
+    let mut server = plan
+        .server_endpoint(2, keys(&sizes), init.clone(), ServerOptim::plain(0.1))
+        .expect("a server");
+    let params: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![1.5; n]).collect();
+    let velocity: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.25; n]).collect();
+    assert!(server
+        .restore(vec![vec![1.0; 3]], velocity.clone(), 4)
+        .is_err());
+    server.restore(params.clone(), velocity.clone(), 4).unwrap();
+    assert_eq!(server.state(), (&params[..], &velocity[..]));
+    let old = Header::data(crate::wire::FrameKind::Push, 3, 0, 0, 5);
+    let e = server.recv_slot(0, &old).unwrap_err().to_string();
+    assert!(e.contains("step already completed"), "{e}");
+    let now = Header::data(crate::wire::FrameKind::Push, 4, 0, 0, 5);
+    assert!(server.recv_slot(0, &now).is_ok());
 }
 
 /// A reduce frame of a step not yet begun, delivered twice, is refused the second time

@@ -9,20 +9,23 @@ use std::time::{Duration as StdDuration, Instant};
 use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::step::{EvalSchedule, StepPlan, StepSequencer};
+use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::{Duration, Evaluation, LocalOptimizer, Observer, OptimConfig};
 
+use crate::checkpoint::{newest_complete, CheckpointPlan, JobIdentity};
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
 use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
 
+mod checkpointing;
 mod step_loop;
+use checkpointing::Checkpointer;
 use step_loop::{Record, StepLoop};
 use syncopate_core::wire::Header;
 
@@ -52,6 +55,10 @@ pub struct WorkerPlan {
     /// Compute takes this many times as long as measured (a straggler, `--slow-worker`);
     /// 1 for a normal worker.
     pub slowdown: f64,
+    /// Where and how often this worker writes checkpoints (`None`: never).
+    pub checkpoint: Option<CheckpointPlan>,
+    /// A checkpoint folder to resume from (its newest step every process completed).
+    pub resume: Option<std::path::PathBuf>,
 }
 
 /// Time spent in each phase over the run, seconds.
@@ -449,9 +456,27 @@ pub fn run_worker<E: LayerwiseEngine>(
         checkpoint::load(&mut engine, path)?;
     }
     let keys: Vec<KeyInfo> = key_infos(&spec);
+    let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
+    let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
+    let job = JobIdentity::of(ctx, layout, &spec);
+    let first_step = match &plan.resume {
+        Some(dir) => {
+            let point = newest_complete(dir, &job)?;
+            checkpointing::restore(&point, ctx.rank, &mut engine, &mut optimizer)?;
+            tracing::info!(
+                rank = ctx.rank,
+                steps = point.step,
+                "resuming from {}",
+                point.dir.display()
+            );
+            point.step
+        }
+        None => 0,
+    };
     let evaluates = ctx.rank == 0 && !spec.is_profile();
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
-    let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
+    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
+    endpoint.start_at(first_step);
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
@@ -473,10 +498,15 @@ pub fn run_worker<E: LayerwiseEngine>(
         steps_per_epoch: per_epoch,
         every: plan.eval_every,
     };
+    let checkpoints = CheckpointSchedule {
+        every: plan.checkpoint.as_ref().map(|c| c.every),
+    };
     let mut seq = StepSequencer::new(
-        StepPlan::new(layout.strategy, total, spec.layer_keys()).with_eval(eval),
+        StepPlan::new(layout.strategy, total, spec.layer_keys())
+            .with_eval(eval)
+            .with_checkpoints(checkpoints)
+            .resumed_at(first_step),
     );
-    let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
     let tracer = ctx
         .metrics
         .as_ref()
@@ -485,8 +515,8 @@ pub fn run_worker<E: LayerwiseEngine>(
     let mut run = StepLoop::new(
         &mut engine,
         &mut comm,
-        Loader::spawn(Arc::new(data.train), sampler, 0, None, 4),
-        LocalOptimizer::new(plan.optim, &sizes),
+        Loader::spawn(Arc::new(data.train), sampler, first_step, None, 4),
+        optimizer,
         evaluates.then_some(&data.test),
         observer,
         tracer,
@@ -494,6 +524,11 @@ pub fn run_worker<E: LayerwiseEngine>(
     );
     run.slowdown = plan.slowdown;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
+    run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
+        plan,
+        job,
+        rank: ctx.rank,
+    });
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
     let (record, tracer) = (run.record, run.tracer);
@@ -508,7 +543,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     let model_bytes = (spec.num_params() * 4) as f64;
     Ok(summarise(
         ctx.rank,
-        total,
+        total - seq.plan().first_step,
         plan,
         layout,
         model_bytes,

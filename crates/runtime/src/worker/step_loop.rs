@@ -14,6 +14,7 @@ use syncopate_train::data::{Batch, Loader, Split};
 use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
 use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
+use super::checkpointing::Checkpointer;
 use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
@@ -29,8 +30,8 @@ pub(super) struct Record {
     pub epoch_accuracy: Vec<f64>,
     /// Every evaluation.
     pub evals: EvalLog,
-    /// Seconds spent evaluating (left out of training time).
-    pub eval_seconds: f64,
+    /// Seconds spent evaluating and writing checkpoints (left out of training time).
+    pub excluded_seconds: f64,
     /// Wall time of every step.
     pub step_seconds: Vec<f64>,
     /// `steps-rank<R>.csv`.
@@ -50,7 +51,7 @@ impl Record {
             recent: VecDeque::new(),
             epoch_accuracy: Vec::new(),
             evals: EvalLog::default(),
-            eval_seconds: 0.0,
+            excluded_seconds: 0.0,
             step_seconds: Vec::new(),
             step_rows: String::from(
                 "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n",
@@ -63,7 +64,7 @@ impl Record {
 
     /// Training seconds so far (evaluations left out).
     pub fn train_seconds(&self) -> f64 {
-        self.start.elapsed().as_secs_f64() - self.eval_seconds
+        self.start.elapsed().as_secs_f64() - self.excluded_seconds
     }
 }
 
@@ -87,7 +88,11 @@ pub(super) struct StepLoop<'a, E> {
     pub global_batch: usize,
     /// Where to write this worker's weight snapshots at evaluation points, and its rank.
     pub snapshots: Option<(std::path::PathBuf, usize)>,
+    /// Where this worker writes its checkpoints.
+    pub checkpoints: Option<Checkpointer>,
     pub record: Record,
+    /// The first step of this run (after a checkpoint's steps when resumed).
+    first_step: u64,
     /// The step being run, its epoch, its batch and its figures.
     step: u64,
     epoch: u64,
@@ -128,7 +133,9 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             slowdown: 1.0,
             global_batch: 0,
             snapshots: None,
+            checkpoints: None,
             record: Record::new(),
+            first_step: 0,
             step: 0,
             epoch: 0,
             batch: None,
@@ -140,6 +147,10 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
 
     /// Runs `seq` to its end.
     pub fn run(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
+        self.first_step = seq.plan().first_step;
+        if seq.plan().first_step > 0 {
+            self.observer.on_resume(seq.plan().first_step);
+        }
         self.observer.on_start(seq.plan().steps);
         self.record.start = Instant::now();
         loop {
@@ -175,6 +186,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                     epoch_end,
                     last,
                 } => self.evaluate(step, epoch_end, last, seq.plan().steps)?,
+                Action::Checkpoint(step) => self.checkpoint(step)?,
             }
         }
     }
@@ -347,8 +359,22 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             now.wait - before.wait,
             now.optimizer - before.optimizer
         ));
-        let rate = (step + 1) as f64 * self.global_batch as f64 / r.train_seconds().max(1e-9);
+        let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
+            / r.train_seconds().max(1e-9);
         self.observer.on_step(step + 1, steps, &out, rate);
+        Ok(())
+    }
+
+    /// At a checkpoint point: writes this worker's state after `step` (0-based), left out
+    /// of training time.
+    fn checkpoint(&mut self, step: u64) -> Result<(), RunError> {
+        let t = Instant::now();
+        if let Some(c) = &self.checkpoints {
+            c.write(&*self.engine, &self.optimizer, step + 1)?;
+            self.observer.on_checkpoint(step + 1);
+        }
+        self.record.excluded_seconds += t.elapsed().as_secs_f64();
+        self.span("checkpoint", "checkpoint", t, Instant::now());
         Ok(())
     }
 
@@ -370,7 +396,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             Some(test) => Some(evaluate(&mut *self.engine, test, 256)?),
             None => None,
         };
-        self.record.eval_seconds += t.elapsed().as_secs_f64();
+        self.record.excluded_seconds += t.elapsed().as_secs_f64();
         if let Some(eval) = eval {
             self.record_eval(step, epoch_end, last, steps, trained, eval);
         }
