@@ -137,6 +137,10 @@ struct Manifest {
     file: String,
     /// SHA-256 of the state file, hex.
     sha256: String,
+    /// SHA-256 of the process's record (`rank-<R>.json`: what it measured so far), if it
+    /// wrote one.
+    #[serde(default)]
+    record_sha256: Option<String>,
 }
 
 /// Why a checkpoint could not be written or resumed.
@@ -197,6 +201,19 @@ fn manifest_name(rank: usize) -> String {
     format!("rank-{rank}.toml")
 }
 
+fn record_name(rank: usize) -> String {
+    format!("rank-{rank}.json")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Whether the file at `path` exists and has the SHA-256 `want`.
+fn has_checksum(path: &Path, want: &str) -> bool {
+    std::fs::read(path).is_ok_and(|b| sha256_hex(&b) == want)
+}
+
 /// Writes `bytes` to `path` atomically and durably: a temporary file, fsync, rename.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
@@ -210,18 +227,37 @@ fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-/// Writes rank `rank`'s state `bytes` as its checkpoint after `step` steps of job `job`
-/// into `dir`, then drops its own files of all but the last two steps it wrote.
-pub fn write(dir: &Path, step: u64, rank: usize, job: &JobIdentity, bytes: &[u8]) -> Result<()> {
+/// What one process writes at a checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessState<'a> {
+    /// Its state (a safetensors file's bytes).
+    pub state: &'a [u8],
+    /// What it measured so far (figures a resumed run carries on from), if anything.
+    pub record: Option<&'a [u8]>,
+}
+
+/// Writes rank `rank`'s checkpoint after `step` steps of job `job` into `dir`, then drops
+/// its own files of all but the last two steps it wrote.
+pub fn write(
+    dir: &Path,
+    step: u64,
+    rank: usize,
+    job: &JobIdentity,
+    written: ProcessState<'_>,
+) -> Result<()> {
     let at = step_dir(dir, step);
     std::fs::create_dir_all(&at).map_err(io(&at))?;
-    write_atomic(&at.join(state_name(rank)), bytes)?;
+    write_atomic(&at.join(state_name(rank)), written.state)?;
+    if let Some(record) = written.record {
+        write_atomic(&at.join(record_name(rank)), record)?;
+    }
     let manifest = Manifest {
         step,
         rank,
         job: job.clone(),
         file: state_name(rank),
-        sha256: hex::encode(Sha256::digest(bytes)),
+        sha256: sha256_hex(written.state),
+        record_sha256: written.record.map(sha256_hex),
     };
     let text = toml::to_string(&manifest).map_err(|e| CheckpointError::Io {
         path: at.join(manifest_name(rank)),
@@ -253,7 +289,7 @@ fn prune(dir: &Path, rank: usize) -> Result<()> {
         .collect();
     for &step in mine.iter().skip(2) {
         let at = step_dir(dir, step);
-        for name in [manifest_name(rank), state_name(rank)] {
+        for name in [manifest_name(rank), state_name(rank), record_name(rank)] {
             let path = at.join(name);
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path)(e)),
@@ -281,13 +317,30 @@ impl ResumePoint {
         let path = self.dir.join(state_name(rank));
         let bytes = std::fs::read(&path).map_err(io(&path))?;
         let manifest = read_manifest(&self.dir, rank)?;
-        if hex::encode(Sha256::digest(&bytes)) != manifest.sha256 {
-            return Err(io(&path)(std::io::Error::other(
-                "its checksum differs from the manifest's (changed since it was checked)",
-            )));
-        }
+        check_read(&path, &bytes, &manifest.sha256)?;
         Ok(bytes)
     }
+
+    /// Rank `rank`'s record, checked against its manifest (`None`: it wrote none).
+    pub fn read_record(&self, rank: usize) -> Result<Option<Vec<u8>>> {
+        let Some(want) = read_manifest(&self.dir, rank)?.record_sha256 else {
+            return Ok(None);
+        };
+        let path = self.dir.join(record_name(rank));
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        check_read(&path, &bytes, &want)?;
+        Ok(Some(bytes))
+    }
+}
+
+/// Refuses `bytes` read from `path` unless their SHA-256 is `want`.
+fn check_read(path: &Path, bytes: &[u8], want: &str) -> Result<()> {
+    if sha256_hex(bytes) == want {
+        return Ok(());
+    }
+    Err(io(path)(std::io::Error::other(
+        "its checksum differs from the manifest's (changed since it was checked)",
+    )))
 }
 
 fn read_manifest(at: &Path, rank: usize) -> Result<Manifest> {
@@ -318,6 +371,16 @@ pub fn newest_complete(dir: &Path, job: &JobIdentity) -> Result<ResumePoint> {
     })
 }
 
+/// The newest step of `dir` that every rank of the job that wrote it completed, whatever
+/// that job was (`None`: no complete step, or no readable folder): for a caller that only
+/// decides whether to resume, leaving the checks against its job to the job itself.
+pub fn newest_complete_any(dir: &Path) -> Option<u64> {
+    steps_in(dir).ok()?.into_iter().find(|&step| {
+        let at = step_dir(dir, step);
+        read_manifest(&at, 0).is_ok_and(|m| matches!(check_step(&at, step, &m.job), Ok(None)))
+    })
+}
+
 /// Why the checkpoint in `at` is incomplete (`None`: it is complete).
 fn check_step(at: &Path, step: u64, job: &JobIdentity) -> Result<Option<String>> {
     for rank in 0..job.workers + job.servers {
@@ -335,9 +398,11 @@ fn check_step(at: &Path, step: u64, job: &JobIdentity) -> Result<Option<String>>
         if manifest.step != step || manifest.rank != rank || manifest.file != state_name(rank) {
             return Ok(Some(format!("rank {rank}'s manifest names another file")));
         }
-        let ok = std::fs::read(at.join(state_name(rank)))
-            .is_ok_and(|b| hex::encode(Sha256::digest(&b)) == manifest.sha256);
-        if !ok {
+        let record_ok = manifest
+            .record_sha256
+            .as_ref()
+            .is_none_or(|want| has_checksum(&at.join(record_name(rank)), want));
+        if !has_checksum(&at.join(state_name(rank)), &manifest.sha256) || !record_ok {
             return Ok(Some(format!(
                 "rank {rank}'s state is missing or fails its checksum"
             )));
@@ -357,7 +422,13 @@ mod tests {
 
     fn write_all(dir: &Path, step: u64, job: &JobIdentity, ranks: std::ops::Range<usize>) {
         for rank in ranks {
-            write(dir, step, rank, job, format!("{step}/{rank}").as_bytes()).unwrap();
+            let state = format!("{step}/{rank}");
+            let record = format!("record {step}/{rank}");
+            let written = ProcessState {
+                state: state.as_bytes(),
+                record: (rank == 0).then_some(record.as_bytes()),
+            };
+            write(dir, step, rank, job, written).unwrap();
         }
     }
 
@@ -369,9 +440,18 @@ mod tests {
         write_all(dir.path(), 20, &j, 0..2); // the server was killed before step 20
         let p = newest_complete(dir.path(), &j).unwrap();
         assert_eq!(p.step, 10);
+        assert_eq!(newest_complete_any(dir.path()), Some(10));
         assert_eq!(p.read_state(2).unwrap(), b"10/2");
+        assert_eq!(p.read_record(0).unwrap().unwrap(), b"record 10/0");
+        assert_eq!(p.read_record(1).unwrap(), None);
         write_all(dir.path(), 20, &j, 2..3);
         assert_eq!(newest_complete(dir.path(), &j).unwrap().step, 20);
+        std::fs::write(step_dir(dir.path(), 20).join(record_name(0)), b"x").unwrap();
+        assert_eq!(
+            newest_complete_any(dir.path()),
+            Some(10),
+            "a corrupt record"
+        );
     }
 
     #[test]
@@ -420,6 +500,7 @@ mod tests {
             err.contains("no complete checkpoint") && err.contains("no step-"),
             "{err}"
         );
+        assert_eq!(newest_complete_any(dir.path()), None);
         let err = newest_complete(&dir.path().join("nope"), &job(2)).unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
     }

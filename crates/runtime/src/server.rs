@@ -5,7 +5,7 @@ use syncopate_core::step::CheckpointSchedule;
 use syncopate_core::strategy::{PsServer, Rank, ServerOptim};
 use syncopate_train::checkpoint::{encode, Decoded, NamedTensor};
 
-use crate::checkpoint::{self, CheckpointPlan, JobIdentity};
+use crate::checkpoint::{self, CheckpointPlan, JobIdentity, ProcessState};
 use syncopate_core::Sgd;
 use syncopate_train::model::ModelSpec;
 use syncopate_train::trainer::OptimConfig;
@@ -81,7 +81,11 @@ impl ServerCheckpointer {
             }
         }
         let bytes = encode(&self.spec, &tensors, Default::default(), &self.plan.dir)?;
-        checkpoint::write(&self.plan.dir, step + 1, rank, &self.job, &bytes)?;
+        let written = ProcessState {
+            state: &bytes,
+            record: None,
+        };
+        checkpoint::write(&self.plan.dir, step + 1, rank, &self.job, written)?;
         tracing::info!(rank, steps = step + 1, "checkpoint written");
         Ok(())
     }

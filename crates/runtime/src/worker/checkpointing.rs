@@ -9,7 +9,8 @@ use syncopate_train::checkpoint::{encode, engine_tensors, Decoded, NamedTensor};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::LocalOptimizer;
 
-use crate::checkpoint::{write, CheckpointPlan, JobIdentity, ResumePoint};
+use super::step_loop::CarriedRecord;
+use crate::checkpoint::{write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint};
 use crate::error::RunError;
 
 /// The name of `key`'s momentum in a worker's checkpoint.
@@ -34,6 +35,7 @@ impl Checkpointer {
         engine: &dyn LayerwiseEngine,
         optimizer: &LocalOptimizer,
         steps: u64,
+        record: &CarriedRecord,
     ) -> Result<(), RunError> {
         let spec = engine.spec();
         let mut tensors = engine_tensors(engine)?;
@@ -46,19 +48,26 @@ impl Checkpointer {
         }
         let metadata = BTreeMap::from([("steps".to_string(), steps.to_string())]);
         let bytes = encode(spec, &tensors, metadata, &self.plan.dir)?;
-        write(&self.plan.dir, steps, self.rank, &self.job, &bytes)?;
+        let record = serde_json::to_vec(record)
+            .map_err(|e| RunError::Local(format!("encoding the worker's record: {e}")))?;
+        let written = ProcessState {
+            state: &bytes,
+            record: Some(&record),
+        };
+        write(&self.plan.dir, steps, self.rank, &self.job, written)?;
         tracing::info!(rank = self.rank, steps, "checkpoint written");
         Ok(())
     }
 }
 
-/// Loads worker `rank`'s state from `point` into `engine` and `optimizer`.
+/// Loads worker `rank`'s state from `point` into `engine` and `optimizer`; returns what it
+/// had measured until then (`None`: the checkpoint holds no record).
 pub(crate) fn restore(
     point: &ResumePoint,
     rank: usize,
     engine: &mut dyn LayerwiseEngine,
     optimizer: &mut LocalOptimizer,
-) -> Result<(), RunError> {
+) -> Result<Option<CarriedRecord>, RunError> {
     let bytes = point.read_state(rank)?;
     let path = point.dir.join(format!("rank-{rank}.safetensors"));
     let decoded = Decoded::parse(&bytes, Path::new(&path))?;
@@ -70,5 +79,13 @@ pub(crate) fn restore(
         .map(|k| decoded.tensor(&momentum_name(&k.name), &[k.shape.iter().product()]))
         .collect::<Result<Vec<_>, _>>()?;
     optimizer.restore(velocity, point.step)?;
-    Ok(())
+    let Some(record) = point.read_record(rank)? else {
+        return Ok(None);
+    };
+    let record = serde_json::from_slice(&record).map_err(|e| {
+        RunError::Local(format!(
+            "reading rank {rank}'s record in its checkpoint: {e}"
+        ))
+    })?;
+    Ok(Some(record))
 }

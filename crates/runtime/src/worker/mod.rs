@@ -62,7 +62,7 @@ pub struct WorkerPlan {
 }
 
 /// Time spent in each phase over the run, seconds.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
 pub struct WorkerTimes {
     /// Waiting for the data loader.
     pub data: f64,
@@ -118,7 +118,7 @@ pub struct WorkerSummary {
 }
 
 /// One evaluation of the test set during training.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct EvalPoint {
     /// Steps done.
     pub step: u64,
@@ -139,6 +139,7 @@ pub struct EvalPoint {
 }
 
 /// Rank 0's evaluations, as CSV rows and as points.
+#[derive(Serialize, serde::Deserialize)]
 struct EvalLog {
     csv: String,
     points: Vec<EvalPoint>,
@@ -459,10 +460,11 @@ pub fn run_worker<E: LayerwiseEngine>(
     let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
     let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
     let job = JobIdentity::of(ctx, layout, &spec);
+    let mut carried = None;
     let first_step = match &plan.resume {
         Some(dir) => {
             let point = newest_complete(dir, &job)?;
-            checkpointing::restore(&point, ctx.rank, &mut engine, &mut optimizer)?;
+            carried = checkpointing::restore(&point, ctx.rank, &mut engine, &mut optimizer)?;
             tracing::info!(
                 rank = ctx.rank,
                 steps = point.step,
@@ -524,6 +526,9 @@ pub fn run_worker<E: LayerwiseEngine>(
     );
     run.slowdown = plan.slowdown;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
+    if let Some(carried) = carried {
+        run.record = Record::resumed(carried);
+    }
     run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
         plan,
         job,
@@ -541,9 +546,10 @@ pub fn run_worker<E: LayerwiseEngine>(
     crate::job::finish_sampler(resources)?;
     write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
+    let steps_run = total - seq.plan().first_step;
     Ok(summarise(
         ctx.rank,
-        total - seq.plan().first_step,
+        (total, steps_run),
         plan,
         layout,
         model_bytes,
@@ -584,7 +590,7 @@ fn write_outputs(
 /// The worker's summary from what its loop recorded, for a model of `model_bytes`.
 fn summarise(
     rank: Rank,
-    total: u64,
+    (total, steps_run): (u64, u64),
     plan: &WorkerPlan,
     layout: &JobLayout,
     model_bytes: f64,
@@ -592,7 +598,8 @@ fn summarise(
     counters: &[LinkCounters],
 ) -> WorkerSummary {
     let workers = layout.workers;
-    let per_step = |bytes: u64| bytes as f64 / total.max(1) as f64;
+    // The links' counters cover this process's steps; the record, the whole job's.
+    let per_step = |bytes: u64| bytes as f64 / steps_run.max(1) as f64;
     let train_seconds = record.trained;
     let reached = plan
         .target_accuracy

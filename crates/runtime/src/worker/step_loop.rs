@@ -42,6 +42,21 @@ pub(super) struct Record {
     pub start: Instant,
     /// Training seconds of the whole run (evaluations left out), once it has finished.
     pub trained: f64,
+    /// Training seconds before this process started (a resumed job's earlier part).
+    pub carried: f64,
+}
+
+/// What a checkpoint keeps of a worker's [`Record`], so that a resumed job reports the whole
+/// job: its evaluations, times and step rows, and its training time so far.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedRecord {
+    times: WorkerTimes,
+    recent: VecDeque<f64>,
+    epoch_accuracy: Vec<f64>,
+    evals: EvalLog,
+    step_seconds: Vec<f64>,
+    step_rows: String,
+    trained: f64,
 }
 
 impl Record {
@@ -59,12 +74,44 @@ impl Record {
             test: None,
             start: Instant::now(),
             trained: 0.0,
+            carried: 0.0,
         }
     }
 
-    /// Training seconds so far (evaluations left out).
+    /// Training seconds so far (evaluations left out), the earlier part of a resumed job
+    /// included.
     pub fn train_seconds(&self) -> f64 {
-        self.start.elapsed().as_secs_f64() - self.excluded_seconds
+        self.carried + self.start.elapsed().as_secs_f64() - self.excluded_seconds
+    }
+
+    /// What a checkpoint keeps of this record.
+    pub fn carry(&self) -> CarriedRecord {
+        CarriedRecord {
+            times: self.times,
+            recent: self.recent.clone(),
+            epoch_accuracy: self.epoch_accuracy.clone(),
+            evals: EvalLog {
+                csv: self.evals.csv.clone(),
+                points: self.evals.points.clone(),
+            },
+            step_seconds: self.step_seconds.clone(),
+            step_rows: self.step_rows.clone(),
+            trained: self.train_seconds(),
+        }
+    }
+
+    /// A record that goes on from `carried`, a resumed job's earlier part.
+    pub fn resumed(carried: CarriedRecord) -> Self {
+        Self {
+            times: carried.times,
+            recent: carried.recent,
+            epoch_accuracy: carried.epoch_accuracy,
+            evals: carried.evals,
+            step_seconds: carried.step_seconds,
+            step_rows: carried.step_rows,
+            carried: carried.trained,
+            ..Self::new()
+        }
     }
 }
 
@@ -370,7 +417,12 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     fn checkpoint(&mut self, step: u64) -> Result<(), RunError> {
         let t = Instant::now();
         if let Some(c) = &self.checkpoints {
-            c.write(&*self.engine, &self.optimizer, step + 1)?;
+            c.write(
+                &*self.engine,
+                &self.optimizer,
+                step + 1,
+                &self.record.carry(),
+            )?;
             self.observer.on_checkpoint(step + 1);
         }
         self.record.excluded_seconds += t.elapsed().as_secs_f64();
