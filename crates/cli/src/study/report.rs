@@ -141,7 +141,7 @@ fn row(
         time_to_accuracy: num(&json["time_to_accuracy_s"]),
         average_accuracy: field("average_accuracy"),
         divergence: field("divergence"),
-        bytes_per_step: field("bytes_per_step"),
+        bytes_per_step: mean_bytes_per_step(json, &resources),
         textbook_bytes_per_step: field("textbook_bytes_per_step"),
         mean_cpu_percent: resources.mean_cpu_percent,
         peak_rss_bytes: resources.peak_rss_bytes,
@@ -149,6 +149,18 @@ fn row(
         disk_bytes: resources.disk_bytes,
         evaluations: summary::evaluations(json),
     })
+}
+
+/// Bytes a worker sent per step, the mean over workers (their metrics' last `net_sent_bytes`
+/// over the run's steps: under step-wise averaging or ring reduce workers send different
+/// amounts), or worker 0's own figure when the run has no metrics.
+fn mean_bytes_per_step(json: &serde_json::Value, resources: &WorkerResources) -> f64 {
+    let steps = json["steps"].as_f64().unwrap_or(f64::NAN);
+    if resources.net_bytes.is_finite() && steps > 0.0 {
+        resources.net_bytes / steps
+    } else {
+        summary::number(json, "bytes_per_step")
+    }
 }
 
 /// The ideal step time of a profile model at `bandwidth_bps` (full size): compute (every
@@ -485,6 +497,24 @@ impl RunRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_per_step_is_the_mean_over_workers_when_their_metrics_are_there() {
+        let json = serde_json::json!({"steps": 2, "worker0": {"bytes_per_step": 5.0}});
+        let mut r = WorkerResources {
+            mean_cpu_percent: 1.0,
+            peak_rss_bytes: 1.0,
+            net_bytes: 3e6,
+            disk_bytes: 0.0,
+        };
+        assert_eq!(mean_bytes_per_step(&json, &r), 1.5e6);
+        r.net_bytes = f64::NAN;
+        assert_eq!(
+            mean_bytes_per_step(&json, &r),
+            5.0,
+            "worker 0's without metrics"
+        );
+    }
 
     #[test]
     fn ideal_bound_is_the_longer_of_compute_and_communication() {
