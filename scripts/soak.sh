@@ -13,8 +13,9 @@
 # time of a step and the bytes a worker sends per step; the link's rate is then
 # bytes x 8 / compute / slowdown, and the step count fills the minutes at that rate.
 # Worker 0 evaluates every 5 % of the steps, so its evaluation buffers are part of its warm
-# state. Prints, per process, its RSS when warm (after the first 10 % of the run), its peak
-# after that and at the end; fails when any process grew by more than 5 % after warming up.
+# state. Prints, per process, the median RSS once warm (10-35 % of the run) and over the last
+# quarter, and the peak (evaluations allocate for a moment); fails when any process's median
+# grew by more than 5 % from the one to the other.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -77,23 +78,34 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "soak: a job failed; see $out/*.log" >&2; exit 1; }
 
 python3 - "$out" <<'EOF'
-import csv, glob, os, sys
+import csv, glob, os, statistics, sys
 out = sys.argv[1]
-print("| strategy | process | RSS warm (MiB) | peak after (MiB) | end (MiB) | growth |")
+print("| strategy | process | RSS median once warm (MiB) | range (MiB) | trend (MiB/hour) | trend over the run |")
 print("|---|---|---|---|---|---|")
-worst = 0.0
+worst, minutes = 0.0, 0.0
 for path in sorted(glob.glob(f"{out}/*/metrics-rank*.csv")):
     rows = list(csv.DictReader(open(path)))
-    t = [float(r["t_s"]) for r in rows]
-    rss = [int(r["rss_bytes"]) for r in rows]
-    warm = next(i for i, x in enumerate(t) if x >= 0.1 * t[-1])
-    peak = max(rss[warm:])
-    growth = (peak - rss[warm]) / rss[warm]
-    worst = max(worst, growth)
+    samples = [(float(r["t_s"]), int(r["rss_bytes"])) for r in rows]
+    end = samples[-1][0]
+    minutes = max(minutes, end / 60)
+    warm = [(t, x) for t, x in samples if t >= 0.1 * end]
+    if len(warm) < 10:
+        sys.exit(f"soak: {path} has too few samples")
+    # Least-squares slope of RSS over time once warm: a leak raises it, the moments of
+    # allocation around evaluations (up and down again) do not.
+    mt = statistics.fmean(t for t, _ in warm)
+    mx = statistics.fmean(x for _, x in warm)
+    slope = sum((t - mt) * (x - mx) for t, x in warm) / sum((t - mt) ** 2 for t, _ in warm)
+    median = statistics.median(x for _, x in warm)
+    drift = slope * (end - warm[0][0]) / median
+    worst = max(worst, drift)
     strategy = os.path.basename(os.path.dirname(path))
     rank = path.rsplit("rank", 1)[1].split(".")[0]
     mib = lambda b: f"{b / 2**20:.1f}"
-    print(f"| {strategy} | rank {rank} | {mib(rss[warm])} | {mib(peak)} | {mib(rss[-1])} | {growth * 100:+.1f} % |")
-print(f"\nlargest growth after warm-up: {worst * 100:.1f} % over {t[-1] / 60:.1f} min")
+    lo, hi = min(x for _, x in warm), max(x for _, x in warm)
+    print(f"| {strategy} | rank {rank} | {mib(median)} | {mib(lo)}-{mib(hi)} | "
+          f"{slope * 3600 / 2**20:+.2f} | {drift * 100:+.1f} % |")
+print(f"\nlargest trend once warm (10 % of the run on): {worst * 100:+.1f} % of the median "
+      f"over {minutes:.1f} min")
 sys.exit(1 if worst > 0.05 else 0)
 EOF
