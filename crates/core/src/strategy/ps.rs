@@ -425,6 +425,10 @@ impl PsServer {
             .collect();
         let slices = reg.slices().len();
         let max_slice = reg.slices().iter().map(|s| s.len).max().unwrap_or(0);
+        // Per-worker bookkeeping for the slices this server owns only (frames for the others
+        // are refused before it is looked at): with many servers, most slices are others'.
+        let owned = |s: usize| reg.owner(s) == index;
+        let per_worker = |s: usize, n: usize| if owned(s) { n } else { 0 };
         Self {
             index,
             rank: workers + index,
@@ -436,7 +440,9 @@ impl PsServer {
             velocity: (0..keys).map(sized).collect(),
             acc: (0..keys).map(sized).collect(),
             scratch: vec![vec![0.0; max_slice]; workers],
-            early: vec![vec![None; workers]; slices],
+            early: (0..slices)
+                .map(|s| vec![None; per_worker(s, workers)])
+                .collect(),
             spare: Vec::new(),
             next_rank: vec![0; slices],
             early_values: 0,
@@ -444,7 +450,9 @@ impl PsServer {
             latest_step: 0,
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
-            pushed_by: vec![vec![false; workers]; slices],
+            pushed_by: (0..slices)
+                .map(|s| vec![false; per_worker(s, workers)])
+                .collect(),
             out: (0..workers).map(|_| new_scheduler(scheduler)).collect(),
             kind: scheduler,
             arrival: 0,
