@@ -10,7 +10,9 @@ use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::LocalOptimizer;
 
 use super::step_loop::CarriedRecord;
-use crate::checkpoint::{write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint};
+use crate::checkpoint::{
+    newest_complete, write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint,
+};
 use crate::error::RunError;
 
 /// The name of `key`'s momentum in a worker's checkpoint.
@@ -60,9 +62,29 @@ impl Checkpointer {
     }
 }
 
+/// Resumes worker `rank` of `job` from the newest complete checkpoint in `dir`: loads its
+/// state into `engine` and `optimizer`, and returns the steps done and what it had measured.
+pub(crate) fn resume(
+    dir: &Path,
+    job: &JobIdentity,
+    rank: usize,
+    engine: &mut dyn LayerwiseEngine,
+    optimizer: &mut LocalOptimizer,
+) -> Result<(u64, Option<CarriedRecord>), RunError> {
+    let point = newest_complete(dir, job)?;
+    let carried = restore(&point, rank, engine, optimizer)?;
+    tracing::info!(
+        rank,
+        steps = point.step,
+        "resuming from {}",
+        point.dir.display()
+    );
+    Ok((point.step, carried))
+}
+
 /// Loads worker `rank`'s state from `point` into `engine` and `optimizer`; returns what it
 /// had measured until then (`None`: the checkpoint holds no record).
-pub(crate) fn restore(
+fn restore(
     point: &ResumePoint,
     rank: usize,
     engine: &mut dyn LayerwiseEngine,

@@ -16,7 +16,7 @@ use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::{Duration, Evaluation, LocalOptimizer, Observer, OptimConfig};
 
-use crate::checkpoint::{newest_complete, CheckpointPlan, JobIdentity};
+use crate::checkpoint::{CheckpointPlan, JobIdentity};
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
@@ -460,20 +460,9 @@ pub fn run_worker<E: LayerwiseEngine>(
     let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
     let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
     let job = JobIdentity::of(ctx, layout, &spec);
-    let mut carried = None;
-    let first_step = match &plan.resume {
-        Some(dir) => {
-            let point = newest_complete(dir, &job)?;
-            carried = checkpointing::restore(&point, ctx.rank, &mut engine, &mut optimizer)?;
-            tracing::info!(
-                rank = ctx.rank,
-                steps = point.step,
-                "resuming from {}",
-                point.dir.display()
-            );
-            point.step
-        }
-        None => 0,
+    let (first_step, carried) = match &plan.resume {
+        Some(dir) => checkpointing::resume(dir, &job, ctx.rank, &mut engine, &mut optimizer)?,
+        None => (0, None),
     };
     let evaluates = ctx.rank == 0 && !spec.is_profile();
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
