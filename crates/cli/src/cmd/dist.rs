@@ -323,6 +323,9 @@ impl JobArgs {
         if let Some(token) = self.given_token()? {
             return Ok(Some(token));
         }
+        if let Some(dir) = self.resume.as_deref().filter(|d| !d.is_dir()) {
+            bail!("--resume {}: no such folder", dir.display());
+        }
         let Some(dir) = self.token_home() else {
             return Ok(None);
         };
@@ -417,6 +420,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.trace_window()?;
     args.checkpoint_plan()?;
+    let token = args.launch_token()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
             bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
@@ -458,7 +462,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         servers: layout.servers,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: LAUNCH_GRACE,
-        token: args.launch_token()?,
+        token,
     })?;
     if let Some(dir) = &replicas {
         replicas::report(&args, layout.workers, dir)?;
