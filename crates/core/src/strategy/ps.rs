@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 
 use super::{
-    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent,
-    WorkerSync,
+    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, ServerSync, Transmit,
+    WorkerEvent, WorkerSync,
 };
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd, SgdConfig};
@@ -466,43 +466,6 @@ impl PsServer {
         }
     }
 
-    /// The values and momentum of every key (empty for keys this server owns no slice
-    /// of; within the others only the owned ranges are meaningful): what a checkpoint of
-    /// this server holds.
-    pub fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
-        (&self.params, &self.velocity)
-    }
-
-    /// Restores a checkpoint taken after `first_step` steps: the values and momentum of
-    /// every key as [`PsServer::state`] gave them. Pushes of earlier steps are refused from
-    /// now on.
-    pub fn restore(
-        &mut self,
-        params: Vec<Vec<f32>>,
-        velocity: Vec<Vec<f32>>,
-        first_step: u64,
-    ) -> Result<(), String> {
-        let shapes = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
-        let want = shapes(&self.params);
-        if shapes(&params) != want || shapes(&velocity) != want {
-            return Err(format!(
-                "the checkpoint's tensors do not match server {}'s share of the model",
-                self.index
-            ));
-        }
-        self.params = params;
-        self.velocity = velocity;
-        self.slice_step.fill(first_step);
-        self.latest_step = first_step;
-        Ok(())
-    }
-
-    /// The next step all of whose slices owned here have been updated (each step once, in
-    /// order): the moment a checkpoint of this server holds exactly that step.
-    pub fn poll_step_complete(&mut self) -> Option<u64> {
-        self.completed.pop_front()
-    }
-
     /// Counts an update of a slice of `step`; the step is complete once every owned slice
     /// has had its update.
     fn count_update(&mut self, step: u64) {
@@ -512,32 +475,6 @@ impl PsServer {
             self.updated_in_step.remove(&step);
             self.completed.push_back(step);
         }
-    }
-
-    /// Current values of `key` (only the ranges this server owns are meaningful).
-    pub fn values(&self, key: usize) -> &[f32] {
-        &self.params[key]
-    }
-
-    /// Slice updates applied so far.
-    pub fn updates(&self) -> u64 {
-        self.updates
-    }
-
-    /// The most values this server ever held in pushes waiting for their turn in the
-    /// rank-order sum (the memory that bit-reproducibility costs).
-    pub fn peak_early_values(&self) -> usize {
-        self.peak_early_values
-    }
-
-    /// The latest step any push was received for (0 before the first).
-    pub fn latest_step(&self) -> u64 {
-        self.latest_step
-    }
-
-    /// Whether any reply is still queued for a worker.
-    pub fn has_pending_replies(&self) -> bool {
-        self.out.iter().any(|q| !q.is_empty())
     }
 
     fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
@@ -591,6 +528,57 @@ impl PsServer {
             ));
         }
         Ok(slice)
+    }
+}
+
+impl ServerSync for PsServer {
+    fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
+        (&self.params, &self.velocity)
+    }
+
+    fn restore(
+        &mut self,
+        params: Vec<Vec<f32>>,
+        velocity: Vec<Vec<f32>>,
+        first_step: u64,
+    ) -> Result<(), String> {
+        let shapes = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+        let want = shapes(&self.params);
+        if shapes(&params) != want || shapes(&velocity) != want {
+            return Err(format!(
+                "the checkpoint's tensors do not match server {}'s share of the model",
+                self.index
+            ));
+        }
+        self.params = params;
+        self.velocity = velocity;
+        self.slice_step.fill(first_step);
+        self.latest_step = first_step;
+        Ok(())
+    }
+
+    fn poll_step_complete(&mut self) -> Option<u64> {
+        self.completed.pop_front()
+    }
+
+    fn values(&self, key: usize) -> &[f32] {
+        &self.params[key]
+    }
+
+    fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    fn peak_early_values(&self) -> usize {
+        self.peak_early_values
+    }
+
+    fn latest_step(&self) -> u64 {
+        self.latest_step
+    }
+
+    fn has_pending_replies(&self) -> bool {
+        self.out.iter().any(|q| !q.is_empty())
     }
 }
 
