@@ -190,7 +190,7 @@ pub fn run_comm_bench(
                 checkpoints: None,
                 rank: ctx.rank,
             };
-            comm.run(&mut server, &mut server_hooks)?;
+            comm.run(server.as_mut(), &mut server_hooks)?;
         }
     }
     Ok(rows)

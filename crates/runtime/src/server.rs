@@ -2,7 +2,10 @@
 //! loop until every worker has said goodbye.
 
 use syncopate_core::step::CheckpointSchedule;
-use syncopate_core::strategy::{PsServer, Rank, ServerOptim};
+use syncopate_core::strategy::{LossStats, Rank, ServerOptim, ServerSync};
+
+/// A server endpoint of any parameter-server strategy.
+type Server = dyn ServerSync + Send;
 use syncopate_train::checkpoint::{encode, Decoded, NamedTensor};
 
 use crate::checkpoint::{self, CheckpointPlan, JobIdentity, ProcessState};
@@ -32,6 +35,10 @@ pub struct ServerSummary {
     pub peak_early_values: usize,
     /// Bytes per link: `(peer, sent, received)`.
     pub links: Vec<(Rank, u64, u64)>,
+    /// What a loss-tolerant server (dlcp) lost and recovered: values filled in, packets
+    /// ignored, probes answered, stops sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossStats>,
 }
 
 /// What a server runs with besides the job's layout.
@@ -59,7 +66,7 @@ pub(crate) struct ServerCheckpointer {
 
 impl ServerCheckpointer {
     /// Writes `server`'s state if step `step` (0-based, just completed) is a checkpoint point.
-    fn maybe_write(&self, server: &PsServer, rank: Rank, step: u64) -> Result<(), RunError> {
+    fn maybe_write(&self, server: &Server, rank: Rank, step: u64) -> Result<(), RunError> {
         let schedule = CheckpointSchedule {
             every: Some(self.plan.every),
         };
@@ -94,7 +101,7 @@ impl ServerCheckpointer {
 /// Loads server `rank`'s state from the newest complete checkpoint of `dir` into `server`;
 /// returns the steps it holds.
 fn restore(
-    server: &mut PsServer,
+    server: &mut Server,
     spec: &ModelSpec,
     job: &JobIdentity,
     rank: Rank,
@@ -147,16 +154,12 @@ pub(crate) struct ServerHooks {
     pub(crate) rank: Rank,
 }
 
-impl Hooks<PsServer> for ServerHooks {
-    fn on_commands(&mut self, _: &mut PsServer) -> Result<Flow, CommError> {
+impl Hooks<Server> for ServerHooks {
+    fn on_commands(&mut self, _: &mut Server) -> Result<Flow, CommError> {
         Ok(Flow::Continue)
     }
 
-    fn on_progress(
-        &mut self,
-        server: &mut PsServer,
-        status: LinkStatus,
-    ) -> Result<Flow, CommError> {
+    fn on_progress(&mut self, server: &mut Server, status: LinkStatus) -> Result<Flow, CommError> {
         self.step = server.latest_step();
         while let Some(step) = server.poll_step_complete() {
             if let Some(c) = &self.checkpoints {
@@ -191,7 +194,7 @@ impl Hooks<PsServer> for ServerHooks {
 
     fn on_frame_received(
         &mut self,
-        server: &PsServer,
+        server: &Server,
         peer: Rank,
         header: &Header,
         arrived: Instant,
@@ -232,7 +235,7 @@ pub fn run_server(
         .map_err(|e| RunError::Local(e.to_string()))?;
     let job = JobIdentity::of(ctx, layout, spec);
     if let Some(dir) = &plan.resume {
-        restore(&mut server, spec, &job, ctx.rank, dir)?;
+        restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
     }
     let plan_steps = plan.steps;
     let links = join(ctx, layout, spec.fingerprint())?;
@@ -256,7 +259,7 @@ pub fn run_server(
         rank: ctx.rank,
     };
     let sampler = ctx.start_sampler(comm.traffic())?;
-    comm.run(&mut server, &mut hooks)?;
+    comm.run(server.as_mut(), &mut hooks)?;
     crate::job::finish_sampler(sampler)?;
     if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
         t.write(&m.dir, &format!("server {}", ctx.rank - layout.workers))
@@ -266,6 +269,7 @@ pub fn run_server(
         rank: ctx.rank,
         updates: server.updates(),
         peak_early_values: server.peak_early_values(),
+        loss: server.loss_stats(),
         links: comm
             .counters()
             .iter()

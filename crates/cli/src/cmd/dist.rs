@@ -28,7 +28,7 @@ use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
 use super::replicas;
-use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs, TrainSettings};
+use crate::args::{scheduler_parser, strategy_parser, DlcpArgs, StepwiseArgs, TrainSettings};
 use crate::progress::{RankNotices, TrainProgress};
 
 /// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
@@ -56,6 +56,8 @@ pub struct JobArgs {
     pub bucket_mb: f64,
     #[command(flatten)]
     pub stepwise: StepwiseArgs,
+    #[command(flatten)]
+    pub dlcp: DlcpArgs,
     /// Order of the frames on every link (default: the strategy's, listed with --strategy's
     /// values). Also applies to ps and allreduce, so each P3 mechanism can be switched on
     /// alone.
@@ -211,13 +213,14 @@ impl JobArgs {
             bail!("--bucket-mb must be positive");
         }
         let defaults = SyncPlan::new(self.strategy, self.workers, self.servers);
-        self.stepwise.apply(SyncPlan {
+        let plan = self.stepwise.apply(SyncPlan {
             scheduler: self.scheduler.unwrap_or(defaults.scheduler),
             slice_params: self.slice_params.unwrap_or(defaults.slice_params),
             credit_bytes: parse_size(&self.credit_bytes)?,
             bucket_bytes: (self.bucket_mb * 1e6) as usize,
             ..defaults
-        })
+        })?;
+        self.dlcp.apply(plan)
     }
 
     /// `--trace-steps A..B` as a range.

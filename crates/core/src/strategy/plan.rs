@@ -135,9 +135,13 @@ impl SyncPlan {
             frame_elems: scale_count(self.frame_elems, factor),
             direct_share_elems: scale_count(self.direct_share_elems, factor),
             chain_segment_elems: scale_count(self.chain_segment_elems, factor),
-            dlcp: DlcpOptions {
-                packet_elems: scale_count(self.dlcp.packet_elems, factor),
-                ..self.dlcp
+            dlcp: if self.strategy == StrategyKind::Dlcp {
+                DlcpOptions {
+                    packet_elems: scale_count(self.dlcp.packet_elems, factor),
+                    ..self.dlcp
+                }
+            } else {
+                self.dlcp
             },
             ..self
         }

@@ -171,6 +171,16 @@ pub struct LossStats {
 }
 
 impl LossStats {
+    /// Adds another server's counts.
+    pub fn add(&mut self, o: &LossStats) {
+        self.entries += o.entries;
+        self.entries_filled += o.entries_filled;
+        self.packets += o.packets;
+        self.packets_ignored += o.packets_ignored;
+        self.probes_answered += o.probes_answered;
+        self.stops += o.stops;
+    }
+
     /// The realised loss: the fraction of gradient values filled in.
     pub fn realised_loss(&self) -> f64 {
         if self.entries == 0 {

@@ -40,6 +40,10 @@ pub struct DlcpServer {
     spare: Vec<Vec<f32>>,
     control: Vec<VecDeque<Control>>,
     stats: LossStats,
+    /// Per slice: whether it has been handed to the P3 server this step.
+    handed: Vec<bool>,
+    /// Per slice: packets still to come (from all workers) before it is whole.
+    slice_missing: Vec<usize>,
 }
 
 impl DlcpServer {
@@ -66,19 +70,26 @@ impl DlcpServer {
                 }
             })
             .collect();
-        Self {
+        let slices = geo.registry().slices().len();
+        let mut server = Self {
             inner,
             index,
             workers,
             layers,
             shares,
+            handed: vec![false; slices],
+            slice_missing: vec![0; slices],
             scratch: vec![vec![0.0; opts.packet_elems]; workers],
             spare: Vec::new(),
             control: (0..workers).map(|_| VecDeque::new()).collect(),
             stats: LossStats::default(),
             opts,
             geo,
+        };
+        for slice in 0..slices {
+            server.slice_missing[slice] = server.slice_packets(slice);
         }
+        server
     }
 
     /// Checks a frame about a key share from `link`; answers whether it is late (of a step
@@ -157,14 +168,21 @@ impl DlcpServer {
         });
         values[id.share_offset..id.share_offset + id.len]
             .copy_from_slice(&self.scratch[link][..id.len]);
-        if marked == Marked::Completed {
+        let completed = marked == Marked::Completed;
+        if completed {
             share.complete += 1;
-            let (step, done) = (share.step, share.complete == self.workers);
+        }
+        let (step, done) = (share.step, share.complete == self.workers);
+        self.slice_missing[id.slice] -= 1;
+        if self.slice_missing[id.slice] == 0 && !done {
+            self.hand_over(id.slice)?;
+        }
+        if completed {
             self.stats.stops += 1;
             self.queue_control(link, FrameKind::Stop, step, h.key, Vec::new());
-            if done {
-                self.aggregate(key)?;
-            }
+        }
+        if done {
+            self.aggregate(key)?;
         }
         Ok(())
     }
@@ -180,63 +198,81 @@ impl DlcpServer {
         Ok(())
     }
 
-    /// Every worker's share of `key` is complete: hands each owned slice to the P3 server,
-    /// worker by worker in rank order, lost values filled in.
+    /// Every worker's share of `key` is complete: hands each owned slice not yet handed
+    /// over to the P3 server, lost values filled in, and starts the key's next step.
     fn aggregate(&mut self, key: usize) -> Result<(), ProtocolError> {
-        let share = &mut self.shares[key];
-        let step = share.step;
         let slices: Vec<usize> = self
             .geo
             .registry()
             .slices_of(key)
-            .filter(|&s| self.geo.registry().owner(s) == self.index)
+            .filter(|&s| self.geo.registry().owner(s) == self.index && !self.handed[s])
             .collect();
         for slice in slices {
-            let s = self.geo.registry().slices()[slice];
-            let packets: Vec<PacketId> = self.geo.packets_of(slice).collect();
-            let arrived: Vec<usize> = packets
-                .iter()
-                .map(|p| share.tallies.iter().filter(|t| t.has(p.in_share)).count())
-                .collect();
-            for w in 0..self.workers {
-                let mut h = Header::data(
-                    FrameKind::Push,
-                    step,
-                    key as u32,
-                    s.offset as u32,
-                    s.len as u32,
-                );
-                h.sender = w as u32;
-                let slot = self.inner.recv_slot(w, &h)?;
-                for (p, &count) in packets.iter().zip(&arrived) {
-                    let dest = &mut slot[p.offset - s.offset..][..p.len];
-                    self.stats.entries += p.len as u64;
-                    match share.values[w]
-                        .as_ref()
-                        .filter(|_| share.tallies[w].has(p.in_share))
-                    {
-                        Some(v) => {
-                            dest.copy_from_slice(&v[p.share_offset..p.share_offset + p.len]);
-                            if self.opts.fill == LossFill::Rescale && count < self.workers {
-                                let factor = self.workers as f32 / count as f32;
-                                dest.iter_mut().for_each(|x| *x *= factor);
-                            }
-                        }
-                        None => {
-                            dest.fill(0.0);
-                            self.stats.entries_filled += p.len as u64;
-                        }
-                    }
-                }
-                self.inner.handle_payload(w, &h)?;
-            }
+            self.hand_over(slice)?;
         }
+        let share = &mut self.shares[key];
         for v in share.values.iter_mut().filter_map(Option::take) {
             self.spare.push(v);
         }
         share.tallies.iter_mut().for_each(PacketTally::reset);
         share.complete = 0;
-        share.step = step + 1;
+        share.step += 1;
+        for slice in self.geo.registry().slices_of(key) {
+            self.handed[slice] = false;
+            self.slice_missing[slice] = self.slice_packets(slice);
+        }
+        Ok(())
+    }
+
+    /// Packets of `slice` still to come from all workers before it is whole.
+    fn slice_packets(&self, slice: usize) -> usize {
+        let owned = self.geo.registry().owner(slice) == self.index;
+        if owned {
+            self.geo.packets_of(slice).count() * self.workers
+        } else {
+            0
+        }
+    }
+
+    /// Hands `slice` to the P3 server, worker by worker in rank order (so its sum is the
+    /// same whatever order packets came in), lost values filled in: either every packet of
+    /// every worker is in (the slice goes at once, as in P3), or the key's share is complete.
+    fn hand_over(&mut self, slice: usize) -> Result<(), ProtocolError> {
+        self.handed[slice] = true;
+        let s = self.geo.registry().slices()[slice];
+        let share = &self.shares[s.key];
+        let packets: Vec<PacketId> = self.geo.packets_of(slice).collect();
+        let arrived: Vec<usize> = packets
+            .iter()
+            .map(|p| share.tallies.iter().filter(|t| t.has(p.in_share)).count())
+            .collect();
+        for w in 0..self.workers {
+            let (key, offset, len) = (s.key as u32, s.offset as u32, s.len as u32);
+            let mut h = Header::data(FrameKind::Push, share.step, key, offset, len);
+            h.sender = w as u32;
+            let slot = self.inner.recv_slot(w, &h)?;
+            for (p, &count) in packets.iter().zip(&arrived) {
+                let dest = &mut slot[p.offset - s.offset..][..p.len];
+                self.stats.entries += p.len as u64;
+                let got = share.values[w]
+                    .as_ref()
+                    .filter(|_| share.tallies[w].has(p.in_share));
+                match got {
+                    Some(v) => {
+                        dest.copy_from_slice(&v[p.share_offset..p.share_offset + p.len]);
+                        if self.opts.fill == LossFill::Rescale && count < self.workers {
+                            let factor = self.workers as f32 / count as f32;
+                            dest.iter_mut().for_each(|x| *x *= factor);
+                        }
+                    }
+                    None => {
+                        dest.fill(0.0);
+                        self.stats.entries_filled += p.len as u64;
+                    }
+                }
+            }
+            self.inner.handle_payload(w, &h)?;
+        }
         Ok(())
     }
 
