@@ -880,3 +880,92 @@ fn a_killed_job_resumes_to_the_uninterrupted_weights() {
         "the resumed job's weights differ from the uninterrupted job's"
     );
 }
+
+/// DLCP with a loss bound of 0 needs every packet: the packets the emulated network loses
+/// (never retransmitted by it) are found by probes and resent, and the job ends with the
+/// weights of single-process training; the servers' counts reach the job's summary.
+#[test]
+fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 20u64);
+    let want = single_process_weights(dir.path(), batch * 2, steps);
+    let out = dir.path().join("dlcp.safetensors");
+    let summary = dir.path().join("dlcp.json");
+    run_ok(
+        Command::new(EXE)
+            .arg("launch")
+            .args(["--strategy", "dlcp", "--workers", "2", "--servers", "1"])
+            .args(train_flags(batch, steps))
+            .args(["--loss-bound", "0", "--packet-bytes", "1KiB"])
+            .args(["--loss", "5%", "--rto", "20ms"])
+            .arg("--save")
+            .arg(&out)
+            .arg("--summary-json")
+            .arg(&summary),
+    );
+    assert_same_weights(&read_weights(&out), &want, "dlcp under loss, bound 0");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let lost = json["frames_lost"].as_u64().unwrap();
+    let retransmitted = json["frames_retransmitted"].as_u64().unwrap();
+    assert!(lost > 0, "the network lost nothing: {json}");
+    assert!(
+        retransmitted < lost,
+        "packets are not retransmitted by the network: {json}"
+    );
+    assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
+    assert!(
+        json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
+        "{json}"
+    );
+    assert_eq!(
+        json["exact"], false,
+        "dlcp is approximate unless its bound is 0"
+    );
+}
+
+/// DLCP's flags are refused with another strategy, and out of range, naming the flag.
+#[test]
+fn dlcp_flags_are_checked() {
+    let refused = |args: &[&str], flag: &str| {
+        let out = Command::new(EXE)
+            .arg("launch")
+            .args(args)
+            .args(train_flags(8, 2))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag),
+            "{args:?}: {err}"
+        );
+    };
+    let dlcp = ["--strategy", "dlcp", "--workers", "2", "--servers", "1"];
+    refused(
+        &[&dlcp[..], &["--loss-bound", "0.7"]].concat(),
+        "--loss-bound",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "0"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "6"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "8MiB"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--dlcp-drop-quantile", "2"]].concat(),
+        "--dlcp-drop-quantile",
+    );
+    refused(
+        &[&dlcp[..], &["--scheduler", "fifo"]].concat(),
+        "--scheduler",
+    );
+    let p3 = ["--strategy", "p3", "--workers", "2", "--servers", "1"];
+    refused(&[&p3[..], &["--loss-bound", "1%"]].concat(), "--loss-bound");
+    refused(&[&p3[..], &["--dlcp-no-spray"]].concat(), "--dlcp-no-spray");
+}

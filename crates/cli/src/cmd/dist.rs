@@ -12,7 +12,9 @@ use syncopate_core::net::{parse_size, NetworkProfile};
 use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
-use syncopate_core::strategy::{Averaged, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
+use syncopate_core::strategy::{
+    Averaged, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+};
 use syncopate_runtime::auth::{AuthError, JobToken};
 use syncopate_runtime::checkpoint::CheckpointPlan;
 use syncopate_runtime::comm::CommOptions;
@@ -454,7 +456,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         layout.sync_descriptor(),
         describe_network(&layout.network)
     );
-    if !layout.strategy.exact() {
+    if layout.strategy.averages() == Averaged::Weights {
         eprintln!("{}", describe_mixing(&layout));
     }
     launch(&LaunchPlan {
@@ -469,6 +471,9 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     })?;
     if let Some(dir) = &replicas {
         replicas::report(&args, layout.workers, dir)?;
+    }
+    if let (Some(path), true) = (&args.summary_json, layout.strategy.loss_tolerant()) {
+        merge_loss_stats(path, &layout)?;
     }
     if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
         if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
@@ -795,6 +800,59 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
         updates = summary.updates,
         peak_early_values = summary.peak_early_values,
         "server done"
+    );
+    if let Some(loss) = &summary.loss {
+        tracing::info!(
+            realised_loss = loss.realised_loss(),
+            packets = loss.packets,
+            ignored = loss.packets_ignored,
+            probes = loss.probes_answered,
+            "loss-tolerant pushes"
+        );
+    }
+    if let Some(path) = &args.summary_json {
+        let path = server_summary_path(path, ctx.rank);
+        std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Where server `rank` writes its own summary beside the job's `summary` (`run.json` ->
+/// `run.server-2.json`).
+fn server_summary_path(summary: &std::path::Path, rank: usize) -> PathBuf {
+    let stem = summary.file_stem().unwrap_or_default().to_string_lossy();
+    summary.with_file_name(format!("{stem}.server-{rank}.json"))
+}
+
+/// Adds what the loss-tolerant servers lost and recovered, summed, to the job's summary:
+/// `"dlcp": {entries, entries_filled, packets, ..., realised_loss}`.
+fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()> {
+    let mut total = LossStats::default();
+    for rank in layout.workers..layout.world_size() {
+        let path = server_summary_path(summary, rank);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let server: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let loss: LossStats = serde_json::from_value(server["loss"].clone())
+            .with_context(|| format!("{}: no loss statistics", path.display()))?;
+        total.add(&loss);
+    }
+    let text = std::fs::read_to_string(summary)
+        .with_context(|| format!("reading {}", summary.display()))?;
+    let mut job: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+    let mut stats = serde_json::to_value(total)?;
+    stats["realised_loss"] = total.realised_loss().into();
+    job["dlcp"] = stats;
+    std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
+        .with_context(|| format!("writing {}", summary.display()))?;
+    eprintln!(
+        "dlcp: realised loss {:.4} % of gradient values, {} packets ignored, {} probes answered",
+        total.realised_loss() * 100.0,
+        total.packets_ignored,
+        total.probes_answered
     );
     Ok(())
 }

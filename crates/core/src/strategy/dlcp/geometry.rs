@@ -163,7 +163,7 @@ mod tests {
                 .map(|(layer, &numel)| KeyInfo { numel, layer }).collect();
             let reg = TensorRegistry::new(keys, slice, servers, Placement::SlicesRoundRobin);
             let g = Geometry::new(reg.clone(), packet);
-            for key in 0..sizes.len() {
+            for (key, &numel) in sizes.iter().enumerate() {
                 let mut in_key = 0;
                 let mut shares = vec![(0usize, 0usize); servers];
                 for s in reg.slices_of(key) {
@@ -186,7 +186,7 @@ mod tests {
                     prop_assert_eq!(g.share_elems(key, server), e);
                     prop_assert_eq!(g.share_packet(key, server, n), None);
                 }
-                prop_assert_eq!(g.locate(key, sizes[key], 1), None);
+                prop_assert_eq!(g.locate(key, numel, 1), None);
             }
         }
     }
