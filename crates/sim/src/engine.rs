@@ -137,6 +137,12 @@ impl<'a> Sim<'a> {
         polling: Polling,
     ) -> Result<Self, SimError> {
         cfg.validate()?;
+        // Lean polling relies on servers that only ever reply to complete slices.
+        let polling = if cfg.strategy.loss_tolerant() {
+            Polling::Exhaustive
+        } else {
+            polling
+        };
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
         let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec());

@@ -34,13 +34,7 @@ use syncopate_core::profile::ModelProfile;
 /// traffic and (optionally) a trace. Protocol errors from the state machines, which would be
 /// bugs, and a simulation that stops short of its steps become [`SimError`]s.
 pub fn simulate(profile: &ModelProfile, config: &SimConfig) -> Result<SimReport, SimError> {
-    // Lean polling relies on servers that only ever reply to complete slices.
-    let polling = if config.strategy.loss_tolerant() {
-        engine::Polling::Exhaustive
-    } else {
-        engine::Polling::Lean
-    };
-    engine::Sim::new(profile, config, polling)?.run()
+    engine::Sim::new(profile, config, engine::Polling::Lean)?.run()
 }
 
 #[cfg(test)]
