@@ -58,6 +58,10 @@ pub struct RunRow {
     /// Final replica divergence, mean over workers of ||x_i - mean||^2 / ||mean||^2 (NaN: not
     /// recorded).
     pub divergence: f64,
+    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
+    pub frames_lost: f64,
+    /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
+    pub realised_loss: f64,
     /// Bytes sent per step per worker, measured (NaN: not recorded).
     pub bytes_per_step: f64,
     /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
@@ -141,6 +145,8 @@ fn row(
         time_to_accuracy: num(&json["time_to_accuracy_s"]),
         average_accuracy: field("average_accuracy"),
         divergence: field("divergence"),
+        frames_lost: num(&json["frames_lost"]),
+        realised_loss: num(&json["dlcp"]["realised_loss"]),
         bytes_per_step: mean_bytes_per_step(json, &resources),
         textbook_bytes_per_step: field("textbook_bytes_per_step"),
         mean_cpu_percent: resources.mean_cpu_percent,
@@ -190,13 +196,14 @@ pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Optio
 const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,\
     samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
     test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
-    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes\n";
+    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,\
+    frames_lost,realised_loss\n";
 
 /// One row of `results.csv`.
 fn csv_row(r: &RunRow) -> String {
     format!(
         "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
-         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0}\n",
+         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6}\n",
         r.id,
         r.model,
         quote(&r.variant),
@@ -221,7 +228,9 @@ fn csv_row(r: &RunRow) -> String {
         r.mean_cpu_percent,
         r.peak_rss_bytes,
         r.net_bytes,
-        r.disk_bytes
+        r.disk_bytes,
+        r.frames_lost,
+        r.realised_loss
     )
 }
 
@@ -300,6 +309,8 @@ pub fn summary_table(rows: &[RunRow]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "peak RSS MB",
         "net MB",
         "disk MB",
+        "frames lost",
+        "realised loss",
     ];
     let table = rows.iter().map(table_row).collect();
     (header, table)
@@ -332,6 +343,8 @@ fn table_row(r: &RunRow) -> Vec<String> {
         mega_cell(r.peak_rss_bytes),
         mega_cell(r.net_bytes),
         mega_cell(r.disk_bytes),
+        or_dash(r.frames_lost, format!("{}", r.frames_lost)),
+        or_dash(r.realised_loss, format!("{:.3} %", r.realised_loss * 100.0)),
     ]
 }
 
@@ -483,6 +496,8 @@ impl RunRow {
             time_to_accuracy: nan,
             average_accuracy: nan,
             divergence: nan,
+            frames_lost: nan,
+            realised_loss: nan,
             bytes_per_step: nan,
             textbook_bytes_per_step: nan,
             mean_cpu_percent: nan,
