@@ -1,5 +1,6 @@
 //! Fuzzes the sans-IO strategy state machines (`RingAllReduce`, `PsWorker`, `PsServer`,
-//! `ChainPass` for ring reduce and step-wise averaging) with
+//! `ChainPass` for ring reduce and step-wise averaging, `DlcpWorker` and `DlcpServer` with a
+//! loss bound of 0, so that their values are P3's) with
 //! hostile peers: no sequence of frames, however malformed, duplicated, reordered or forged,
 //! may make an endpoint panic. Refusing a frame with a `ProtocolError` is fine.
 //!
@@ -57,8 +58,8 @@ use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StepwiseHead, StrategyKind,
-    SyncPlan, WorkerEvent, WorkerSync,
+    DlcpOptions, Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, ServerSync,
+    StepwiseHead, StrategyKind, SyncPlan, WorkerEvent, WorkerSync,
 };
 use syncopate_core::wire::{f32_bytes_mut, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
@@ -160,7 +161,7 @@ struct TrainLoop {
 
 struct Cluster {
     workers: Vec<Box<dyn WorkerSync>>,
-    servers: Vec<PsServer>,
+    servers: Vec<Box<dyn ServerSync + Send>>,
     n: usize,
     sizes: Vec<usize>,
     /// Slices of the parameter-server registry `(key, offset, len)` (empty for the ring).
@@ -235,7 +236,24 @@ impl Cluster {
                 lr: 0.1,
                 schedule,
             };
-            let reg = TensorRegistry::new(keys.clone(), slice_len, servers, placement);
+            // DLCP (loss bound 0: every packet needed, so its values are P3's) or ps.
+            let dlcp = u.ratio(1, 3)?.then_some(DlcpOptions {
+                loss_bound: 0.0,
+                packet_elems: u.int_in_range(1..=64)?,
+                fill: *u.choose(&syncopate_core::strategy::LossFill::ALL)?,
+                drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
+                priority: u.arbitrary()?,
+                spray: u.arbitrary()?,
+            });
+            let plan = dlcp.map(|opts| SyncPlan {
+                slice_params: slice_len,
+                dlcp: opts,
+                ..SyncPlan::new(StrategyKind::Dlcp, n, servers)
+            });
+            let reg = match &plan {
+                Some(plan) => plan.registry(keys.clone()),
+                None => TensorRegistry::new(keys.clone(), slice_len, servers, placement),
+            };
             slices = reg
                 .slices()
                 .iter()
@@ -251,30 +269,41 @@ impl Cluster {
                 params: vec![init.clone()],
                 velocity: sizes.iter().map(|&len| vec![0.0; len]).collect(),
             };
-            for i in 0..servers {
-                server_eps.push(PsServer::new(
-                    i,
-                    n,
-                    reg.clone(),
-                    init.clone(),
-                    optim,
-                    scheduler,
-                ));
-            }
-            for r in 0..n {
-                workers.push(Box::new(PsWorker::new(
-                    r,
-                    n,
-                    reg.clone(),
-                    overlap,
-                    scheduler,
-                    credit,
-                )));
-            }
-            if overlap {
-                StrategyKind::Ps
+            if let Some(plan) = &plan {
+                for r in n..n + servers {
+                    let server = plan.server_endpoint(r, keys.clone(), init.clone(), optim);
+                    server_eps.push(server.map_err(|_| libfuzzer_sys::arbitrary::Error::IncorrectFormat)?);
+                }
+                for r in 0..n {
+                    workers.push(plan.worker_endpoint(r, keys.clone()));
+                }
+                StrategyKind::Dlcp
             } else {
-                StrategyKind::PsNoOverlap
+                for i in 0..servers {
+                    server_eps.push(Box::new(PsServer::new(
+                        i,
+                        n,
+                        reg.clone(),
+                        init.clone(),
+                        optim,
+                        scheduler,
+                    )) as Box<dyn ServerSync + Send>);
+                }
+                for r in 0..n {
+                    workers.push(Box::new(PsWorker::new(
+                        r,
+                        n,
+                        reg.clone(),
+                        overlap,
+                        scheduler,
+                        credit,
+                    )));
+                }
+                if overlap {
+                    StrategyKind::Ps
+                } else {
+                    StrategyKind::PsNoOverlap
+                }
             }
         } else if u.ratio(1, 2)? {
             // The chain strategies, built as every driver builds them.
@@ -416,7 +445,7 @@ impl Cluster {
         if rank < self.n {
             self.workers[rank].as_mut()
         } else {
-            &mut self.servers[rank - self.n]
+            self.servers[rank - self.n].as_mut()
         }
     }
 
