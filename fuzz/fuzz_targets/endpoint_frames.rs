@@ -272,7 +272,9 @@ impl Cluster {
             if let Some(plan) = &plan {
                 for r in n..n + servers {
                     let server = plan.server_endpoint(r, keys.clone(), init.clone(), optim);
-                    server_eps.push(server.map_err(|_| libfuzzer_sys::arbitrary::Error::IncorrectFormat)?);
+                    server_eps.push(
+                        server.map_err(|_| libfuzzer_sys::arbitrary::Error::IncorrectFormat)?,
+                    );
                 }
                 for r in 0..n {
                     workers.push(plan.worker_endpoint(r, keys.clone()));
@@ -427,7 +429,12 @@ impl Cluster {
         let Some(want) = self.expected(step, key) else {
             return;
         };
-        assert_eq!(values.len(), want.len(), "rank {w}: key {key} has {} values", values.len());
+        assert_eq!(
+            values.len(),
+            want.len(),
+            "rank {w}: key {key} has {} values",
+            values.len()
+        );
         for (i, (&got, &want)) in values.iter().zip(want).enumerate() {
             assert!(
                 (got - want).abs() <= 1e-4 * want.abs().max(1.0),
