@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
 # Installs what Syncopate needs on a fresh Debian machine with the Rust toolchain.
-# Idempotent: installs only what is missing. Today the build needs nothing beyond cargo
-# (burn's flex backend is pure Rust); gcc is used by a few -sys crates.
+# Idempotent: installs only what is missing. The build needs nothing beyond cargo (burn's
+# flex backend is pure Rust; gcc is used by a few -sys crates). The demo trains on
+# Fashion-MNIST: Debian's dataset-fashion-mnist (into /usr/share/datasets/fashion-mnist) where
+# apt can install it (as root or with sudo), else ../shared/data or data/ hold it, else the
+# demo says so and falls back to the synthetic set.
 set -euo pipefail
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
-if [ ${#need[@]} -gt 0 ]; then
+want=()
+[ -d /usr/share/datasets/fashion-mnist ] || want+=(dataset-fashion-mnist)
+
+apt_install() {
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
   else
-    echo "setup: please install: ${need[*]}" >&2
-    exit 1
+    return 1
   fi
+}
+
+if [ ${#need[@]} -gt 0 ] && ! apt_install "${need[@]}"; then
+  echo "setup: please install: ${need[*]}" >&2
+  exit 1
+fi
+if [ ${#want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt_install "${want[@]}" >/dev/null 2>&1 ||
+    echo "setup: could not install ${want[*]} (the demo looks for Fashion-MNIST elsewhere)" >&2
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust 1.95+) is required" >&2; exit 1; }

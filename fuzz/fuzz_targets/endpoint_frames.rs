@@ -1,7 +1,17 @@
 //! Fuzzes the sans-IO strategy state machines (`RingAllReduce`, `PsWorker`, `PsServer`,
-//! `ChainPass` for ring reduce and step-wise averaging) with
+//! `ChainPass` for ring reduce and step-wise averaging, `DlcpWorker` and `DlcpServer` with a
+//! loss bound of 0, so that their values are P3's) with
 //! hostile peers: no sequence of frames, however malformed, duplicated, reordered or forged,
 //! may make an endpoint panic. Refusing a frame with a `ProtocolError` is fine.
+//!
+//! It also checks the data: every worker hands the same gradient (or weights) every step, so
+//! every average a worker receives must be that input (gradient and weight averages), or,
+//! under parameter servers, the parameters after the step's update, computed here as the
+//! server computes them. The check holds as long as no frame the cluster did not send
+//! honestly (forged, raw, with flipped bytes, reordered, or copied onto another link) was
+//! written into an endpoint: content is authenticated above the core (the frame MAC), so a
+//! forged frame that passes every protocol check may change values. Dropped and duplicated
+//! frames never may (a duplicate added twice was a real bug).
 //!
 //! The input first picks a small job (ring all-reduce, or parameter servers with 1-2 servers;
 //! 1-4 workers; 1-4 keys of 1-300 values; slice, bucket and segment sizes; overlap; scheduler;
@@ -48,8 +58,8 @@ use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StepwiseHead, StrategyKind,
-    SyncPlan, WorkerEvent, WorkerSync,
+    DlcpOptions, Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, ServerSync,
+    StepwiseHead, StrategyKind, SyncPlan, WorkerEvent, WorkerSync,
 };
 use syncopate_core::wire::{f32_bytes_mut, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
@@ -110,14 +120,34 @@ fn wild_u32(u: &mut Unstructured) -> Result<u32> {
     })
 }
 
+/// A frame on a link, and whether the cluster sent it as it is (a duplicate of one included).
+struct Queued {
+    bytes: Vec<u8>,
+    honest: bool,
+}
+
 /// One directed link: frames (header and payload) in the order they will be read.
 struct Link {
     from: Rank,
     to: Rank,
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<Queued>,
     /// A data frame whose header has been read and whose payload is being read: `recv_slot`
-    /// has been called, `handle_payload` not yet.
-    partial: Option<Header>,
+    /// has been called, `handle_payload` not yet; and whether it is honest.
+    partial: Option<(Header, bool)>,
+}
+
+/// What the values a worker receives must be.
+enum Expect {
+    /// The input every worker hands (an average of identical inputs).
+    Input,
+    /// The parameters after the step's update by the servers.
+    ServerUpdate {
+        sgd: Sgd,
+        schedule: LrSchedule,
+        /// Parameters and momentum after each step so far (index 0: the initial values).
+        params: Vec<Vec<Vec<f32>>>,
+        velocity: Vec<Vec<f32>>,
+    },
 }
 
 /// What the training thread of one worker has done in its current step.
@@ -131,7 +161,7 @@ struct TrainLoop {
 
 struct Cluster {
     workers: Vec<Box<dyn WorkerSync>>,
-    servers: Vec<PsServer>,
+    servers: Vec<Box<dyn ServerSync + Send>>,
     n: usize,
     sizes: Vec<usize>,
     /// Slices of the parameter-server registry `(key, offset, len)` (empty for the ring).
@@ -143,6 +173,10 @@ struct Cluster {
     seen: Vec<Header>,
     max_payload: u32,
     grad: Vec<f32>,
+    expect: Expect,
+    /// Whether a frame that was not sent honestly has been written into an endpoint (the
+    /// data check is off from then on).
+    tainted: bool,
 }
 
 impl Cluster {
@@ -174,6 +208,7 @@ impl Cluster {
         let mut workers: Vec<Box<dyn WorkerSync>> = Vec::new();
         let mut server_eps = Vec::new();
         let mut slices = Vec::new();
+        let mut expect = Expect::Input;
         let strategy = if ps {
             let slice_len: usize = u.int_in_range(1..=128)?;
             let placement = if u.arbitrary::<bool>()? {
@@ -201,7 +236,24 @@ impl Cluster {
                 lr: 0.1,
                 schedule,
             };
-            let reg = TensorRegistry::new(keys.clone(), slice_len, servers, placement);
+            // DLCP (loss bound 0: every packet needed, so its values are P3's) or ps.
+            let dlcp = u.ratio(1, 3)?.then_some(DlcpOptions {
+                loss_bound: 0.0,
+                packet_elems: u.int_in_range(1..=64)?,
+                fill: *u.choose(&syncopate_core::strategy::LossFill::ALL)?,
+                drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
+                priority: u.arbitrary()?,
+                spray: u.arbitrary()?,
+            });
+            let plan = dlcp.map(|opts| SyncPlan {
+                slice_params: slice_len,
+                dlcp: opts,
+                ..SyncPlan::new(StrategyKind::Dlcp, n, servers)
+            });
+            let reg = match &plan {
+                Some(plan) => plan.registry(keys.clone()),
+                None => TensorRegistry::new(keys.clone(), slice_len, servers, placement),
+            };
             slices = reg
                 .slices()
                 .iter()
@@ -211,30 +263,49 @@ impl Cluster {
                 .iter()
                 .map(|&len| (0..len).map(|i| i as f32 * 0.01).collect())
                 .collect();
-            for i in 0..servers {
-                server_eps.push(PsServer::new(
-                    i,
-                    n,
-                    reg.clone(),
-                    init.clone(),
-                    optim,
-                    scheduler,
-                ));
-            }
-            for r in 0..n {
-                workers.push(Box::new(PsWorker::new(
-                    r,
-                    n,
-                    reg.clone(),
-                    overlap,
-                    scheduler,
-                    credit,
-                )));
-            }
-            if overlap {
-                StrategyKind::Ps
+            expect = Expect::ServerUpdate {
+                sgd: optim.sgd,
+                schedule,
+                params: vec![init.clone()],
+                velocity: sizes.iter().map(|&len| vec![0.0; len]).collect(),
+            };
+            if let Some(plan) = &plan {
+                for r in n..n + servers {
+                    let server = plan.server_endpoint(r, keys.clone(), init.clone(), optim);
+                    server_eps.push(
+                        server.map_err(|_| libfuzzer_sys::arbitrary::Error::IncorrectFormat)?,
+                    );
+                }
+                for r in 0..n {
+                    workers.push(plan.worker_endpoint(r, keys.clone()));
+                }
+                StrategyKind::Dlcp
             } else {
-                StrategyKind::PsNoOverlap
+                for i in 0..servers {
+                    server_eps.push(Box::new(PsServer::new(
+                        i,
+                        n,
+                        reg.clone(),
+                        init.clone(),
+                        optim,
+                        scheduler,
+                    )) as Box<dyn ServerSync + Send>);
+                }
+                for r in 0..n {
+                    workers.push(Box::new(PsWorker::new(
+                        r,
+                        n,
+                        reg.clone(),
+                        overlap,
+                        scheduler,
+                        credit,
+                    )));
+                }
+                if overlap {
+                    StrategyKind::Ps
+                } else {
+                    StrategyKind::PsNoOverlap
+                }
             }
         } else if u.ratio(1, 2)? {
             // The chain strategies, built as every driver builds them.
@@ -307,7 +378,70 @@ impl Cluster {
             grad: (0..max_numel)
                 .map(|i| (i % 17) as f32 * 0.125 - 1.0)
                 .collect(),
+            expect,
+            tainted: false,
         })
+    }
+
+    /// What worker values of `key` at step `step` must be (`None`: unknown, the step is far
+    /// beyond any an input reaches).
+    fn expected(&mut self, step: u64, key: usize) -> Option<&[f32]> {
+        let n = self.n;
+        let grad = &self.grad;
+        match &mut self.expect {
+            Expect::Input => Some(&grad[..self.sizes[key]]),
+            Expect::ServerUpdate {
+                sgd,
+                schedule,
+                params,
+                velocity,
+            } => {
+                let step = usize::try_from(step).ok().filter(|&s| s < 100_000)?;
+                while params.len() <= step + 1 {
+                    let s = params.len() as u64 - 1;
+                    let mut next = params[params.len() - 1].clone();
+                    for (k, (p, v)) in next.iter_mut().zip(velocity.iter_mut()).enumerate() {
+                        // As the server does: the pushes summed in rank order, then the mean.
+                        let mut acc = vec![0.0f32; p.len()];
+                        for _ in 0..n {
+                            for (a, g) in acc.iter_mut().zip(&grad[..p.len()]) {
+                                *a += g;
+                            }
+                        }
+                        let inv = 1.0 / n as f32;
+                        acc.iter_mut().for_each(|a| *a *= inv);
+                        let _ = k;
+                        sgd.step(schedule.lr_at(0.1, s), p, &acc, v);
+                    }
+                    params.push(next);
+                }
+                Some(&params[step + 1][key])
+            }
+        }
+    }
+
+    /// Checks the values worker `w` received for `key`, unless a dishonest frame got in.
+    fn check_values(&mut self, w: usize, key: usize, values: &[f32]) {
+        if self.tainted {
+            return;
+        }
+        let step = self.loops[w].step;
+        let Some(want) = self.expected(step, key) else {
+            return;
+        };
+        assert_eq!(
+            values.len(),
+            want.len(),
+            "rank {w}: key {key} has {} values",
+            values.len()
+        );
+        for (i, (&got, &want)) in values.iter().zip(want).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "rank {w}, step {step}, key {key}[{i}]: received {got}, the honest result is \
+                 {want} (no dishonest frame was written into any endpoint)"
+            );
+        }
     }
 
     fn total(&self) -> usize {
@@ -318,7 +452,7 @@ impl Cluster {
         if rank < self.n {
             self.workers[rank].as_mut()
         } else {
-            &mut self.servers[rank - self.n]
+            self.servers[rank - self.n].as_mut()
         }
     }
 
@@ -402,13 +536,16 @@ impl Cluster {
         let li = self
             .link_index(from, to)
             .unwrap_or_else(|| panic!("rank {from} transmitted to itself"));
-        self.links[li].queue.push_back(out);
+        self.links[li].queue.push_back(Queued {
+            bytes: out,
+            honest: true,
+        });
     }
 
     /// Link `li` delivers (part of) its next frame, as the runtime's reader does.
     fn deliver(&mut self, li: usize, finish: bool) {
         let (from, to) = (self.links[li].from, self.links[li].to);
-        if let Some(h) = self.links[li].partial {
+        if let Some((h, honest)) = self.links[li].partial {
             // The next read of a frame whose payload is partly in: the slot is asked again.
             let ok = match self.ep(to).recv_slot(from, &h) {
                 Ok(slot) => {
@@ -427,9 +564,14 @@ impl Cluster {
             if ok && finish {
                 let _ = self.ep(to).handle_payload(from, &h);
             }
+            self.tainted |= ok && !honest;
             return;
         }
-        let Some(frame) = self.links[li].queue.pop_front() else {
+        let Some(Queued {
+            bytes: frame,
+            honest,
+        }) = self.links[li].queue.pop_front()
+        else {
             return;
         };
         let Some(hb) = frame.first_chunk::<HEADER_LEN>() else {
@@ -445,7 +587,7 @@ impl Cluster {
         let payload = &frame[HEADER_LEN..];
         trace!("rank {from} -> {to}: delivering {h:?}");
         let ep = self.ep(to);
-        match ep.recv_slot(from, &h) {
+        let written = match ep.recv_slot(from, &h) {
             Ok(slot) => {
                 assert_eq!(
                     slot.len(),
@@ -456,17 +598,23 @@ impl Cluster {
                 let bytes = f32_bytes_mut(slot);
                 let k = bytes.len().min(payload.len());
                 bytes[..k].copy_from_slice(&payload[..k]);
+                true
             }
             Err(e) => {
                 trace!("  recv_slot refused: {e}");
-                return;
+                false
             }
+        };
+        // The frame's bytes are in the endpoint's buffers now.
+        self.tainted |= written && !honest;
+        if !written {
+            return;
         }
         if h.payload_len == 0 || finish {
-            let r = ep.handle_payload(from, &h);
+            let r = self.ep(to).handle_payload(from, &h);
             trace!("  handle_payload: {r:?}");
         } else {
-            self.links[li].partial = Some(h);
+            self.links[li].partial = Some((h, honest));
         }
     }
 
@@ -477,7 +625,8 @@ impl Cluster {
                 match ev {
                     WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
                         assert!(k < self.sizes.len(), "rank {w}: event for unknown key {k}");
-                        let _ = self.workers[w].take_values(k);
+                        let values = self.workers[w].take_values(k);
+                        self.check_values(w, k, &values);
                     }
                     WorkerEvent::StepDone => self.loops[w].step_done = true,
                 }
@@ -655,6 +804,10 @@ impl Cluster {
                     self.links[li].to
                 );
                 let q = &mut self.links[li].queue;
+                let frame = Queued {
+                    bytes: frame,
+                    honest: false,
+                };
                 if u.arbitrary::<bool>()? {
                     q.push_front(frame);
                 } else {
@@ -666,7 +819,10 @@ impl Cluster {
                 let mut frame = u.bytes(HEADER_LEN)?.to_vec();
                 let announced = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
                 frame.extend(Self::forge_payload(u, announced)?);
-                self.links[li].queue.push_back(frame);
+                self.links[li].queue.push_back(Queued {
+                    bytes: frame,
+                    honest: false,
+                });
             }
             13 => {
                 // Flip bytes of a queued frame's header.
@@ -675,8 +831,9 @@ impl Cluster {
                 if !q.is_empty() {
                     let i = u.choose_index(q.len())?;
                     let frame = &mut q[i];
-                    let at = u.choose_index(frame.len().min(HEADER_LEN))?;
-                    frame[at] ^= u.arbitrary::<u8>()?.max(1);
+                    let at = u.choose_index(frame.bytes.len().min(HEADER_LEN))?;
+                    frame.bytes[at] ^= u.arbitrary::<u8>()?.max(1);
+                    frame.honest = false;
                 }
             }
             14 => {
@@ -690,12 +847,20 @@ impl Cluster {
                             q.remove(i);
                         }
                         1 => {
-                            let f = q[i].clone();
+                            let f = Queued {
+                                bytes: q[i].bytes.clone(),
+                                honest: q[i].honest,
+                            };
                             q.insert(i, f);
                         }
                         _ => {
+                            // TCP never reorders: what a reordered frame does is not checked.
                             let j = u.choose_index(q.len())?;
-                            q.swap(i, j);
+                            if i != j {
+                                q.swap(i, j);
+                                q[i].honest = false;
+                                q[j].honest = false;
+                            }
                         }
                     }
                 }
@@ -704,8 +869,13 @@ impl Cluster {
                 // A frame copied onto another link (a peer replaying someone else's frame).
                 let src = self.pick_link(u)?;
                 let dst = self.pick_link(u)?;
-                if let Some(f) = self.links[src].queue.front().cloned() {
-                    self.links[dst].queue.push_back(f);
+                if let Some(f) = self.links[src].queue.front() {
+                    // Honest only where it is a duplicate on its own link.
+                    let copy = Queued {
+                        bytes: f.bytes.clone(),
+                        honest: src == dst && f.honest,
+                    };
+                    self.links[dst].queue.push_back(copy);
                 }
             }
         }

@@ -11,7 +11,7 @@ use syncopate_core::net::{
     parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
 };
 use syncopate_core::sched::SchedulerKind;
-use syncopate_core::strategy::{StepwiseHead, StrategyKind, SyncPlan};
+use syncopate_core::strategy::{DlcpOptions, LossFill, StepwiseHead, StrategyKind, SyncPlan};
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
@@ -415,6 +415,98 @@ impl StepwiseArgs {
             full_sync_every: self.full_sync_every.unwrap_or(plan.full_sync_every),
             ..plan
         })
+    }
+}
+
+/// Values of `--loss-fill`.
+pub fn loss_fill_parser() -> impl TypedValueParser<Value = LossFill> {
+    let values = LossFill::ALL.map(|f| {
+        PossibleValue::new(f.name()).help(match f {
+            LossFill::Zero => "lost values count as zero; the sum is divided by all workers",
+            LossFill::Rescale => "each value's sum is divided by the workers whose packet came",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| {
+        LossFill::from_name(&name).ok_or_else(|| format!("unknown loss fill '{name}'"))
+    })
+}
+
+/// The settings of DLCP (`--strategy dlcp` only), shared by `launch`, `worker`, `server`
+/// and `simulate`. Each mechanism can be switched off alone, for ablations.
+#[derive(Debug, Clone, Default, Args, Serialize)]
+pub struct DlcpArgs {
+    /// DLCP: the fraction of a key's packets (per worker, step and server) that may be
+    /// missing when the server completes it, in [0, 0.5]: "1%" or 0.01 (default 1%);
+    /// 0 needs every packet (exact, losses recovered by probes).
+    #[arg(long, value_name = "P")]
+    pub loss_bound: Option<String>,
+    /// DLCP: payload bytes per packet, a multiple of 4 up to a frame (default 8KiB).
+    #[arg(long, value_name = "SIZE")]
+    pub packet_bytes: Option<String>,
+    /// DLCP: what stands in for values whose packet never came (default zero).
+    #[arg(long, value_parser = loss_fill_parser())]
+    pub loss_fill: Option<LossFill>,
+    /// DLCP: packets whose mean |gradient| lies below this quantile of their key's
+    /// packets are marked drop-eligible (default 0.5, the median; 0 marks none). Our
+    /// rule: the papers do not publish theirs.
+    #[arg(long, value_name = "Q")]
+    pub dlcp_drop_quantile: Option<f64>,
+    /// DLCP ablation: no packet priority classes and no drop-eligible marks.
+    #[arg(long)]
+    pub dlcp_no_priority: bool,
+    /// DLCP ablation: packets follow their flow's path (hashing) instead of spraying.
+    #[arg(long)]
+    pub dlcp_no_spray: bool,
+}
+
+impl DlcpArgs {
+    /// The flag given, if any.
+    pub fn first_given(&self) -> Option<&'static str> {
+        let given = [
+            ("--loss-bound", self.loss_bound.is_some()),
+            ("--packet-bytes", self.packet_bytes.is_some()),
+            ("--loss-fill", self.loss_fill.is_some()),
+            ("--dlcp-drop-quantile", self.dlcp_drop_quantile.is_some()),
+            ("--dlcp-no-priority", self.dlcp_no_priority),
+            ("--dlcp-no-spray", self.dlcp_no_spray),
+        ];
+        given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
+    }
+
+    /// `plan` with these settings; refuses them for another strategy, or out of range.
+    pub fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
+        if plan.strategy != StrategyKind::Dlcp {
+            if let Some(flag) = self.first_given() {
+                bail!(
+                    "{flag} applies to --strategy dlcp only (this job runs {})",
+                    plan.strategy.name()
+                );
+            }
+            return Ok(plan);
+        }
+        let mut dlcp: DlcpOptions = plan.dlcp;
+        if let Some(text) = &self.loss_bound {
+            dlcp.loss_bound =
+                parse_probability(text).with_context(|| format!("--loss-bound {text}"))?;
+        }
+        if let Some(text) = &self.packet_bytes {
+            let bytes = parse_size(text).with_context(|| format!("--packet-bytes {text}"))?;
+            if bytes == 0 || bytes % 4 != 0 {
+                bail!("--packet-bytes {text}: must be a positive multiple of 4 bytes");
+            }
+            dlcp.packet_elems = bytes / 4;
+        }
+        if let Some(fill) = self.loss_fill {
+            dlcp.fill = fill;
+        }
+        if let Some(q) = self.dlcp_drop_quantile {
+            dlcp.drop_quantile = q;
+        }
+        dlcp.priority &= !self.dlcp_no_priority;
+        dlcp.spray &= !self.dlcp_no_spray;
+        let plan = SyncPlan { dlcp, ..plan };
+        plan.validate()?;
+        Ok(plan)
     }
 }
 

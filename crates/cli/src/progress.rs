@@ -60,12 +60,27 @@ impl Observer for TrainProgress {
     }
 
     fn on_eval(&mut self, epoch: u64, eval: &Evaluation) {
-        let line = format!(
+        self.line(format!(
             "epoch {epoch}: test accuracy {:.2} %  test loss {:.4}  ({} samples)",
             eval.accuracy * 100.0,
             eval.loss,
             eval.samples
-        );
+        ));
+    }
+
+    fn on_resume(&mut self, steps_done: u64) {
+        self.bar.set_position(steps_done);
+        eprintln!("resuming from the checkpoint after step {steps_done}");
+    }
+
+    fn on_checkpoint(&mut self, steps_done: u64) {
+        self.line(format!("checkpoint after step {steps_done} written"));
+    }
+}
+
+impl TrainProgress {
+    /// A line above the bar (or on its own when quiet).
+    fn line(&self, line: String) {
         if self.quiet {
             eprintln!("{line}");
         } else {

@@ -70,3 +70,38 @@ fn models_lists_each_model_with_its_parameters() {
         assert_eq!(layers, total, "{model}:\n{out}");
     }
 }
+
+/// Checkpoint flags that cannot work are refused before any process starts, saying why.
+#[test]
+fn checkpoint_flags_that_cannot_work_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let job = [
+        "launch",
+        "--model",
+        "lenet",
+        "--dataset",
+        "synthetic",
+        "--steps",
+        "2",
+    ];
+    let cases: [(Vec<&str>, &str); 2] = [
+        (
+            vec!["--resume", missing.to_str().unwrap()],
+            "no such folder",
+        ),
+        (
+            vec!["--checkpoint-every", "2"],
+            "--checkpoint-every needs --checkpoint-dir",
+        ),
+    ];
+    for (flags, why) in cases {
+        let out = Command::new(EXE).args(job).args(&flags).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}");
+        assert!(
+            err.contains(why) && !err.contains("launching"),
+            "{flags:?}: {err}"
+        );
+    }
+}

@@ -816,3 +816,215 @@ fn killing_a_worker_makes_the_others_fail_naming_it() {
         );
     }
 }
+
+/// `launch` of `strategy` (with `extra` flags) for `steps` steps of the common training.
+fn launch_job(strategy: &[&str], steps: u64, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(EXE);
+    cmd.arg("launch")
+        .arg("--strategy")
+        .args(strategy)
+        .args(train_flags(8, steps))
+        .args(extra);
+    cmd
+}
+
+/// A job stopped after 20 steps and resumed for 20 more ends with the weights of 40 steps
+/// run in one go, byte for byte, for every kind of state: all-reduce (momentum on the
+/// workers), ps and p3 (shards and momentum on the servers), step-wise averaging (every
+/// worker's own weights). A checkpoint of another job is refused.
+#[test]
+fn a_job_stopped_and_resumed_ends_with_the_uninterrupted_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let constant = ["--lr-schedule", "constant"];
+    for strategy in [
+        &["allreduce", "--workers", "2"][..],
+        &["ps", "--workers", "3", "--servers", "2"],
+        &["p3", "--workers", "2", "--servers", "1"],
+        &["stepwise", "--workers", "3"],
+    ] {
+        let name = strategy[0];
+        let at = |file: &str| dir.path().join(format!("{name}-{file}"));
+        let (full, resumed, ck) = (at("full"), at("resumed"), at("checkpoints"));
+        let ck_flags = [
+            "--checkpoint-every",
+            "10",
+            "--checkpoint-dir",
+            ck.to_str().unwrap(),
+        ];
+        run_ok(launch_job(strategy, 40, &constant).arg("--save").arg(&full));
+        run_ok(launch_job(strategy, 20, &constant).args(ck_flags));
+        let log = run_ok(
+            launch_job(strategy, 40, &constant)
+                .arg("--resume")
+                .arg(&ck)
+                .arg("--save")
+                .arg(&resumed),
+        );
+        assert!(
+            log.contains("resuming from the checkpoint after step 20"),
+            "{log}"
+        );
+        assert!(
+            std::fs::read(&full).unwrap() == std::fs::read(&resumed).unwrap(),
+            "{name}: the resumed job's weights differ from the uninterrupted job's"
+        );
+    }
+    let ck = dir.path().join("allreduce-checkpoints");
+    let out = launch_job(&["allreduce", "--workers", "3"], 40, &constant)
+        .arg("--resume")
+        .arg(&ck)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("worker count is 2, this job's is 3"), "{err}");
+}
+
+/// kill -9 of a worker in the middle of a p3 job, then `launch --resume`: the job goes on
+/// from the newest checkpoint every process completed and ends with the weights of the
+/// uninterrupted job, bit for bit (cosine learning rate over the job's steps, as by default).
+#[test]
+fn a_killed_job_resumes_to_the_uninterrupted_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let p3 = ["p3", "--workers", "2", "--servers", "1"];
+    let (full, resumed) = (dir.path().join("full"), dir.path().join("resumed"));
+    let ck = dir.path().join("checkpoints");
+    let ck_flags = [
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ];
+    let steps = 300;
+    run_ok(launch_job(&p3, steps, &[]).arg("--save").arg(&full));
+    let mut launch = launch_job(&p3, steps, &ck_flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = launch.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    // Worker 1 wrote its checkpoint after step 20: kill it.
+    let written = ck.join("step-00000020").join("rank-1.toml");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !written.exists() {
+        assert!(Instant::now() < deadline, "no checkpoint after step 20");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Some(victim) = child_with_rank(launch.id(), 1) {
+        let _ = Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status();
+    }
+    let status = launch.wait().unwrap();
+    let log = drain.join().unwrap().join("\n");
+    assert!(!status.success(), "the job survived the kill:\n{log}");
+    assert!(log.contains("rank 1"), "{log}");
+    let log = run_ok(
+        launch_job(&p3, steps, &["--resume", ck.to_str().unwrap()])
+            .arg("--save")
+            .arg(&resumed),
+    );
+    assert!(
+        log.contains("resuming from the checkpoint after step"),
+        "{log}"
+    );
+    assert!(
+        std::fs::read(&full).unwrap() == std::fs::read(&resumed).unwrap(),
+        "the resumed job's weights differ from the uninterrupted job's"
+    );
+}
+
+/// DLCP with a loss bound of 0 needs every packet: the packets the emulated network loses
+/// (never retransmitted by it) are found by probes and resent, and the job ends with the
+/// weights of single-process training; the servers' counts reach the job's summary.
+#[test]
+fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 20u64);
+    let want = single_process_weights(dir.path(), batch * 2, steps);
+    let out = dir.path().join("dlcp.safetensors");
+    let summary = dir.path().join("dlcp.json");
+    run_ok(
+        Command::new(EXE)
+            .arg("launch")
+            .args(["--strategy", "dlcp", "--workers", "2", "--servers", "1"])
+            .args(train_flags(batch, steps))
+            .args(["--loss-bound", "0", "--packet-bytes", "1KiB"])
+            .args(["--loss", "5%", "--rto", "20ms"])
+            .arg("--save")
+            .arg(&out)
+            .arg("--summary-json")
+            .arg(&summary),
+    );
+    assert_same_weights(&read_weights(&out), &want, "dlcp under loss, bound 0");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let lost = json["frames_lost"].as_u64().unwrap();
+    let retransmitted = json["frames_retransmitted"].as_u64().unwrap();
+    assert!(lost > 0, "the network lost nothing: {json}");
+    assert!(
+        retransmitted < lost,
+        "packets are not retransmitted by the network: {json}"
+    );
+    assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
+    assert!(
+        json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
+        "{json}"
+    );
+    assert_eq!(
+        json["exact"], false,
+        "dlcp is approximate unless its bound is 0"
+    );
+}
+
+/// DLCP's flags are refused with another strategy, and out of range, naming the flag.
+#[test]
+fn dlcp_flags_are_checked() {
+    let refused = |args: &[&str], flag: &str| {
+        let out = Command::new(EXE)
+            .arg("launch")
+            .args(args)
+            .args(train_flags(8, 2))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(flag),
+            "{args:?}: {err}"
+        );
+    };
+    let dlcp = ["--strategy", "dlcp", "--workers", "2", "--servers", "1"];
+    refused(
+        &[&dlcp[..], &["--loss-bound", "0.7"]].concat(),
+        "--loss-bound",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "0"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "6"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--packet-bytes", "8MiB"]].concat(),
+        "--packet-bytes",
+    );
+    refused(
+        &[&dlcp[..], &["--dlcp-drop-quantile", "2"]].concat(),
+        "--dlcp-drop-quantile",
+    );
+    refused(
+        &[&dlcp[..], &["--scheduler", "fifo"]].concat(),
+        "--scheduler",
+    );
+    let p3 = ["--strategy", "p3", "--workers", "2", "--servers", "1"];
+    refused(&[&p3[..], &["--loss-bound", "1%"]].concat(), "--loss-bound");
+    refused(&[&p3[..], &["--dlcp-no-spray"]].concat(), "--dlcp-no-spray");
+}

@@ -104,3 +104,90 @@ strategy = "p3"
     );
     assert!(victim.join("summary.json").is_file());
 }
+
+/// A run interrupted after a checkpoint resumes from it: the study goes on from step 10
+/// rather than from scratch, and the run's figures cover all 20 steps (the evaluations and
+/// step rows made before the interruption come back from the checkpoint).
+#[test]
+fn an_interrupted_run_resumes_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = dir.path().join("resumed.toml");
+    std::fs::write(
+        &study,
+        r#"
+name = "resumed"
+steps = 20
+warmup_steps = 1
+batch_size = 8
+workers = [2]
+bandwidths = ["unlimited"]
+args = ["--dataset", "synthetic", "--synthetic-samples", "256", "--eval-every", "5", "--lr-schedule", "constant"]
+[[models]]
+name = "lenet"
+[[variants]]
+label = "allreduce"
+strategy = "allreduce"
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run_dir = out.join("resumed/runs/lenet-allreduce-unlimited-w2-s42");
+    // The first half of the run, as an interrupted study would have left it.
+    let first_half = Command::new(EXE)
+        .args([
+            "launch",
+            "--model",
+            "lenet",
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "2",
+        ])
+        .args(["--steps", "10", "--batch-size", "8", "--seed", "42"])
+        .args([
+            "--dataset",
+            "synthetic",
+            "--synthetic-samples",
+            "256",
+            "--eval-every",
+            "5",
+        ])
+        .args([
+            "--lr-schedule",
+            "constant",
+            "--quiet",
+            "--checkpoint-every",
+            "10",
+        ])
+        .arg("--checkpoint-dir")
+        .arg(run_dir.join("checkpoints"))
+        .output()
+        .unwrap();
+    assert!(first_half.status.success(), "{first_half:?}");
+    let o = Command::new(EXE)
+        .args(["study", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&study)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let log = std::fs::read_to_string(run_dir.join("log.txt")).unwrap();
+    assert!(
+        log.contains("resuming the interrupted run after its step 10"),
+        "{log}"
+    );
+    let evals = std::fs::read_to_string(run_dir.join("evals-rank0.csv")).unwrap();
+    let steps: Vec<&str> = evals
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap())
+        .collect();
+    // Every 5 steps and at the epoch's end (256 samples / (2 x 8) = 16 steps).
+    assert_eq!(steps, ["5", "10", "15", "16", "20"], "{evals}");
+    let rows = std::fs::read_to_string(run_dir.join("steps-rank0.csv")).unwrap();
+    assert_eq!(rows.lines().count(), 1 + 20, "{rows}");
+    assert!(
+        !run_dir.join("checkpoints").exists(),
+        "a finished run keeps no checkpoints"
+    );
+}

@@ -140,11 +140,11 @@ impl TensorRegistry {
     /// Finds the slice of `key` that starts at `offset` and has `len` elements.
     pub fn find_slice(&self, key: usize, offset: usize, len: usize) -> Option<usize> {
         let range = self.key_slices.get(key)?.clone();
-        let idx = self.slices[range.clone()]
-            .binary_search_by_key(&offset, |s| s.offset)
-            .ok()?;
-        let i = range.start + idx;
-        (self.slices[i].len == len).then_some(i)
+        // Every slice of a key but the last has the first one's length: O(1), no search.
+        let stride = self.slices.get(range.start)?.len;
+        let i = range.start.checked_add(offset / stride)?;
+        let s = self.slices.get(i).filter(|_| range.contains(&i))?;
+        (s.offset == offset && s.len == len).then_some(i)
     }
 
     /// Elements held by each server.
@@ -193,10 +193,15 @@ mod tests {
                     prop_assert_eq!(s.index_in_key, j);
                     prop_assert!(s.len > 0 && s.len <= slice_len);
                     prop_assert_eq!(reg.find_slice(key, s.offset, s.len), Some(i));
+                    prop_assert_eq!(reg.find_slice(key, s.offset, s.len + 1), None);
+                    if s.len > 1 {
+                        prop_assert_eq!(reg.find_slice(key, s.offset + 1, s.len - 1), None);
+                    }
                     next += s.len;
                     if servers > 0 { prop_assert!(reg.owner(i) < servers); }
                 }
                 prop_assert_eq!(next, n);
+                prop_assert_eq!(reg.find_slice(key, n, 1), None);
             }
             if servers > 0 {
                 prop_assert_eq!(reg.server_loads().iter().sum::<usize>(), sizes.iter().sum::<usize>());

@@ -24,7 +24,11 @@
 //! 4. Without forward overlap: wait for StepDone, then [`Action::Optimize`] where the
 //!    optimizer runs locally on the averaged gradients (all-reduce).
 //! 5. [`Action::StepEnd`]; at evaluation points (epoch ends, every N steps, the last step),
-//!    once every value of the step is in, [`Action::Evaluate`].
+//!    once every value of the step is in, [`Action::Evaluate`]; at checkpoint points
+//!    ([`CheckpointSchedule`]), once every value of the step is in and after any evaluation,
+//!    [`Action::Checkpoint`].
+//!
+//! A resumed job starts at [`StepPlan::first_step`] (the steps its checkpoint holds).
 //!
 //! After the last step the sequencer waits for every outstanding value, then answers
 //! [`Action::Finished`] for good.
@@ -82,6 +86,25 @@ impl EvalSchedule {
     /// Whether step `step` (0-based) is the last of an epoch.
     pub fn epoch_end(&self, step: u64) -> bool {
         self.steps_per_epoch > 0 && step.saturating_add(1).is_multiple_of(self.steps_per_epoch)
+    }
+}
+
+/// When every process of a job writes its state (`--checkpoint-every N`): after every N-th
+/// step, counted from the first step of the job (not of a resumed run), so a resumed job
+/// checkpoints at the same steps as an uninterrupted one. Servers follow the same rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointSchedule {
+    /// Steps between two checkpoints; `None`: never.
+    pub every: Option<u64>,
+}
+
+impl CheckpointSchedule {
+    /// Whether the state after step `step` (0-based) of a `steps`-step job is checkpointed:
+    /// every N-th step and the last (so a finished job can be resumed to train longer).
+    pub fn due(&self, step: u64, steps: u64) -> bool {
+        let done = step.saturating_add(1);
+        self.every
+            .is_some_and(|n| n > 0 && (done.is_multiple_of(n) || done == steps))
     }
 }
 
@@ -178,6 +201,10 @@ pub struct StepPlan {
     pub layer_keys: Vec<Range<usize>>,
     /// Evaluation points.
     pub eval: EvalSchedule,
+    /// Checkpoint points.
+    pub checkpoint: CheckpointSchedule,
+    /// The step to start from: 0, or the steps a resumed job's checkpoint holds.
+    pub first_step: u64,
 }
 
 impl StepPlan {
@@ -190,7 +217,21 @@ impl StepPlan {
             optimizer: OptimizerPlace::of(strategy),
             layer_keys,
             eval: EvalSchedule::default(),
+            checkpoint: CheckpointSchedule::default(),
+            first_step: 0,
         }
+    }
+
+    /// The same plan with checkpoints at `checkpoint`'s points.
+    pub fn with_checkpoints(mut self, checkpoint: CheckpointSchedule) -> Self {
+        self.checkpoint = checkpoint;
+        self
+    }
+
+    /// The same plan resumed after `first_step` steps (at most the plan's steps).
+    pub fn resumed_at(mut self, first_step: u64) -> Self {
+        self.first_step = first_step.min(self.steps);
+        self
     }
 
     /// The same plan with evaluations at `eval`'s points.
@@ -233,6 +274,8 @@ pub enum Action {
         /// Whether it was the last step of the job.
         last: bool,
     },
+    /// Every value of this step (0-based) is in: write this process's checkpoint.
+    Checkpoint(u64),
     /// Nothing until a strategy event arrives or the computation finishes.
     Wait,
     /// Every step has run and every value is in.
@@ -253,6 +296,7 @@ enum Phase {
     StepEnd,
     MaybeEvaluate,
     AwaitAll,
+    Checkpoint,
     Drain,
     Finished,
 }
@@ -277,8 +321,8 @@ impl StepSequencer {
     pub fn new(plan: StepPlan) -> Self {
         let keys = plan.layer_keys.iter().map(|r| r.end).max().unwrap_or(0);
         Self {
+            step: plan.first_step,
             plan,
-            step: 0,
             phase: Phase::Start,
             busy: false,
             have: vec![true; keys],
@@ -462,7 +506,8 @@ impl StepSequencer {
                 return Some(Action::StepEnd(self.step));
             }
             Phase::MaybeEvaluate => {
-                if self.plan.eval.due(self.step, self.plan.steps) {
+                let (step, steps) = (self.step, self.plan.steps);
+                if self.plan.eval.due(step, steps) || self.plan.checkpoint.due(step, steps) {
                     self.phase = Phase::AwaitAll;
                 } else {
                     self.step += 1;
@@ -472,13 +517,22 @@ impl StepSequencer {
             Phase::AwaitAll if !self.all_in() => return Some(Action::Wait),
             Phase::AwaitAll => {
                 let step = self.step;
+                self.phase = Phase::Checkpoint;
+                if self.plan.eval.due(step, self.plan.steps) {
+                    return Some(Action::Evaluate {
+                        step,
+                        epoch_end: self.plan.eval.epoch_end(step),
+                        last: step + 1 == self.plan.steps,
+                    });
+                }
+            }
+            Phase::Checkpoint => {
+                let step = self.step;
                 self.step += 1;
                 self.phase = Phase::Start;
-                return Some(Action::Evaluate {
-                    step,
-                    epoch_end: self.plan.eval.epoch_end(step),
-                    last: self.step == self.plan.steps,
-                });
+                if self.plan.checkpoint.due(step, self.plan.steps) {
+                    return Some(Action::Checkpoint(step));
+                }
             }
             Phase::Drain if !self.all_in() => return Some(Action::Wait),
             Phase::Drain => self.phase = Phase::Finished,
@@ -624,6 +678,51 @@ mod tests {
             last: false,
         };
         assert_eq!(run_until_wait(&mut s)[0], evaluate);
+    }
+
+    #[test]
+    fn checkpoints_follow_evaluations_once_every_value_is_in() {
+        let mut p =
+            plan(StrategyKind::P3, 6).with_checkpoints(CheckpointSchedule { every: Some(2) });
+        p.eval = EvalSchedule {
+            enabled: true,
+            steps_per_epoch: 0,
+            every: Some(2),
+        };
+        let mut s = StepSequencer::new(p);
+        let mut acts = run_until_wait(&mut s);
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        s.handle_event(WorkerEvent::StepDone);
+        acts.extend(run_until_wait(&mut s));
+        s.handle_event(WorkerEvent::ParamsReady(0));
+        s.handle_event(WorkerEvent::StepDone);
+        let after = run_until_wait(&mut s);
+        let evaluate = Action::Evaluate {
+            step: 1,
+            epoch_end: false,
+            last: false,
+        };
+        assert_eq!(after[..2], [evaluate, Action::Checkpoint(1)], "{after:?}");
+        assert!(!acts.contains(&Action::Checkpoint(0)), "{acts:?}");
+    }
+
+    #[test]
+    fn checkpoint_points_count_from_the_jobs_first_step_and_include_the_last() {
+        let c = CheckpointSchedule { every: Some(10) };
+        let due: Vec<u64> = (0..25).filter(|&s| c.due(s, 25)).collect();
+        assert_eq!(due, vec![9, 19, 24]);
+        assert!((0..30).all(|s| !CheckpointSchedule::default().due(s, 30)));
+        assert!((0..30).all(|s| !CheckpointSchedule { every: Some(0) }.due(s, 30)));
+    }
+
+    #[test]
+    fn a_resumed_plan_starts_at_its_first_step() {
+        use Action::*;
+        let p = plan(StrategyKind::Allreduce, 5).resumed_at(3);
+        let mut s = StepSequencer::new(p);
+        assert_eq!(run_until_wait(&mut s)[..2], [LoadBatch(3), Begin(3)]);
+        let done = StepSequencer::new(plan(StrategyKind::Allreduce, 5).resumed_at(9));
+        assert_eq!(done.step(), 5, "a checkpoint past the end runs nothing");
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!     28    4 priority      smaller is more urgent
 //!     32    8 sequence      per-sender sequence or ring step
 //!     40    4 sender        rank of the sending process
-//!     44    4 flags         reserved, zero
+//!     44    4 flags         what the network may do with the frame (see [`Flags`])
 //! ```
 //!
 //! Decoding never trusts a length: the payload is bounded by a maximum frame size, data
@@ -59,6 +59,16 @@ pub enum FrameKind {
     /// in and the receiver has begun that step, so the sender may run ahead by one step
     /// (step-wise averaging). A data frame of no values.
     Ack = 9,
+    /// A loss-tolerant sender has sent every packet of a key's share (`key`, `step`) and
+    /// asks the receiver what is missing. A data frame of no values.
+    Probe = 10,
+    /// The receiver has enough packets of a key's share (`key`, `step`): the sender stops
+    /// sending them. A data frame of no values.
+    Stop = 11,
+    /// The receiver's answer to a probe: which packets of the key's share are missing, one
+    /// bit per packet (bit `i % 32` of word `i / 32`), `length` little-endian 32-bit words
+    /// read as a data frame's payload.
+    Missing = 12,
 }
 
 impl FrameKind {
@@ -71,6 +81,9 @@ impl FrameKind {
                 | FrameKind::Reduce
                 | FrameKind::Gather
                 | FrameKind::Ack
+                | FrameKind::Probe
+                | FrameKind::Stop
+                | FrameKind::Missing
         )
     }
 
@@ -79,6 +92,9 @@ impl FrameKind {
             1 => FrameKind::Control,
             2 => FrameKind::Push,
             3 => FrameKind::Params,
+            10 => FrameKind::Probe,
+            11 => FrameKind::Stop,
+            12 => FrameKind::Missing,
             4 => FrameKind::Reduce,
             5 => FrameKind::Gather,
             6 => FrameKind::Heartbeat,
@@ -111,6 +127,77 @@ pub struct Header {
     pub sequence: u64,
     /// Rank of the sender.
     pub sender: u32,
+    /// What the network may do with the frame.
+    pub flags: Flags,
+}
+
+/// What the network may do with a frame, as its sender declares it: the frame's priority
+/// class, whether it is loss-tolerant (never retransmitted), whether a full priority queue
+/// may drop it first, and whether it may take any path. Zero (the default) is a reliable
+/// frame of class 0 that follows its flow's path, as every TCP-like strategy sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Flags(u32);
+
+impl Flags {
+    const CLASS_MASK: u32 = 0b111;
+    const LOSS_TOLERANT: u32 = 1 << 3;
+    const DROP_ELIGIBLE: u32 = 1 << 4;
+    const SPRAY: u32 = 1 << 5;
+    const KNOWN: u32 = Self::CLASS_MASK | Self::LOSS_TOLERANT | Self::DROP_ELIGIBLE | Self::SPRAY;
+
+    /// A reliable frame of priority class `class` (0 the most urgent; above 7 counts as 7).
+    pub fn class(class: u8) -> Self {
+        Flags(u32::from(class.min(7)))
+    }
+
+    /// The same, loss-tolerant: the network never retransmits it.
+    pub fn loss_tolerant(self) -> Self {
+        Flags(self.0 | Self::LOSS_TOLERANT)
+    }
+
+    /// The same, marked drop-eligible (when `yes`).
+    pub fn drop_eligible_if(self, yes: bool) -> Self {
+        Flags(if yes {
+            self.0 | Self::DROP_ELIGIBLE
+        } else {
+            self.0
+        })
+    }
+
+    /// The same, sprayed over the paths per frame (when `yes`).
+    pub fn spray_if(self, yes: bool) -> Self {
+        Flags(if yes { self.0 | Self::SPRAY } else { self.0 })
+    }
+
+    /// Its priority class, 0..=7.
+    pub fn priority_class(self) -> u8 {
+        (self.0 & Self::CLASS_MASK) as u8
+    }
+
+    /// Whether the network never retransmits it.
+    pub fn is_loss_tolerant(self) -> bool {
+        self.0 & Self::LOSS_TOLERANT != 0
+    }
+
+    /// Whether a priority queue past its threshold drops it first.
+    pub fn is_drop_eligible(self) -> bool {
+        self.0 & Self::DROP_ELIGIBLE != 0
+    }
+
+    /// Whether it may take any path.
+    pub fn is_sprayed(self) -> bool {
+        self.0 & Self::SPRAY != 0
+    }
+
+    /// The wire's 32 bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Flags from the wire's 32 bits, `None` if an unknown bit is set.
+    pub fn from_bits(bits: u32) -> Option<Self> {
+        (bits & !Self::KNOWN == 0).then_some(Flags(bits))
+    }
 }
 
 impl Header {
@@ -126,6 +213,7 @@ impl Header {
             priority: 0,
             sequence: 0,
             sender: 0,
+            flags: Flags::default(),
         }
     }
 
@@ -141,6 +229,7 @@ impl Header {
             priority: 0,
             sequence: 0,
             sender: 0,
+            flags: Flags::default(),
         }
     }
 
@@ -158,6 +247,7 @@ impl Header {
         b[28..32].copy_from_slice(&self.priority.to_le_bytes());
         b[32..40].copy_from_slice(&self.sequence.to_le_bytes());
         b[40..44].copy_from_slice(&self.sender.to_le_bytes());
+        b[44..48].copy_from_slice(&self.flags.bits().to_le_bytes());
         b
     }
 
@@ -189,10 +279,8 @@ impl Header {
             priority: u32_at(28) as i32,
             sequence: u64_at(32),
             sender: u32_at(40),
+            flags: Flags::from_bits(u32_at(44)).ok_or(WireError::ReservedFlags(u32_at(44)))?,
         };
-        if u32_at(44) != 0 {
-            return Err(WireError::ReservedFlags(u32_at(44)));
-        }
         if h.payload_len > max_payload {
             return Err(WireError::TooLarge {
                 len: h.payload_len,
@@ -205,7 +293,11 @@ impl Header {
                 payload_len: h.payload_len,
             });
         }
-        if matches!(kind, FrameKind::Heartbeat | FrameKind::Ack) && h.payload_len != 0 {
+        let empty = matches!(
+            kind,
+            FrameKind::Heartbeat | FrameKind::Ack | FrameKind::Probe | FrameKind::Stop
+        );
+        if empty && h.payload_len != 0 {
             return Err(WireError::UnexpectedPayload(h.payload_len));
         }
         Ok(h)
@@ -234,8 +326,8 @@ pub enum WireError {
     /// A frame kind this build does not know.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
-    /// Reserved bits set.
-    #[error("reserved flags {0:#x} set")]
+    /// Flag bits this build does not know.
+    #[error("unknown flags {0:#x} set")]
     ReservedFlags(u32),
     /// The announced payload exceeds the limit.
     #[error("frame announces {len} payload bytes, above the {max}-byte limit")]
@@ -254,7 +346,7 @@ pub enum WireError {
         payload_len: u32,
     },
     /// A frame kind that carries no payload announced one.
-    #[error("heartbeat with a {0}-byte payload")]
+    #[error("{0}-byte payload on a frame kind that carries none")]
     UnexpectedPayload(u32),
 }
 
@@ -296,6 +388,7 @@ mod tests {
             priority: -3,
             sequence: 99,
             sender: 2,
+            flags: Flags::class(5).loss_tolerant().spray_if(true),
         }
     }
 

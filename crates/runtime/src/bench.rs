@@ -187,8 +187,10 @@ pub fn run_comm_bench(
                 tracer: None,
                 updates: 0,
                 step: 0,
+                checkpoints: None,
+                rank: ctx.rank,
             };
-            comm.run(&mut server, &mut server_hooks)?;
+            comm.run(server.as_mut(), &mut server_hooks)?;
         }
     }
     Ok(rows)

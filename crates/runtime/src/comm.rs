@@ -255,6 +255,10 @@ enum Gate {
     DueAt(u64),
     /// Readable (released, or no ingress port).
     Open,
+    /// Lost or dropped by the port, a loss-tolerant frame: read, but never handed to the
+    /// endpoint (its payload lands in the slot the endpoint gave, and
+    /// [`Endpoint::handle_payload`] is not called).
+    Discard,
 }
 
 impl ReadState {
@@ -854,9 +858,12 @@ impl CommLoop {
             };
             let token = self.next_token;
             self.next_token = token.wrapping_add(1);
-            // Every strategy so far is reliable: the port retransmits what it loses, and
-            // keeps each link's frames in order (one flow per link), as TCP does.
-            let meta = FrameMeta::reliable(frame.len(), peer as u64);
+            // One flow per link. A reliable frame (every strategy's but DLCP's packets) is
+            // retransmitted by the port when lost and kept in order, as TCP does.
+            let meta = match frame_header(&frame.bytes) {
+                Some(h) => FrameMeta::of_frame(&h, frame.len(), peer as u64),
+                None => FrameMeta::reliable(frame.len(), peer as u64),
+            };
             self.egress.enqueue(now_ns, token, meta);
             link.queued_bytes += frame.len();
             link.awaiting.push_back((token, frame));
@@ -920,10 +927,13 @@ impl CommLoop {
             let link = usize::try_from(token)
                 .ok()
                 .and_then(|i| self.links.get_mut(i));
-            if let Some(ReadState::Data { gate, .. }) = link.map(|l| &mut l.read) {
+            if let Some(ReadState::Data { gate, header, .. }) = link.map(|l| &mut l.read) {
                 if *gate == Gate::Waiting {
                     *gate = match fate {
                         Fate::Delivered { at, .. } => Gate::DueAt(at),
+                        Fate::Lost { .. } | Fate::Dropped if header.flags.is_loss_tolerant() => {
+                            Gate::Discard
+                        }
                         Fate::Lost { .. } | Fate::Dropped => Gate::DueAt(now_ns),
                     };
                 }
@@ -931,8 +941,11 @@ impl CommLoop {
         }
         for i in 0..self.links.len() {
             if let ReadState::Data { gate, .. } = &mut self.links[i].read {
-                if matches!(*gate, Gate::DueAt(at) if at <= now_ns) {
+                let due = matches!(*gate, Gate::DueAt(at) if at <= now_ns);
+                if due {
                     *gate = Gate::Open;
+                }
+                if due || *gate == Gate::Discard {
                     self.read_link(i, endpoint, hooks)?;
                 }
             }
@@ -1062,12 +1075,13 @@ impl CommLoop {
             }
             if let ReadState::Data { header, gate, .. } = &mut link.read {
                 match (*gate, self.ingress.as_mut()) {
-                    (Gate::Open, _) => {}
+                    (Gate::Open | Gate::Discard, _) => {}
                     (Gate::New, None) => *gate = Gate::Open,
                     (Gate::New, Some(port)) => {
                         let tag = if link.mac.is_some() { TAG_LEN } else { 0 };
                         let bytes = HEADER_LEN + header.payload_len as usize + tag;
-                        port.enqueue(now_ns, i as u64, FrameMeta::reliable(bytes, peer as u64));
+                        let meta = FrameMeta::of_frame(header, bytes, peer as u64);
+                        port.enqueue(now_ns, i as u64, meta);
                         *gate = Gate::Waiting;
                         return Ok(());
                     }
@@ -1316,6 +1330,7 @@ fn advance<E: Endpoint + ?Sized>(
             done,
             arrived,
             hashed,
+            gate,
             ..
         } => {
             *done += n;
@@ -1334,9 +1349,15 @@ fn advance<E: Endpoint + ?Sized>(
             if *done < header.payload_len as usize {
                 return Ok(());
             }
-            let frame = Received::Data {
-                header: *header,
-                arrived: *arrived,
+            // A frame the ingress port lost is read (and its tag checked) but never handed
+            // to the endpoint.
+            let frame = if *gate == Gate::Discard {
+                Received::Heartbeat(*header)
+            } else {
+                Received::Data {
+                    header: *header,
+                    arrived: *arrived,
+                }
             };
             received(link, frame, endpoint, hooks)?
         }
@@ -1433,6 +1454,12 @@ fn act<E: Endpoint + ?Sized>(
         }
         Received::Control { header, payload } => handle_control(link, &header, &payload, &*hooks),
     }
+}
+
+/// The header at the start of an encoded frame, if it is one.
+fn frame_header(frame: &[u8]) -> Option<Header> {
+    let raw: &[u8; HEADER_LEN] = frame.get(..HEADER_LEN)?.try_into().ok()?;
+    Header::decode(raw, u32::MAX).ok()
 }
 
 fn fresh_header() -> ReadState {

@@ -20,6 +20,9 @@ pub enum RunError {
     /// A replica snapshot could not be written.
     #[error(transparent)]
     Replica(#[from] crate::replicas::ReplicaError),
+    /// A checkpoint could not be written or resumed.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Something local (a thread, a socket option).
     #[error("{0}")]
     Local(String),

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod checkpoint;
 pub mod comm;
 pub mod env;
 pub mod error;

@@ -1,7 +1,14 @@
 //! A parameter-server process: one shard of the parameters, driven by the communication
 //! loop until every worker has said goodbye.
 
-use syncopate_core::strategy::{PsServer, Rank, ServerOptim};
+use syncopate_core::step::CheckpointSchedule;
+use syncopate_core::strategy::{LossStats, Rank, ServerOptim, ServerSync};
+
+/// A server endpoint of any parameter-server strategy.
+type Server = dyn ServerSync + Send;
+use syncopate_train::checkpoint::{encode, Decoded, NamedTensor};
+
+use crate::checkpoint::{self, CheckpointPlan, JobIdentity, ProcessState};
 use syncopate_core::Sgd;
 use syncopate_train::model::ModelSpec;
 use syncopate_train::trainer::OptimConfig;
@@ -28,6 +35,108 @@ pub struct ServerSummary {
     pub peak_early_values: usize,
     /// Bytes per link: `(peer, sent, received)`.
     pub links: Vec<(Rank, u64, u64)>,
+    /// What a loss-tolerant server (dlcp) lost and recovered: values filled in, packets
+    /// ignored, probes answered, stops sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossStats>,
+}
+
+/// What a server runs with besides the job's layout.
+#[derive(Debug, Clone)]
+pub struct ServerPlan {
+    /// Initial values of every key (the server keeps the slices it owns).
+    pub initial: Vec<Vec<f32>>,
+    /// The optimizer it applies.
+    pub optim: OptimConfig,
+    /// The job's length in steps (its last step is always checkpointed).
+    pub steps: u64,
+    /// Where and how often it writes checkpoints (`None`: never).
+    pub checkpoint: Option<CheckpointPlan>,
+    /// A checkpoint folder to resume from (its newest step every process completed).
+    pub resume: Option<std::path::PathBuf>,
+}
+
+/// Writes a server's checkpoints: the values and momentum of the keys it owns.
+pub(crate) struct ServerCheckpointer {
+    plan: CheckpointPlan,
+    job: JobIdentity,
+    spec: ModelSpec,
+    steps: u64,
+}
+
+impl ServerCheckpointer {
+    /// Writes `server`'s state if step `step` (0-based, just completed) is a checkpoint point.
+    fn maybe_write(&self, server: &Server, rank: Rank, step: u64) -> Result<(), RunError> {
+        let schedule = CheckpointSchedule {
+            every: Some(self.plan.every),
+        };
+        if !schedule.due(step, self.steps) {
+            return Ok(());
+        }
+        let (params, velocity) = server.state();
+        let mut tensors = Vec::new();
+        for (k, (p, v)) in self.spec.keys().iter().zip(params.iter().zip(velocity)) {
+            if p.is_empty() {
+                continue;
+            }
+            for (name, values) in [(k.name.clone(), p), (format!("momentum.{}", k.name), v)] {
+                tensors.push(NamedTensor {
+                    name,
+                    shape: vec![values.len()],
+                    values: values.clone(),
+                });
+            }
+        }
+        let bytes = encode(&self.spec, &tensors, Default::default(), &self.plan.dir)?;
+        let written = ProcessState {
+            state: &bytes,
+            record: None,
+        };
+        checkpoint::write(&self.plan.dir, step + 1, rank, &self.job, written)?;
+        tracing::info!(rank, steps = step + 1, "checkpoint written");
+        Ok(())
+    }
+}
+
+/// Loads server `rank`'s state from the newest complete checkpoint of `dir` into `server`;
+/// returns the steps it holds.
+fn restore(
+    server: &mut Server,
+    spec: &ModelSpec,
+    job: &JobIdentity,
+    rank: Rank,
+    dir: &std::path::Path,
+) -> Result<u64, RunError> {
+    let point = checkpoint::newest_complete(dir, job)?;
+    let bytes = point.read_state(rank)?;
+    let path = point.dir.join(format!("rank-{rank}.safetensors"));
+    let decoded = Decoded::parse(&bytes, &path)?;
+    let (owned, _) = server.state();
+    let owned: Vec<bool> = owned.iter().map(|p| !p.is_empty()).collect();
+    let mut params = Vec::new();
+    let mut velocity = Vec::new();
+    for (k, owns) in spec.keys().iter().zip(owned) {
+        let numel: usize = k.shape.iter().product();
+        let read = |name: &str| -> Result<Vec<f32>, RunError> {
+            Ok(if owns {
+                decoded.tensor(name, &[numel])?
+            } else {
+                Vec::new()
+            })
+        };
+        params.push(read(&k.name)?);
+        velocity.push(read(&format!("momentum.{}", k.name))?);
+    }
+    server
+        .restore(params, velocity, point.step)
+        .map_err(RunError::Local)?;
+    tracing::info!(
+        rank,
+        steps = point.step,
+        "resuming from {}",
+        point.dir.display()
+    );
+    Ok(point.step)
 }
 
 /// A server's loop: nothing to command, done when every worker has said goodbye.
@@ -39,19 +148,25 @@ pub(crate) struct ServerHooks {
     pub(crate) updates: u64,
     /// The latest step a push was received for (errors name it).
     pub(crate) step: u64,
+    /// Writes checkpoints as steps complete.
+    pub(crate) checkpoints: Option<ServerCheckpointer>,
+    /// This server's rank.
+    pub(crate) rank: Rank,
 }
 
-impl Hooks<PsServer> for ServerHooks {
-    fn on_commands(&mut self, _: &mut PsServer) -> Result<Flow, CommError> {
+impl Hooks<Server> for ServerHooks {
+    fn on_commands(&mut self, _: &mut Server) -> Result<Flow, CommError> {
         Ok(Flow::Continue)
     }
 
-    fn on_progress(
-        &mut self,
-        server: &mut PsServer,
-        status: LinkStatus,
-    ) -> Result<Flow, CommError> {
+    fn on_progress(&mut self, server: &mut Server, status: LinkStatus) -> Result<Flow, CommError> {
         self.step = server.latest_step();
+        while let Some(step) = server.poll_step_complete() {
+            if let Some(c) = &self.checkpoints {
+                c.maybe_write(server, self.rank, step)
+                    .map_err(|e| CommError::Local(e.to_string()))?;
+            }
+        }
         Ok(if status.goodbyes == status.links {
             Flow::Finish
         } else {
@@ -79,7 +194,7 @@ impl Hooks<PsServer> for ServerHooks {
 
     fn on_frame_received(
         &mut self,
-        server: &PsServer,
+        server: &Server,
         peer: Rank,
         header: &Header,
         arrived: Instant,
@@ -108,17 +223,21 @@ pub fn run_server(
     ctx: &ProcessContext,
     layout: &JobLayout,
     spec: &ModelSpec,
-    initial: Vec<Vec<f32>>,
-    optim: OptimConfig,
+    plan: ServerPlan,
 ) -> Result<ServerSummary, RunError> {
     let optim = ServerOptim {
-        sgd: Sgd::new(optim.sgd),
-        lr: optim.lr,
-        schedule: optim.schedule,
+        sgd: Sgd::new(plan.optim.sgd),
+        lr: plan.optim.lr,
+        schedule: plan.optim.schedule,
     };
     let mut server = layout
-        .server_endpoint(ctx.rank, key_infos(spec), initial, optim)
+        .server_endpoint(ctx.rank, key_infos(spec), plan.initial, optim)
         .map_err(|e| RunError::Local(e.to_string()))?;
+    let job = JobIdentity::of(ctx, layout, spec);
+    if let Some(dir) = &plan.resume {
+        restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
+    }
+    let plan_steps = plan.steps;
     let links = join(ctx, layout, spec.fingerprint())?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
@@ -131,9 +250,16 @@ pub fn run_server(
             .map(|window| TraceRecorder::new(ctx.rank, window)),
         updates: 0,
         step: 0,
+        checkpoints: plan.checkpoint.map(|plan| ServerCheckpointer {
+            plan,
+            job,
+            spec: spec.clone(),
+            steps: plan_steps,
+        }),
+        rank: ctx.rank,
     };
     let sampler = ctx.start_sampler(comm.traffic())?;
-    comm.run(&mut server, &mut hooks)?;
+    comm.run(server.as_mut(), &mut hooks)?;
     crate::job::finish_sampler(sampler)?;
     if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
         t.write(&m.dir, &format!("server {}", ctx.rank - layout.workers))
@@ -143,6 +269,7 @@ pub fn run_server(
         rank: ctx.rank,
         updates: server.updates(),
         peak_early_values: server.peak_early_values(),
+        loss: server.loss_stats(),
         links: comm
             .counters()
             .iter()

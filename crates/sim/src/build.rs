@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::{KeyInfo, TensorRegistry};
-use syncopate_core::strategy::{PsServer, Rank, ServerOptim, WorkerSync};
+use syncopate_core::strategy::{Rank, ServerOptim, ServerSync, WorkerSync};
 
 use crate::config::SimConfig;
 use crate::SimError;
@@ -15,7 +15,7 @@ pub(crate) enum Role {
     /// A worker (any strategy).
     Worker(Box<dyn WorkerSync>),
     /// A parameter server.
-    Server(Box<PsServer>),
+    Server(Box<dyn ServerSync + Send>),
 }
 
 /// The model's keys at the configured scale (one per layer with parameters, numbered from the
@@ -73,7 +73,7 @@ pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Result<Vec<Role>, SimE
         let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
         let server = plan.server_endpoint(r, keys.to_vec(), initial, ServerOptim::plain(0.01));
         server
-            .map(|s| Role::Server(Box::new(s)))
+            .map(Role::Server)
             .map_err(|e| SimError::Config(e.to_string()))
     });
     workers.chain(servers).collect()

@@ -10,7 +10,7 @@ use syncopate_core::wire::HEADER_LEN;
 
 use crate::SimError;
 
-use syncopate_core::strategy::{scale_count, StepwiseHead, StrategyKind, SyncPlan};
+use syncopate_core::strategy::{scale_count, DlcpOptions, StepwiseHead, StrategyKind, SyncPlan};
 
 /// Everything a simulation depends on (recorded in its report).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +53,9 @@ pub struct SimConfig {
     /// Step-wise averaging: an exact average every this many steps (0: never).
     #[serde(default)]
     pub full_sync_every: u64,
+    /// DLCP's settings (`--strategy dlcp` only), at full size.
+    #[serde(default)]
+    pub dlcp: DlcpOptions,
 }
 
 impl SimConfig {
@@ -81,6 +84,7 @@ impl SimConfig {
             trace_steps: None,
             stepwise_head: plan.stepwise_head,
             full_sync_every: plan.full_sync_every,
+            dlcp: plan.dlcp,
         }
     }
 
@@ -127,6 +131,7 @@ impl SimConfig {
             credit_bytes: self.credit_bytes,
             stepwise_head: self.stepwise_head,
             full_sync_every: self.full_sync_every,
+            dlcp: self.dlcp,
             ..full
         }
         .scaled(self.scale)

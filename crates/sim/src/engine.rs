@@ -56,6 +56,10 @@ pub(crate) struct Sim<'a> {
     cfg: &'a SimConfig,
     profile: &'a ModelProfile,
     polling: Polling,
+    /// Whether servers' replies are checked against the frontier bookkeeping (parameter
+    /// servers whose every frame is a reply to a complete slice, one update at a time; a
+    /// loss-tolerant server also sends stops and bitmaps, and updates a key at once).
+    checks_replies: bool,
     /// Whether a delivery can give a worker something to send (ring forwarding, credit).
     sends_on_delivery: bool,
     hosts: Vec<Host>,
@@ -133,6 +137,12 @@ impl<'a> Sim<'a> {
         polling: Polling,
     ) -> Result<Self, SimError> {
         cfg.validate()?;
+        // Lean polling relies on servers that only ever reply to complete slices.
+        let polling = if cfg.strategy.loss_tolerant() {
+            Polling::Exhaustive
+        } else {
+            polling
+        };
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
         let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec());
@@ -155,7 +165,10 @@ impl<'a> Sim<'a> {
             cfg,
             profile,
             polling,
-            sends_on_delivery: !cfg.strategy.uses_servers() || cfg.scheduler.uses_credit(),
+            sends_on_delivery: !cfg.strategy.uses_servers()
+                || cfg.scheduler.uses_credit()
+                || cfg.strategy.loss_tolerant(),
+            checks_replies: !cfg.strategy.loss_tolerant(),
             hosts,
             trainers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
             jitter: (0..n)
@@ -297,7 +310,8 @@ impl<'a> Sim<'a> {
                     | Action::OptimizeLayer(_)
                     | Action::Optimize
                     | Action::StepEnd(_)
-                    | Action::Evaluate { .. } => continue,
+                    | Action::Evaluate { .. }
+                    | Action::Checkpoint(_) => continue,
                     Action::BackwardDone => ep.handle_backward_done(),
                 }
                 drain(ep.as_mut(), trainer, &mut self.step_end, self.now);
@@ -357,7 +371,7 @@ impl<'a> Sim<'a> {
             };
             let Some(to) = to else {
                 self.pool.push(buf);
-                if h >= workers && !self.frontiers[h - workers].is_empty() {
+                if h >= workers && self.checks_replies && !self.frontiers[h - workers].is_empty() {
                     return Err(
                         self.internal(format!("server rank {h} holds replies but sent none"))
                     );
@@ -370,7 +384,9 @@ impl<'a> Sim<'a> {
                 from: h,
                 source,
             })?;
-            let checked = if h >= workers {
+            let checked = if !self.checks_replies {
+                Ok(())
+            } else if h >= workers {
                 let slice = (header.step, header.key, header.offset);
                 self.frontiers[h - workers].sent(slice, to, workers)
             } else {
@@ -401,7 +417,8 @@ impl<'a> Sim<'a> {
             let host = &mut self.hosts[h];
             host.traffic.bytes_sent += bytes as u64;
             self.frames_sent += 1;
-            (host.nic.egress).enqueue(now, slot as u64, FrameMeta::reliable(bytes, flow(h, to)));
+            let meta = FrameMeta::of_frame(&header, bytes, flow(h, to));
+            (host.nic.egress).enqueue(now, slot as u64, meta);
             self.collect(h, false)?;
         }
     }
@@ -432,14 +449,20 @@ impl<'a> Sim<'a> {
     /// Acts on one decided frame of host `h`'s egress or ingress port.
     fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
         let slot = d.token as usize;
-        let Fate::Delivered { at, .. } = d.fate else {
-            return Err(self.internal(format!(
-                "rank {h}: a reliable frame was given up ({:?})",
-                d.fate
-            )));
-        };
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        let Fate::Delivered { at, .. } = d.fate else {
+            if !f.header.flags.is_loss_tolerant() {
+                return Err(self.internal(format!(
+                    "rank {h}: a reliable frame was given up ({:?})",
+                    d.fate
+                )));
+            }
+            // Lost or dropped: a loss-tolerant frame simply never arrives.
+            self.frames[slot] = None;
+            self.free_slots.push(slot);
+            return Ok(());
         };
         if ingress {
             f.recv_start = d.start;
@@ -472,10 +495,11 @@ impl<'a> Sim<'a> {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
         let (from, to, bytes) = (f.from, f.to, f.bytes);
+        let meta = FrameMeta::of_frame(&f.header, bytes, flow(from, to));
         let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
             return Err(self.internal(format!("rank {to} has no ingress port")));
         };
-        ingress.enqueue(now, slot as u64, FrameMeta::reliable(bytes, flow(from, to)));
+        ingress.enqueue(now, slot as u64, meta);
         self.collect(to, true)
     }
 
@@ -523,7 +547,10 @@ impl<'a> Sim<'a> {
             Role::Server(s) => {
                 let i = to - self.cfg.workers;
                 let updates = s.updates();
-                if updates == self.updates[i] + 1 {
+                if !self.checks_replies {
+                    self.updates[i] = updates;
+                    self.fill(to)
+                } else if updates == self.updates[i] + 1 {
                     self.updates[i] = updates;
                     self.frontiers[i].updated((h.step, h.key, h.offset));
                     self.fill(to)
@@ -620,6 +647,17 @@ impl<'a> Sim<'a> {
             network.add(&h.nic.counters());
         }
         let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
+        let dlcp = self
+            .hosts
+            .iter()
+            .filter_map(|h| match &h.role {
+                Role::Server(s) => s.loss_stats(),
+                Role::Worker(_) => None,
+            })
+            .reduce(|mut a, b| {
+                a.add(&b);
+                a
+            });
         SimReport {
             model: self.profile.name.clone(),
             config: cfg.clone(),
@@ -636,6 +674,7 @@ impl<'a> Sim<'a> {
             traffic,
             frames: self.frames_sent,
             network,
+            dlcp,
             events: self.events,
             trace: self.tracer.into_events(),
         }

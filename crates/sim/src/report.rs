@@ -71,6 +71,9 @@ pub struct SimReport {
     /// What the network did, summed over every host's ports: frames and bytes sent
     /// (retransmissions included), lost, retransmitted, dropped by a queue; queueing delay.
     pub network: NetCounters,
+    /// What the loss-tolerant servers (dlcp) lost and recovered, summed over the servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dlcp: Option<syncopate_core::strategy::LossStats>,
     /// Events processed.
     pub events: u64,
     /// Trace events of the steps in `config.trace_steps`, in the order they were recorded.

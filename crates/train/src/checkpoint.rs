@@ -1,7 +1,7 @@
 //! Weights saved and loaded as safetensors: one tensor per key (named `layer.param`, with
 //! its logical shape) and one per buffer, plus the model name and fingerprint as metadata.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -14,37 +14,87 @@ fn le_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Writes every parameter and buffer of `engine` to `path` (atomically: a temporary file
-/// renamed into place, so an interrupted save never leaves a truncated checkpoint).
-pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
+/// One named `f32` tensor of a checkpoint file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedTensor {
+    /// Its name in the file.
+    pub name: String,
+    /// Its logical shape.
+    pub shape: Vec<usize>,
+    /// Its values, row-major.
+    pub values: Vec<f32>,
+}
+
+/// Every parameter (named `layer.param`) and buffer of `engine`, in key order.
+pub fn engine_tensors(engine: &dyn LayerwiseEngine) -> Result<Vec<NamedTensor>> {
+    let mut named = Vec::new();
+    for k in engine.spec().keys() {
+        let values = engine.param(k.key)?.to_vec();
+        named.push(NamedTensor {
+            name: k.name,
+            shape: k.shape,
+            values,
+        });
+    }
+    for (name, values) in engine.buffers()? {
+        let shape = vec![values.len()];
+        named.push(NamedTensor {
+            name,
+            shape,
+            values,
+        });
+    }
+    Ok(named)
+}
+
+/// `tensors` as the bytes of a safetensors file whose metadata holds `metadata` and the
+/// model's name and fingerprint; `path` only names the file in errors. The same tensors and
+/// metadata always give the same bytes (the metadata is one entry, `syncopate`, whose
+/// `key=value` pairs are sorted: safetensors writes a map's entries in random order).
+pub fn encode(
+    spec: &ModelSpec,
+    tensors: &[NamedTensor],
+    metadata: BTreeMap<String, String>,
+    path: &Path,
+) -> Result<Vec<u8>> {
     let err = |reason: String| TrainError::Checkpoint {
         path: path.to_path_buf(),
         reason,
     };
-    let spec = engine.spec();
-    let mut named: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for k in spec.keys() {
-        named.push((k.name, k.shape, le_bytes(&engine.param(k.key)?)));
-    }
-    for (name, values) in engine.buffers()? {
-        named.push((name, vec![values.len()], le_bytes(&values)));
-    }
-    let views = named
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| le_bytes(&t.values)).collect();
+    let views = tensors
         .iter()
-        .map(|(name, shape, bytes)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytes)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| err(format!("tensor {name}: {e}")))
+        .zip(&bytes)
+        .map(|(t, b)| {
+            TensorView::new(Dtype::F32, t.shape.clone(), b)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| err(format!("tensor {}: {e}", t.name)))
         })
         .collect::<Result<Vec<_>>>()?;
-    let metadata = HashMap::from([
-        ("model".to_string(), spec.name.clone()),
-        (
-            "fingerprint".to_string(),
-            format!("{:016x}", spec.fingerprint()),
-        ),
-    ]);
-    let bytes = safetensors::serialize(views, &Some(metadata)).map_err(|e| err(e.to_string()))?;
+    let mut metadata = metadata;
+    metadata.insert("model".to_string(), spec.name.clone());
+    metadata.insert(
+        "fingerprint".to_string(),
+        format!("{:016x}", spec.fingerprint()),
+    );
+    let line = metadata
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let metadata = HashMap::from([("syncopate".to_string(), line)]);
+    safetensors::serialize(views, &Some(metadata)).map_err(|e| err(e.to_string()))
+}
+
+/// Writes every parameter and buffer of `engine` to `path` (atomically: a temporary file
+/// renamed into place, so an interrupted save never leaves a truncated checkpoint).
+pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
+    let bytes = encode(
+        engine.spec(),
+        &engine_tensors(engine)?,
+        BTreeMap::new(),
+        path,
+    )?;
     let tmp = path.with_extension("safetensors.tmp");
     let io = |source| TrainError::Io {
         path: path.to_path_buf(),
@@ -56,6 +106,41 @@ pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
     std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
     Ok(())
+}
+
+/// A checkpoint file read into memory: its tensors by name and its metadata.
+pub struct Decoded<'a> {
+    st: SafeTensors<'a>,
+    path: &'a Path,
+}
+
+impl<'a> Decoded<'a> {
+    /// Parses the bytes of the safetensors file at `path`.
+    pub fn parse(bytes: &'a [u8], path: &'a Path) -> Result<Self> {
+        Ok(Self {
+            st: parse(bytes, path)?,
+            path,
+        })
+    }
+
+    /// The tensor `name`, which must be `F32` of `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        read_tensor(&self.st, self.path, name, shape)
+    }
+
+    /// Loads every parameter and buffer of `engine` (see [`load`]).
+    pub fn load_into(&self, engine: &mut dyn LayerwiseEngine) -> Result<()> {
+        let spec = engine.spec().clone();
+        for k in spec.keys() {
+            let values = self.tensor(&k.name, &k.shape)?;
+            engine.set_param(k.key, values)?;
+        }
+        for (name, current) in engine.buffers()? {
+            let values = self.tensor(&name, &[current.len()])?;
+            engine.set_buffer(&name, values)?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads every key of `spec` from the checkpoint at `path` (for processes, such as
@@ -73,17 +158,7 @@ pub fn load_values(spec: &ModelSpec, path: &Path) -> Result<Vec<Vec<f32>>> {
 /// shape (a checkpoint of another model is refused, naming the first mismatch).
 pub fn load(engine: &mut dyn LayerwiseEngine, path: &Path) -> Result<()> {
     let bytes = read_file(path)?;
-    let st = parse(&bytes, path)?;
-    let spec = engine.spec().clone();
-    for k in spec.keys() {
-        let values = read_tensor(&st, path, &k.name, &k.shape)?;
-        engine.set_param(k.key, values)?;
-    }
-    for (name, current) in engine.buffers()? {
-        let values = read_tensor(&st, path, &name, &[current.len()])?;
-        engine.set_buffer(&name, values)?;
-    }
-    Ok(())
+    Decoded::parse(&bytes, path)?.load_into(engine)
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {

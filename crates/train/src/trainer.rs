@@ -98,6 +98,25 @@ impl LocalOptimizer {
     pub fn advance(&mut self) {
         self.step += 1;
     }
+
+    /// The momentum buffer of every key (what a checkpoint keeps besides the weights).
+    pub fn velocity(&self) -> &[Vec<f32>] {
+        &self.velocity
+    }
+
+    /// Restores a checkpoint taken after `steps` steps: the momentum of every key, as
+    /// [`LocalOptimizer::velocity`] gave it.
+    pub fn restore(&mut self, velocity: Vec<Vec<f32>>, steps: u64) -> Result<()> {
+        let lens = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+        if lens(&velocity) != lens(&self.velocity) {
+            return Err(TrainError::Config(
+                "the checkpoint's momentum does not match the model's keys".into(),
+            ));
+        }
+        self.velocity = velocity;
+        self.step = steps;
+        Ok(())
+    }
 }
 
 /// One training step on one process: forward, backward into `grads`, optimizer.
@@ -181,6 +200,11 @@ pub trait Observer {
     fn on_step(&mut self, _step: u64, _total: u64, _out: &StepOutput, _samples_per_sec: f64) {}
     /// After each evaluation (end of each epoch, and at the end of the run).
     fn on_eval(&mut self, _epoch: u64, _eval: &Evaluation) {}
+    /// Before [`Observer::on_start`], when the job resumes from a checkpoint holding
+    /// `steps_done` steps.
+    fn on_resume(&mut self, _steps_done: u64) {}
+    /// After this process wrote its checkpoint of the first `steps_done` steps.
+    fn on_checkpoint(&mut self, _steps_done: u64) {}
 }
 
 /// An observer that reports nothing.

@@ -12,13 +12,16 @@ use syncopate_core::net::{parse_size, NetworkProfile};
 use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
-use syncopate_core::strategy::{Averaged, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES};
+use syncopate_core::strategy::{
+    Averaged, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+};
 use syncopate_runtime::auth::{AuthError, JobToken};
+use syncopate_runtime::checkpoint::CheckpointPlan;
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, StrategyKind};
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
-use syncopate_runtime::server::run_server;
+use syncopate_runtime::server::{run_server, ServerPlan};
 use syncopate_runtime::trace::merge_traces;
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::checkpoint;
@@ -27,7 +30,7 @@ use syncopate_train::model;
 use syncopate_train::trainer::Duration as TrainDuration;
 
 use super::replicas;
-use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs, TrainSettings};
+use crate::args::{scheduler_parser, strategy_parser, DlcpArgs, StepwiseArgs, TrainSettings};
 use crate::progress::{RankNotices, TrainProgress};
 
 /// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
@@ -55,6 +58,8 @@ pub struct JobArgs {
     pub bucket_mb: f64,
     #[command(flatten)]
     pub stepwise: StepwiseArgs,
+    #[command(flatten)]
+    pub dlcp: DlcpArgs,
     /// Order of the frames on every link (default: the strategy's, listed with --strategy's
     /// values). Also applies to ps and allreduce, so each P3 mechanism can be switched on
     /// alone.
@@ -119,6 +124,21 @@ pub struct JobArgs {
     /// Where worker 0 saves the final weights.
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+    /// Every process writes its state (weights, momentum, steps done; servers their shards)
+    /// every N steps into --checkpoint-dir (or the --resume folder), keeping the last two.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: Option<u64>,
+    /// Folder of the job's checkpoints (`step-<S>/rank-<R>.safetensors` and a manifest per
+    /// process). `launch` also keeps a generated job token there (job.token), so that
+    /// --resume can run under the same token.
+    #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Restart the job from the newest checkpoint in DIR that every process completed; the
+    /// run goes on to the same --steps/--epochs and ends with the weights an uninterrupted
+    /// run would have had. A checkpoint of another model, strategy, worker or server count
+    /// or token is refused.
+    #[arg(long, value_name = "DIR", conflicts_with = "load")]
+    pub resume: Option<PathBuf>,
     /// Every process samples its CPU, memory, disk and network into
     /// DIR/metrics-rank<R>.csv.
     #[arg(long, value_name = "DIR")]
@@ -204,13 +224,14 @@ impl JobArgs {
             bail!("--bucket-mb must be positive");
         }
         let defaults = SyncPlan::new(self.strategy, self.workers, self.servers);
-        self.stepwise.apply(SyncPlan {
+        let plan = self.stepwise.apply(SyncPlan {
             scheduler: self.scheduler.unwrap_or(defaults.scheduler),
             slice_params: self.slice_params.unwrap_or(defaults.slice_params),
             credit_bytes: parse_size(&self.credit_bytes)?,
             bucket_bytes: (self.bucket_mb * 1e6) as usize,
             ..defaults
-        })
+        })?;
+        self.dlcp.apply(plan)
     }
 
     /// `--trace-steps A..B` as a range.
@@ -292,6 +313,53 @@ impl JobArgs {
         })
     }
 
+    /// `--checkpoint-every N` into `--checkpoint-dir` (or, resuming, the `--resume` folder).
+    fn checkpoint_plan(&self) -> Result<Option<CheckpointPlan>> {
+        let Some(every) = self.checkpoint_every else {
+            return Ok(None);
+        };
+        let Some(dir) = self.checkpoint_dir.as_ref().or(self.resume.as_ref()) else {
+            bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to write into");
+        };
+        Ok(Some(CheckpointPlan {
+            dir: dir.clone(),
+            every,
+        }))
+    }
+
+    /// The folder where `launch` keeps a generated token for the job's checkpoints.
+    fn token_home(&self) -> Option<&std::path::Path> {
+        self.checkpoint_dir.as_deref().or(self.resume.as_deref())
+    }
+
+    /// The job's token for `launch`: the given one, else (with checkpoints) the one kept in
+    /// the checkpoint folder, made and kept there on the first run; `None`: a fresh one.
+    fn launch_token(&self) -> Result<Option<JobToken>> {
+        if let Some(token) = self.given_token()? {
+            return Ok(Some(token));
+        }
+        if let Some(dir) = self.resume.as_deref().filter(|d| !d.is_dir()) {
+            bail!("--resume {}: no such folder", dir.display());
+        }
+        let Some(dir) = self.token_home() else {
+            return Ok(None);
+        };
+        let path = dir.join("job.token");
+        if path.exists() {
+            return Ok(Some(JobToken::resolve(None, Some(&path))?));
+        }
+        if self.resume.is_some() && self.checkpoint_dir.is_none() {
+            bail!(
+                "{} has no job.token: resume with the job's --token or --token-file",
+                dir.display()
+            );
+        }
+        let token = JobToken::generate();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_secret(&path, &token.to_hex())?;
+        Ok(Some(token))
+    }
+
     /// The token given with `--token`, `--token-file` or the environment (`None`: `launch`
     /// makes a fresh one).
     fn given_token(&self) -> Result<Option<JobToken>> {
@@ -366,6 +434,8 @@ fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayo
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.trace_window()?;
+    args.checkpoint_plan()?;
+    let token = args.launch_token()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
             bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
@@ -396,7 +466,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         layout.sync_descriptor(),
         describe_network(&layout.network)
     );
-    if !layout.strategy.exact() {
+    if layout.strategy.averages() == Averaged::Weights {
         eprintln!("{}", describe_mixing(&layout));
     }
     launch(&LaunchPlan {
@@ -407,10 +477,13 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         servers: layout.servers,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         grace: LAUNCH_GRACE,
-        token: args.given_token()?,
+        token,
     })?;
     if let Some(dir) = &replicas {
         replicas::report(&args, layout.workers, dir)?;
+    }
+    if let (Some(path), true) = (&args.summary_json, layout.strategy.loss_tolerant()) {
+        merge_loss_stats(path, &layout)?;
     }
     if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
         if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
@@ -512,6 +585,21 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
     })
 }
 
+/// Writes `text` to a new file at `path` that only its owner may read.
+fn write_secret(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 /// The local address that routes to `peer` (no packet is sent).
 fn local_ip_towards(peer: SocketAddr) -> IpAddr {
     if peer.ip().is_loopback() {
@@ -600,6 +688,8 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
         replica_dir: args.replica_dir.clone(),
         target_accuracy: args.target_accuracy,
         slowdown: Straggler::slowdown(&args.slow_worker, ctx.rank),
+        checkpoint: args.checkpoint_plan()?,
+        resume: args.resume.clone(),
     };
     let test_len = data.test.len();
     let mut progress = TrainProgress::new(steps_hint, args.quiet);
@@ -708,11 +798,71 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
         s.batch_size,
         layout.workers,
     );
-    let summary = run_server(&ctx, &layout, &spec, initial, s.optim(steps_hint)?)?;
+    let plan = ServerPlan {
+        initial,
+        optim: s.optim(steps_hint)?,
+        steps: steps_hint,
+        checkpoint: args.checkpoint_plan()?,
+        resume: args.resume.clone(),
+    };
+    let summary = run_server(&ctx, &layout, &spec, plan)?;
     tracing::info!(
         updates = summary.updates,
         peak_early_values = summary.peak_early_values,
         "server done"
+    );
+    if let Some(loss) = &summary.loss {
+        tracing::info!(
+            realised_loss = loss.realised_loss(),
+            packets = loss.packets,
+            ignored = loss.packets_ignored,
+            probes = loss.probes_answered,
+            "loss-tolerant pushes"
+        );
+    }
+    if let Some(path) = &args.summary_json {
+        let path = server_summary_path(path, ctx.rank);
+        std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Where server `rank` writes its own summary beside the job's `summary` (`run.json` ->
+/// `run.server-2.json`).
+fn server_summary_path(summary: &std::path::Path, rank: usize) -> PathBuf {
+    let stem = summary.file_stem().unwrap_or_default().to_string_lossy();
+    summary.with_file_name(format!("{stem}.server-{rank}.json"))
+}
+
+/// Adds what the loss-tolerant servers lost and recovered, summed, to the job's summary:
+/// `"dlcp": {entries, entries_filled, packets, ..., realised_loss}`.
+fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()> {
+    let mut total = LossStats::default();
+    for rank in layout.workers..layout.world_size() {
+        let path = server_summary_path(summary, rank);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let server: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let loss: LossStats = serde_json::from_value(server["loss"].clone())
+            .with_context(|| format!("{}: no loss statistics", path.display()))?;
+        total.add(&loss);
+    }
+    let text = std::fs::read_to_string(summary)
+        .with_context(|| format!("reading {}", summary.display()))?;
+    let mut job: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+    let mut stats = serde_json::to_value(total)?;
+    stats["realised_loss"] = total.realised_loss().into();
+    job["dlcp"] = stats;
+    std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
+        .with_context(|| format!("writing {}", summary.display()))?;
+    eprintln!(
+        "dlcp: realised loss {:.4} % of gradient values, {} packets ignored, {} probes answered",
+        total.realised_loss() * 100.0,
+        total.packets_ignored,
+        total.probes_answered
     );
     Ok(())
 }

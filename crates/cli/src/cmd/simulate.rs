@@ -12,7 +12,7 @@ use syncopate_core::strategy::StrategyKind;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
 
-use crate::args::{scheduler_parser, strategy_parser, StepwiseArgs};
+use crate::args::{scheduler_parser, strategy_parser, DlcpArgs, StepwiseArgs};
 
 use crate::args::NetworkArgs;
 
@@ -41,6 +41,8 @@ pub struct SimulateArgs {
     pub scheduler: Option<SchedulerKind>,
     #[command(flatten)]
     pub stepwise: StepwiseArgs,
+    #[command(flatten)]
+    pub dlcp: DlcpArgs,
     /// Steps to simulate.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -128,6 +130,11 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if stepwise_flags && !strategies.contains(&StrategyKind::Stepwise) {
         bail!("--stepwise-head and --full-sync-every apply to --strategy stepwise only");
     }
+    if let Some(flag) = args.dlcp.first_given() {
+        if !strategies.contains(&StrategyKind::Dlcp) {
+            bail!("{flag} applies to --strategy dlcp only");
+        }
+    }
     let mut rows: Vec<(StrategyKind, usize, String, f64, SimReport)> = Vec::new();
     for &s in strategies {
         for &n in &workers {
@@ -152,6 +159,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     let plan = args.stepwise.apply(config.plan())?;
                     config.stepwise_head = plan.stepwise_head;
                     config.full_sync_every = plan.full_sync_every;
+                }
+                if s == StrategyKind::Dlcp {
+                    config.dlcp = args.dlcp.apply(config.plan())?.dlcp;
                 }
                 config.trace_steps = trace_steps.clone();
                 let hosts = (n + servers) as f64;

@@ -58,6 +58,10 @@ pub struct RunRow {
     /// Final replica divergence, mean over workers of ||x_i - mean||^2 / ||mean||^2 (NaN: not
     /// recorded).
     pub divergence: f64,
+    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
+    pub frames_lost: f64,
+    /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
+    pub realised_loss: f64,
     /// Bytes sent per step per worker, measured (NaN: not recorded).
     pub bytes_per_step: f64,
     /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
@@ -141,7 +145,9 @@ fn row(
         time_to_accuracy: num(&json["time_to_accuracy_s"]),
         average_accuracy: field("average_accuracy"),
         divergence: field("divergence"),
-        bytes_per_step: field("bytes_per_step"),
+        frames_lost: num(&json["frames_lost"]),
+        realised_loss: num(&json["dlcp"]["realised_loss"]),
+        bytes_per_step: mean_bytes_per_step(json, &resources),
         textbook_bytes_per_step: field("textbook_bytes_per_step"),
         mean_cpu_percent: resources.mean_cpu_percent,
         peak_rss_bytes: resources.peak_rss_bytes,
@@ -149,6 +155,18 @@ fn row(
         disk_bytes: resources.disk_bytes,
         evaluations: summary::evaluations(json),
     })
+}
+
+/// Bytes a worker sent per step, the mean over workers (their metrics' last `net_sent_bytes`
+/// over the run's steps: under step-wise averaging or ring reduce workers send different
+/// amounts), or worker 0's own figure when the run has no metrics.
+fn mean_bytes_per_step(json: &serde_json::Value, resources: &WorkerResources) -> f64 {
+    let steps = json["steps"].as_f64().unwrap_or(f64::NAN);
+    if resources.net_bytes.is_finite() && steps > 0.0 {
+        resources.net_bytes / steps
+    } else {
+        summary::number(json, "bytes_per_step")
+    }
 }
 
 /// The ideal step time of a profile model at `bandwidth_bps` (full size): compute (every
@@ -178,13 +196,14 @@ pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Optio
 const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,\
     samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
     test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
-    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes\n";
+    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,\
+    frames_lost,realised_loss\n";
 
 /// One row of `results.csv`.
 fn csv_row(r: &RunRow) -> String {
     format!(
         "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
-         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0}\n",
+         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6}\n",
         r.id,
         r.model,
         quote(&r.variant),
@@ -209,7 +228,9 @@ fn csv_row(r: &RunRow) -> String {
         r.mean_cpu_percent,
         r.peak_rss_bytes,
         r.net_bytes,
-        r.disk_bytes
+        r.disk_bytes,
+        r.frames_lost,
+        r.realised_loss
     )
 }
 
@@ -288,6 +309,8 @@ pub fn summary_table(rows: &[RunRow]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "peak RSS MB",
         "net MB",
         "disk MB",
+        "frames lost",
+        "realised loss",
     ];
     let table = rows.iter().map(table_row).collect();
     (header, table)
@@ -320,6 +343,8 @@ fn table_row(r: &RunRow) -> Vec<String> {
         mega_cell(r.peak_rss_bytes),
         mega_cell(r.net_bytes),
         mega_cell(r.disk_bytes),
+        or_dash(r.frames_lost, format!("{}", r.frames_lost)),
+        or_dash(r.realised_loss, format!("{:.3} %", r.realised_loss * 100.0)),
     ]
 }
 
@@ -471,6 +496,8 @@ impl RunRow {
             time_to_accuracy: nan,
             average_accuracy: nan,
             divergence: nan,
+            frames_lost: nan,
+            realised_loss: nan,
             bytes_per_step: nan,
             textbook_bytes_per_step: nan,
             mean_cpu_percent: nan,
@@ -485,6 +512,24 @@ impl RunRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_per_step_is_the_mean_over_workers_when_their_metrics_are_there() {
+        let json = serde_json::json!({"steps": 2, "worker0": {"bytes_per_step": 5.0}});
+        let mut r = WorkerResources {
+            mean_cpu_percent: 1.0,
+            peak_rss_bytes: 1.0,
+            net_bytes: 3e6,
+            disk_bytes: 0.0,
+        };
+        assert_eq!(mean_bytes_per_step(&json, &r), 1.5e6);
+        r.net_bytes = f64::NAN;
+        assert_eq!(
+            mean_bytes_per_step(&json, &r),
+            5.0,
+            "worker 0's without metrics"
+        );
+    }
 
     #[test]
     fn ideal_bound_is_the_longer_of_compute_and_communication() {

@@ -1,13 +1,19 @@
 //! Running a study's matrix: one `syncopate launch` after another, each in its own run
 //! directory; a run whose `summary.json` exists is finished and skipped, so an interrupted
-//! study resumes where it stopped.
+//! study resumes where it stopped. A run of a real model checkpoints every tenth of its
+//! steps into `checkpoints/`, and an interrupted run resumes from its newest complete
+//! checkpoint rather than from scratch (its figures cover the whole run: the checkpoint
+//! carries what the workers measured; the resource samples cover the last part only).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::io::Write;
+
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use syncopate_runtime::checkpoint::newest_complete_any;
 
 use super::config::{RunSpec, StudyConfig};
 
@@ -113,10 +119,31 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
         toml::to_string_pretty(run).context("encoding the run's config")?,
     )?;
     let partial = run_dir.join("summary.json.partial");
-    let log = std::fs::File::create(run_dir.join("log.txt"))?;
-    let mut child = Command::new(exe)
-        .arg("launch")
-        .args(&run.args)
+    let checkpoints = run_dir.join("checkpoints");
+    let every = checkpoint_every(&run.args);
+    let resume = every.and_then(|_| newest_complete_any(&checkpoints));
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(resume.is_some())
+        .write(true)
+        .truncate(resume.is_none())
+        .open(run_dir.join("log.txt"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("launch").args(&run.args);
+    if let Some(every) = every {
+        cmd.arg("--checkpoint-every")
+            .arg(every.to_string())
+            .arg("--checkpoint-dir")
+            .arg(&checkpoints);
+    }
+    if let Some(step) = resume {
+        writeln!(
+            log,
+            "study: resuming the interrupted run after its step {step}"
+        )?;
+        cmd.arg("--resume").arg(&checkpoints);
+    }
+    let mut child = cmd
         .arg("--quiet")
         .arg("--summary-json")
         .arg(&partial)
@@ -151,7 +178,30 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
     }
     std::fs::rename(&partial, summary_path(run_dir))
         .with_context(|| format!("the run wrote no summary ({})", partial.display()))?;
+    // Finished: its weights are in weights.safetensors.
+    if checkpoints.exists() {
+        std::fs::remove_dir_all(&checkpoints)
+            .with_context(|| format!("removing {}", checkpoints.display()))?;
+    }
     Ok(())
+}
+
+/// How often a run with launch arguments `args` checkpoints: every tenth of its `--steps`
+/// (at least 1), 50 steps without `--steps`; `None` for profile models, which hold no
+/// weights worth keeping.
+fn checkpoint_every(args: &[String]) -> Option<u64> {
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    if value("--model").is_some_and(|m| syncopate_train::model::is_profile_name(m)) {
+        return None;
+    }
+    Some(match value("--steps").and_then(|s| s.parse::<u64>().ok()) {
+        Some(steps) => (steps / 10).max(1),
+        None => 50,
+    })
 }
 
 #[cfg(test)]

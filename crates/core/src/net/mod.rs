@@ -77,6 +77,21 @@ impl FrameMeta {
             ..Self::default()
         }
     }
+
+    /// What the network sees of a frame with header `header`, `bytes` on the wire, on
+    /// `flow`: the class, loss tolerance, drop eligibility and spraying its sender declared
+    /// in the header's [`crate::wire::Flags`] (none: a reliable class-0 frame).
+    pub fn of_frame(header: &crate::wire::Header, bytes: usize, flow: u64) -> Self {
+        let f = header.flags;
+        Self {
+            bytes,
+            class: f.priority_class(),
+            drop_eligible: f.is_drop_eligible(),
+            flow,
+            spray: f.is_sprayed(),
+            reliable: !f.is_loss_tolerant(),
+        }
+    }
 }
 
 /// The fate of a frame once the model has decided it.

@@ -31,8 +31,10 @@ pub(crate) fn has_room<I: IntoIterator<Item = Backlog>>(
 }
 
 /// The first instant `>= now + 1` at which [`has_room`] holds: a binary search, exact
-/// because the backlog never grows with time. If it never holds (a window of 0), the
-/// instant every serialiser is idle.
+/// because the backlog never grows with time, in a bracket around the instant where the
+/// backlogs' continuous drain reaches the window (each backlog rounds up by under a byte, so
+/// the exact instant is within `backlogs / rate` of it). If it never holds (a window of 0),
+/// the instant every serialiser is idle.
 pub(crate) fn room_at<I>(backlogs: I, window: usize, now: Nanos) -> Nanos
 where
     I: IntoIterator<Item = Backlog> + Clone,
@@ -50,6 +52,18 @@ where
     if !room(hi) {
         return hi;
     }
+    if let Some((estimate, slack)) = continuous_room_at(backlogs.clone(), window) {
+        let (below, above) = (
+            estimate.saturating_sub(slack),
+            estimate.saturating_add(slack),
+        );
+        if below > lo && !room(below) {
+            lo = below;
+        }
+        if above < hi && room(above) {
+            hi = above;
+        }
+    }
     // Invariant: no room at lo, room at hi.
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -60,6 +74,53 @@ where
         }
     }
     hi
+}
+
+/// Where the backlogs, drained continuously (no rounding to bytes), hold `window - 1` bytes,
+/// and how far the exact instant can be from it (ns): a guess that narrows the search.
+fn continuous_room_at<I: IntoIterator<Item = Backlog>>(
+    backlogs: I,
+    window: usize,
+) -> Option<(Nanos, Nanos)> {
+    // Bytes a serialiser drains per ns, and when it is idle; latest first. A few paths at
+    // most: no allocation on this hot path (more than `MAX` leave the search unnarrowed).
+    const MAX: usize = 8;
+    let mut all = [(0.0f64, 0.0f64); MAX];
+    let mut n = 0;
+    for b in backlogs {
+        let Some(rate) = b.bandwidth_bps.map(|bps| bps / 8e9) else {
+            continue;
+        };
+        if !(rate > 0.0 && rate.is_finite()) {
+            continue;
+        }
+        *all.get_mut(n)? = (rate, b.busy_until as f64);
+        n += 1;
+    }
+    let busy = &mut all[..n];
+    if busy.is_empty() || window == 0 {
+        return None;
+    }
+    busy.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    let target = (window - 1) as f64;
+    let slowest = busy
+        .iter()
+        .map(|&(rate, _)| rate)
+        .fold(f64::INFINITY, f64::min);
+    let slack = ((busy.len() as f64 + 1.0) / slowest).ceil() + 2.0;
+    // On [next idle, this one's idle], the first k+1 serialisers drain: A - R t bytes left.
+    let (mut a, mut r) = (0.0, 0.0);
+    for (k, &(rate, until)) in busy.iter().enumerate() {
+        a += rate * until;
+        r += rate;
+        let t = (a - target) / r;
+        let floor = busy.get(k + 1).map_or(f64::NEG_INFINITY, |&(_, next)| next);
+        if t >= floor {
+            let clamp = |x: f64| x.clamp(0.0, u64::MAX as f64) as u64;
+            return Some((clamp(t.ceil()), clamp(slack)));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -499,6 +499,11 @@ fn cut_buckets(
 }
 
 impl WorkerSync for ChainPass {
+    fn start_at(&mut self, step: u64) {
+        // Round and position of the first step, for its frames arriving before it begins.
+        self.reset(step);
+    }
+
     fn begin_step(&mut self, step: u64) {
         self.reset(step);
         self.begun = true;

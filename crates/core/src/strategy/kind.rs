@@ -52,6 +52,9 @@ pub enum StrategyKind {
     /// Step-wise averaging: after its own optimizer step each worker adopts the mean of its
     /// weights and those of the workers before it on the step's chain; no second pass.
     Stepwise,
+    /// DLCP: P3 whose pushes are loss-tolerant packets, complete once a bounded fraction
+    /// has arrived, with packet priority, priority dropping and per-packet paths.
+    Dlcp,
 }
 
 /// What a strategy averages across the workers.
@@ -66,7 +69,7 @@ pub enum Averaged {
 
 impl StrategyKind {
     /// Every strategy.
-    pub const ALL: [StrategyKind; 7] = [
+    pub const ALL: [StrategyKind; 8] = [
         StrategyKind::Ps,
         StrategyKind::PsNoOverlap,
         StrategyKind::Allreduce,
@@ -74,6 +77,7 @@ impl StrategyKind {
         StrategyKind::P3,
         StrategyKind::RingReduce,
         StrategyKind::Stepwise,
+        StrategyKind::Dlcp,
     ];
 
     /// The strategy named `name` (as [`StrategyKind::name`] writes it).
@@ -91,6 +95,7 @@ impl StrategyKind {
             StrategyKind::P3 => "p3",
             StrategyKind::RingReduce => "ring-reduce",
             StrategyKind::Stepwise => "stepwise",
+            StrategyKind::Dlcp => "dlcp",
         }
     }
 
@@ -121,6 +126,11 @@ impl StrategyKind {
                 "step-wise averaging (approximate): after its own optimizer step each worker \
                  adopts the mean of the weights before it on the chain, no second pass (~M bytes)"
             }
+            StrategyKind::Dlcp => {
+                "DLCP (approximate): P3 with loss-tolerant packet pushes complete at a loss \
+                 bound, packet priority and priority dropping by layer and gradient \
+                 magnitude, per-packet paths"
+            }
         }
     }
 
@@ -148,7 +158,13 @@ impl StrategyKind {
     /// training on the workers' whole batch (to float tolerance); approximate strategies
     /// report their deviation instead.
     pub fn exact(self) -> bool {
-        self.averages() == Averaged::Gradients
+        self.averages() == Averaged::Gradients && !self.loss_tolerant()
+    }
+
+    /// Whether it sends loss-tolerant frames and completes without some of them (exact
+    /// only with `--loss-bound 0`).
+    pub fn loss_tolerant(self) -> bool {
+        self == StrategyKind::Dlcp
     }
 
     /// Whether its workers pass values along the ring's chain ([`super::ChainPass`]).
@@ -160,7 +176,7 @@ impl StrategyKind {
     pub fn uses_servers(self) -> bool {
         matches!(
             self,
-            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3
+            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 | StrategyKind::Dlcp
         )
     }
 
@@ -174,6 +190,7 @@ impl StrategyKind {
                 | StrategyKind::P3
                 | StrategyKind::RingReduce
                 | StrategyKind::Stepwise
+                | StrategyKind::Dlcp
         )
     }
 
@@ -188,7 +205,7 @@ impl StrategyKind {
     /// The scheduler used when none is asked for.
     pub fn default_scheduler(self) -> SchedulerKind {
         match self {
-            StrategyKind::P3 => SchedulerKind::Priority,
+            StrategyKind::P3 | StrategyKind::Dlcp => SchedulerKind::Priority,
             _ => SchedulerKind::Fifo,
         }
     }
@@ -196,7 +213,7 @@ impl StrategyKind {
     /// Parameters per slice when none is asked for (before any `--scale`).
     pub fn default_slice_params(self) -> usize {
         match self {
-            StrategyKind::P3 => P3_SLICE_PARAMS,
+            StrategyKind::P3 | StrategyKind::Dlcp => P3_SLICE_PARAMS,
             _ => FRAME_ELEMS,
         }
     }
@@ -205,7 +222,7 @@ impl StrategyKind {
     /// other strategies balanced by bytes (MXNet's KVStore).
     pub fn placement(self) -> Placement {
         match self {
-            StrategyKind::P3 => Placement::SlicesRoundRobin,
+            StrategyKind::P3 | StrategyKind::Dlcp => Placement::SlicesRoundRobin,
             _ => Placement::KeysByBytes,
         }
     }

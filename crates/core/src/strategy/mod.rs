@@ -34,6 +34,7 @@
 
 mod bucket;
 mod chain;
+mod dlcp;
 mod kind;
 mod mixing;
 mod plan;
@@ -44,6 +45,7 @@ mod tests;
 mod traffic;
 
 pub use chain::ChainPass;
+pub use dlcp::{DlcpOptions, DlcpServer, DlcpWorker, LossFill, LossStats};
 pub use kind::{
     Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
     DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
@@ -115,6 +117,9 @@ pub enum WorkerEvent {
 
 /// The worker side of a strategy, as the training loop drives it.
 pub trait WorkerSync: Endpoint {
+    /// Before anything else: the job resumes after `step` steps (its first step is `step`,
+    /// and peers may send frames of that step before it begins here).
+    fn start_at(&mut self, step: u64);
     /// Starts step `step` (the previous step must have reported [`WorkerEvent::StepDone`]).
     fn begin_step(&mut self, step: u64);
     /// Backward produced `key`'s gradient (copied in; the caller keeps its buffer).
@@ -126,6 +131,50 @@ pub trait WorkerSync: Endpoint {
     /// After [`WorkerEvent::ParamsReady`]: the fresh parameter values of `key`; after
     /// [`WorkerEvent::GradReady`]: the averaged gradient of `key`.
     fn take_values(&mut self, key: usize) -> Vec<f32>;
+}
+
+/// The server side of a parameter-server strategy, as the runtime's server process and the
+/// simulator drive it besides its frames.
+pub trait ServerSync: Endpoint {
+    /// The values and momentum of every key (empty for keys this server owns no slice
+    /// of; within the others only the owned ranges are meaningful): what a checkpoint of
+    /// this server holds.
+    fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]);
+
+    /// Restores a checkpoint taken after `first_step` steps: the values and momentum of
+    /// every key as [`ServerSync::state`] gave them. Pushes of earlier steps are refused
+    /// (or, from loss-tolerant senders, ignored) from now on.
+    fn restore(
+        &mut self,
+        params: Vec<Vec<f32>>,
+        velocity: Vec<Vec<f32>>,
+        first_step: u64,
+    ) -> Result<(), String>;
+
+    /// The next step all of whose slices owned here have been updated (each step once, in
+    /// order): the moment a checkpoint of this server holds exactly that step.
+    fn poll_step_complete(&mut self) -> Option<u64>;
+
+    /// Current values of `key` (only the ranges this server owns are meaningful).
+    fn values(&self, key: usize) -> &[f32];
+
+    /// Slice updates applied so far.
+    fn updates(&self) -> u64;
+
+    /// The most values this server ever held in pushes waiting for their turn in the
+    /// rank-order sum (the memory that bit-reproducibility costs).
+    fn peak_early_values(&self) -> usize;
+
+    /// The latest step any push was received for (0 before the first).
+    fn latest_step(&self) -> u64;
+
+    /// Whether any reply is still queued for a worker.
+    fn has_pending_replies(&self) -> bool;
+
+    /// What a loss-tolerant server lost and recovered so far (`None` for reliable ones).
+    fn loss_stats(&self) -> Option<LossStats> {
+        None
+    }
 }
 
 /// A frame handed out by [`Endpoint::poll_transmit_lent`], and where its payload is.

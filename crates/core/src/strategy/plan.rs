@@ -4,13 +4,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::dlcp::Geometry;
 use super::kind::{
     CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
     FRAME_ELEMS,
 };
 use super::{
-    ChainPass, ChainSchedule, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, StepwiseHead,
-    StrategyKind, WorkerSync,
+    ChainPass, ChainSchedule, DlcpOptions, DlcpServer, DlcpWorker, PsServer, PsWorker, Rank,
+    RingAllReduce, ServerOptim, ServerSync, StepwiseHead, StrategyKind, WorkerSync,
 };
 use crate::registry::{KeyInfo, TensorRegistry};
 use crate::sched::SchedulerKind;
@@ -43,6 +44,12 @@ pub enum PlanError {
     /// A step-wise averaging setting given to another strategy.
     #[error("{0} applies to --strategy stepwise only (this job runs {1})")]
     StepwiseOnly(&'static str, &'static str),
+    /// A DLCP setting given to another strategy.
+    #[error("the DLCP settings (--loss-bound, --packet-bytes, --loss-fill, --dlcp-*) apply to --strategy dlcp only (this job runs {0})")]
+    DlcpOnly(&'static str),
+    /// A DLCP setting out of range.
+    #[error("{0}")]
+    Dlcp(String),
 }
 
 /// How a job synchronises: the strategy, the scheduler, the processes and every size the
@@ -78,6 +85,9 @@ pub struct SyncPlan {
     /// Step-wise averaging: every this many steps an exact average instead (0: never).
     #[serde(default)]
     pub full_sync_every: u64,
+    /// DLCP's settings (`--strategy dlcp` only).
+    #[serde(default)]
+    pub dlcp: DlcpOptions,
 }
 
 fn default_chain_segment() -> usize {
@@ -110,6 +120,7 @@ impl SyncPlan {
             chain_segment_elems: CHAIN_SEGMENT_ELEMS,
             stepwise_head: StepwiseHead::default(),
             full_sync_every: 0,
+            dlcp: DlcpOptions::default(),
         }
     }
 
@@ -124,6 +135,14 @@ impl SyncPlan {
             frame_elems: scale_count(self.frame_elems, factor),
             direct_share_elems: scale_count(self.direct_share_elems, factor),
             chain_segment_elems: scale_count(self.chain_segment_elems, factor),
+            dlcp: if self.strategy == StrategyKind::Dlcp {
+                DlcpOptions {
+                    packet_elems: scale_count(self.dlcp.packet_elems, factor),
+                    ..self.dlcp
+                }
+            } else {
+                self.dlcp
+            },
             ..self
         }
     }
@@ -151,6 +170,20 @@ impl SyncPlan {
         }
         if self.scheduler.uses_credit() && self.credit_bytes == 0 {
             return Err(PlanError::Zero("credit_bytes"));
+        }
+        if self.strategy == StrategyKind::Dlcp {
+            self.dlcp
+                .validate(self.frame_elems)
+                .map_err(PlanError::Dlcp)?;
+            if self.scheduler != SchedulerKind::Priority {
+                return Err(PlanError::Dlcp(format!(
+                    "--scheduler {}: dlcp always sends the most urgent layer's packets first \
+                     (leave the scheduler at its default, priority)",
+                    self.scheduler.name()
+                )));
+            }
+        } else if self.dlcp != DlcpOptions::default() {
+            return Err(PlanError::DlcpOnly(name));
         }
         if self.strategy != StrategyKind::Stepwise {
             if self.full_sync_every > 0 {
@@ -200,6 +233,9 @@ impl SyncPlan {
                 self.stepwise_head.name(),
                 self.full_sync_every
             ));
+        }
+        if self.strategy == StrategyKind::Dlcp {
+            d.push_str(&self.dlcp.descriptor());
         }
         if self.scheduler.uses_credit() {
             d.push_str(&format!("/credit={}", self.credit_bytes));
@@ -260,14 +296,16 @@ impl SyncPlan {
         if self.strategy.uses_servers() {
             let reg = self.registry(keys);
             let credit = self.credit_bytes;
-            return Box::new(PsWorker::new(
-                rank,
-                self.workers,
-                reg,
-                overlap,
-                self.scheduler,
-                credit,
-            ));
+            if self.strategy == StrategyKind::Dlcp {
+                // DLCP orders its packets itself: the P3 worker underneath only has to hand
+                // over every slice at once.
+                let fifo = SchedulerKind::Fifo;
+                let ps = PsWorker::new(rank, self.workers, reg.clone(), overlap, fifo, credit);
+                let geo = Geometry::new(reg, self.dlcp.packet_elems);
+                return Box::new(DlcpWorker::new(ps, geo, rank, self.workers, self.dlcp));
+            }
+            let ps = PsWorker::new(rank, self.workers, reg, overlap, self.scheduler, credit);
+            return Box::new(ps);
         }
         let ring = RingAllReduce::new(
             rank,
@@ -289,7 +327,7 @@ impl SyncPlan {
         keys: Vec<KeyInfo>,
         initial: Vec<Vec<f32>>,
         optim: ServerOptim,
-    ) -> Result<PsServer, PlanError> {
+    ) -> Result<Box<dyn ServerSync + Send>, PlanError> {
         let index = rank
             .checked_sub(self.workers)
             .filter(|&i| i < self.servers)
@@ -299,14 +337,20 @@ impl SyncPlan {
                 world: self.world_size(),
             })?;
         let reg = self.registry(keys);
-        Ok(PsServer::new(
+        let ps = PsServer::new(
             index,
             self.workers,
-            reg,
+            reg.clone(),
             initial,
             optim,
             self.scheduler,
-        ))
+        );
+        if self.strategy == StrategyKind::Dlcp {
+            let geo = Geometry::new(reg, self.dlcp.packet_elems);
+            let dlcp = DlcpServer::new(ps, geo, index, self.workers, self.dlcp);
+            return Ok(Box::new(dlcp));
+        }
+        Ok(Box::new(ps))
     }
 }
 

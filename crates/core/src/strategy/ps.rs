@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 
 use super::{
-    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent,
-    WorkerSync,
+    encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, ServerSync, Transmit,
+    WorkerEvent, WorkerSync,
 };
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd, SgdConfig};
@@ -177,6 +177,10 @@ impl PsWorker {
 }
 
 impl WorkerSync for PsWorker {
+    fn start_at(&mut self, step: u64) {
+        self.step = step;
+    }
+
     fn begin_step(&mut self, step: u64) {
         self.step = step;
         self.held.clear();
@@ -358,6 +362,12 @@ pub struct PsServer {
     out_step: Vec<u64>,
     updates: u64,
     sequence: u64,
+    /// Slices this server owns.
+    owned_slices: usize,
+    /// Per step not yet complete: slices updated.
+    updated_in_step: std::collections::BTreeMap<u64, usize>,
+    /// Steps all of whose owned slices are updated, not yet polled.
+    completed: std::collections::VecDeque<u64>,
 }
 
 /// Optimizer settings a server applies.
@@ -415,6 +425,10 @@ impl PsServer {
             .collect();
         let slices = reg.slices().len();
         let max_slice = reg.slices().iter().map(|s| s.len).max().unwrap_or(0);
+        // Per-worker bookkeeping for the slices this server owns only (frames for the others
+        // are refused before it is looked at): with many servers, most slices are others'.
+        let owned = |s: usize| reg.owner(s) == index;
+        let per_worker = |s: usize, n: usize| if owned(s) { n } else { 0 };
         Self {
             index,
             rank: workers + index,
@@ -426,7 +440,9 @@ impl PsServer {
             velocity: (0..keys).map(sized).collect(),
             acc: (0..keys).map(sized).collect(),
             scratch: vec![vec![0.0; max_slice]; workers],
-            early: vec![vec![None; workers]; slices],
+            early: (0..slices)
+                .map(|s| vec![None; per_worker(s, workers)])
+                .collect(),
             spare: Vec::new(),
             next_rank: vec![0; slices],
             early_values: 0,
@@ -434,41 +450,31 @@ impl PsServer {
             latest_step: 0,
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
-            pushed_by: vec![vec![false; workers]; slices],
+            pushed_by: (0..slices)
+                .map(|s| vec![false; per_worker(s, workers)])
+                .collect(),
             out: (0..workers).map(|_| new_scheduler(scheduler)).collect(),
             kind: scheduler,
             arrival: 0,
             out_step: vec![0; slices],
             updates: 0,
             sequence: 0,
+            owned_slices: (0..slices).filter(|&s| reg.owner(s) == index).count(),
+            updated_in_step: Default::default(),
+            completed: Default::default(),
             reg,
         }
     }
 
-    /// Current values of `key` (only the ranges this server owns are meaningful).
-    pub fn values(&self, key: usize) -> &[f32] {
-        &self.params[key]
-    }
-
-    /// Slice updates applied so far.
-    pub fn updates(&self) -> u64 {
-        self.updates
-    }
-
-    /// The most values this server ever held in pushes waiting for their turn in the
-    /// rank-order sum (the memory that bit-reproducibility costs).
-    pub fn peak_early_values(&self) -> usize {
-        self.peak_early_values
-    }
-
-    /// The latest step any push was received for (0 before the first).
-    pub fn latest_step(&self) -> u64 {
-        self.latest_step
-    }
-
-    /// Whether any reply is still queued for a worker.
-    pub fn has_pending_replies(&self) -> bool {
-        self.out.iter().any(|q| !q.is_empty())
+    /// Counts an update of a slice of `step`; the step is complete once every owned slice
+    /// has had its update.
+    fn count_update(&mut self, step: u64) {
+        let n = self.updated_in_step.entry(step).or_insert(0);
+        *n += 1;
+        if *n == self.owned_slices {
+            self.updated_in_step.remove(&step);
+            self.completed.push_back(step);
+        }
     }
 
     fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
@@ -511,7 +517,7 @@ impl PsServer {
             // The slice's next step would not be representable.
             return Err(ProtocolError::unexpected(link, h, "step out of range"));
         }
-        if self.pushes[slice] == 0 && self.updates > 0 && h.step < self.slice_step[slice] {
+        if self.pushes[slice] == 0 && h.step < self.slice_step[slice] {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
         if self.pushed_by[slice][link] {
@@ -522,6 +528,57 @@ impl PsServer {
             ));
         }
         Ok(slice)
+    }
+}
+
+impl ServerSync for PsServer {
+    fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
+        (&self.params, &self.velocity)
+    }
+
+    fn restore(
+        &mut self,
+        params: Vec<Vec<f32>>,
+        velocity: Vec<Vec<f32>>,
+        first_step: u64,
+    ) -> Result<(), String> {
+        let shapes = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+        let want = shapes(&self.params);
+        if shapes(&params) != want || shapes(&velocity) != want {
+            return Err(format!(
+                "the checkpoint's tensors do not match server {}'s share of the model",
+                self.index
+            ));
+        }
+        self.params = params;
+        self.velocity = velocity;
+        self.slice_step.fill(first_step);
+        self.latest_step = first_step;
+        Ok(())
+    }
+
+    fn poll_step_complete(&mut self) -> Option<u64> {
+        self.completed.pop_front()
+    }
+
+    fn values(&self, key: usize) -> &[f32] {
+        &self.params[key]
+    }
+
+    fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    fn peak_early_values(&self) -> usize {
+        self.peak_early_values
+    }
+
+    fn latest_step(&self) -> u64 {
+        self.latest_step
+    }
+
+    fn has_pending_replies(&self) -> bool {
+        self.out.iter().any(|q| !q.is_empty())
     }
 }
 
@@ -661,6 +718,7 @@ impl Endpoint for PsServer {
             self.out_step[slice] = h.step;
             self.slice_step[slice] = h.step + 1;
             self.updates += 1;
+            self.count_update(h.step);
             let p = pending_for(&self.reg, slice, &mut self.arrival);
             for q in &mut self.out {
                 q.push(p);

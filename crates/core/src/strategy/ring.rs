@@ -495,6 +495,10 @@ impl RingAllReduce {
 }
 
 impl WorkerSync for RingAllReduce {
+    fn start_at(&mut self, step: u64) {
+        self.step = step;
+    }
+
     fn begin_step(&mut self, step: u64) {
         self.step = step;
         self.begun = true;

@@ -116,7 +116,7 @@ fn grad(step: u64, worker: usize, key: usize, n: usize) -> Vec<f32> {
 /// step and key.
 fn drive(
     workers: &mut [Box<dyn WorkerSync>],
-    servers: &mut [PsServer],
+    servers: &mut [Box<dyn ServerSync + Send>],
     sizes: &[usize],
     steps: u64,
     seed: u64,
@@ -165,7 +165,7 @@ fn drive(
                 let ep: &mut dyn Endpoint = if from < n {
                     workers[from].as_mut()
                 } else {
-                    &mut servers[from - n]
+                    servers[from - n].as_mut()
                 };
                 // The sender asks for a frame for one link, or picks among all its links as
                 // over a shared NIC, copied or (where the endpoint can) lent.
@@ -203,7 +203,7 @@ fn drive(
                 if from < n {
                     net.write_lent(i, workers[from].as_mut());
                 } else {
-                    net.write_lent(i, &mut servers[from - n]);
+                    net.write_lent(i, servers[from - n].as_mut());
                 }
             }
             _ => {
@@ -214,7 +214,7 @@ fn drive(
                 if to < n {
                     net.deliver_around(i, between, workers[to].as_mut());
                 } else {
-                    net.deliver_around(i, between, &mut servers[to - n]);
+                    net.deliver_around(i, between, servers[to - n].as_mut());
                 }
             }
         }
@@ -291,6 +291,20 @@ fn reference(
         .collect()
 }
 
+/// DLCP's settings for a test of exactness: a loss bound of 0 (every packet needed) and
+/// packets of `packet` values; the defaults for every other strategy.
+fn exact_dlcp(kind: StrategyKind, packet: usize) -> DlcpOptions {
+    if kind.loss_tolerant() {
+        DlcpOptions {
+            loss_bound: 0.0,
+            packet_elems: packet,
+            ..DlcpOptions::default()
+        }
+    } else {
+        DlcpOptions::default()
+    }
+}
+
 /// The servers' learning rate in the property test.
 const LR: f32 = 0.1;
 
@@ -312,6 +326,7 @@ proptest! {
         direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
         scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
         credit_bytes in 4usize..200,
+        packet in 1usize..12,
         seed: u64,
     ) {
         let init: Vec<Vec<f32>> = sizes.iter().map(|&len| (0..len).map(|i| i as f32 * 0.01).collect()).collect();
@@ -319,24 +334,25 @@ proptest! {
         let optim = ServerOptim { sgd: Sgd::new(cfg), lr: LR, schedule: LrSchedule::Constant };
         for kind in StrategyKind::ALL {
             let plan = SyncPlan {
-                scheduler,
+                scheduler: if kind.loss_tolerant() { kind.default_scheduler() } else { scheduler },
                 slice_params: slice,
                 bucket_bytes: 4 * bucket,
                 credit_bytes,
                 frame_elems: frame,
                 direct_share_elems: direct_below,
+                dlcp: exact_dlcp(kind, packet.min(frame)),
                 ..SyncPlan::new(kind, n, if kind.uses_servers() { servers } else { 0 })
             };
             prop_assert!(plan.validate().is_ok());
             let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
                 .map(|r| -> Box<dyn WorkerSync> { plan.worker_endpoint(r, keys(&sizes)) })
                 .collect();
-            let mut ss: Vec<PsServer> = (n..plan.world_size())
+            let mut ss: Vec<Box<dyn ServerSync + Send>> = (n..plan.world_size())
                 .map(|r| plan.server_endpoint(r, keys(&sizes), init.clone(), optim))
                 .collect::<Result<_, _>>()
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let results = drive(&mut ws, &mut ss, &sizes, 3, seed);
-            if !kind.exact() {
+            if !kind.exact() && !kind.loss_tolerant() {
                 continue;
             }
             let want = reference(kind, n, &sizes, 3, &init, cfg);
@@ -658,18 +674,19 @@ proptest! {
         let init: Vec<Vec<f32>> = sizes.iter().map(|&len| (0..len).map(|i| i as f32 * 0.37).collect()).collect();
         let cfg = SgdConfig { momentum: 0.9, weight_decay: 1e-3 };
         let optim = ServerOptim { sgd: Sgd::new(cfg), lr: LR, schedule: LrSchedule::Constant };
-        for kind in StrategyKind::ALL.into_iter().filter(|k| k.exact()) {
+        for kind in StrategyKind::ALL.into_iter().filter(|k| k.exact() || k.loss_tolerant()) {
             let plan = SyncPlan {
-                scheduler,
+                scheduler: if kind.loss_tolerant() { kind.default_scheduler() } else { scheduler },
                 slice_params: slice,
                 frame_elems: 16,
+                dlcp: exact_dlcp(kind, 3),
                 ..SyncPlan::new(kind, n, if kind.uses_servers() { servers } else { 0 })
             };
             let run = |seed| {
                 let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
                     .map(|r| -> Box<dyn WorkerSync> { plan.worker_endpoint(r, keys(&sizes)) })
                     .collect();
-                let mut ss: Vec<PsServer> = (n..plan.world_size())
+                let mut ss: Vec<Box<dyn ServerSync + Send>> = (n..plan.world_size())
                     .map(|r| plan.server_endpoint(r, keys(&sizes), init.clone(), optim).expect("a server"))
                     .collect();
                 drive(&mut ws, &mut ss, &sizes, 3, seed)
@@ -694,6 +711,32 @@ fn a_server_knows_its_latest_step() {
     assert_eq!(ss[0].latest_step(), 0);
     drive(&mut ws, &mut ss, &sizes, 4, 7);
     assert_eq!(ss[0].latest_step(), 3);
+    let completed: Vec<u64> = std::iter::from_fn(|| ss[0].poll_step_complete()).collect();
+    assert_eq!(completed, vec![0, 1, 2, 3], "each step once, in order");
+}
+
+/// A server restored from its state after 4 steps holds that state, and refuses pushes of
+/// the steps its checkpoint already holds.
+#[test]
+fn a_restored_server_resumes_at_its_checkpoints_step() {
+    let plan = SyncPlan::new(StrategyKind::Ps, 2, 1);
+    let sizes = [5, 7];
+    let init: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.0; n]).collect();
+    let mut server = plan
+        .server_endpoint(2, keys(&sizes), init.clone(), ServerOptim::plain(0.1))
+        .expect("a server");
+    let params: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![1.5; n]).collect();
+    let velocity: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0.25; n]).collect();
+    assert!(server
+        .restore(vec![vec![1.0; 3]], velocity.clone(), 4)
+        .is_err());
+    server.restore(params.clone(), velocity.clone(), 4).unwrap();
+    assert_eq!(server.state(), (&params[..], &velocity[..]));
+    let old = Header::data(crate::wire::FrameKind::Push, 3, 0, 0, 5);
+    let e = server.recv_slot(0, &old).unwrap_err().to_string();
+    assert!(e.contains("step already completed"), "{e}");
+    let now = Header::data(crate::wire::FrameKind::Push, 4, 0, 0, 5);
+    assert!(server.recv_slot(0, &now).is_ok());
 }
 
 /// A reduce frame of a step not yet begun, delivered twice, is refused the second time

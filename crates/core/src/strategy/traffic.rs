@@ -12,6 +12,8 @@ use super::StrategyKind;
 ///   the push and receives the pull.
 /// - `allreduce`, `allreduce-no-overlap`: 2(N−1)/N·M (reduce-scatter and all-gather, each
 ///   (N−1)/N·M); 0 with one worker.
+/// - `dlcp`: M as well (at most: a share complete at its loss bound stops early; packet
+///   headers, probes and resent packets come on top).
 /// - `ring-reduce`: 2(N−1)/N·M. The sum travels N−1 hops of M and the average N−1 hops
 ///   again: the head of the chain (worker 0) and the workers after it send 2M, the root
 ///   (the last worker) and the worker before it M.
@@ -25,7 +27,9 @@ pub fn textbook_bytes_per_step(strategy: StrategyKind, workers: usize, model_byt
     let n = workers.max(1) as f64;
     let hops = (n - 1.0) / n;
     match strategy {
-        StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 => model_bytes,
+        StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 | StrategyKind::Dlcp => {
+            model_bytes
+        }
         StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap | StrategyKind::RingReduce => {
             2.0 * hops * model_bytes
         }

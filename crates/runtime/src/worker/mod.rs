@@ -9,20 +9,23 @@ use std::time::{Duration as StdDuration, Instant};
 use mio::Waker;
 use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::step::{EvalSchedule, StepPlan, StepSequencer};
+use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::{Duration, Evaluation, LocalOptimizer, Observer, OptimConfig};
 
+use crate::checkpoint::{CheckpointPlan, JobIdentity};
 use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
 use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
 
+mod checkpointing;
 mod step_loop;
+use checkpointing::Checkpointer;
 use step_loop::{Record, StepLoop};
 use syncopate_core::wire::Header;
 
@@ -52,10 +55,14 @@ pub struct WorkerPlan {
     /// Compute takes this many times as long as measured (a straggler, `--slow-worker`);
     /// 1 for a normal worker.
     pub slowdown: f64,
+    /// Where and how often this worker writes checkpoints (`None`: never).
+    pub checkpoint: Option<CheckpointPlan>,
+    /// A checkpoint folder to resume from (its newest step every process completed).
+    pub resume: Option<std::path::PathBuf>,
 }
 
 /// Time spent in each phase over the run, seconds.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
 pub struct WorkerTimes {
     /// Waiting for the data loader.
     pub data: f64,
@@ -111,7 +118,7 @@ pub struct WorkerSummary {
 }
 
 /// One evaluation of the test set during training.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct EvalPoint {
     /// Steps done.
     pub step: u64,
@@ -132,6 +139,7 @@ pub struct EvalPoint {
 }
 
 /// Rank 0's evaluations, as CSV rows and as points.
+#[derive(Serialize, serde::Deserialize)]
 struct EvalLog {
     csv: String,
     points: Vec<EvalPoint>,
@@ -449,9 +457,17 @@ pub fn run_worker<E: LayerwiseEngine>(
         checkpoint::load(&mut engine, path)?;
     }
     let keys: Vec<KeyInfo> = key_infos(&spec);
+    let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
+    let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
+    let job = JobIdentity::of(ctx, layout, &spec);
+    let (first_step, carried) = match &plan.resume {
+        Some(dir) => checkpointing::resume(dir, &job, ctx.rank, &mut engine, &mut optimizer)?,
+        None => (0, None),
+    };
     let evaluates = ctx.rank == 0 && !spec.is_profile();
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
-    let endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
+    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
+    endpoint.start_at(first_step);
     let links = join(ctx, layout, spec.fingerprint())?;
     let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
@@ -473,10 +489,15 @@ pub fn run_worker<E: LayerwiseEngine>(
         steps_per_epoch: per_epoch,
         every: plan.eval_every,
     };
+    let checkpoints = CheckpointSchedule {
+        every: plan.checkpoint.as_ref().map(|c| c.every),
+    };
     let mut seq = StepSequencer::new(
-        StepPlan::new(layout.strategy, total, spec.layer_keys()).with_eval(eval),
+        StepPlan::new(layout.strategy, total, spec.layer_keys())
+            .with_eval(eval)
+            .with_checkpoints(checkpoints)
+            .resumed_at(first_step),
     );
-    let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
     let tracer = ctx
         .metrics
         .as_ref()
@@ -485,8 +506,8 @@ pub fn run_worker<E: LayerwiseEngine>(
     let mut run = StepLoop::new(
         &mut engine,
         &mut comm,
-        Loader::spawn(Arc::new(data.train), sampler, 0, None, 4),
-        LocalOptimizer::new(plan.optim, &sizes),
+        Loader::spawn(Arc::new(data.train), sampler, first_step, None, 4),
+        optimizer,
         evaluates.then_some(&data.test),
         observer,
         tracer,
@@ -494,6 +515,14 @@ pub fn run_worker<E: LayerwiseEngine>(
     );
     run.slowdown = plan.slowdown;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
+    if let Some(carried) = carried {
+        run.record = Record::resumed(carried);
+    }
+    run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
+        plan,
+        job,
+        rank: ctx.rank,
+    });
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
     let (record, tracer) = (run.record, run.tracer);
@@ -506,9 +535,10 @@ pub fn run_worker<E: LayerwiseEngine>(
     crate::job::finish_sampler(resources)?;
     write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
+    let steps_run = total - seq.plan().first_step;
     Ok(summarise(
         ctx.rank,
-        total,
+        (total, steps_run),
         plan,
         layout,
         model_bytes,
@@ -549,7 +579,7 @@ fn write_outputs(
 /// The worker's summary from what its loop recorded, for a model of `model_bytes`.
 fn summarise(
     rank: Rank,
-    total: u64,
+    (total, steps_run): (u64, u64),
     plan: &WorkerPlan,
     layout: &JobLayout,
     model_bytes: f64,
@@ -557,7 +587,8 @@ fn summarise(
     counters: &[LinkCounters],
 ) -> WorkerSummary {
     let workers = layout.workers;
-    let per_step = |bytes: u64| bytes as f64 / total.max(1) as f64;
+    // The links' counters cover this process's steps; the record, the whole job's.
+    let per_step = |bytes: u64| bytes as f64 / steps_run.max(1) as f64;
     let train_seconds = record.trained;
     let reached = plan
         .target_accuracy

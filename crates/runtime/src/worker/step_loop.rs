@@ -14,6 +14,7 @@ use syncopate_train::data::{Batch, Loader, Split};
 use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
 use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
+use super::checkpointing::Checkpointer;
 use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
@@ -29,8 +30,8 @@ pub(super) struct Record {
     pub epoch_accuracy: Vec<f64>,
     /// Every evaluation.
     pub evals: EvalLog,
-    /// Seconds spent evaluating (left out of training time).
-    pub eval_seconds: f64,
+    /// Seconds spent evaluating and writing checkpoints (left out of training time).
+    pub excluded_seconds: f64,
     /// Wall time of every step.
     pub step_seconds: Vec<f64>,
     /// `steps-rank<R>.csv`.
@@ -41,6 +42,21 @@ pub(super) struct Record {
     pub start: Instant,
     /// Training seconds of the whole run (evaluations left out), once it has finished.
     pub trained: f64,
+    /// Training seconds before this process started (a resumed job's earlier part).
+    pub carried: f64,
+}
+
+/// What a checkpoint keeps of a worker's [`Record`], so that a resumed job reports the whole
+/// job: its evaluations, times and step rows, and its training time so far.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedRecord {
+    times: WorkerTimes,
+    recent: VecDeque<f64>,
+    epoch_accuracy: Vec<f64>,
+    evals: EvalLog,
+    step_seconds: Vec<f64>,
+    step_rows: String,
+    trained: f64,
 }
 
 impl Record {
@@ -50,7 +66,7 @@ impl Record {
             recent: VecDeque::new(),
             epoch_accuracy: Vec::new(),
             evals: EvalLog::default(),
-            eval_seconds: 0.0,
+            excluded_seconds: 0.0,
             step_seconds: Vec::new(),
             step_rows: String::from(
                 "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n",
@@ -58,12 +74,44 @@ impl Record {
             test: None,
             start: Instant::now(),
             trained: 0.0,
+            carried: 0.0,
         }
     }
 
-    /// Training seconds so far (evaluations left out).
+    /// Training seconds so far (evaluations left out), the earlier part of a resumed job
+    /// included.
     pub fn train_seconds(&self) -> f64 {
-        self.start.elapsed().as_secs_f64() - self.eval_seconds
+        self.carried + self.start.elapsed().as_secs_f64() - self.excluded_seconds
+    }
+
+    /// What a checkpoint keeps of this record.
+    pub fn carry(&self) -> CarriedRecord {
+        CarriedRecord {
+            times: self.times,
+            recent: self.recent.clone(),
+            epoch_accuracy: self.epoch_accuracy.clone(),
+            evals: EvalLog {
+                csv: self.evals.csv.clone(),
+                points: self.evals.points.clone(),
+            },
+            step_seconds: self.step_seconds.clone(),
+            step_rows: self.step_rows.clone(),
+            trained: self.train_seconds(),
+        }
+    }
+
+    /// A record that goes on from `carried`, a resumed job's earlier part.
+    pub fn resumed(carried: CarriedRecord) -> Self {
+        Self {
+            times: carried.times,
+            recent: carried.recent,
+            epoch_accuracy: carried.epoch_accuracy,
+            evals: carried.evals,
+            step_seconds: carried.step_seconds,
+            step_rows: carried.step_rows,
+            carried: carried.trained,
+            ..Self::new()
+        }
     }
 }
 
@@ -87,7 +135,11 @@ pub(super) struct StepLoop<'a, E> {
     pub global_batch: usize,
     /// Where to write this worker's weight snapshots at evaluation points, and its rank.
     pub snapshots: Option<(std::path::PathBuf, usize)>,
+    /// Where this worker writes its checkpoints.
+    pub checkpoints: Option<Checkpointer>,
     pub record: Record,
+    /// The first step of this run (after a checkpoint's steps when resumed).
+    first_step: u64,
     /// The step being run, its epoch, its batch and its figures.
     step: u64,
     epoch: u64,
@@ -128,7 +180,9 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             slowdown: 1.0,
             global_batch: 0,
             snapshots: None,
+            checkpoints: None,
             record: Record::new(),
+            first_step: 0,
             step: 0,
             epoch: 0,
             batch: None,
@@ -140,6 +194,10 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
 
     /// Runs `seq` to its end.
     pub fn run(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
+        self.first_step = seq.plan().first_step;
+        if seq.plan().first_step > 0 {
+            self.observer.on_resume(seq.plan().first_step);
+        }
         self.observer.on_start(seq.plan().steps);
         self.record.start = Instant::now();
         loop {
@@ -175,6 +233,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                     epoch_end,
                     last,
                 } => self.evaluate(step, epoch_end, last, seq.plan().steps)?,
+                Action::Checkpoint(step) => self.checkpoint(step)?,
             }
         }
     }
@@ -347,8 +406,27 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             now.wait - before.wait,
             now.optimizer - before.optimizer
         ));
-        let rate = (step + 1) as f64 * self.global_batch as f64 / r.train_seconds().max(1e-9);
+        let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
+            / r.train_seconds().max(1e-9);
         self.observer.on_step(step + 1, steps, &out, rate);
+        Ok(())
+    }
+
+    /// At a checkpoint point: writes this worker's state after `step` (0-based), left out
+    /// of training time.
+    fn checkpoint(&mut self, step: u64) -> Result<(), RunError> {
+        let t = Instant::now();
+        if let Some(c) = &self.checkpoints {
+            c.write(
+                &*self.engine,
+                &self.optimizer,
+                step + 1,
+                &self.record.carry(),
+            )?;
+            self.observer.on_checkpoint(step + 1);
+        }
+        self.record.excluded_seconds += t.elapsed().as_secs_f64();
+        self.span("checkpoint", "checkpoint", t, Instant::now());
         Ok(())
     }
 
@@ -370,7 +448,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             Some(test) => Some(evaluate(&mut *self.engine, test, 256)?),
             None => None,
         };
-        self.record.eval_seconds += t.elapsed().as_secs_f64();
+        self.record.excluded_seconds += t.elapsed().as_secs_f64();
         if let Some(eval) = eval {
             self.record_eval(step, epoch_end, last, steps, trained, eval);
         }

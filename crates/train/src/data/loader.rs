@@ -13,11 +13,13 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Starts prefetching from `start_epoch`, step 0, for `epochs` epochs (`None`: forever).
+    /// Starts prefetching after `start_step` steps (epoch `start_step / steps_per_epoch`, at
+    /// its step `start_step % steps_per_epoch`: where a resumed job left off), up to the end
+    /// of `epochs` epochs counted from that first epoch (`None`: forever).
     pub fn spawn(
         split: Arc<Split>,
         sampler: EpochSampler,
-        start_epoch: u64,
+        start_step: u64,
         epochs: Option<u64>,
         depth: usize,
     ) -> Self {
@@ -25,13 +27,16 @@ impl Loader {
         let handle = std::thread::Builder::new()
             .name("syncopate-loader".into())
             .spawn(move || {
+                let per_epoch = sampler.steps_per_epoch().max(1) as u64;
+                let start_epoch = start_step / per_epoch;
+                let mut first = (start_step % per_epoch) as usize;
                 let mut epoch = start_epoch;
                 loop {
-                    if epochs.is_some_and(|n| epoch >= start_epoch + n) {
+                    if epochs.is_some_and(|n| epoch >= start_epoch.saturating_add(n)) {
                         return;
                     }
                     let perm = sampler.permutation(epoch);
-                    for step in 0..sampler.steps_per_epoch() {
+                    for step in std::mem::take(&mut first)..sampler.steps_per_epoch() {
                         let batch = split.gather(sampler.batch_indices(&perm, step));
                         if tx.send((epoch, step, batch)).is_err() {
                             return; // the consumer has gone
@@ -86,5 +91,29 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 2 * sampler.steps_per_epoch());
+    }
+
+    /// A loader started after k steps yields exactly what an unstarted one yields from its
+    /// k-th batch on (a resumed job sees the batches the uninterrupted one would).
+    #[test]
+    fn a_loader_started_mid_epoch_continues_the_same_sequence() {
+        let split = Arc::new(Split {
+            images: (0..40).map(|i| i as f32).collect(),
+            labels: (0..40).map(|i| i as u8).collect(),
+            shape: [1, 1, 1],
+        });
+        let sampler = EpochSampler::new(40, 4, 0, 2, 9).unwrap();
+        let labels = |start: u64| {
+            let mut l = Loader::spawn(split.clone(), sampler.clone(), start, None, 2);
+            (0..12)
+                .map(|_| l.next_batch().unwrap())
+                .map(|(e, s, b)| (e, s, b.labels))
+                .collect::<Vec<_>>()
+        };
+        let all = labels(0);
+        for start in [1u64, 5, 7] {
+            let skip = start as usize;
+            assert_eq!(labels(start)[..12 - skip], all[skip..]);
+        }
     }
 }

@@ -1,0 +1,316 @@
+//! DLCP's worker and server driven by hand: which packets are lost is chosen by the test.
+
+use super::*;
+use crate::net::SplitMix64;
+use crate::registry::KeyInfo;
+use crate::strategy::{
+    Endpoint, Rank, ServerOptim, ServerSync, StrategyKind, SyncPlan, WorkerEvent, WorkerSync,
+};
+use crate::wire::{FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+
+const LR: f32 = 0.5;
+
+/// Workers and one server of a DLCP job, frames moved by the test.
+struct Cluster {
+    workers: Vec<Box<dyn WorkerSync + Send>>,
+    server: Box<dyn ServerSync + Send>,
+    sizes: Vec<usize>,
+    /// Every frame a worker sent: (worker, header).
+    sent: Vec<(Rank, Header)>,
+}
+
+fn decode(frame: &[u8]) -> Header {
+    let mut raw = [0u8; HEADER_LEN];
+    raw.copy_from_slice(&frame[..HEADER_LEN]);
+    Header::decode(&raw, DEFAULT_MAX_PAYLOAD).expect("a valid header")
+}
+
+fn deliver(to: &mut dyn Endpoint, from: Rank, frame: &[u8]) {
+    let h = decode(frame);
+    let slot = to.recv_slot(from, &h).expect("accepted");
+    crate::wire::f32_bytes_mut(slot).copy_from_slice(&frame[HEADER_LEN..]);
+    to.handle_payload(from, &h).expect("accepted");
+}
+
+fn grad(worker: usize, key: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (1 + i + 10 * key) as f32 * if worker == 0 { 1.0 } else { 0.25 })
+        .collect()
+}
+
+impl Cluster {
+    fn new(workers: usize, sizes: &[usize], opts: DlcpOptions) -> Self {
+        let plan = SyncPlan {
+            slice_params: 64,
+            dlcp: opts,
+            ..SyncPlan::new(StrategyKind::Dlcp, workers, 1)
+        };
+        plan.validate().expect("a valid plan");
+        let keys: Vec<KeyInfo> = sizes
+            .iter()
+            .enumerate()
+            .map(|(layer, &numel)| KeyInfo { numel, layer })
+            .collect();
+        let init = sizes.iter().map(|&n| vec![0.0; n]).collect();
+        let server = plan
+            .server_endpoint(workers, keys.clone(), init, ServerOptim::plain(LR))
+            .expect("a server");
+        let mut workers: Vec<_> = (0..workers)
+            .map(|r| plan.worker_endpoint(r, keys.clone()))
+            .collect();
+        for (r, w) in workers.iter_mut().enumerate() {
+            w.begin_step(0);
+            for key in (0..sizes.len()).rev() {
+                w.handle_gradient(key, &grad(r, key, sizes[key]));
+            }
+            w.handle_backward_done();
+        }
+        Self {
+            workers,
+            server,
+            sizes: sizes.to_vec(),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Moves frames until none moves: each worker's frames in turn (those `lose` picks,
+    /// loss-tolerant only, never arrive), then the server's. Returns how many moved.
+    fn pump(&mut self, lose: &mut dyn FnMut(Rank, &Header) -> bool) -> usize {
+        let n = self.workers.len();
+        let mut moved = 0;
+        loop {
+            let before = moved;
+            for w in 0..n {
+                let mut out = Vec::new();
+                while self.workers[w].poll_transmit(n, &mut out) {
+                    let h = decode(&out);
+                    self.sent.push((w, h));
+                    moved += 1;
+                    if !(h.flags.is_loss_tolerant() && lose(w, &h)) {
+                        deliver(self.server.as_mut(), w, &out);
+                    }
+                    out.clear();
+                }
+            }
+            let links: Vec<Rank> = (0..n).collect();
+            let mut out = Vec::new();
+            while let Some(to) = self.server.poll_transmit_any(&links, &mut out) {
+                deliver(self.workers[to].as_mut(), n, &out);
+                moved += 1;
+                out.clear();
+            }
+            if moved == before {
+                return moved;
+            }
+        }
+    }
+
+    /// Each worker's values after the step (all workers must be done).
+    fn params(&mut self) -> Vec<Vec<Vec<f32>>> {
+        self.workers
+            .iter_mut()
+            .map(|w| {
+                let mut values = vec![Vec::new(); self.sizes.len()];
+                let mut done = false;
+                while let Some(ev) = w.poll_event() {
+                    match ev {
+                        WorkerEvent::ParamsReady(k) => values[k] = w.take_values(k),
+                        WorkerEvent::StepDone => done = true,
+                        WorkerEvent::GradReady(_) => panic!("a parameter-server worker"),
+                    }
+                }
+                assert!(done, "the step is done");
+                values
+            })
+            .collect()
+    }
+}
+
+fn exact(packet: usize) -> DlcpOptions {
+    DlcpOptions {
+        loss_bound: 0.0,
+        packet_elems: packet,
+        ..DlcpOptions::default()
+    }
+}
+
+/// With a loss bound of 0, packets lost at random are found by probes and resent until
+/// every one is in: the result is SGD on the exact mean gradient.
+#[test]
+fn bound_zero_recovers_every_lost_packet_through_probes() {
+    let sizes = [37, 5, 100];
+    for seed in 0..20 {
+        let mut c = Cluster::new(3, &sizes, exact(4));
+        let mut rng = SplitMix64::new(seed);
+        c.pump(&mut |_, _| rng.chance(0.3));
+        let got = c.params();
+        for (key, &n) in sizes.iter().enumerate() {
+            let want: Vec<f32> = (0..n)
+                .map(|i| -LR * (0..3).map(|w| grad(w, key, n)[i]).sum::<f32>() / 3.0)
+                .collect();
+            for w in &got {
+                assert_eq!(w[key], want, "seed {seed} key {key}");
+            }
+        }
+        let stats = c.server.loss_stats().expect("a loss-tolerant server");
+        assert_eq!(stats.entries_filled, 0);
+        assert!(
+            stats.probes_answered > 0,
+            "seed {seed}: losses were probed for"
+        );
+    }
+}
+
+/// A probe is answered with exactly the missing packets, and only those are resent.
+#[test]
+fn a_probe_gets_the_missing_packets_and_only_they_are_resent() {
+    let mut c = Cluster::new(1, &[40], exact(4));
+    let mut lost = vec![];
+    c.pump(&mut |_, h| {
+        let lose = (h.offset == 8 || h.offset == 28) && !lost.contains(&h.offset);
+        if lose {
+            lost.push(h.offset);
+        }
+        lose
+    });
+    assert_eq!(lost, vec![8, 28]);
+    let after_probe: Vec<u32> = c
+        .sent
+        .iter()
+        .skip_while(|(_, h)| h.kind != FrameKind::Probe)
+        .filter(|(_, h)| h.kind == FrameKind::Push)
+        .map(|(_, h)| h.offset)
+        .collect();
+    assert_eq!(after_probe, vec![8, 28]);
+    let stats = c.server.loss_stats().expect("stats");
+    assert_eq!(
+        stats.probes_answered, 1,
+        "the second round's probe finds the share complete"
+    );
+    assert_eq!(
+        c.params()[0][0],
+        (0..40).map(|i| -LR * (1 + i) as f32).collect::<Vec<_>>()
+    );
+}
+
+/// Under a loss bound, a worker's share completes at exactly ceil((1 - p) n) packets; what
+/// never arrived counts as zero (or the sum is rescaled), and packets after the share was
+/// aggregated are ignored, not added.
+#[test]
+fn zero_fill_and_rescale_are_exact_on_a_known_loss_pattern() {
+    for fill in LossFill::ALL {
+        let opts = DlcpOptions {
+            loss_bound: 0.5,
+            packet_elems: 1,
+            fill,
+            ..DlcpOptions::default()
+        };
+        // One key of 8 values, one value a packet: 4 of 8 complete a share. Worker 0 loses
+        // packet 0 and delivers 1..7; worker 1 delivers 0..3, completing the key, so its
+        // packets 4..7 come after the aggregation.
+        let mut c = Cluster::new(2, &[8], opts);
+        c.pump(&mut |w, h| w == 0 && h.offset == 0);
+        let g0 = grad(0, 0, 8);
+        let g1 = grad(1, 0, 8);
+        let want: Vec<f32> = (0..8)
+            .map(|i| {
+                let (a, b) = (i != 0, i < 4);
+                let sum = if a { g0[i] } else { 0.0 } + if b { g1[i] } else { 0.0 };
+                let count = usize::from(a) + usize::from(b);
+                let mean = match fill {
+                    LossFill::Zero => sum / 2.0,
+                    LossFill::Rescale if count > 0 => sum / count as f32,
+                    LossFill::Rescale => 0.0,
+                };
+                -LR * mean
+            })
+            .collect();
+        let got = c.params();
+        assert_eq!(got[0][0], want, "{fill:?}");
+        assert_eq!(got[1][0], want, "{fill:?}");
+        let stats = c.server.loss_stats().expect("stats");
+        assert_eq!((stats.entries, stats.entries_filled), (16, 5), "{fill:?}");
+        assert_eq!(stats.packets_ignored, 4, "worker 1's late packets");
+        assert_eq!(stats.stops, 2);
+        assert_eq!(
+            stats.probes_answered, 0,
+            "probes of complete shares are not answered"
+        );
+    }
+}
+
+/// A duplicated packet is counted once.
+#[test]
+fn a_duplicated_packet_is_counted_once() {
+    let mut c = Cluster::new(1, &[4], exact(2));
+    let mut out = Vec::new();
+    assert!(c.workers[0].poll_transmit(1, &mut out));
+    deliver(c.server.as_mut(), 0, &out);
+    deliver(c.server.as_mut(), 0, &out);
+    c.pump(&mut |_, _| false);
+    assert_eq!(
+        c.params()[0][0],
+        (0..4).map(|i| -LR * (1 + i) as f32).collect::<Vec<_>>()
+    );
+    let stats = c.server.loss_stats().expect("stats");
+    assert_eq!((stats.packets, stats.packets_ignored), (2, 1));
+}
+
+/// The same losses give the same bits.
+#[test]
+fn the_same_seed_gives_the_same_bits() {
+    let opts = DlcpOptions {
+        loss_bound: 0.2,
+        packet_elems: 3,
+        ..DlcpOptions::default()
+    };
+    let run = |seed| {
+        let mut c = Cluster::new(3, &[50, 7, 31], opts);
+        let mut rng = SplitMix64::new(seed);
+        c.pump(&mut |_, _| rng.chance(0.1));
+        (c.params(), c.server.loss_stats())
+    };
+    assert_eq!(run(3), run(3));
+    assert_ne!(run(3), run(4));
+}
+
+/// Packets carry their layer's class and a drop-eligible mark below the median magnitude;
+/// probes and pulls are reliable.
+#[test]
+fn packets_carry_class_marks_and_spraying() {
+    let mut c = Cluster::new(
+        1,
+        &[8, 8],
+        DlcpOptions {
+            packet_elems: 2,
+            ..DlcpOptions::default()
+        },
+    );
+    c.pump(&mut |_, _| false);
+    let pushes: Vec<&Header> = c
+        .sent
+        .iter()
+        .map(|(_, h)| h)
+        .filter(|h| h.kind == FrameKind::Push)
+        .collect();
+    assert_eq!(pushes.len(), 8);
+    for h in &pushes {
+        assert!(h.flags.is_loss_tolerant() && h.flags.is_sprayed());
+        assert_eq!(h.flags.priority_class(), class_of_layer(h.key as usize, 2));
+        // Values rise with the offset: the first half of each key is below its median.
+        assert_eq!(h.flags.is_drop_eligible(), h.offset < 4, "{h:?}");
+    }
+    assert_eq!(pushes[0].key, 0, "the front layer goes first");
+    let off = DlcpOptions {
+        packet_elems: 2,
+        priority: false,
+        spray: false,
+        ..DlcpOptions::default()
+    };
+    let mut c = Cluster::new(1, &[8, 8], off);
+    c.pump(&mut |_, _| false);
+    for (_, h) in &c.sent {
+        assert_eq!(h.flags.priority_class(), 0);
+        assert!(!h.flags.is_drop_eligible() && !h.flags.is_sprayed());
+    }
+}

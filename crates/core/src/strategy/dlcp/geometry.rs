@@ -1,0 +1,193 @@
+//! Where each packet lies: slices cut into packets, numbered within each server's share of
+//! a key (the unit the receiver counts) and within the key (the unit of drop marks).
+
+use crate::registry::TensorRegistry;
+
+/// One packet, located.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketId {
+    /// The slice it belongs to.
+    pub slice: usize,
+    /// Its index within its key's share at the slice's owner.
+    pub in_share: usize,
+    /// Its index within its key (over every server's slices).
+    pub in_key: usize,
+    /// Its first value's position within the share's values (the owned slices of the key
+    /// one after another).
+    pub share_offset: usize,
+    /// First value within the key.
+    pub offset: usize,
+    /// Values carried.
+    pub len: usize,
+}
+
+/// The packets of a registry's slices.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    reg: TensorRegistry,
+    packet: usize,
+    /// Per slice: its first packet's index within its share, and within its key.
+    share_base: Vec<usize>,
+    key_base: Vec<usize>,
+    /// Per slice: its first value's position within its share.
+    share_elem: Vec<usize>,
+    /// Per key and server (`key * servers + server`): packets and values of the share.
+    share_packets: Vec<usize>,
+    share_elems: Vec<usize>,
+    /// Per key: its packets.
+    key_packets: Vec<usize>,
+}
+
+impl Geometry {
+    /// Packets of at most `packet` values (at least 1) cut from every slice of `reg`.
+    pub fn new(reg: TensorRegistry, packet: usize) -> Self {
+        let packet = packet.max(1);
+        let servers = reg.servers().max(1);
+        let keys = reg.keys().len();
+        let slices = reg.slices().len();
+        let mut g = Self {
+            packet,
+            share_base: vec![0; slices],
+            key_base: vec![0; slices],
+            share_elem: vec![0; slices],
+            share_packets: vec![0; keys * servers],
+            share_elems: vec![0; keys * servers],
+            key_packets: vec![0; keys],
+            reg,
+        };
+        for slice in 0..slices {
+            let s = g.reg.slices()[slice];
+            let share = s.key * servers + g.reg.owner(slice).min(servers - 1);
+            let n = s.len.div_ceil(packet);
+            g.share_base[slice] = g.share_packets[share];
+            g.share_elem[slice] = g.share_elems[share];
+            g.key_base[slice] = g.key_packets[s.key];
+            g.share_packets[share] += n;
+            g.share_elems[share] += s.len;
+            g.key_packets[s.key] += n;
+        }
+        g
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &TensorRegistry {
+        &self.reg
+    }
+
+    fn share_index(&self, key: usize, server: usize) -> usize {
+        key * self.reg.servers().max(1) + server
+    }
+
+    /// Packets of `server`'s share of `key` (0 if it owns none of it).
+    pub fn share_packets(&self, key: usize, server: usize) -> usize {
+        let i = self.share_index(key, server);
+        self.share_packets.get(i).copied().unwrap_or(0)
+    }
+
+    /// Values of `server`'s share of `key`.
+    pub fn share_elems(&self, key: usize, server: usize) -> usize {
+        let i = self.share_index(key, server);
+        self.share_elems.get(i).copied().unwrap_or(0)
+    }
+
+    /// Packets of `key`.
+    pub fn key_packets(&self, key: usize) -> usize {
+        self.key_packets.get(key).copied().unwrap_or(0)
+    }
+
+    /// The packets of `slice`, in order.
+    pub fn packets_of(&self, slice: usize) -> impl Iterator<Item = PacketId> + '_ {
+        let s = self.reg.slices()[slice];
+        (0..s.len.div_ceil(self.packet)).map(move |j| self.packet_at(slice, j))
+    }
+
+    fn packet_at(&self, slice: usize, j: usize) -> PacketId {
+        let s = self.reg.slices()[slice];
+        let start = j * self.packet;
+        PacketId {
+            slice,
+            in_share: self.share_base[slice] + j,
+            in_key: self.key_base[slice] + j,
+            share_offset: self.share_elem[slice] + start,
+            offset: s.offset + start,
+            len: self.packet.min(s.len - start),
+        }
+    }
+
+    /// The packet of `key` that starts at `offset` and carries `len` values, if it is one.
+    pub fn locate(&self, key: usize, offset: usize, len: usize) -> Option<PacketId> {
+        let range = self.reg.slices_of(key);
+        let first = self.reg.slices().get(range.start)?;
+        let slice = range.start.checked_add(offset / first.len.max(1))?;
+        let s = self
+            .reg
+            .slices()
+            .get(slice)
+            .filter(|_| range.contains(&slice))?;
+        let start = offset.checked_sub(s.offset)?;
+        if start % self.packet != 0 || start >= s.len {
+            return None;
+        }
+        let id = self.packet_at(slice, start / self.packet);
+        (id.len == len).then_some(id)
+    }
+
+    /// Packet `i` of `server`'s share of `key`.
+    pub fn share_packet(&self, key: usize, server: usize, i: usize) -> Option<PacketId> {
+        self.reg
+            .slices_of(key)
+            .filter(|&s| self.reg.owner(s) == server)
+            .find_map(|slice| {
+                let j = i.checked_sub(self.share_base[slice])?;
+                let n = self.reg.slices()[slice].len.div_ceil(self.packet);
+                (j < n).then(|| self.packet_at(slice, j))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{KeyInfo, Placement};
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn packets_tile_every_share_and_are_found_again(
+            sizes in proptest::collection::vec(1usize..500, 1..6),
+            slice in 1usize..200,
+            packet in 1usize..64,
+            servers in 1usize..4,
+        ) {
+            let keys = sizes.iter().enumerate()
+                .map(|(layer, &numel)| KeyInfo { numel, layer }).collect();
+            let reg = TensorRegistry::new(keys, slice, servers, Placement::SlicesRoundRobin);
+            let g = Geometry::new(reg.clone(), packet);
+            for (key, &numel) in sizes.iter().enumerate() {
+                let mut in_key = 0;
+                let mut shares = vec![(0usize, 0usize); servers];
+                for s in reg.slices_of(key) {
+                    let owner = reg.owner(s);
+                    for p in g.packets_of(s) {
+                        prop_assert_eq!(p.in_key, in_key);
+                        prop_assert_eq!(p.in_share, shares[owner].0);
+                        prop_assert_eq!(p.share_offset, shares[owner].1);
+                        prop_assert_eq!(g.locate(key, p.offset, p.len), Some(p));
+                        prop_assert_eq!(g.share_packet(key, owner, p.in_share), Some(p));
+                        prop_assert!(p.len >= 1 && p.len <= packet);
+                        in_key += 1;
+                        shares[owner].0 += 1;
+                        shares[owner].1 += p.len;
+                    }
+                }
+                prop_assert_eq!(g.key_packets(key), in_key);
+                for (server, &(n, e)) in shares.iter().enumerate() {
+                    prop_assert_eq!(g.share_packets(key, server), n);
+                    prop_assert_eq!(g.share_elems(key, server), e);
+                    prop_assert_eq!(g.share_packet(key, server, n), None);
+                }
+                prop_assert_eq!(g.locate(key, numel, 1), None);
+            }
+        }
+    }
+}

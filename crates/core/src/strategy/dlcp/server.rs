@@ -1,0 +1,421 @@
+//! The DLCP server: counts each worker's packets per key share and step, stops the sender
+//! once the loss bound allows, answers probes with what is missing, and hands complete
+//! shares (lost values filled in) to a P3 server, which sums them in rank order, applies
+//! SGD and answers with the parameters.
+
+use std::collections::VecDeque;
+
+use super::geometry::{Geometry, PacketId};
+use super::tally::{packets_needed, Marked, PacketTally};
+use super::{class_of_layer, DlcpOptions, LossFill, LossStats};
+use crate::strategy::{Endpoint, ProtocolError, PsServer, Rank, ServerSync, Transmit};
+use crate::wire::{encode_data_frame, FrameKind, Header};
+
+/// One key's share at this server: the step being collected and each worker's packets.
+struct Share {
+    step: u64,
+    tallies: Vec<PacketTally>,
+    values: Vec<Option<Vec<f32>>>,
+    complete: usize,
+}
+
+/// A control frame queued for a worker: a Stop, or a Missing and its bitmap.
+struct Control {
+    header: Header,
+    words: Vec<u32>,
+}
+
+/// The server side of `--strategy dlcp`.
+pub struct DlcpServer {
+    inner: PsServer,
+    geo: Geometry,
+    index: usize,
+    workers: usize,
+    opts: DlcpOptions,
+    layers: usize,
+    shares: Vec<Share>,
+    /// One packet's receive buffer per worker link: a packet's values are copied into its
+    /// share only once it is counted, so a lost, late or duplicated one leaves no trace.
+    scratch: Vec<Vec<f32>>,
+    spare: Vec<Vec<f32>>,
+    control: Vec<VecDeque<Control>>,
+    stats: LossStats,
+    /// Per slice: whether it has been handed to the P3 server this step.
+    handed: Vec<bool>,
+    /// Per slice: packets still to come (from all workers) before it is whole.
+    slice_missing: Vec<usize>,
+}
+
+impl DlcpServer {
+    /// Server `index` of the registry `geo` describes, handing complete shares to `inner`.
+    pub fn new(
+        inner: PsServer,
+        geo: Geometry,
+        index: usize,
+        workers: usize,
+        opts: DlcpOptions,
+    ) -> Self {
+        let keys = geo.registry().keys();
+        let layers = keys.iter().map(|k| k.layer + 1).max().unwrap_or(1);
+        let ppm = opts.loss_bound_ppm();
+        let shares = (0..keys.len())
+            .map(|key| {
+                let n = geo.share_packets(key, index);
+                let owned = if n > 0 { workers } else { 0 };
+                Share {
+                    step: 0,
+                    tallies: vec![PacketTally::new(n, packets_needed(n, ppm)); owned],
+                    values: vec![None; owned],
+                    complete: 0,
+                }
+            })
+            .collect();
+        let slices = geo.registry().slices().len();
+        let mut server = Self {
+            inner,
+            index,
+            workers,
+            layers,
+            shares,
+            handed: vec![false; slices],
+            slice_missing: vec![0; slices],
+            scratch: vec![vec![0.0; opts.packet_elems]; workers],
+            spare: Vec::new(),
+            control: (0..workers).map(|_| VecDeque::new()).collect(),
+            stats: LossStats::default(),
+            opts,
+            geo,
+        };
+        for slice in 0..slices {
+            server.slice_missing[slice] = server.slice_packets(slice);
+        }
+        server
+    }
+
+    /// Checks a frame about a key share from `link`; answers whether it is late (of a step
+    /// this server has aggregated already).
+    fn check_share(&self, link: Rank, h: &Header) -> Result<bool, ProtocolError> {
+        if link >= self.workers {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a server accepts frames only from workers",
+            ));
+        }
+        let share = self
+            .shares
+            .get(h.key as usize)
+            .filter(|s| !s.tallies.is_empty())
+            .ok_or_else(|| {
+                ProtocolError::unexpected(link, h, "this server owns no share of the key")
+            })?;
+        if h.step > share.step {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!("step ahead of the share's step {}", share.step),
+            ));
+        }
+        Ok(h.step < share.step)
+    }
+
+    fn check_packet(&self, link: Rank, h: &Header) -> Result<(PacketId, bool), ProtocolError> {
+        if !h.flags.is_loss_tolerant() {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP push must be a loss-tolerant packet",
+            ));
+        }
+        let late = self.check_share(link, h)?;
+        let id = self
+            .geo
+            .locate(h.key as usize, h.offset as usize, h.length as usize)
+            .filter(|id| self.geo.registry().owner(id.slice) == self.index)
+            .ok_or_else(|| {
+                ProtocolError::unexpected(link, h, "not a packet of this server's share")
+            })?;
+        Ok((id, late))
+    }
+
+    fn queue_control(&mut self, link: Rank, kind: FrameKind, step: u64, key: u32, words: Vec<u32>) {
+        let mut header = Header::data(kind, step, key, 0, words.len() as u32);
+        header.sender = (self.workers + self.index) as u32;
+        self.control[link].push_back(Control { header, words });
+    }
+
+    fn handle_packet(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let (id, late) = self.check_packet(link, h)?;
+        let key = h.key as usize;
+        let share = &mut self.shares[key];
+        let marked = if late {
+            Marked::Ignored
+        } else {
+            share.tallies[link].mark(id.in_share)
+        };
+        if marked == Marked::Ignored {
+            self.stats.packets_ignored += 1;
+            return Ok(());
+        }
+        self.stats.packets += 1;
+        let elems = self.geo.share_elems(key, self.index);
+        let spare = &mut self.spare;
+        let values = share.values[link].get_or_insert_with(|| {
+            let mut v = spare.pop().unwrap_or_default();
+            v.clear();
+            v.resize(elems, 0.0);
+            v
+        });
+        values[id.share_offset..id.share_offset + id.len]
+            .copy_from_slice(&self.scratch[link][..id.len]);
+        let completed = marked == Marked::Completed;
+        if completed {
+            share.complete += 1;
+        }
+        let (step, done) = (share.step, share.complete == self.workers);
+        self.slice_missing[id.slice] -= 1;
+        if self.slice_missing[id.slice] == 0 && !done {
+            self.hand_over(id.slice)?;
+        }
+        if completed {
+            self.stats.stops += 1;
+            self.queue_control(link, FrameKind::Stop, step, h.key, Vec::new());
+        }
+        if done {
+            self.aggregate(key)?;
+        }
+        Ok(())
+    }
+
+    fn handle_probe(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let late = self.check_share(link, h)?;
+        if late || self.shares[h.key as usize].tallies[link].is_complete() {
+            return Ok(());
+        }
+        let words = self.shares[h.key as usize].tallies[link].missing_words();
+        self.stats.probes_answered += 1;
+        self.queue_control(link, FrameKind::Missing, h.step, h.key, words);
+        Ok(())
+    }
+
+    /// Every worker's share of `key` is complete: hands each owned slice not yet handed
+    /// over to the P3 server, lost values filled in, and starts the key's next step.
+    fn aggregate(&mut self, key: usize) -> Result<(), ProtocolError> {
+        let slices: Vec<usize> = self
+            .geo
+            .registry()
+            .slices_of(key)
+            .filter(|&s| self.geo.registry().owner(s) == self.index && !self.handed[s])
+            .collect();
+        for slice in slices {
+            self.hand_over(slice)?;
+        }
+        let share = &mut self.shares[key];
+        for v in share.values.iter_mut().filter_map(Option::take) {
+            self.spare.push(v);
+        }
+        share.tallies.iter_mut().for_each(PacketTally::reset);
+        share.complete = 0;
+        share.step += 1;
+        for slice in self.geo.registry().slices_of(key) {
+            self.handed[slice] = false;
+            self.slice_missing[slice] = self.slice_packets(slice);
+        }
+        Ok(())
+    }
+
+    /// Packets of `slice` still to come from all workers before it is whole.
+    fn slice_packets(&self, slice: usize) -> usize {
+        let owned = self.geo.registry().owner(slice) == self.index;
+        if owned {
+            self.geo.packets_of(slice).count() * self.workers
+        } else {
+            0
+        }
+    }
+
+    /// Hands `slice` to the P3 server, worker by worker in rank order (so its sum is the
+    /// same whatever order packets came in), lost values filled in: either every packet of
+    /// every worker is in (the slice goes at once, as in P3), or the key's share is complete.
+    fn hand_over(&mut self, slice: usize) -> Result<(), ProtocolError> {
+        self.handed[slice] = true;
+        let s = self.geo.registry().slices()[slice];
+        let share = &self.shares[s.key];
+        let packets: Vec<PacketId> = self.geo.packets_of(slice).collect();
+        let arrived: Vec<usize> = packets
+            .iter()
+            .map(|p| share.tallies.iter().filter(|t| t.has(p.in_share)).count())
+            .collect();
+        for w in 0..self.workers {
+            let (key, offset, len) = (s.key as u32, s.offset as u32, s.len as u32);
+            let mut h = Header::data(FrameKind::Push, share.step, key, offset, len);
+            h.sender = w as u32;
+            let slot = self.inner.recv_slot(w, &h)?;
+            for (p, &count) in packets.iter().zip(&arrived) {
+                let dest = &mut slot[p.offset - s.offset..][..p.len];
+                self.stats.entries += p.len as u64;
+                let got = share.values[w]
+                    .as_ref()
+                    .filter(|_| share.tallies[w].has(p.in_share));
+                match got {
+                    Some(v) => {
+                        dest.copy_from_slice(&v[p.share_offset..p.share_offset + p.len]);
+                        if self.opts.fill == LossFill::Rescale && count < self.workers {
+                            let factor = self.workers as f32 / count as f32;
+                            dest.iter_mut().for_each(|x| *x *= factor);
+                        }
+                    }
+                    None => {
+                        dest.fill(0.0);
+                        self.stats.entries_filled += p.len as u64;
+                    }
+                }
+            }
+            self.inner.handle_payload(w, &h)?;
+        }
+        Ok(())
+    }
+
+    /// The parameters' header with the priority class of their layer (pulls are reliable).
+    fn classed(&self, mut h: Header) -> Header {
+        if self.opts.priority {
+            let layer = self
+                .geo
+                .registry()
+                .keys()
+                .get(h.key as usize)
+                .map_or(0, |k| k.layer);
+            h.flags = crate::wire::Flags::class(class_of_layer(layer, self.layers));
+        }
+        h
+    }
+
+    fn poll_control(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let link = links
+            .iter()
+            .copied()
+            .find(|&l| self.control.get(l).is_some_and(|q| !q.is_empty()))?;
+        let c = self.control[link].pop_front()?;
+        let words: Vec<f32> = c.words.iter().map(|&w| f32::from_bits(w)).collect();
+        encode_data_frame(out, &c.header, &words);
+        Some(link)
+    }
+}
+
+impl Endpoint for DlcpServer {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        self.poll_transmit_any(&[link], out).is_some()
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        if let Some(link) = self.poll_control(links, out) {
+            return Some(link);
+        }
+        let start = out.len();
+        let link = self.inner.poll_transmit_any(links, out)?;
+        let mut raw = [0u8; crate::wire::HEADER_LEN];
+        raw.copy_from_slice(&out[start..start + crate::wire::HEADER_LEN]);
+        if let Ok(h) = Header::decode(&raw, u32::MAX) {
+            out[start..start + crate::wire::HEADER_LEN].copy_from_slice(&self.classed(h).encode());
+        }
+        Some(link)
+    }
+
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some(link) = self.poll_control(links, out) {
+            return Some(Transmit::Copied(link));
+        }
+        match self.inner.poll_transmit_lent(links, out)? {
+            Transmit::Lent(link, h) => {
+                let h2 = self.classed(h);
+                let start = out.len() - crate::wire::HEADER_LEN;
+                out[start..].copy_from_slice(&h2.encode());
+                Some(Transmit::Lent(link, h2))
+            }
+            copied => Some(copied),
+        }
+    }
+
+    fn lent_payload(&self, header: &Header) -> &[f32] {
+        self.inner.lent_payload(header)
+    }
+
+    fn handle_sent(&mut self, link: Rank, header: &Header) {
+        self.inner.handle_sent(link, header)
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        match h.kind {
+            FrameKind::Push => {
+                let (id, _) = self.check_packet(link, h)?;
+                Ok(&mut self.scratch[link][..id.len])
+            }
+            FrameKind::Probe => {
+                self.check_share(link, h)?;
+                Ok(&mut [])
+            }
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP server expects packets and probes",
+            )),
+        }
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        match h.kind {
+            FrameKind::Push => self.handle_packet(link, h),
+            FrameKind::Probe => self.handle_probe(link, h),
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP server expects packets and probes",
+            )),
+        }
+    }
+}
+
+impl ServerSync for DlcpServer {
+    fn state(&self) -> (&[Vec<f32>], &[Vec<f32>]) {
+        self.inner.state()
+    }
+
+    fn restore(
+        &mut self,
+        params: Vec<Vec<f32>>,
+        velocity: Vec<Vec<f32>>,
+        first_step: u64,
+    ) -> Result<(), String> {
+        self.inner.restore(params, velocity, first_step)?;
+        self.shares.iter_mut().for_each(|s| s.step = first_step);
+        Ok(())
+    }
+
+    fn poll_step_complete(&mut self) -> Option<u64> {
+        self.inner.poll_step_complete()
+    }
+
+    fn values(&self, key: usize) -> &[f32] {
+        self.inner.values(key)
+    }
+
+    fn updates(&self) -> u64 {
+        self.inner.updates()
+    }
+
+    fn peak_early_values(&self) -> usize {
+        self.inner.peak_early_values()
+    }
+
+    fn latest_step(&self) -> u64 {
+        self.inner.latest_step()
+    }
+
+    fn has_pending_replies(&self) -> bool {
+        self.inner.has_pending_replies() || self.control.iter().any(|q| !q.is_empty())
+    }
+
+    fn loss_stats(&self) -> Option<LossStats> {
+        Some(self.stats)
+    }
+}

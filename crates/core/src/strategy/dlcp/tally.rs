@@ -1,0 +1,172 @@
+//! The bounded-loss receiver's count of one sender's packets of one key share and step.
+
+/// Packets needed of `packets` under a loss bound of `bound_ppm` parts per million:
+/// `ceil((1 - p) n)`, in exact integer arithmetic.
+pub fn packets_needed(packets: usize, bound_ppm: u64) -> usize {
+    let lost = (packets as u128 * u128::from(bound_ppm.min(1_000_000))) / 1_000_000;
+    packets - lost as usize
+}
+
+/// What marking a packet did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marked {
+    /// Already in (a duplicate) or not a packet of the share: ignore its values.
+    Ignored,
+    /// Counted (before the share completed, or after: values that arrive before the
+    /// share is aggregated are used).
+    Counted,
+    /// Counted, and this packet completed the share.
+    Completed,
+}
+
+/// Which packets of a share arrived, and whether enough have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PacketTally {
+    arrived: Vec<u32>,
+    count: usize,
+    packets: usize,
+    needed: usize,
+}
+
+impl PacketTally {
+    /// A share of `packets` packets of which `needed` complete it.
+    pub fn new(packets: usize, needed: usize) -> Self {
+        Self {
+            arrived: vec![0; packets.div_ceil(32)],
+            count: 0,
+            packets,
+            needed: needed.min(packets),
+        }
+    }
+
+    /// Whether enough packets are in.
+    pub fn is_complete(&self) -> bool {
+        self.count >= self.needed
+    }
+
+    /// Whether packet `i` is in.
+    pub fn has(&self, i: usize) -> bool {
+        self.arrived
+            .get(i / 32)
+            .is_some_and(|w| w & (1 << (i % 32)) != 0)
+    }
+
+    /// Packet `i` arrived.
+    pub fn mark(&mut self, i: usize) -> Marked {
+        if i >= self.packets || self.has(i) {
+            return Marked::Ignored;
+        }
+        self.arrived[i / 32] |= 1 << (i % 32);
+        self.count += 1;
+        if self.count == self.needed {
+            Marked::Completed
+        } else {
+            Marked::Counted
+        }
+    }
+
+    /// The missing packets, one bit each (bit `i % 32` of word `i / 32`), as a Missing
+    /// frame carries them.
+    pub fn missing_words(&self) -> Vec<u32> {
+        let mut words: Vec<u32> = self.arrived.iter().map(|w| !w).collect();
+        let tail = self.packets % 32;
+        if let (Some(last), true) = (words.last_mut(), tail != 0) {
+            *last &= (1u32 << tail) - 1;
+        }
+        words
+    }
+
+    /// Starts over for the next step.
+    pub fn reset(&mut self) {
+        self.arrived.fill(0);
+        self.count = 0;
+    }
+}
+
+/// The packet indices whose bits are set in `words`, refusing bits at or past `packets`.
+pub fn indices_of(words: &[u32], packets: usize) -> Result<Vec<usize>, String> {
+    if words.len() != packets.div_ceil(32) {
+        return Err(format!(
+            "a bitmap of {} words for {packets} packets",
+            words.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for (w, &word) in words.iter().enumerate() {
+        for bit in 0..32 {
+            if word & (1 << bit) != 0 {
+                let i = w * 32 + bit;
+                if i >= packets {
+                    return Err(format!("packet {i} of a share of {packets}"));
+                }
+                out.push(i);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn needed_is_the_ceiling_of_the_kept_fraction() {
+        assert_eq!(packets_needed(100, 10_000), 99);
+        assert_eq!(packets_needed(24, 10_000), 24);
+        assert_eq!(packets_needed(24, 50_000), 23);
+        assert_eq!(packets_needed(7, 0), 7);
+        assert_eq!(packets_needed(1, 500_000), 1);
+        assert_eq!(packets_needed(2, 500_000), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn completes_at_exactly_the_bound_and_not_before(
+            packets in 1usize..300,
+            ppm in 0u64..=500_000,
+            seed in any::<u64>(),
+        ) {
+            let needed = packets_needed(packets, ppm);
+            let p = ppm as f64 / 1e6;
+            prop_assert_eq!(needed as f64, ((1.0 - p) * packets as f64 - 1e-9).ceil().max(0.0));
+            let mut order: Vec<usize> = (0..packets).collect();
+            let mut rng = crate::net::SplitMix64::new(seed);
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let mut t = PacketTally::new(packets, needed);
+            for (n, &i) in order.iter().enumerate() {
+                prop_assert_eq!(t.is_complete(), n >= needed);
+                let m = t.mark(i);
+                prop_assert_eq!(m, if n + 1 == needed { Marked::Completed } else { Marked::Counted });
+                prop_assert_eq!(t.mark(i), Marked::Ignored);
+            }
+            prop_assert!(t.is_complete());
+        }
+
+        #[test]
+        fn the_missing_bitmap_names_exactly_what_did_not_arrive(
+            arrived in proptest::collection::vec(any::<bool>(), 1..200),
+        ) {
+            let packets = arrived.len();
+            let mut t = PacketTally::new(packets, packets);
+            for (i, &a) in arrived.iter().enumerate() {
+                if a {
+                    t.mark(i);
+                }
+            }
+            let missing = indices_of(&t.missing_words(), packets).unwrap();
+            let want: Vec<usize> = (0..packets).filter(|&i| !arrived[i]).collect();
+            prop_assert_eq!(missing, want);
+        }
+    }
+
+    #[test]
+    fn bitmaps_out_of_range_are_refused() {
+        assert!(indices_of(&[1 << 5], 5).is_err());
+        assert!(indices_of(&[0, 0], 5).is_err());
+        assert_eq!(indices_of(&[0b10001], 5), Ok(vec![0, 4]));
+    }
+}

@@ -1,0 +1,360 @@
+//! The DLCP worker: a P3 worker whose slices go out as loss-tolerant packets, most urgent
+//! layer first, each share followed by a probe until its server says Stop.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use super::geometry::{Geometry, PacketId};
+use super::tally::indices_of;
+use super::{class_of_layer, drop_eligible, DlcpOptions};
+use crate::strategy::{Endpoint, ProtocolError, PsWorker, Rank, Transmit, WorkerEvent, WorkerSync};
+use crate::wire::{Flags, FrameKind, Header};
+
+/// What this worker still has to do for one server's share of one key this step.
+#[derive(Debug, Default)]
+struct SendShare {
+    queue: VecDeque<PacketId>,
+    stopped: bool,
+    probing: bool,
+}
+
+/// The worker side of `--strategy dlcp`.
+pub struct DlcpWorker {
+    inner: PsWorker,
+    geo: Geometry,
+    rank: Rank,
+    workers: usize,
+    servers: usize,
+    opts: DlcpOptions,
+    layers: usize,
+    step: u64,
+    sequence: u64,
+    /// Per key and server (`key * servers + server`).
+    shares: Vec<SendShare>,
+    /// Per server: the shares with a packet or a probe to send, by (layer, key).
+    active: Vec<BTreeSet<(usize, usize)>>,
+    /// Per key: which of its packets are drop-eligible this step.
+    marks: Vec<Vec<bool>>,
+    /// Per server link: a Missing frame's bitmap as it arrives.
+    bitmap: Vec<Vec<f32>>,
+    drained: Vec<u8>,
+}
+
+impl DlcpWorker {
+    /// Worker `rank` of `workers`, wrapping the P3 worker `inner` whose registry `geo` cuts.
+    pub fn new(
+        inner: PsWorker,
+        geo: Geometry,
+        rank: Rank,
+        workers: usize,
+        opts: DlcpOptions,
+    ) -> Self {
+        let keys = geo.registry().keys().len();
+        let servers = geo.registry().servers().max(1);
+        let layers = geo
+            .registry()
+            .keys()
+            .iter()
+            .map(|k| k.layer + 1)
+            .max()
+            .unwrap_or(1);
+        Self {
+            inner,
+            rank,
+            workers,
+            servers,
+            opts,
+            layers,
+            step: 0,
+            sequence: 0,
+            shares: (0..keys * servers).map(|_| SendShare::default()).collect(),
+            active: vec![BTreeSet::new(); servers],
+            marks: vec![Vec::new(); keys],
+            bitmap: vec![Vec::new(); servers],
+            drained: Vec::new(),
+            geo,
+        }
+    }
+
+    fn server_of(&self, link: Rank) -> Option<usize> {
+        link.checked_sub(self.workers).filter(|&s| s < self.servers)
+    }
+
+    fn layer(&self, key: usize) -> usize {
+        self.geo.registry().keys().get(key).map_or(0, |k| k.layer)
+    }
+
+    fn class(&self, key: usize) -> u8 {
+        if self.opts.priority {
+            class_of_layer(self.layer(key), self.layers)
+        } else {
+            0
+        }
+    }
+
+    /// Takes every slice the P3 worker has released and queues its packets.
+    fn drain(&mut self) {
+        let links: Vec<Rank> = (self.workers..self.workers + self.servers).collect();
+        loop {
+            self.drained.clear();
+            let h = match self.inner.poll_transmit_lent(&links, &mut self.drained) {
+                Some(Transmit::Lent(_, h)) => h,
+                Some(Transmit::Copied(_)) => {
+                    let mut raw = [0u8; crate::wire::HEADER_LEN];
+                    raw.copy_from_slice(&self.drained[..crate::wire::HEADER_LEN]);
+                    match Header::decode(&raw, u32::MAX) {
+                        Ok(h) => h,
+                        Err(_) => continue,
+                    }
+                }
+                None => return,
+            };
+            let reg = self.geo.registry();
+            let Some(slice) = reg.find_slice(h.key as usize, h.offset as usize, h.length as usize)
+            else {
+                continue;
+            };
+            let server = reg.owner(slice);
+            let key = h.key as usize;
+            let packets: Vec<PacketId> = self.geo.packets_of(slice).collect();
+            let share = &mut self.shares[key * self.servers + server];
+            share.queue.extend(packets);
+            if !share.stopped {
+                let layer = self.layer(key);
+                self.active[server].insert((layer, key));
+            }
+        }
+    }
+
+    /// The server among `links` whose most urgent share comes first.
+    fn most_urgent(&self, links: &[Rank]) -> Option<usize> {
+        links
+            .iter()
+            .filter_map(|&l| self.server_of(l))
+            .filter_map(|s| self.active[s].first().map(|&first| (first, s)))
+            .min()
+            .map(|(_, s)| s)
+    }
+
+    /// The next frame of `server`'s most urgent share: a packet, or the probe after its last.
+    fn next_frame(&mut self, server: usize) -> Option<Header> {
+        let &(layer, key) = self.active[server].first()?;
+        let class = self.class(key);
+        let share = &mut self.shares[key * self.servers + server];
+        let h = match share.queue.pop_front() {
+            Some(p) => {
+                let mut h = Header::data(
+                    FrameKind::Push,
+                    self.step,
+                    key as u32,
+                    p.offset as u32,
+                    p.len as u32,
+                );
+                let marked =
+                    self.opts.priority && self.marks[key].get(p.in_key).copied().unwrap_or(false);
+                h.flags = Flags::class(class)
+                    .loss_tolerant()
+                    .drop_eligible_if(marked)
+                    .spray_if(self.opts.spray);
+                h
+            }
+            None => {
+                share.probing = true;
+                self.active[server].remove(&(layer, key));
+                let mut h = Header::data(FrameKind::Probe, self.step, key as u32, 0, 0);
+                h.flags = Flags::class(class);
+                h
+            }
+        };
+        let mut h = h;
+        h.priority = layer as i32;
+        h.sequence = self.sequence;
+        h.sender = self.rank as u32;
+        self.sequence += 1;
+        Some(h)
+    }
+
+    fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        let server = self.server_of(link).ok_or_else(|| {
+            ProtocolError::unexpected(link, h, "a worker accepts frames only from servers")
+        })?;
+        if self.geo.share_packets(h.key as usize, server) == 0 {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "that server owns no share of the key",
+            ));
+        }
+        if h.step > self.step {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!("step ahead (this worker is at step {})", self.step),
+            ));
+        }
+        Ok(server)
+    }
+
+    fn handle_stop(&mut self, server: usize, h: &Header) {
+        let key = h.key as usize;
+        let layer = self.layer(key);
+        let share = &mut self.shares[key * self.servers + server];
+        share.stopped = true;
+        share.queue.clear();
+        self.active[server].remove(&(layer, key));
+    }
+
+    fn handle_missing(
+        &mut self,
+        link: Rank,
+        server: usize,
+        h: &Header,
+    ) -> Result<(), ProtocolError> {
+        let key = h.key as usize;
+        let packets = self.geo.share_packets(key, server);
+        let words: Vec<u32> = self.bitmap[server].iter().map(|w| w.to_bits()).collect();
+        let missing =
+            indices_of(&words, packets).map_err(|e| ProtocolError::unexpected(link, h, &e))?;
+        let layer = self.layer(key);
+        let share = &mut self.shares[key * self.servers + server];
+        if share.stopped || !share.probing {
+            return Ok(());
+        }
+        share.probing = false;
+        share.queue.extend(
+            missing
+                .into_iter()
+                .filter_map(|i| self.geo.share_packet(key, server, i)),
+        );
+        self.active[server].insert((layer, key));
+        Ok(())
+    }
+}
+
+impl WorkerSync for DlcpWorker {
+    fn start_at(&mut self, step: u64) {
+        self.inner.start_at(step);
+        self.step = step;
+    }
+
+    fn begin_step(&mut self, step: u64) {
+        self.inner.begin_step(step);
+        self.step = step;
+        for s in &mut self.shares {
+            s.queue.clear();
+            s.stopped = false;
+            s.probing = false;
+        }
+        self.active.iter_mut().for_each(BTreeSet::clear);
+    }
+
+    fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
+        if self.opts.priority && self.opts.drop_quantile > 0.0 {
+            let reg = self.geo.registry();
+            let means: Vec<f32> = reg
+                .slices_of(key)
+                .flat_map(|s| self.geo.packets_of(s))
+                .map(|p| {
+                    let v = grad.get(p.offset..p.offset + p.len).unwrap_or_default();
+                    v.iter().map(|x| x.abs()).sum::<f32>() / v.len().max(1) as f32
+                })
+                .collect();
+            self.marks[key] = drop_eligible(&means, self.opts.drop_quantile);
+        }
+        self.inner.handle_gradient(key, grad);
+        self.drain();
+    }
+
+    fn handle_backward_done(&mut self) {
+        self.inner.handle_backward_done();
+        self.drain();
+    }
+
+    fn poll_event(&mut self) -> Option<WorkerEvent> {
+        self.inner.poll_event()
+    }
+
+    fn take_values(&mut self, key: usize) -> Vec<f32> {
+        self.inner.take_values(key)
+    }
+}
+
+impl Endpoint for DlcpWorker {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        self.poll_transmit_any(&[link], out).is_some()
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let server = self.most_urgent(links)?;
+        let h = self.next_frame(server)?;
+        crate::wire::encode_data_frame(out, &h, self.inner.lent_payload(&h));
+        Some(self.workers + server)
+    }
+
+    // A packet's values stay unchanged until the next step's backward, which starts only
+    // after every share has been stopped and answered.
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        let server = self.most_urgent(links)?;
+        let h = self.next_frame(server)?;
+        out.extend_from_slice(&h.encode());
+        Some(Transmit::Lent(self.workers + server, h))
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        match h.kind {
+            FrameKind::Push => self.inner.lent_payload(h),
+            _ => &[],
+        }
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        match h.kind {
+            FrameKind::Params => self.inner.recv_slot(link, h),
+            FrameKind::Stop => {
+                self.check(link, h)?;
+                Ok(&mut [])
+            }
+            FrameKind::Missing => {
+                let server = self.check(link, h)?;
+                let words = self.geo.share_packets(h.key as usize, server).div_ceil(32);
+                if h.length as usize != words {
+                    return Err(ProtocolError::unexpected(
+                        link,
+                        h,
+                        "a bitmap of the wrong size",
+                    ));
+                }
+                let buf = &mut self.bitmap[server];
+                buf.resize(words, 0.0);
+                Ok(buf.as_mut_slice())
+            }
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP worker expects parameters, stops and bitmaps",
+            )),
+        }
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        match h.kind {
+            FrameKind::Params => self.inner.handle_payload(link, h),
+            FrameKind::Stop | FrameKind::Missing => {
+                let server = self.check(link, h)?;
+                if h.step < self.step {
+                    return Ok(());
+                }
+                if h.kind == FrameKind::Stop {
+                    self.handle_stop(server, h);
+                    Ok(())
+                } else {
+                    self.handle_missing(link, server, h)
+                }
+            }
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP worker expects parameters, stops and bitmaps",
+            )),
+        }
+    }
+}
