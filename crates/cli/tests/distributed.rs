@@ -948,39 +948,45 @@ fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_traini
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps) = (8usize, 20u64);
     let want = single_process_weights(dir.path(), batch * 2, steps);
-    let out = dir.path().join("dlcp.safetensors");
-    let summary = dir.path().join("dlcp.json");
-    run_ok(
-        Command::new(EXE)
-            .arg("launch")
-            .args(["--strategy", "dlcp", "--workers", "2", "--servers", "1"])
-            .args(train_flags(batch, steps))
-            .args(["--loss-bound", "0", "--packet-bytes", "1KiB"])
-            .args(["--loss", "5%", "--rto", "20ms"])
-            .arg("--save")
-            .arg(&out)
-            .arg("--summary-json")
-            .arg(&summary),
-    );
-    assert_same_weights(&read_weights(&out), &want, "dlcp under loss, bound 0");
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
-    let lost = json["frames_lost"].as_u64().unwrap();
-    let retransmitted = json["frames_retransmitted"].as_u64().unwrap();
-    assert!(lost > 0, "the network lost nothing: {json}");
-    assert!(
-        retransmitted < lost,
-        "packets are not retransmitted by the network: {json}"
-    );
-    assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
-    assert!(
-        json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
-        "{json}"
-    );
-    assert_eq!(
-        json["exact"], false,
-        "dlcp is approximate unless its bound is 0"
-    );
+    // Losses at the sender's egress (never written), then also at the server's ingress
+    // (read, tag checked, thrown away) with frame MACs on.
+    let variants: [&[&str]; 2] = [&[], &["--ingress", "--frame-mac"]];
+    for (i, extra) in variants.into_iter().enumerate() {
+        let out = dir.path().join(format!("dlcp-{i}.safetensors"));
+        let summary = dir.path().join(format!("dlcp-{i}.json"));
+        run_ok(
+            Command::new(EXE)
+                .arg("launch")
+                .args(["--strategy", "dlcp", "--workers", "2", "--servers", "1"])
+                .args(train_flags(batch, steps))
+                .args(["--loss-bound", "0", "--packet-bytes", "1KiB"])
+                .args(["--loss", "5%", "--rto", "20ms"])
+                .args(extra)
+                .arg("--save")
+                .arg(&out)
+                .arg("--summary-json")
+                .arg(&summary),
+        );
+        assert_same_weights(&read_weights(&out), &want, &format!("dlcp {extra:?}"));
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+        let lost = json["frames_lost"].as_u64().unwrap();
+        let retransmitted = json["frames_retransmitted"].as_u64().unwrap();
+        assert!(lost > 0, "the network lost nothing: {json}");
+        assert!(
+            retransmitted < lost,
+            "packets are not retransmitted: {json}"
+        );
+        assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
+        assert!(
+            json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
+            "{json}"
+        );
+        assert_eq!(
+            json["exact"], false,
+            "dlcp is approximate unless its bound is 0"
+        );
+    }
 }
 
 /// DLCP's flags are refused with another strategy, and out of range, naming the flag.
