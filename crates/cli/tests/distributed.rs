@@ -246,6 +246,76 @@ fn frame_macs_leave_training_exact() {
     }
 }
 
+/// `--autotune` changes the credit while the job runs: the weights stay exact (the credit
+/// orders frames, never changes values), and what the tuner measured and chose is in the
+/// summary, in config.toml and on stdout. Without the credit scheduler it is refused.
+#[test]
+fn an_autotuned_credit_keeps_training_exact_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps, workers) = (8usize, 20u64, 2usize);
+    let want = single_process_weights(dir.path(), batch * workers, steps);
+    let out = dir.path().join("tuned.safetensors");
+    let metrics = dir.path().join("metrics");
+    let summary = dir.path().join("summary.json");
+    let text = run_ok(
+        launch("p3", workers, 2)
+            .args([
+                "--scheduler",
+                "credit",
+                "--credit-bytes",
+                "200KB",
+                "--autotune",
+            ])
+            .args(train_flags(batch, steps))
+            .arg("--save")
+            .arg(&out)
+            .arg("--metrics-dir")
+            .arg(&metrics)
+            .arg("--summary-json")
+            .arg(&summary),
+    );
+    assert_same_weights(&read_weights(&out), &want, "p3 with an autotuned credit");
+    assert!(text.contains("autotune: credit"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let tune = &json["worker0"]["autotune"];
+    let trials = tune["trials"].as_array().unwrap();
+    assert!(trials.len() >= 2, "{tune}");
+    assert_eq!(
+        trials[0]["credit_bytes"], 200_000,
+        "the search starts at --credit-bytes"
+    );
+    let config = std::fs::read_to_string(metrics.join("config.toml")).unwrap();
+    let parsed: toml::Value = toml::from_str(&config).unwrap();
+    assert_eq!(
+        parsed["autotune"]["chosen"]["credit_bytes"].as_integer(),
+        tune["chosen"]["credit_bytes"].as_i64(),
+        "{config}"
+    );
+    assert_eq!(parsed["sync"]["credit_bytes"].as_integer(), Some(200_000));
+
+    let refused = Command::new(EXE)
+        .args([
+            "launch",
+            "--strategy",
+            "p3",
+            "--workers",
+            "2",
+            "--servers",
+            "1",
+            "--autotune",
+        ])
+        .args(train_flags(batch, 2))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("--autotune") && err.contains("credit"),
+        "{err}"
+    );
+}
+
 /// Processes that disagree about frame MACs are refused at the rendezvous, naming the flag.
 #[test]
 fn processes_must_agree_on_frame_macs() {

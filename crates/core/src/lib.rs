@@ -14,6 +14,7 @@ pub mod registry;
 pub mod sched;
 pub mod step;
 pub mod strategy;
+pub mod tune;
 pub mod wire;
 
 pub use optim::{LrSchedule, Sgd, SgdConfig};

@@ -30,12 +30,20 @@
 //!
 //! A resumed job starts at [`StepPlan::first_step`] (the steps its checkpoint holds).
 //!
+//! With a tuner ([`StepPlan::tune`], `--autotune`) the driver reports the time of every
+//! [`Action::StepEnd`] with [`StepSequencer::handle_step_end`]; the time between two step
+//! ends feeds the [`CreditTuner`] (intervals with an evaluation or a checkpoint in them are
+//! left out), and when it changes the settings the next step starts with
+//! [`Action::Retune`], which the driver hands to the strategy's
+//! [`crate::strategy::WorkerSync::retune`].
+//!
 //! After the last step the sequencer waits for every outstanding value, then answers
 //! [`Action::Finished`] for good.
 
 use std::ops::Range;
 
 use crate::strategy::{StrategyKind, WorkerEvent};
+use crate::tune::{CreditTuner, Knobs, TuneSpec};
 
 /// Where a worker's optimizer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +213,8 @@ pub struct StepPlan {
     pub checkpoint: CheckpointSchedule,
     /// The step to start from: 0, or the steps a resumed job's checkpoint holds.
     pub first_step: u64,
+    /// The online search of the worker-local settings (`--autotune`), if any.
+    pub tune: Option<TuneSpec>,
 }
 
 impl StepPlan {
@@ -219,7 +229,14 @@ impl StepPlan {
             eval: EvalSchedule::default(),
             checkpoint: CheckpointSchedule::default(),
             first_step: 0,
+            tune: None,
         }
+    }
+
+    /// The same plan with the settings searched online as `tune` says.
+    pub fn with_tuning(mut self, tune: Option<TuneSpec>) -> Self {
+        self.tune = tune;
+        self
     }
 
     /// The same plan with checkpoints at `checkpoint`'s points.
@@ -276,6 +293,8 @@ pub enum Action {
     },
     /// Every value of this step (0-based) is in: write this process's checkpoint.
     Checkpoint(u64),
+    /// The tuner changed the worker-local settings: hand them to the strategy.
+    Retune(Knobs),
     /// Nothing until a strategy event arrives or the computation finishes.
     Wait,
     /// Every step has run and every value is in.
@@ -314,6 +333,11 @@ pub struct StepSequencer {
     /// Whether the step last begun has reported StepDone.
     step_done: bool,
     steps_done: u64,
+    tuner: Option<CreditTuner>,
+    /// When the last step ended (driver's nanoseconds), unless an evaluation or a
+    /// checkpoint came after it.
+    last_step_end: Option<u64>,
+    retune: Option<Knobs>,
 }
 
 impl StepSequencer {
@@ -322,13 +346,33 @@ impl StepSequencer {
         let keys = plan.layer_keys.iter().map(|r| r.end).max().unwrap_or(0);
         Self {
             step: plan.first_step,
-            plan,
             phase: Phase::Start,
             busy: false,
             have: vec![true; keys],
             missing: 0,
             step_done: true,
             steps_done: 0,
+            tuner: plan.tune.map(CreditTuner::new),
+            last_step_end: None,
+            retune: None,
+            plan,
+        }
+    }
+
+    /// The tuner, with what it measured and chose (`None` without `--autotune`).
+    pub fn tuner(&self) -> Option<&CreditTuner> {
+        self.tuner.as_ref()
+    }
+
+    /// The driver finished [`Action::StepEnd`] at `now_ns` on its clock.
+    pub fn handle_step_end(&mut self, now_ns: u64) {
+        let last = self.last_step_end.replace(now_ns);
+        let (Some(tuner), Some(last)) = (self.tuner.as_mut(), last) else {
+            return;
+        };
+        let seconds = now_ns.saturating_sub(last) as f64 / 1e9;
+        if let Some(knobs) = tuner.handle_step(seconds) {
+            self.retune = Some(knobs);
         }
     }
 
@@ -439,6 +483,9 @@ impl StepSequencer {
         match self.phase {
             Phase::Start if self.step == self.plan.steps => self.phase = Phase::Drain,
             Phase::Start => {
+                if let Some(knobs) = self.retune.take() {
+                    return Some(Action::Retune(knobs));
+                }
                 self.phase = Phase::BeginBeforeForward;
                 return Some(Action::LoadBatch(self.step));
             }
@@ -518,6 +565,7 @@ impl StepSequencer {
             Phase::AwaitAll => {
                 let step = self.step;
                 self.phase = Phase::Checkpoint;
+                self.last_step_end = None;
                 if self.plan.eval.due(step, self.plan.steps) {
                     return Some(Action::Evaluate {
                         step,
@@ -838,5 +886,72 @@ mod tests {
                 prop_assert_eq!(count(&|a| matches!(a, Action::StepEnd(_))), steps);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tuning_tests {
+    use super::*;
+
+    /// Runs one step to its end with every event in at once; returns the actions.
+    fn one_step(s: &mut StepSequencer) -> Vec<Action> {
+        let mut out = Vec::new();
+        loop {
+            let a = s.poll_action();
+            match a {
+                Action::Forward(_) | Action::Backward(_) => s.compute_done(),
+                Action::BackwardDone => s.handle_event(WorkerEvent::StepDone),
+                Action::Wait | Action::Finished => return out,
+                _ => {}
+            }
+            out.push(a);
+            if matches!(a, Action::StepEnd(_)) {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn step_times_feed_the_tuner_and_its_changes_start_the_next_step() {
+        let spec = TuneSpec::credit(4, 1, 1 << 10);
+        let plan = StepPlan::new(StrategyKind::Allreduce, 40, vec![0..1, 1..2])
+            .with_tuning(Some(spec))
+            .with_eval(EvalSchedule {
+                enabled: true,
+                steps_per_epoch: 1000,
+                every: Some(5),
+            });
+        let mut s = StepSequencer::new(plan);
+        let (mut now, mut credits) = (0u64, vec![4usize]);
+        for _ in 0..40 {
+            let actions = one_step(&mut s);
+            if let Some(i) = actions.iter().position(|a| matches!(a, Action::Retune(_))) {
+                assert!(matches!(actions[i + 1], Action::LoadBatch(_)));
+                if let Action::Retune(k) = actions[i] {
+                    credits.push(k.credit_bytes);
+                }
+            }
+            // Faster with more credit up to 16; evaluations would look slow.
+            let credit = *credits.last().unwrap();
+            now += if credit >= 16 {
+                1_000_000
+            } else {
+                16_000_000 / credit as u64
+            };
+            let evaluates = s.plan().eval.due(s.step(), 40);
+            s.handle_step_end(now);
+            if evaluates {
+                now += 1_000_000_000;
+            }
+        }
+        let tuner = s.tuner().unwrap();
+        assert!(tuner.settled(), "{:?}", tuner.trials());
+        assert_eq!(tuner.knobs().credit_bytes, 16, "{:?}", tuner.trials());
+        assert_eq!(*credits.last().unwrap(), 16);
+        assert!(
+            tuner.trials().iter().all(|t| t.step_seconds < 0.5),
+            "an evaluation counted as a step: {:?}",
+            tuner.trials()
+        );
     }
 }

@@ -56,6 +56,9 @@ pub struct SimConfig {
     /// DLCP's settings (`--strategy dlcp` only), at full size.
     #[serde(default)]
     pub dlcp: DlcpOptions,
+    /// Search the credit online (`--autotune`, credit scheduler only).
+    #[serde(default)]
+    pub autotune: bool,
 }
 
 impl SimConfig {
@@ -85,6 +88,7 @@ impl SimConfig {
             stepwise_head: plan.stepwise_head,
             full_sync_every: plan.full_sync_every,
             dlcp: plan.dlcp,
+            autotune: plan.autotune,
         }
     }
 
@@ -132,6 +136,7 @@ impl SimConfig {
             stepwise_head: self.stepwise_head,
             full_sync_every: self.full_sync_every,
             dlcp: self.dlcp,
+            autotune: self.autotune,
             ..full
         }
         .scaled(self.scale)

@@ -145,7 +145,8 @@ impl<'a> Sim<'a> {
         };
         let (keys, layer_keys) = model_keys(profile, cfg);
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
-        let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec());
+        let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec())
+            .with_tuning(cfg.plan().tune_spec(&keys));
         let hosts = roles(cfg, &keys)?
             .into_iter()
             .enumerate()
@@ -279,6 +280,11 @@ impl<'a> Sim<'a> {
                 match action {
                     Action::Wait | Action::Finished => break,
                     Action::Begin(step) => ep.begin_step(step),
+                    Action::Retune(knobs) => {
+                        ep.retune(knobs);
+                        may_send = true;
+                    }
+                    Action::StepEnd(_) => trainer.handle_step_end(self.now),
                     Action::Forward(layer) | Action::Backward(layer) => {
                         let l = &profile.layers[layer];
                         let backward = matches!(action, Action::Backward(_));
@@ -309,7 +315,6 @@ impl<'a> Sim<'a> {
                     | Action::Loss
                     | Action::OptimizeLayer(_)
                     | Action::Optimize
-                    | Action::StepEnd(_)
                     | Action::Evaluate { .. }
                     | Action::Checkpoint(_) => continue,
                     Action::BackwardDone => ep.handle_backward_done(),
@@ -675,6 +680,11 @@ impl<'a> Sim<'a> {
             frames: self.frames_sent,
             network,
             dlcp,
+            autotune: self
+                .trainers
+                .first()
+                .and_then(|t| t.tuner())
+                .map(|t| t.report()),
             events: self.events,
             trace: self.tracer.into_events(),
         }

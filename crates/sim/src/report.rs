@@ -74,6 +74,9 @@ pub struct SimReport {
     /// What the loss-tolerant servers (dlcp) lost and recovered, summed over the servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dlcp: Option<syncopate_core::strategy::LossStats>,
+    /// What worker 0's tuner measured and chose (`--autotune`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<syncopate_core::tune::TuneReport>,
     /// Events processed.
     pub events: u64,
     /// Trace events of the steps in `config.trace_steps`, in the order they were recorded.

@@ -223,6 +223,48 @@ fn p3_beats_fifo_ps_on_vgg19() {
     }
 }
 
+/// Where a fixed credit leaves the link idle (ResNet-50 at 1 Gbit/s), `--autotune` finds a
+/// credit whose steps are as fast as p3's once its search is over, and reports it.
+#[test]
+fn an_autotuned_credit_runs_as_fast_as_p3_after_its_search() {
+    let profile = ModelProfile::builtin("resnet50").unwrap();
+    let run_with = |scheduler, autotune| {
+        let mut c = config(StrategyKind::P3, 4, 4, GBIT, 10_000);
+        (c.scale, c.steps, c.scheduler, c.autotune) = (1.0 / 16.0, 40, scheduler, autotune);
+        run(&profile, &c)
+    };
+    let p3 = run_with(SchedulerKind::Priority, false);
+    let fixed = run_with(SchedulerKind::Credit, false);
+    let tuned = run_with(SchedulerKind::Credit, true);
+    assert!(p3.autotune.is_none() && fixed.autotune.is_none());
+    let tune = tuned.autotune.as_ref().expect("the tuner's report");
+    let settled = tune
+        .settled_after_steps
+        .expect("the search ends within 40 steps") as usize;
+    let after = &tuned.step_seconds[settled + 1..];
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let p3_step = mean(&p3.step_seconds[settled + 1..]);
+    eprintln!(
+        "p3 {p3_step:.4} s, fixed credit {:.4} s, tuned {:.4} s after step {settled}: {tune:?}",
+        fixed.mean_step_seconds,
+        mean(after)
+    );
+    assert!(
+        fixed.mean_step_seconds > 1.5 * p3.mean_step_seconds,
+        "the test needs a slow credit"
+    );
+    assert!(
+        mean(after) < 1.02 * p3_step,
+        "tuned {} vs p3 {p3_step}",
+        mean(after)
+    );
+    assert!(tune.chosen.credit_bytes > 4 * fixed.config.plan().credit_bytes);
+    assert_eq!(
+        tune.trials[0].credit_bytes,
+        fixed.config.plan().credit_bytes
+    );
+}
+
 #[test]
 fn sixty_four_workers_resnet50_p3() {
     let profile = ModelProfile::builtin("resnet50").unwrap();

@@ -15,6 +15,7 @@ use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{
     Averaged, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
 };
+use syncopate_core::tune::TuneReport;
 use syncopate_runtime::auth::{AuthError, JobToken};
 use syncopate_runtime::checkpoint::CheckpointPlan;
 use syncopate_runtime::comm::CommOptions;
@@ -72,6 +73,13 @@ pub struct JobArgs {
     /// Credit of the credit scheduler: bytes pushed and not yet answered, e.g. 640KB.
     #[arg(long, default_value_t = DEFAULT_CREDIT_BYTES.to_string())]
     pub credit_bytes: String,
+    /// Tune the credit online (--scheduler credit only), as ByteScheduler does: each
+    /// worker measures candidates on a doubling grid from one slice to the whole model,
+    /// starting at --credit-bytes, three steps each (one to settle, two timed), keeps the
+    /// fastest, and searches again when its steps stay 25 % slower for 5 steps. The chosen
+    /// credit and every candidate go to summary.json and config.toml (`[autotune]`).
+    #[arg(long)]
+    pub autotune: bool,
     /// Scale profile models down: every tensor, the bandwidth, slices, buckets, credit and
     /// send window are multiplied by this factor (e.g. 1/16) while compute times stay, so
     /// the communication-to-computation ratio is the full-size model's at --bandwidth.
@@ -229,6 +237,7 @@ impl JobArgs {
             slice_params: self.slice_params.unwrap_or(defaults.slice_params),
             credit_bytes: parse_size(&self.credit_bytes)?,
             bucket_bytes: (self.bucket_mb * 1e6) as usize,
+            autotune: self.autotune,
             ..defaults
         })?;
         self.dlcp.apply(plan)
@@ -743,6 +752,12 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             ),
         }
     }
+    if let Some(tune) = &summary.autotune {
+        println!("{}", describe_tuning(tune, args.scale_factor()?));
+        if let Some(dir) = &args.metrics_dir {
+            record_tuning(dir, tune)?;
+        }
+    }
     if let Some(path) = &args.summary_json {
         let file = JobSummary {
             command: "launch",
@@ -778,6 +793,55 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// One line on what the tuner chose; the state machines ran at `scale`, the line says
+/// full-size bytes as --credit-bytes does.
+fn describe_tuning(tune: &TuneReport, scale: f64) -> String {
+    let best = tune
+        .trials
+        .iter()
+        .filter(|t| t.credit_bytes == tune.chosen.credit_bytes)
+        .map(|t| t.step_seconds)
+        .next_back()
+        .map_or(String::new(), |s| format!(" ({s:.3} s a step)"));
+    format!(
+        "autotune: credit {:.0} bytes (full size){best} after {} candidates{}{}",
+        tune.chosen.credit_bytes as f64 / scale,
+        tune.trials.len(),
+        if tune.settled {
+            ""
+        } else {
+            ", still searching"
+        },
+        match tune.retunes {
+            0 => String::new(),
+            n => format!(", {n} new search(es) after drift"),
+        }
+    )
+}
+
+/// Appends worker 0's tuning outcome to the run's `config.toml` as its `[autotune]` table
+/// (the chosen settings first, then every candidate measured).
+fn record_tuning(dir: &std::path::Path, tune: &TuneReport) -> Result<()> {
+    #[derive(Serialize)]
+    struct Table<'a> {
+        autotune: &'a TuneReport,
+    }
+    let path = dir.join("config.toml");
+    let text = toml::to_string_pretty(&Table { autotune: tune })
+        .context("encoding the autotune outcome")?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    use std::io::Write as _;
+    writeln!(
+        file,
+        "\n# Chosen by worker 0's tuner (--autotune) during the run.\n{text}"
+    )
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `syncopate server`.

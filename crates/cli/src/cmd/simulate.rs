@@ -9,6 +9,7 @@ use clap::Args;
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::StrategyKind;
+use syncopate_core::tune::TuneReport;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
 
@@ -39,6 +40,10 @@ pub struct SimulateArgs {
     /// Scheduler (default: the strategy's, listed with --strategy's values).
     #[arg(long, value_parser = scheduler_parser())]
     pub scheduler: Option<SchedulerKind>,
+    /// Tune the credit online (--scheduler credit only), as `launch --autotune` does; the
+    /// report says what worker 0 chose and the mean step once it settled.
+    #[arg(long)]
+    pub autotune: bool,
     #[command(flatten)]
     pub stepwise: StepwiseArgs,
     #[command(flatten)]
@@ -150,6 +155,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     config.scheduler = k;
                 }
                 config.network = network.clone();
+                config.autotune = args.autotune;
                 config.steps = args.steps;
                 config.batch = args.batch_size;
                 config.jitter = args.jitter;
@@ -204,6 +210,12 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                         net.queueing_ns_max as f64 / 1e3
                     );
                 }
+                if let Some(tune) = &report.autotune {
+                    println!(
+                        "  {}",
+                        describe_tuning(tune, &report.step_seconds, config.scale)
+                    );
+                }
                 if let (Some(path), Some(_)) = (&args.trace, &trace_steps) {
                     std::fs::write(path, chrome_trace_json(&report.trace))
                         .with_context(|| format!("writing {}", path.display()))?;
@@ -220,6 +232,33 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         write_sweep(&args, &profile, &rows, bandwidths.len() > 1)?;
     }
     Ok(())
+}
+
+/// What the tuner chose (in full-size bytes: the state machines run at `scale`), and the
+/// mean step after its last candidate was measured.
+fn describe_tuning(tune: &TuneReport, step_seconds: &[f64], scale: f64) -> String {
+    // The tuner's n-th step time is step n's (the first step has none before it).
+    let after = tune
+        .settled_after_steps
+        .and_then(|n| step_seconds.get(n as usize + 1..))
+        .unwrap_or(&[]);
+    let settled = match after.len() {
+        0 => "no step left after the search".to_string(),
+        n => format!(
+            "{:.4} s a step over the {n} steps after it",
+            after.iter().sum::<f64>() / n as f64
+        ),
+    };
+    format!(
+        "autotune: credit {:.0} bytes (full size) after {} candidates{}; {settled}",
+        tune.chosen.credit_bytes as f64 / scale,
+        tune.trials.len(),
+        if tune.settled {
+            ""
+        } else {
+            " (still searching)"
+        },
+    )
 }
 
 fn write_sweep(

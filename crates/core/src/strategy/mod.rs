@@ -20,7 +20,7 @@
 //! `engine.rs`), as quinn-proto's `Connection` states its own:
 //!
 //! 1. After any `handle_*` call (a gradient, backward done, a payload, a frame sent, a
-//!    timeout) or [`WorkerSync::begin_step`], call the transmit polls
+//!    timeout), [`WorkerSync::begin_step`] or [`WorkerSync::retune`], call the transmit polls
 //!    ([`Endpoint::poll_transmit_lent`] or its kin) until they hand out nothing, on the
 //!    links that have room; a link that gains room later is polled then.
 //! 2. Then read [`Endpoint::poll_timeout`] and arm a timer for it, replacing any earlier one
@@ -56,6 +56,7 @@ pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 pub use traffic::textbook_bytes_per_step;
 
+use crate::tune::Knobs;
 use crate::wire::{Header, WireError};
 
 /// Ranks: workers are `0..workers`, servers are `workers..workers + servers`.
@@ -131,6 +132,11 @@ pub trait WorkerSync: Endpoint {
     /// After [`WorkerEvent::ParamsReady`]: the fresh parameter values of `key`; after
     /// [`WorkerEvent::GradReady`]: the averaged gradient of `key`.
     fn take_values(&mut self, key: usize) -> Vec<f32>;
+    /// The autotuner changed the worker-local settings (see [`crate::tune`]); they apply
+    /// from the next frame on. Endpoints without such settings ignore it.
+    fn retune(&mut self, knobs: Knobs) {
+        let _ = knobs;
+    }
 }
 
 /// The server side of a parameter-server strategy, as the runtime's server process and the

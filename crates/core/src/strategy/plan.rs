@@ -15,6 +15,7 @@ use super::{
 };
 use crate::registry::{KeyInfo, TensorRegistry};
 use crate::sched::SchedulerKind;
+use crate::tune::TuneSpec;
 
 /// A plan that cannot run, or a rank that has no such role in it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +51,9 @@ pub enum PlanError {
     /// A DLCP setting out of range.
     #[error("{0}")]
     Dlcp(String),
+    /// `--autotune` without a scheduler that has anything to tune.
+    #[error("--autotune searches the credit of --scheduler credit; this job's scheduler is {0}")]
+    AutotuneNeedsCredit(&'static str),
 }
 
 /// How a job synchronises: the strategy, the scheduler, the processes and every size the
@@ -88,6 +92,9 @@ pub struct SyncPlan {
     /// DLCP's settings (`--strategy dlcp` only).
     #[serde(default)]
     pub dlcp: DlcpOptions,
+    /// Search the credit online from `credit_bytes` on (`--autotune`, credit scheduler only).
+    #[serde(default)]
+    pub autotune: bool,
 }
 
 fn default_chain_segment() -> usize {
@@ -121,6 +128,7 @@ impl SyncPlan {
             stepwise_head: StepwiseHead::default(),
             full_sync_every: 0,
             dlcp: DlcpOptions::default(),
+            autotune: false,
         }
     }
 
@@ -185,6 +193,9 @@ impl SyncPlan {
         } else if self.dlcp != DlcpOptions::default() {
             return Err(PlanError::DlcpOnly(name));
         }
+        if self.autotune && !self.scheduler.uses_credit() {
+            return Err(PlanError::AutotuneNeedsCredit(self.scheduler.name()));
+        }
         if self.strategy != StrategyKind::Stepwise {
             if self.full_sync_every > 0 {
                 return Err(PlanError::StepwiseOnly("--full-sync-every", name));
@@ -240,7 +251,20 @@ impl SyncPlan {
         if self.scheduler.uses_credit() {
             d.push_str(&format!("/credit={}", self.credit_bytes));
         }
+        if self.autotune {
+            d.push_str("/autotune");
+        }
         d
+    }
+
+    /// The online search a worker of this plan runs over a model with these keys (`None`
+    /// without `--autotune`): the credit from one slice to the whole model, starting at
+    /// `credit_bytes`.
+    pub fn tune_spec(&self, keys: &[KeyInfo]) -> Option<TuneSpec> {
+        let slice_bytes = self.slice_params.min(self.frame_elems).saturating_mul(4);
+        let model_bytes = keys.iter().map(|k| k.numel.saturating_mul(4)).sum();
+        self.autotune
+            .then(|| TuneSpec::credit(self.credit_bytes, slice_bytes, model_bytes))
     }
 
     /// The parameter-server registry of a model with these keys: slices of `slice_params`
@@ -368,6 +392,36 @@ mod tests {
         assert_eq!(ring.bucket_bytes, 25_000_000);
         assert_eq!(ring.credit_bytes, 640_000);
         assert_eq!(ring.sync_descriptor(), "allreduce/fifo/bucket=25000000");
+    }
+
+    #[test]
+    fn autotune_searches_the_credit_from_one_slice_to_the_model() {
+        let mut p = SyncPlan::new(StrategyKind::P3, 2, 1);
+        p.autotune = true;
+        assert_eq!(
+            p.validate(),
+            Err(PlanError::AutotuneNeedsCredit("priority"))
+        );
+        p.scheduler = SchedulerKind::Credit;
+        assert_eq!(p.validate(), Ok(()));
+        assert!(p.sync_descriptor().ends_with("/credit=640000/autotune"));
+        let keys = vec![
+            KeyInfo {
+                numel: 1_000_000,
+                layer: 0,
+            },
+            KeyInfo {
+                numel: 500_000,
+                layer: 1,
+            },
+        ];
+        let spec = p.tune_spec(&keys).unwrap();
+        assert_eq!(
+            (spec.min, spec.start, spec.max),
+            (160_000, 640_000, 6_000_000)
+        );
+        p.autotune = false;
+        assert_eq!(p.tune_spec(&keys), None);
     }
 
     #[test]

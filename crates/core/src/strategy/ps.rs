@@ -17,6 +17,7 @@ use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd, SgdConfig};
 use crate::registry::{Slice, TensorRegistry};
 use crate::sched::{most_urgent, new_scheduler, Pending, Scheduler, SchedulerKind};
+use crate::tune::Knobs;
 use crate::wire::{FrameKind, Header};
 
 fn pending_for(reg: &TensorRegistry, slice: usize, arrival: &mut u64) -> Pending {
@@ -179,6 +180,12 @@ impl PsWorker {
 impl WorkerSync for PsWorker {
     fn start_at(&mut self, step: u64) {
         self.step = step;
+    }
+
+    fn retune(&mut self, knobs: Knobs) {
+        if let Some(credit) = self.credit.as_mut() {
+            *credit = knobs.credit_bytes.max(1);
+        }
     }
 
     fn begin_step(&mut self, step: u64) {

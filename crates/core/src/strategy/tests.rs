@@ -498,6 +498,26 @@ fn credit_bounds_the_bytes_in_flight() {
     assert_eq!(sent, 2, "two 16-byte slices fit a 32-byte credit");
 }
 
+/// A retuned credit applies from the next frame: a larger one lets more slices go at once.
+#[test]
+fn a_retuned_credit_applies_from_the_next_frame() {
+    let reg = TensorRegistry::new(keys(&[40]), 4, 1, Placement::SlicesRoundRobin);
+    let mut worker = PsWorker::new(0, 1, reg, true, SchedulerKind::Credit, 32);
+    worker.begin_step(0);
+    worker.handle_gradient(0, &[1.0; 40]);
+    let mut out = Vec::new();
+    let mut sent = 0;
+    while worker.poll_transmit(1, &mut out) {
+        sent += 1;
+    }
+    assert_eq!(sent, 2);
+    worker.retune(crate::tune::Knobs { credit_bytes: 96 });
+    while worker.poll_transmit(1, &mut out) {
+        sent += 1;
+    }
+    assert_eq!(sent, 6, "six 16-byte slices fit a 96-byte credit");
+}
+
 /// A neighbour may start step 0 and send its first segments before this worker has begun
 /// the step: they are kept, not wiped by `begin_step` (this once hung real jobs).
 #[test]

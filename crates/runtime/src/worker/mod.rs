@@ -11,6 +11,7 @@ use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
+use syncopate_core::tune::{Knobs, TuneReport};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
 use syncopate_train::engine::LayerwiseEngine;
@@ -115,6 +116,9 @@ pub struct WorkerSummary {
     /// What the emulated network did to this worker's frames (sent, and received at its
     /// ingress port), all links together.
     pub network: syncopate_core::net::NetCounters,
+    /// What the tuner measured and chose (`--autotune`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<TuneReport>,
 }
 
 /// One evaluation of the test set during training.
@@ -174,6 +178,7 @@ impl EvalLog {
 
 enum ToComm {
     Begin(u64),
+    Retune(Knobs),
     Gradient(usize, Vec<f32>),
     BackwardDone,
     Finish,
@@ -243,6 +248,7 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
                     ep.handle_gradient(key, &g);
                 }
                 Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
+                Ok(ToComm::Retune(knobs)) => ep.retune(knobs),
                 Ok(ToComm::Finish) => return Ok(Flow::Finish),
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -496,6 +502,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         StepPlan::new(layout.strategy, total, spec.layer_keys())
             .with_eval(eval)
             .with_checkpoints(checkpoints)
+            .with_tuning(layout.tune_spec(&keys))
             .resumed_at(first_step),
     );
     let tracer = ctx
@@ -536,7 +543,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
     let steps_run = total - seq.plan().first_step;
-    Ok(summarise(
+    let mut summary = summarise(
         ctx.rank,
         (total, steps_run),
         plan,
@@ -544,7 +551,9 @@ pub fn run_worker<E: LayerwiseEngine>(
         model_bytes,
         record,
         &counters,
-    ))
+    );
+    summary.autotune = seq.tuner().map(|t| t.report());
+    Ok(summary)
 }
 
 /// Writes the run directory's per-worker files: steps, timeline, evaluations.
@@ -621,6 +630,7 @@ fn summarise(
             sum.add(&c.ingress);
             sum
         }),
+        autotune: None,
     }
 }
 

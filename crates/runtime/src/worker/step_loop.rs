@@ -227,7 +227,11 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                     )))
                 }
                 Action::Optimize => self.optimize()?,
-                Action::StepEnd(step) => self.step_end(step, seq.plan().steps)?,
+                Action::StepEnd(step) => {
+                    self.step_end(step, seq.plan().steps)?;
+                    seq.handle_step_end(self.record.start.elapsed().as_nanos() as u64);
+                }
+                Action::Retune(knobs) => self.comm.send(ToComm::Retune(knobs))?,
                 Action::Evaluate {
                     step,
                     epoch_end,
