@@ -6,9 +6,10 @@
 #   --steps   simulated steps per run (default 40: the search takes 15-25 of them)
 #   --out     where the table goes (default target/autotune-sweep)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's (release).
-# Prints a Markdown table: p3's step time, the fixed credit's and the tuned credit's (over the
-# whole run, search included, and over the steps after the search), each tuned figure as a
-# share of p3's throughput, and the credit chosen (full-size bytes).
+# Prints a Markdown table (python3 reads the reports): p3's step time, the fixed credit's and
+# the tuned credit's (over the whole run, search included, and over the steps after the
+# search, beside p3's over the same steps), each as a share of p3's throughput, the credit
+# chosen (full-size bytes) and the steps the search took. Every report is kept in --out.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -31,31 +32,35 @@ else
 fi
 mkdir -p "$out"
 
-# step seconds of a simulate run's result line (the first line after the header)
-step_of() { awk 'NR == 2 { print $5 }'; }
-
-table="$out/table.md"
-{
-  echo "| model | bandwidth | p3 step | credit (fixed) | credit --autotune, whole run | after the search | credit chosen |"
-  echo "|---|---|---|---|---|---|---|"
-} >"$table"
 for spec in "vgg19:1gbit 2.5gbit 5gbit 10gbit 25gbit" "resnet50:0.5gbit 1gbit 2gbit 5gbit 10gbit"; do
   model=${spec%%:*}
   for bw in ${spec#*:}; do
     echo "autotune-sweep: $model at $bw" >&2
     common=(simulate --model "profile:$model" --workers 4 --servers 4 --bandwidth "$bw" --steps "$steps" --out "$out/runs")
-    p3=$("$syncopate" "${common[@]}" --strategy p3 | step_of)
-    fixed=$("$syncopate" "${common[@]}" --strategy p3 --scheduler credit | step_of)
-    tuned_out=$("$syncopate" "${common[@]}" --strategy p3 --scheduler credit --autotune)
-    tuned=$(echo "$tuned_out" | step_of)
-    line=$(echo "$tuned_out" | grep 'autotune:' || true)
-    chosen=$(echo "$line" | sed -n 's/.*credit \([0-9]*\) bytes.*/\1/p')
-    settled=$(echo "$line" | sed -n 's/.*; \([0-9.]*\) s a step over.*/\1/p')
-    awk -v m="$model" -v bw="$bw" -v p3="$p3" -v f="$fixed" -v t="$tuned" -v s="${settled:-nan}" -v c="${chosen:-?}" 'BEGIN {
-      printf "| %s | %s | %.3f s | %.3f s (%.0f %%) | %.3f s (%.0f %%) | %s | %.2f MB |\n",
-        m, bw, p3, f, 100 * p3 / f, t, 100 * p3 / t,
-        (s == "nan" ? "search not over" : sprintf("%.3f s (%.0f %%)", s, 100 * p3 / s)), c / 1e6
-    }' >>"$table"
+    "$syncopate" "${common[@]}" --strategy p3 --json "$out/$model-$bw-p3.json" >/dev/null
+    "$syncopate" "${common[@]}" --strategy p3 --scheduler credit --json "$out/$model-$bw-credit.json" >/dev/null
+    "$syncopate" "${common[@]}" --strategy p3 --scheduler credit --autotune --json "$out/$model-$bw-autotune.json" >/dev/null
   done
 done
-cat "$table"
+python3 - "$out" <<'PY' | tee "$out/table.md"
+import json, sys
+out = sys.argv[1]
+mean = lambda v: sum(v) / len(v) if v else float("nan")
+print("| model | bandwidth | p3 step | credit (fixed) | credit --autotune, whole run | after the search (p3 over the same steps) | credit chosen | search steps |")
+print("|---|---|---|---|---|---|---|---|")
+for model, bws in [("vgg19", "1gbit 2.5gbit 5gbit 10gbit 25gbit"), ("resnet50", "0.5gbit 1gbit 2gbit 5gbit 10gbit")]:
+    for bw in bws.split():
+        r = {k: json.load(open(f"{out}/{model}-{bw}-{k}.json")) for k in ("p3", "credit", "autotune")}
+        p3, fixed, tuned = (r[k]["mean_step_seconds"] for k in ("p3", "credit", "autotune"))
+        tune = r["autotune"]["autotune"]
+        n = tune["settled_after_steps"]
+        if n is None:
+            after = "search not over"
+        else:
+            # The tuner's n-th step time is step n's; the chosen credit runs from step n + 1.
+            t, p = mean(r["autotune"]["step_seconds"][n + 1:]), mean(r["p3"]["step_seconds"][n + 1:])
+            after = f"{t:.3f} s ({100 * p / t:.0f} %; p3 {p:.3f} s)"
+        chosen = tune["chosen"]["credit_bytes"] / r["autotune"]["config"]["scale"] / 1e6
+        print(f"| {model} | {bw} | {p3:.3f} s | {fixed:.3f} s ({100 * p3 / fixed:.0f} %) | "
+              f"{tuned:.3f} s ({100 * p3 / tuned:.0f} %) | {after} | {chosen:.2f} MB | {n} |")
+PY

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: sets up (scripts/setup.sh, which installs Debian's Fashion-MNIST where it
 # can), builds, then runs the demo study (FIFO parameter server vs P3 vs ring all-reduce vs
-# step-wise averaging, LeNet on Fashion-MNIST with 4 workers behind an emulated 100 Mbit/s
+# step-wise averaging vs DLCP, LeNet on Fashion-MNIST with 4 workers behind an emulated 100 Mbit/s
 # link), printing a comparison table (accuracy, time to 78 %) and the path of its HTML report.
 # Without Fashion-MNIST anywhere (see `syncopate train --help`, --data), it says so and runs
 # the same study on the synthetic set (runs/demo-synthetic/).
