@@ -210,11 +210,8 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
 
 impl JobArgs {
     fn layout(&self) -> Result<JobLayout> {
-        let mut network = self.net.resolve()?;
         let factor = self.scale_factor()?;
-        let scaled = |bytes: usize| ((bytes as f64 * factor).ceil() as usize).max(1);
-        network.bandwidth_bps = network.bandwidth_bps.map(|b| b * factor);
-        network.buffer_bytes = scaled(network.buffer_bytes);
+        let network = self.net.resolve()?.scaled(factor);
         let layout = JobLayout {
             sync: self.sync_plan()?.scaled(factor),
             network,

@@ -9,6 +9,19 @@
 //! or after the drop), at the port that lost it; reliable frames of one flow are handed out
 //! in order, none before the one ahead of it. A loss-tolerant frame is simply lost.
 //!
+//! A full queue drops a reliable frame once: its retransmission is admitted whatever the
+//! queue holds. A frame is the model's unit of loss where TCP loses segments and its
+//! congestion window shrinks so that the retransmission fits; without this rule every
+//! retransmission met the queue the other senders kept full, was dropped again an RTO
+//! later, and the whole incast collapsed (docs/BENCHMARKS.md, issue 13).
+//!
+//! An ingress port holds one frame per flow at a time, as a receiver reads one frame of a
+//! connection before the next (the runtime's reader does exactly that): later frames of the
+//! flow wait outside the queue, where TCP's flow control keeps them (in the sender's
+//! socket), and are offered as the one ahead leaves the port (delivered, or a loss-tolerant
+//! one lost or dropped). Frames converging from N senders thus hold at most N places in the
+//! queue, as in the runtime.
+//!
 //! Fates are decided as early as they can be: under `fifo` when the frame is offered (its
 //! start is then known), under `prio` when its serialisation starts; a retransmission is
 //! decided when it is offered again. The driver calls [`Port::poll_fate`] after each
@@ -47,6 +60,16 @@ struct Held {
     retransmissions: u32,
 }
 
+/// An ingress flow's frame in the port and the frames waiting behind it.
+#[derive(Debug, Clone, Default)]
+struct FlowGate {
+    /// A frame of the flow is in the port, its fate not yet decided.
+    busy: bool,
+    /// When the last decided frame leaves the port: the next may not enter before.
+    free_from: Nanos,
+    waiting: VecDeque<Held>,
+}
+
 /// One bottleneck direction of a host: a finite queue with a discipline and a serialiser
 /// per path, loss, retransmission, and counters.
 #[derive(Debug, Clone)]
@@ -59,8 +82,12 @@ pub struct Port {
     lazy: bool,
     /// Salt of the flow hash (from the job's seed).
     salt: u64,
-    /// Retransmissions waiting to be offered again, by (time, order).
+    /// Frames to offer at a later time, by (time, order): retransmissions, and (ingress)
+    /// the next frame of a flow once the one ahead has left.
     retransmits: BTreeMap<(Nanos, u64), Held>,
+    /// Ingress only: per flow, whether a frame of it is in the port, and the frames
+    /// waiting behind it.
+    one_per_flow: Option<BTreeMap<u64, FlowGate>>,
     retransmit_order: u64,
     sequencer: Sequencer,
     ready: VecDeque<Decision>,
@@ -117,6 +144,7 @@ impl Port {
             lazy: profile.queue_discipline == QueueDiscipline::Prio,
             salt: hash(&[seed, 0xEC3F]),
             retransmits: BTreeMap::new(),
+            one_per_flow: (direction == Direction::Ingress).then(BTreeMap::new),
             retransmit_order: 0,
             sequencer: Sequencer::default(),
             ready: VecDeque::new(),
@@ -164,6 +192,19 @@ impl Port {
             offered: now,
             retransmissions: 0,
         };
+        if let Some(gates) = self.one_per_flow.as_mut() {
+            let gate = gates.entry(meta.flow).or_default();
+            if gate.busy {
+                gate.waiting.push_back(held);
+                return;
+            }
+            gate.busy = true;
+            if gate.free_from > now {
+                let at = gate.free_from;
+                self.offer_later(at, held);
+                return;
+            }
+        }
         self.offer(now, held);
     }
 
@@ -248,7 +289,8 @@ impl Port {
         let i = choose(&self.paths, &held.meta, self.salt, t);
         let path = &mut self.paths[i];
         let (bytes, class) = (held.meta.bytes, held.meta.class);
-        if path.queue.admit(t, bytes, held.meta.drop_eligible).is_err() {
+        let refused = path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
+        if refused && held.retransmissions == 0 {
             self.count(held.meta.flow, i, |c| c.dropped(bytes));
             if held.meta.reliable {
                 self.retransmit(t, held, i);
@@ -323,19 +365,44 @@ impl Port {
     fn retransmit(&mut self, t: Nanos, mut held: Held, i: usize) {
         self.count(held.meta.flow, i, |c| c.retransmitted(held.meta.bytes));
         held.retransmissions = held.retransmissions.saturating_add(1);
-        held.offered = t.saturating_add(self.rto_ns);
-        let order = self.retransmit_order;
-        self.retransmit_order = order.wrapping_add(1);
-        self.retransmits.insert((held.offered, order), held);
+        self.offer_later(t.saturating_add(self.rto_ns), held);
     }
 
     /// Hands out a decision: reliable frames through their flow's reorder buffer.
     fn decided(&mut self, held: &Held, d: Decision) {
+        self.release_next(held.meta.flow, &d);
         if held.meta.reliable {
             (self.sequencer).settle(held.meta.flow, held.seq, d, &mut self.ready);
         } else {
             self.ready.push_back(d);
         }
+    }
+
+    /// Ingress: the frame of `flow` ahead has its fate `d`, so the next one waiting (if
+    /// any) is offered when the one ahead has left the port.
+    fn release_next(&mut self, flow: u64, d: &Decision) {
+        let Some(gate) = self.one_per_flow.as_mut().and_then(|g| g.get_mut(&flow)) else {
+            return;
+        };
+        let left = match d.fate {
+            Fate::Delivered { at, .. } => at,
+            Fate::Lost { .. } | Fate::Dropped => d.done,
+        };
+        match gate.waiting.pop_front() {
+            Some(next) => self.offer_later(left, next),
+            None => {
+                gate.busy = false;
+                gate.free_from = left;
+            }
+        }
+    }
+
+    /// Offers `held` at `at` (no earlier than the port's clock).
+    fn offer_later(&mut self, at: Nanos, mut held: Held) {
+        held.offered = at.max(self.clock);
+        let order = self.retransmit_order;
+        self.retransmit_order = order.wrapping_add(1);
+        self.retransmits.insert((held.offered, order), held);
     }
 
     /// Applies `f` to the total, path `i`'s and `flow`'s counters.

@@ -319,6 +319,21 @@ impl NetworkProfile {
         Self::from(link)
     }
 
+    /// The network of a model whose bytes are scaled by `factor` (`--scale`): every
+    /// bandwidth, the send window and the queues scaled alike (rounded up, at least one
+    /// byte), so frames take the time their full-size frames take; times and loss rates
+    /// stay.
+    pub fn scaled(mut self, factor: f64) -> Self {
+        let bytes = |n: usize| crate::strategy::scale_count(n, factor);
+        self.bandwidth_bps = self.bandwidth_bps.map(|b| b * factor);
+        for path in &mut self.path {
+            path.bandwidth_bps = path.bandwidth_bps.map(|b| b * factor);
+        }
+        self.buffer_bytes = bytes(self.buffer_bytes);
+        self.queue_bytes = self.queue_bytes.map(bytes);
+        self
+    }
+
     /// The bandwidth, latency and send window alone, as the older [`LinkProfile`].
     pub fn link(&self) -> LinkProfile {
         LinkProfile {
@@ -434,6 +449,33 @@ impl NetworkProfile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::PathProfile as ScaledPath;
+
+    #[test]
+    fn scaling_scales_every_bandwidth_the_window_and_the_queue() {
+        let p = NetworkProfile {
+            bandwidth_bps: Some(1.6e10),
+            latency_ns: 5_000,
+            buffer_bytes: 256 * 1024,
+            queue_bytes: Some(512 * 1024),
+            paths: 2,
+            path: vec![ScaledPath {
+                bandwidth_bps: Some(1.6e9),
+                ..ScaledPath::default()
+            }],
+            loss: 0.01,
+            ..NetworkProfile::default()
+        }
+        .scaled(1.0 / 16.0);
+        assert_eq!(p.bandwidth_bps, Some(1e9));
+        assert_eq!(p.path[0].bandwidth_bps, Some(1e8));
+        assert_eq!(
+            (p.buffer_bytes, p.queue_bytes),
+            (16 * 1024, Some(32 * 1024))
+        );
+        assert_eq!((p.latency_ns, p.loss), (5_000, 0.01));
+    }
+
     use super::*;
 
     fn err(f: impl Fn(&mut NetworkProfile)) -> ProfileError {

@@ -287,6 +287,29 @@ fn drop_eligible_frames_are_dropped_first_tail_drop_only_when_full() {
     assert_eq!(port.counters().bytes_dropped, 8_000);
 }
 
+/// A full queue drops a reliable frame once: the retransmission gets in even though the
+/// queue is still full when it comes back.
+#[test]
+fn a_retransmission_is_not_dropped_again() {
+    let profile = NetworkProfile {
+        queue_bytes: Some(3_000),
+        rto_ns: 1_000,
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, 0, 0);
+    // 1.5 kB frames take 12 us each: the queue stays full far past the 1 us RTO.
+    for token in 0..10 {
+        port.enqueue(0, token, FrameMeta::reliable(1_500, token));
+    }
+    let out = run_all(&mut port, Vec::new());
+    assert_eq!(out.len(), 10);
+    let c = port.counters();
+    assert_eq!((c.frames_dropped, c.frames_retransmitted), (8, 8));
+    assert!(out
+        .iter()
+        .all(|d| matches!(d.fate, Fate::Delivered { retransmissions: r, .. } if r <= 1)));
+}
+
 /// A reliable frame dropped by a full FIFO queue is retransmitted an RTO later.
 #[test]
 fn a_reliable_frame_dropped_by_a_full_queue_is_retransmitted() {
@@ -428,6 +451,80 @@ fn ingress_serialises_without_latency_or_loss() {
         .map(delivered_at)
         .collect();
     assert_eq!(at, [1_000, 2_000, 3_000]);
+}
+
+/// An ingress port holds one frame per flow: the next frame of a flow is offered when the
+/// one ahead has left, so frames of other flows that arrived meanwhile go first, and N
+/// converging flows hold at most N places in the queue.
+#[test]
+fn ingress_holds_one_frame_per_flow() {
+    let profile = NetworkProfile {
+        ingress: true,
+        ..gbit(0)
+    };
+    let mut port = Port::ingress(&profile, 0, 5);
+    for token in 0..3 {
+        port.enqueue(0, token, FrameMeta::reliable(125, 1));
+    }
+    port.enqueue(0, 10, FrameMeta::reliable(125, 2));
+    let out = run_all(&mut port, Vec::new());
+    let got: Vec<(u64, Nanos)> = out.iter().map(|d| (d.token, delivered_at(d))).collect();
+    assert_eq!(got, [(0, 1_000), (10, 2_000), (1, 3_000), (2, 4_000)]);
+    assert_eq!(
+        port.counters().queueing_ns_max,
+        1_000,
+        "waiting behind a frame of the flow is not queueing"
+    );
+
+    // Two flows of 1 kB frames into a 2 kB queue: nothing is dropped however many frames
+    // each flow sends, where one queue for all of them would overflow.
+    let profile = NetworkProfile {
+        ingress: true,
+        queue_bytes: Some(2_000),
+        ..gbit(0)
+    };
+    let mut port = Port::ingress(&profile, 0, 5);
+    for token in 0..20 {
+        port.enqueue(0, token, FrameMeta::reliable(1_000, token % 2));
+    }
+    let out = run_all(&mut port, Vec::new());
+    assert_eq!(out.len(), 20);
+    assert_eq!(port.counters().frames_dropped, 0);
+    assert_eq!(out.last().map(delivered_at), Some(20 * 8_000));
+    let mut egress = Port::egress(&profile, 0, 5);
+    for token in 0..20 {
+        egress.enqueue(0, token, FrameMeta::reliable(1_000, token % 2));
+    }
+    let _ = run_all(&mut egress, Vec::new());
+    assert!(
+        egress.counters().frames_dropped > 0,
+        "an egress queue is one queue for all"
+    );
+}
+
+/// A loss-tolerant frame dropped at the ingress lets the next one of its flow in at once.
+#[test]
+fn a_dropped_loss_tolerant_frame_releases_its_flow() {
+    let profile = NetworkProfile {
+        ingress: true,
+        queue_bytes: Some(1_000),
+        ..gbit(0)
+    };
+    let mut port = Port::ingress(&profile, 0, 5);
+    let tolerant = |flow| FrameMeta {
+        reliable: false,
+        ..FrameMeta::reliable(1_000, flow)
+    };
+    port.enqueue(0, 0, FrameMeta::reliable(1_000, 1));
+    port.enqueue(0, 1, tolerant(2)); // refused: the queue holds 1 kB
+    port.enqueue(0, 2, tolerant(2)); // waits behind it, then is refused too at 0
+    port.enqueue(0, 3, tolerant(2));
+    let out = run_all(&mut port, Vec::new());
+    let fates: Vec<(u64, bool)> = out
+        .iter()
+        .map(|d| (d.token, d.fate == Fate::Dropped))
+        .collect();
+    assert_eq!(fates, [(0, false), (1, true), (2, true), (3, true)]);
 }
 
 trait WithAt {
