@@ -24,12 +24,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "autotune-sweep: --steps must be a positive integer" >&2; exit 2; }
-if [ -n "${SYNCOPATE_BIN:-}" ]; then
-  syncopate=$SYNCOPATE_BIN
-else
-  cargo build --release -p syncopate --quiet
-  syncopate="$root/target/release/syncopate"
-fi
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
+bench_release_binary
 mkdir -p "$out"
 
 for spec in "vgg19:1gbit 2.5gbit 5gbit 10gbit 25gbit" "resnet50:0.5gbit 1gbit 2gbit 5gbit 10gbit"; do

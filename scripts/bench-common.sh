@@ -33,3 +33,14 @@ bench_binary() {
     syncopate="$root/target/debug/syncopate"
   fi
 }
+
+# As bench_binary, for scripts whose figures need an optimised build (the simulator, profile
+# replays): $SYNCOPATE_BIN, else this checkout's release build, built first.
+bench_release_binary() {
+  if [ -n "${SYNCOPATE_BIN:-}" ]; then
+    syncopate=$SYNCOPATE_BIN
+  else
+    cargo build --release -p syncopate --quiet
+    syncopate="$root/target/release/syncopate"
+  fi
+}

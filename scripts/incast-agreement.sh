@@ -29,12 +29,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] && [ "$steps" -ge 2 ] || { echo "incast-agreement: --steps must be an integer >= 2" >&2; exit 2; }
-if [ -n "${SYNCOPATE_BIN:-}" ]; then
-  syncopate=$SYNCOPATE_BIN
-else
-  cargo build --release -p syncopate --quiet
-  syncopate="$root/target/release/syncopate"
-fi
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
+bench_release_binary
 mkdir -p "$out"
 net=(--bandwidth "$bandwidth" --ingress --loss 1% --rto 200ms --queue 512KiB)
 for model in vgg19 resnet50; do

@@ -294,17 +294,36 @@ fn an_autotuned_credit_keeps_training_exact_and_is_recorded() {
     );
     assert_eq!(parsed["sync"]["credit_bytes"].as_integer(), Some(200_000));
 
-    let refused = Command::new(EXE)
-        .args([
-            "launch",
-            "--strategy",
-            "p3",
-            "--workers",
-            "2",
-            "--servers",
-            "1",
-            "--autotune",
-        ])
+    // Per-tensor completion times: every key of every step, in the summary and per step.
+    let tensors = &json["worker0"]["tensor_completion"];
+    let count = tensors["count"].as_u64().unwrap();
+    assert!(
+        count.is_multiple_of(steps) && count / steps >= 2,
+        "{tensors}"
+    );
+    let (p50, p99) = (
+        tensors["p50_s"].as_f64().unwrap(),
+        tensors["p99_s"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= tensors["max_s"].as_f64().unwrap());
+    let rows = std::fs::read_to_string(metrics.join("steps-rank0.csv")).unwrap();
+    let mut lines = rows.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .ends_with(",tensors,tensor_p50_s,tensor_p99_s"));
+    let counted: u64 = lines
+        .map(|l| l.split(',').nth(8).unwrap().parse::<u64>().unwrap())
+        .sum();
+    // A row counts what completed during its step; under P3 the last step's values may
+    // come back after the last row.
+    assert!(
+        count - count / steps <= counted && counted <= count,
+        "{rows}"
+    );
+
+    let refused = launch("p3", 2, 1)
+        .arg("--autotune")
         .args(train_flags(batch, 2))
         .output()
         .unwrap();
@@ -1048,10 +1067,11 @@ fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_traini
             "packets are not retransmitted: {json}"
         );
         assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
-        assert!(
-            json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
-            "{json}"
-        );
+        let probes = json["dlcp"]["probes_answered"].as_u64().unwrap();
+        assert!(probes > 0, "{json}");
+        let per_step = json["dlcp"]["probes_per_step"].as_f64().unwrap();
+        let steps = json["steps"].as_f64().unwrap();
+        assert!((per_step * steps - probes as f64).abs() < 1e-6, "{json}");
         assert_eq!(
             json["exact"], false,
             "dlcp is approximate unless its bound is 0"

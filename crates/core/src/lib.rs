@@ -7,6 +7,7 @@
 //! drivers of this same code (see `DESIGN.md`).
 
 pub mod aggregate;
+pub mod latency;
 pub mod net;
 pub mod optim;
 pub mod profile;

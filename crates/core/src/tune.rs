@@ -112,6 +112,26 @@ pub struct TuneReport {
     pub trials: Vec<Trial>,
 }
 
+impl TuneReport {
+    /// `credit 2560000 bytes (full size) after 6 candidates`, with `, still searching` and
+    /// the searches started again after drift when there are any; the state machines ran
+    /// at `scale` (`--scale`), the line says full-size bytes as `--credit-bytes` does.
+    pub fn describe(&self, scale: f64) -> String {
+        let mut s = format!(
+            "credit {:.0} bytes (full size) after {} candidates",
+            self.chosen.credit_bytes as f64 / scale,
+            self.trials.len()
+        );
+        if !self.settled {
+            s.push_str(", still searching");
+        }
+        if self.retunes > 0 {
+            s.push_str(&format!(", {} new search(es) after drift", self.retunes));
+        }
+        s
+    }
+}
+
 /// Where the search is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {

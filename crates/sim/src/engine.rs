@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 
+use syncopate_core::latency::{Histogram, TensorTimes};
 use syncopate_core::net::{Decision, Fate, FrameMeta, NetCounters};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
@@ -65,6 +66,8 @@ pub(crate) struct Sim<'a> {
     hosts: Vec<Host>,
     /// Each worker's step sequencer (core's, as the runtime's workers run it).
     trainers: Vec<StepSequencer>,
+    /// Each worker's per-tensor completion times.
+    tensors: Vec<TensorTimes>,
     jitter: Vec<Jitter>,
     /// Each worker's compute factor (stragglers above 1).
     slowdown: Vec<f64>,
@@ -112,13 +115,16 @@ fn frame_name(h: &Header, from: Rank, to: Rank) -> String {
 /// there was any.
 fn drain(
     ep: &mut dyn WorkerSync,
-    trainer: &mut StepSequencer,
+    (trainer, tensors): (&mut StepSequencer, &mut TensorTimes),
     step_end: &mut [u64],
     now: u64,
 ) -> bool {
     let mut any = false;
     while let Some(ev) = ep.poll_event() {
         any = true;
+        if let WorkerEvent::ParamsReady(key) | WorkerEvent::GradReady(key) = ev {
+            tensors.completed(key, now);
+        }
         trainer.handle_event(ev);
         if ev == WorkerEvent::StepDone {
             if let Some(end) = step_end.get_mut((trainer.steps_done() as usize).saturating_sub(1)) {
@@ -172,6 +178,7 @@ impl<'a> Sim<'a> {
             checks_replies: !cfg.strategy.loss_tolerant(),
             hosts,
             trainers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
+            tensors: (0..n).map(|_| TensorTimes::new(keys.len())).collect(),
             jitter: (0..n)
                 .map(|w| Jitter::new(cfg.seed, w as u64, cfg.jitter))
                 .collect(),
@@ -304,6 +311,7 @@ impl<'a> Sim<'a> {
                     }
                     Action::HandOver(layer) => {
                         for key in self.layer_keys[layer].clone() {
+                            self.tensors[w].handed(key, self.now);
                             ep.handle_gradient(key, &self.grad[..self.keys[key].numel]);
                             if let Some(outbox) = self.outboxes.get_mut(w) {
                                 outbox.handed(&self.key_owners[key]);
@@ -319,7 +327,8 @@ impl<'a> Sim<'a> {
                     | Action::Checkpoint(_) => continue,
                     Action::BackwardDone => ep.handle_backward_done(),
                 }
-                drain(ep.as_mut(), trainer, &mut self.step_end, self.now);
+                let worker = (&mut *trainer, &mut self.tensors[w]);
+                drain(ep.as_mut(), worker, &mut self.step_end, self.now);
             }
             if !std::mem::take(&mut may_send) {
                 return Ok(());
@@ -328,12 +337,8 @@ impl<'a> Sim<'a> {
             let Role::Worker(ep) = &mut self.hosts[w].role else {
                 return Ok(());
             };
-            if !drain(
-                ep.as_mut(),
-                &mut self.trainers[w],
-                &mut self.step_end,
-                self.now,
-            ) {
+            let worker = (&mut self.trainers[w], &mut self.tensors[w]);
+            if !drain(ep.as_mut(), worker, &mut self.step_end, self.now) {
                 return Ok(());
             }
         }
@@ -570,7 +575,8 @@ impl<'a> Sim<'a> {
                 }
             }
             Role::Worker(ep) => {
-                drain(ep.as_mut(), &mut self.trainers[to], &mut self.step_end, now);
+                let worker = (&mut self.trainers[to], &mut self.tensors[to]);
+                drain(ep.as_mut(), worker, &mut self.step_end, now);
                 self.drive(to, self.sends_on_delivery)
             }
         }
@@ -680,6 +686,14 @@ impl<'a> Sim<'a> {
             frames: self.frames_sent,
             network,
             dlcp,
+            tensor_completion: self
+                .tensors
+                .iter()
+                .fold(Histogram::default(), |mut all, t| {
+                    all.merge(t.run());
+                    all
+                })
+                .summary(),
             autotune: self
                 .trainers
                 .first()

@@ -74,6 +74,10 @@ pub struct SimReport {
     /// What the loss-tolerant servers (dlcp) lost and recovered, summed over the servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dlcp: Option<syncopate_core::strategy::LossStats>,
+    /// Per-tensor completion times over every worker: from a key's hand-over to its values
+    /// back ([`syncopate_core::latency`]).
+    #[serde(default)]
+    pub tensor_completion: syncopate_core::latency::Percentiles,
     /// What worker 0's tuner measured and chose (`--autotune`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autotune: Option<syncopate_core::tune::TuneReport>,

@@ -265,6 +265,24 @@ fn an_autotuned_credit_runs_as_fast_as_p3_after_its_search() {
     );
 }
 
+/// Every key of every step on every worker has a completion time; under loss with a 200 ms
+/// RTO the tail (p99) carries the retransmissions.
+#[test]
+fn tensor_completion_times_show_the_retransmission_tail() {
+    let profile = model(&[(100_000, 200_000, 400_000); 8]);
+    let run_with = |loss: f64| {
+        let mut c = config(StrategyKind::P3, 4, 2, GBIT, 10_000);
+        (c.steps, c.network.loss, c.network.rto_ns) = (20, loss, 200_000_000);
+        run(&profile, &c).tensor_completion
+    };
+    let (clean, lossy) = (run_with(0.0), run_with(0.02));
+    assert_eq!(clean.count, 4 * 20 * 8);
+    assert_eq!(lossy.count, 4 * 20 * 8);
+    eprintln!("lossless {clean:?}\nlossy {lossy:?}");
+    assert!(clean.p99_s < 0.2, "{clean:?}");
+    assert!(lossy.p99_s > 0.2, "{lossy:?}");
+}
+
 #[test]
 fn sixty_four_workers_resnet50_p3() {
     let profile = ModelProfile::builtin("resnet50").unwrap();

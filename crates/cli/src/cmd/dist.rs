@@ -792,8 +792,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     Ok(())
 }
 
-/// One line on what the tuner chose; the state machines ran at `scale`, the line says
-/// full-size bytes as --credit-bytes does.
+/// One line on what the tuner chose, with the chosen credit's measured step time.
 fn describe_tuning(tune: &TuneReport, scale: f64) -> String {
     let best = tune
         .trials
@@ -801,21 +800,8 @@ fn describe_tuning(tune: &TuneReport, scale: f64) -> String {
         .filter(|t| t.credit_bytes == tune.chosen.credit_bytes)
         .map(|t| t.step_seconds)
         .next_back()
-        .map_or(String::new(), |s| format!(" ({s:.3} s a step)"));
-    format!(
-        "autotune: credit {:.0} bytes (full size){best} after {} candidates{}{}",
-        tune.chosen.credit_bytes as f64 / scale,
-        tune.trials.len(),
-        if tune.settled {
-            ""
-        } else {
-            ", still searching"
-        },
-        match tune.retunes {
-            0 => String::new(),
-            n => format!(", {n} new search(es) after drift"),
-        }
-    )
+        .map_or(String::new(), |s| format!("; {s:.3} s a step"));
+    format!("autotune: {}{best}", tune.describe(scale))
 }
 
 /// Appends worker 0's tuning outcome to the run's `config.toml` as its `[autotune]` table
@@ -916,6 +902,8 @@ fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()>
         serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
     let mut stats = serde_json::to_value(total)?;
     stats["realised_loss"] = total.realised_loss().into();
+    let steps = job["steps"].as_u64().unwrap_or(0).max(1);
+    stats["probes_per_step"] = (total.probes_answered as f64 / steps as f64).into();
     job["dlcp"] = stats;
     std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
         .with_context(|| format!("writing {}", summary.display()))?;

@@ -200,14 +200,18 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 );
                 let net = &report.network;
                 if network.is_lossy() || net.frames_lost + net.frames_dropped > 0 {
+                    let t = &report.tensor_completion;
                     println!(
                         "  network: {} frames lost, {} dropped by queues, {} retransmitted; \
-                         queueing mean {:.1} us, max {:.1} us",
+                         queueing mean {:.1} us, max {:.1} us; tensor completion p50 {:.4} s, \
+                         p99 {:.4} s",
                         net.frames_lost,
                         net.frames_dropped,
                         net.frames_retransmitted,
                         net.mean_queueing_ns() / 1e3,
-                        net.queueing_ns_max as f64 / 1e3
+                        net.queueing_ns_max as f64 / 1e3,
+                        t.p50_s,
+                        t.p99_s
                     );
                 }
                 if let Some(tune) = &report.autotune {
@@ -249,16 +253,7 @@ fn describe_tuning(tune: &TuneReport, step_seconds: &[f64], scale: f64) -> Strin
             after.iter().sum::<f64>() / n as f64
         ),
     };
-    format!(
-        "autotune: credit {:.0} bytes (full size) after {} candidates{}; {settled}",
-        tune.chosen.credit_bytes as f64 / scale,
-        tune.trials.len(),
-        if tune.settled {
-            ""
-        } else {
-            " (still searching)"
-        },
-    )
+    format!("autotune: {}; {settled}", tune.describe(scale))
 }
 
 fn write_sweep(
@@ -269,10 +264,10 @@ fn write_sweep(
 ) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
-    let mut csv = String::from("model,strategy,scheduler,workers,servers,bandwidth,bandwidth_gbps,step_seconds,samples_per_sec,frames_lost,frames_dropped,frames_retransmitted,mean_queueing_us\n");
+    let mut csv = String::from("model,strategy,scheduler,workers,servers,bandwidth,bandwidth_gbps,step_seconds,samples_per_sec,frames_lost,frames_dropped,frames_retransmitted,mean_queueing_us,tensor_p50_s,tensor_p99_s\n");
     for (s, n, name, bps, r) in rows {
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{:.6},{:.2},{},{},{},{:.3}\n",
+            "{},{},{},{},{},{},{},{:.6},{:.2},{},{},{},{:.3},{:.6},{:.6}\n",
             profile.name,
             s.name(),
             r.config.scheduler.name(),
@@ -285,7 +280,9 @@ fn write_sweep(
             r.network.frames_lost,
             r.network.frames_dropped,
             r.network.frames_retransmitted,
-            r.network.mean_queueing_ns() / 1e3
+            r.network.mean_queueing_ns() / 1e3,
+            r.tensor_completion.p50_s,
+            r.tensor_completion.p99_s
         ));
     }
     std::fs::write(args.out.join("results.csv"), csv)?;

@@ -153,6 +153,11 @@ pub fn metrics() -> Vec<Metric> {
             "seconds per step",
             |r| r.wait_per_step,
         ),
+        m(
+            "per-tensor completion time, p99 (worker 0)",
+            "seconds from hand-over to values back",
+            |r| r.tensor_p99_s,
+        ),
         m("training time", "seconds of training", |r| {
             r.time_to_accuracy
         }),

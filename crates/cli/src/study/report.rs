@@ -62,6 +62,10 @@ pub struct RunRow {
     pub frames_lost: f64,
     /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
     pub realised_loss: f64,
+    /// Worker 0's median per-tensor completion time, seconds (NaN: not recorded).
+    pub tensor_p50_s: f64,
+    /// Its 99th percentile, seconds (NaN: not recorded).
+    pub tensor_p99_s: f64,
     /// Bytes sent per step per worker, measured (NaN: not recorded).
     pub bytes_per_step: f64,
     /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
@@ -147,6 +151,8 @@ fn row(
         divergence: field("divergence"),
         frames_lost: num(&json["frames_lost"]),
         realised_loss: num(&json["dlcp"]["realised_loss"]),
+        tensor_p50_s: num(&w0["tensor_completion"]["p50_s"]),
+        tensor_p99_s: num(&w0["tensor_completion"]["p99_s"]),
         bytes_per_step: mean_bytes_per_step(json, &resources),
         textbook_bytes_per_step: field("textbook_bytes_per_step"),
         mean_cpu_percent: resources.mean_cpu_percent,
@@ -197,13 +203,13 @@ const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed
     samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
     test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
     bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,\
-    frames_lost,realised_loss\n";
+    frames_lost,realised_loss,tensor_p50_s,tensor_p99_s\n";
 
 /// One row of `results.csv`.
 fn csv_row(r: &RunRow) -> String {
     format!(
         "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
-         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6}\n",
+         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6},{:.6},{:.6}\n",
         r.id,
         r.model,
         quote(&r.variant),
@@ -230,7 +236,9 @@ fn csv_row(r: &RunRow) -> String {
         r.net_bytes,
         r.disk_bytes,
         r.frames_lost,
-        r.realised_loss
+        r.realised_loss,
+        r.tensor_p50_s,
+        r.tensor_p99_s
     )
 }
 
@@ -311,6 +319,7 @@ pub fn summary_table(rows: &[RunRow]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "disk MB",
         "frames lost",
         "realised loss",
+        "tensor p99 s",
     ];
     let table = rows.iter().map(table_row).collect();
     (header, table)
@@ -345,6 +354,7 @@ fn table_row(r: &RunRow) -> Vec<String> {
         mega_cell(r.disk_bytes),
         or_dash(r.frames_lost, format!("{}", r.frames_lost)),
         or_dash(r.realised_loss, format!("{:.3} %", r.realised_loss * 100.0)),
+        or_dash(r.tensor_p99_s, format!("{:.4}", r.tensor_p99_s)),
     ]
 }
 
@@ -498,6 +508,8 @@ impl RunRow {
             divergence: nan,
             frames_lost: nan,
             realised_loss: nan,
+            tensor_p50_s: nan,
+            tensor_p99_s: nan,
             bytes_per_step: nan,
             textbook_bytes_per_step: nan,
             mean_cpu_percent: nan,

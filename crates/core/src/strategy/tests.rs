@@ -483,9 +483,10 @@ fn late_first_layer_slice_preempts_queued_slices() {
     assert_eq!(keys_sent.last(), Some(&0));
 }
 
-/// Credit scheduling keeps at most the credit in flight (one slice when nothing is).
+/// Credit scheduling keeps at most the credit in flight (one slice when nothing is); a
+/// retuned credit applies from the next frame: a larger one lets more slices go at once.
 #[test]
-fn credit_bounds_the_bytes_in_flight() {
+fn credit_bounds_the_bytes_in_flight_and_a_retuned_credit_applies_at_once() {
     let reg = TensorRegistry::new(keys(&[40]), 4, 1, Placement::SlicesRoundRobin);
     let mut worker = PsWorker::new(0, 1, reg, true, SchedulerKind::Credit, 32);
     worker.begin_step(0);
@@ -496,21 +497,6 @@ fn credit_bounds_the_bytes_in_flight() {
         sent += 1;
     }
     assert_eq!(sent, 2, "two 16-byte slices fit a 32-byte credit");
-}
-
-/// A retuned credit applies from the next frame: a larger one lets more slices go at once.
-#[test]
-fn a_retuned_credit_applies_from_the_next_frame() {
-    let reg = TensorRegistry::new(keys(&[40]), 4, 1, Placement::SlicesRoundRobin);
-    let mut worker = PsWorker::new(0, 1, reg, true, SchedulerKind::Credit, 32);
-    worker.begin_step(0);
-    worker.handle_gradient(0, &[1.0; 40]);
-    let mut out = Vec::new();
-    let mut sent = 0;
-    while worker.poll_transmit(1, &mut out) {
-        sent += 1;
-    }
-    assert_eq!(sent, 2);
     worker.retune(crate::tune::Knobs { credit_bytes: 96 });
     while worker.poll_transmit(1, &mut out) {
         sent += 1;

@@ -8,6 +8,7 @@ use std::time::{Duration as StdDuration, Instant};
 
 use mio::Waker;
 use serde::Serialize;
+use syncopate_core::latency::Percentiles;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
@@ -116,6 +117,9 @@ pub struct WorkerSummary {
     /// What the emulated network did to this worker's frames (sent, and received at its
     /// ingress port), all links together.
     pub network: syncopate_core::net::NetCounters,
+    /// Per-tensor completion times of the run: from a key's hand-over to its synchronised
+    /// values back ([`syncopate_core::latency`]).
+    pub tensor_completion: Percentiles,
     /// What the tuner measured and chose (`--autotune`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autotune: Option<TuneReport>,
@@ -532,6 +536,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     });
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
+    let tensor_completion = run.tensors.run().summary();
     let (record, tracer) = (run.record, run.tracer);
     if ctx.rank == 0 {
         if let Some(path) = &plan.save {
@@ -553,6 +558,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         &counters,
     );
     summary.autotune = seq.tuner().map(|t| t.report());
+    summary.tensor_completion = tensor_completion;
     Ok(summary)
 }
 
@@ -631,6 +637,7 @@ fn summarise(
             sum
         }),
         autotune: None,
+        tensor_completion: Percentiles::default(),
     }
 }
 

@@ -19,6 +19,7 @@ use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
 use crate::trace::TraceRecorder;
+use syncopate_core::latency::TensorTimes;
 
 /// What the loop measured, for the worker's outputs.
 pub(super) struct Record {
@@ -69,7 +70,7 @@ impl Record {
             excluded_seconds: 0.0,
             step_seconds: Vec::new(),
             step_rows: String::from(
-                "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s\n",
+                "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,tensor_p50_s,tensor_p99_s\n",
             ),
             test: None,
             start: Instant::now(),
@@ -82,6 +83,12 @@ impl Record {
     /// included.
     pub fn train_seconds(&self) -> f64 {
         self.carried + self.start.elapsed().as_secs_f64() - self.excluded_seconds
+    }
+
+    /// Nanoseconds since training started in this process: the clock of the tuner and the
+    /// tensor completion times.
+    pub fn clock_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
     }
 
     /// What a checkpoint keeps of this record.
@@ -147,6 +154,8 @@ pub(super) struct StepLoop<'a, E> {
     out: Option<StepOutput>,
     step_start: Instant,
     times_at_step_start: WorkerTimes,
+    /// Per-tensor completion times (hand-over to values back), on `record.start`'s clock.
+    pub tensors: TensorTimes,
 }
 
 impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
@@ -189,6 +198,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             out: None,
             step_start: Instant::now(),
             times_at_step_start: WorkerTimes::default(),
+            tensors: TensorTimes::new(key_sizes.len()),
         }
     }
 
@@ -229,7 +239,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                 Action::Optimize => self.optimize()?,
                 Action::StepEnd(step) => {
                     self.step_end(step, seq.plan().steps)?;
-                    seq.handle_step_end(self.record.start.elapsed().as_nanos() as u64);
+                    seq.handle_step_end(self.record.clock_ns());
                 }
                 Action::Retune(knobs) => self.comm.send(ToComm::Retune(knobs))?,
                 Action::Evaluate {
@@ -255,6 +265,10 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             FromComm::Event(event, values) => (event, values),
             FromComm::Failed => unreachable!("recv turns failures into errors"),
         };
+        if let WorkerEvent::ParamsReady(key) | WorkerEvent::GradReady(key) = event {
+            let now = self.record.clock_ns();
+            self.tensors.completed(key, now);
+        }
         match event {
             WorkerEvent::ParamsReady(key) => self.engine.set_param(key, values)?,
             WorkerEvent::GradReady(key) => {
@@ -335,6 +349,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             step,
             grads,
             optimizer,
+            tensors,
             ..
         } = self;
         let mut failure = None;
@@ -358,6 +373,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                 optimizer,
                 engine,
                 record,
+                tensors,
             };
             match after.run(layer, expected, &layer_keys[layer], layer_grads) {
                 Ok(Some(next)) => expected = next,
@@ -399,8 +415,9 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         let step_s = self.step_start.elapsed().as_secs_f64();
         r.step_seconds.push(step_s);
         let (now, before) = (r.times, self.times_at_step_start);
+        let tensors = self.tensors.take_interval();
         r.step_rows.push_str(&format!(
-            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4}\n",
+            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6}\n",
             step + 1,
             r.train_seconds(),
             step_s,
@@ -408,7 +425,10 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             now.data - before.data,
             now.compute - before.compute,
             now.wait - before.wait,
-            now.optimizer - before.optimizer
+            now.optimizer - before.optimizer,
+            tensors.count,
+            tensors.p50_s,
+            tensors.p99_s
         ));
         let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
             / r.train_seconds().max(1e-9);
@@ -493,6 +513,7 @@ struct AfterBackward<'s> {
     optimizer: &'s mut LocalOptimizer,
     engine: &'s mut dyn LayerwiseEngine,
     record: &'s mut Record,
+    tensors: &'s mut TensorTimes,
 }
 
 impl AfterBackward<'_> {
@@ -519,17 +540,10 @@ impl AfterBackward<'_> {
                     updated = true;
                 }
                 // Weights after the layer's own optimizer step, or its gradients.
-                Action::HandOver(k) if k == layer && updated => {
-                    for key in keys.clone() {
-                        let weights = self.engine.param(key)?.to_vec();
-                        self.comm.send(ToComm::Gradient(key, weights))?;
-                    }
-                }
                 Action::HandOver(k) if k == layer => {
-                    for (key, g) in layer_grads.iter() {
-                        debug_assert!(keys.contains(&key));
-                        self.comm.send(ToComm::Gradient(key, g.to_vec()))?;
-                    }
+                    let now = self.record.clock_ns();
+                    keys.clone().for_each(|key| self.tensors.handed(key, now));
+                    self.hand_over(keys, layer_grads, updated)?;
                 }
                 Action::Backward(next) => return Ok(Some(next)),
                 Action::BackwardDone => {
@@ -547,6 +561,28 @@ impl AfterBackward<'_> {
                 }
             }
         }
+    }
+
+    /// Hands the layer's keys to the communication thread: its weights after the layer's
+    /// own optimizer step (`updated`), or its gradients.
+    fn hand_over(
+        &mut self,
+        keys: &Range<usize>,
+        layer_grads: &LayerGrads,
+        updated: bool,
+    ) -> Result<(), RunError> {
+        if updated {
+            for key in keys.clone() {
+                let weights = self.engine.param(key)?.to_vec();
+                self.comm.send(ToComm::Gradient(key, weights))?;
+            }
+        } else {
+            for (key, g) in layer_grads.iter() {
+                debug_assert!(keys.contains(&key));
+                self.comm.send(ToComm::Gradient(key, g.to_vec()))?;
+            }
+        }
+        Ok(())
     }
 
     /// The optimizer on this layer's keys with their own gradients.
