@@ -1072,6 +1072,15 @@ fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_traini
         let per_step = json["dlcp"]["probes_per_step"].as_f64().unwrap();
         let steps = json["steps"].as_f64().unwrap();
         assert!((per_step * steps - probes as f64).abs() < 1e-6, "{json}");
+        let per_key = json["dlcp"]["realised_loss_per_key"].as_array().unwrap();
+        assert!(
+            !per_key.is_empty() && per_key.iter().all(|l| l == 0.0),
+            "{json}"
+        );
+        assert_eq!(
+            json["dlcp"]["max_key_realised_loss"], 0.0,
+            "bound 0 fills nothing"
+        );
         assert_eq!(
             json["exact"], false,
             "dlcp is approximate unless its bound is 0"

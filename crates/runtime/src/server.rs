@@ -2,7 +2,7 @@
 //! loop until every worker has said goodbye.
 
 use syncopate_core::step::CheckpointSchedule;
-use syncopate_core::strategy::{LossStats, Rank, ServerOptim, ServerSync};
+use syncopate_core::strategy::{KeyLoss, LossStats, Rank, ServerOptim, ServerSync};
 
 /// A server endpoint of any parameter-server strategy.
 type Server = dyn ServerSync + Send;
@@ -39,6 +39,9 @@ pub struct ServerSummary {
     /// ignored, probes answered, stops sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossStats>,
+    /// Per key, the gradient values it aggregated and filled in (loss-tolerant servers).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_loss: Vec<KeyLoss>,
 }
 
 /// What a server runs with besides the job's layout.
@@ -270,6 +273,7 @@ pub fn run_server(
         updates: server.updates(),
         peak_early_values: server.peak_early_values(),
         loss: server.loss_stats(),
+        key_loss: server.key_loss(),
         links: comm
             .counters()
             .iter()

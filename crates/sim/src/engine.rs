@@ -9,7 +9,7 @@ use syncopate_core::net::{Decision, Fate, FrameMeta, NetCounters};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
-use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use syncopate_core::strategy::{Endpoint, KeyLoss, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
 use crate::build::{key_owners, model_keys, peers, registry, roles, Role};
@@ -669,6 +669,10 @@ impl<'a> Sim<'a> {
                 a.add(&b);
                 a
             });
+        let key_loss = KeyLoss::sum(self.hosts.iter().filter_map(|h| match &h.role {
+            Role::Server(s) => Some(s.key_loss()),
+            Role::Worker(_) => None,
+        }));
         SimReport {
             model: self.profile.name.clone(),
             config: cfg.clone(),
@@ -686,6 +690,7 @@ impl<'a> Sim<'a> {
             frames: self.frames_sent,
             network,
             dlcp,
+            realised_loss_per_key: key_loss.iter().map(KeyLoss::realised_loss).collect(),
             tensor_completion: self
                 .tensors
                 .iter()

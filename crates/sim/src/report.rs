@@ -74,6 +74,10 @@ pub struct SimReport {
     /// What the loss-tolerant servers (dlcp) lost and recovered, summed over the servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dlcp: Option<syncopate_core::strategy::LossStats>,
+    /// Per key, the fraction of its gradient values the loss-tolerant servers filled in
+    /// (empty for reliable strategies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub realised_loss_per_key: Vec<f64>,
     /// Per-tensor completion times over every worker: from a key's hand-over to its values
     /// back ([`syncopate_core::latency`]).
     #[serde(default)]

@@ -13,7 +13,7 @@ use crate::args::NetworkArgs;
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{
-    Averaged, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+    Averaged, KeyLoss, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
 };
 use syncopate_core::tune::TuneReport;
 use syncopate_runtime::auth::{AuthError, JobToken};
@@ -886,6 +886,7 @@ fn server_summary_path(summary: &std::path::Path, rank: usize) -> PathBuf {
 /// `"dlcp": {entries, entries_filled, packets, ..., realised_loss}`.
 fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()> {
     let mut total = LossStats::default();
+    let mut per_server = Vec::new();
     for rank in layout.workers..layout.world_size() {
         let path = server_summary_path(summary, rank);
         let text = std::fs::read_to_string(&path)
@@ -895,7 +896,16 @@ fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()>
         let loss: LossStats = serde_json::from_value(server["loss"].clone())
             .with_context(|| format!("{}: no loss statistics", path.display()))?;
         total.add(&loss);
+        if let Some(keys) = server.get("key_loss") {
+            let keys: Vec<KeyLoss> = serde_json::from_value(keys.clone())
+                .with_context(|| format!("{}: malformed key_loss", path.display()))?;
+            per_server.push(keys);
+        }
     }
+    let per_key: Vec<f64> = KeyLoss::sum(per_server)
+        .iter()
+        .map(KeyLoss::realised_loss)
+        .collect();
     let text = std::fs::read_to_string(summary)
         .with_context(|| format!("reading {}", summary.display()))?;
     let mut job: serde_json::Value =
@@ -904,6 +914,8 @@ fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()>
     stats["realised_loss"] = total.realised_loss().into();
     let steps = job["steps"].as_u64().unwrap_or(0).max(1);
     stats["probes_per_step"] = (total.probes_answered as f64 / steps as f64).into();
+    stats["max_key_realised_loss"] = per_key.iter().copied().fold(0.0, f64::max).into();
+    stats["realised_loss_per_key"] = per_key.into();
     job["dlcp"] = stats;
     std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
         .with_context(|| format!("writing {}", summary.display()))?;

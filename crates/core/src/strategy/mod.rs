@@ -45,7 +45,7 @@ mod tests;
 mod traffic;
 
 pub use chain::ChainPass;
-pub use dlcp::{DlcpOptions, DlcpServer, DlcpWorker, LossFill, LossStats};
+pub use dlcp::{DlcpOptions, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
 pub use kind::{
     Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
     DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
@@ -180,6 +180,12 @@ pub trait ServerSync: Endpoint {
     /// What a loss-tolerant server lost and recovered so far (`None` for reliable ones).
     fn loss_stats(&self) -> Option<LossStats> {
         None
+    }
+
+    /// Per key, the values a loss-tolerant server aggregated and filled in (empty for
+    /// reliable ones).
+    fn key_loss(&self) -> Vec<KeyLoss> {
+        Vec::new()
     }
 }
 

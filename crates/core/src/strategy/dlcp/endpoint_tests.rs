@@ -230,6 +230,13 @@ fn zero_fill_and_rescale_are_exact_on_a_known_loss_pattern() {
         assert_eq!(got[1][0], want, "{fill:?}");
         let stats = c.server.loss_stats().expect("stats");
         assert_eq!((stats.entries, stats.entries_filled), (16, 5), "{fill:?}");
+        let per_key = c.server.key_loss();
+        let entries: u64 = per_key.iter().map(|k| k.entries).sum();
+        let filled: u64 = per_key.iter().map(|k| k.filled).sum();
+        assert_eq!((entries, filled), (16, 5), "per key: {per_key:?}");
+        let summed = KeyLoss::sum([per_key.clone(), per_key.clone()]);
+        assert_eq!(summed[0].entries, 2 * per_key[0].entries);
+        assert!((summed[0].realised_loss() - per_key[0].realised_loss()).abs() < 1e-12);
         assert_eq!(stats.packets_ignored, 4, "worker 1's late packets");
         assert_eq!(stats.stops, 2);
         assert_eq!(

@@ -191,6 +191,41 @@ impl LossStats {
     }
 }
 
+/// One key's gradient values aggregated and filled in at one server (or, summed, the job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KeyLoss {
+    /// Gradient values aggregated (per worker contribution).
+    pub entries: u64,
+    /// Of those, values that never arrived and were filled in.
+    pub filled: u64,
+}
+
+impl KeyLoss {
+    /// The key's realised loss: the fraction of its values filled in (0 if none aggregated).
+    pub fn realised_loss(&self) -> f64 {
+        if self.entries == 0 {
+            0.0
+        } else {
+            self.filled as f64 / self.entries as f64
+        }
+    }
+
+    /// Sums per-key counts of several servers, key by key.
+    pub fn sum(per_server: impl IntoIterator<Item = Vec<KeyLoss>>) -> Vec<KeyLoss> {
+        let mut total: Vec<KeyLoss> = Vec::new();
+        for keys in per_server {
+            if total.len() < keys.len() {
+                total.resize(keys.len(), KeyLoss::default());
+            }
+            for (t, k) in total.iter_mut().zip(keys) {
+                t.entries += k.entries;
+                t.filled += k.filled;
+            }
+        }
+        total
+    }
+}
+
 /// The priority class of `layer` among `layers` layers: front layers most urgent, spread
 /// over the network's 8 classes.
 pub fn class_of_layer(layer: usize, layers: usize) -> u8 {

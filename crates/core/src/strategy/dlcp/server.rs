@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use super::geometry::{Geometry, PacketId};
 use super::tally::{packets_needed, Marked, PacketTally};
-use super::{class_of_layer, DlcpOptions, LossFill, LossStats};
+use super::{class_of_layer, DlcpOptions, KeyLoss, LossFill, LossStats};
 use crate::strategy::{Endpoint, ProtocolError, PsServer, Rank, ServerSync, Transmit};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
@@ -40,6 +40,8 @@ pub struct DlcpServer {
     spare: Vec<Vec<f32>>,
     control: Vec<VecDeque<Control>>,
     stats: LossStats,
+    /// Per key: values aggregated and filled in.
+    key_loss: Vec<KeyLoss>,
     /// Per slice: whether it has been handed to the P3 server this step.
     handed: Vec<bool>,
     /// Per slice: packets still to come (from all workers) before it is whole.
@@ -83,6 +85,7 @@ impl DlcpServer {
             spare: Vec::new(),
             control: (0..workers).map(|_| VecDeque::new()).collect(),
             stats: LossStats::default(),
+            key_loss: vec![KeyLoss::default(); keys.len()],
             opts,
             geo,
         };
@@ -254,6 +257,7 @@ impl DlcpServer {
             for (p, &count) in packets.iter().zip(&arrived) {
                 let dest = &mut slot[p.offset - s.offset..][..p.len];
                 self.stats.entries += p.len as u64;
+                self.key_loss[s.key].entries += p.len as u64;
                 let got = share.values[w]
                     .as_ref()
                     .filter(|_| share.tallies[w].has(p.in_share));
@@ -268,6 +272,7 @@ impl DlcpServer {
                     None => {
                         dest.fill(0.0);
                         self.stats.entries_filled += p.len as u64;
+                        self.key_loss[s.key].filled += p.len as u64;
                     }
                 }
             }
@@ -417,5 +422,9 @@ impl ServerSync for DlcpServer {
 
     fn loss_stats(&self) -> Option<LossStats> {
         Some(self.stats)
+    }
+
+    fn key_loss(&self) -> Vec<KeyLoss> {
+        self.key_loss.clone()
     }
 }
