@@ -80,9 +80,10 @@ pub struct JobArgs {
     /// credit and every candidate go to summary.json and config.toml (`[autotune]`).
     #[arg(long)]
     pub autotune: bool,
-    /// Scale profile models down: every tensor, the bandwidth, slices, buckets, credit and
-    /// send window are multiplied by this factor (e.g. 1/16) while compute times stay, so
-    /// the communication-to-computation ratio is the full-size model's at --bandwidth.
+    /// Scale profile models down: every tensor, every bandwidth, slices, buckets, credit,
+    /// send window and queues are multiplied by this factor (e.g. 1/16) while compute times
+    /// stay, so the communication-to-computation ratio is the full-size model's at
+    /// --bandwidth.
     #[arg(long, value_name = "F")]
     pub scale: Option<String>,
     /// Job token as 64 hex digits (default: $SYNCOPATE_TOKEN, then --token-file,
