@@ -310,9 +310,11 @@ impl CreditTuner {
             if improved && self.credit(next) != self.credit(self.current) {
                 return Some(next.clamp(self.lo, self.hi));
             }
-            let first_up = dir > 0 && self.measured.len() == 2;
+            // Going up gained nothing over the start (or the start is the largest credit):
+            // try smaller credits instead.
+            let nothing_above = dir > 0 && self.best_exponent().is_some_and(|(j, _)| j == 0);
             let down = (-2).max(self.lo);
-            if first_up && !improved && down < 0 {
+            if nothing_above && down < 0 {
                 self.stage = Stage::Expand { dir: -2 };
                 return Some(down);
             }
@@ -409,6 +411,13 @@ mod tests {
     fn goes_down_when_larger_is_no_faster() {
         let mut t = CreditTuner::new(spec(64, 1, 1 << 20));
         run(&mut t, |c| 1.0 + (c as f64).log2().abs() / 10.0, 200);
+        assert_eq!(t.knobs().credit_bytes, 1, "{:?}", t.trials());
+    }
+
+    #[test]
+    fn a_search_starting_at_the_largest_credit_goes_down() {
+        let mut t = CreditTuner::new(spec(1 << 10, 1, 1 << 10));
+        run(&mut t, |c| 1.0 + (c as f64).log2() / 10.0, 200);
         assert_eq!(t.knobs().credit_bytes, 1, "{:?}", t.trials());
     }
 

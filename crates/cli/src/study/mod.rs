@@ -171,6 +171,8 @@ strategy = "allreduce"
             s["worker0"]["textbook_bytes_per_step"] = 1.8e6.into();
             s["frames_lost"] = 7.into();
             s["dlcp"] = serde_json::json!({"realised_loss": 0.0125});
+            s["worker0"]["tensor_completion"] =
+                serde_json::json!({"count": 8, "p50_s": 0.01, "p99_s": 0.03, "max_s": 0.04});
         }
         s
     }
@@ -269,16 +271,20 @@ strategy = "allreduce"
         assert_eq!(lines.len(), 1 + 4);
         assert!(lines[0].ends_with(
             "average_accuracy,divergence,bytes_per_step,textbook_bytes_per_step,\
-             mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,frames_lost,realised_loss"
+             mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,frames_lost,realised_loss,\
+             tensor_p50_s,tensor_p99_s"
         ));
         let zeta = lines.iter().find(|l| l.contains("zeta")).unwrap();
         assert!(
-            zeta.ends_with("0.8500,0.002000,2000000,1800000,75.0,2000000,3000000,12288,7,0.012500"),
+            zeta.ends_with(
+                "0.8500,0.002000,2000000,1800000,75.0,2000000,3000000,12288,7,0.012500,\
+                 0.010000,0.030000"
+            ),
             "{zeta}"
         );
         let alpha = lines.iter().find(|l| l.contains("alpha")).unwrap();
         assert!(
-            alpha.ends_with("NaN,NaN,NaN,NaN,75.0,2000000,3000000,12288,NaN,NaN"),
+            alpha.ends_with("NaN,NaN,NaN,NaN,75.0,2000000,3000000,12288,NaN,NaN,NaN,NaN"),
             "{alpha}"
         );
     }
