@@ -35,16 +35,24 @@ def import_torch():
     return torch
 
 
-MODELS = ("lenet", "mlp")
+MODELS = ("lenet", "mlp", "resnet20")
+
+# The input shape (channels, height, width) of each model.
+INPUT_SHAPES = {"lenet": (1, 28, 28), "mlp": (1, 28, 28), "resnet20": (3, 32, 32)}
 
 
 def build_model(name):
-    """Builds `name` ("lenet" or "mlp") for 1x28x28 inputs and 10 classes.
+    """Builds `name` for its INPUT_SHAPES input and 10 classes.
 
     lenet: conv 1->32 3x3, relu, maxpool 2, conv 32->64 3x3, relu, maxpool 2, flatten,
            fc 1600->128, relu, fc 128->10 (PyTorch's examples/mnist Net without the two
            dropout layers; its log_softmax + nll_loss equals the cross-entropy used here).
     mlp:   flatten, fc 784->512, relu, fc 512->256, relu, fc 256->10.
+    resnet20: He et al.'s CIFAR ResNet-20, as crates/train/src/model/zoo.rs builds it: conv
+           3->16 3x3 + batch norm + relu, three stages of three basic blocks (16, 32, 64
+           channels; the first block of stages 2 and 3 strides 2), option-A shortcuts
+           (subsample and zero-pad the channels: no parameters), global average pool, fc
+           64->10; 269,722 parameters.
     """
     import torch.nn as nn
 
@@ -70,7 +78,43 @@ def build_model(name):
             nn.ReLU(),
             nn.Linear(256, 10),
         )
+    if name == "resnet20":
+        return _resnet20()
     raise ValueError("unknown model %r (known: %s)" % (name, ", ".join(MODELS)))
+
+
+def _resnet20():
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.pad = cout - cin
+            self.stride = stride
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            shortcut = x
+            if self.stride != 1 or self.pad:
+                shortcut = x[:, :, :: self.stride, :: self.stride]
+                half = self.pad // 2
+                shortcut = F.pad(shortcut, (0, 0, 0, 0, half, self.pad - half))
+            return F.relu(out + shortcut)
+
+    layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(3):
+            layers.append(Block(cin, cout, stride if i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
+    return nn.Sequential(*layers)
 
 
 def count_params(model):

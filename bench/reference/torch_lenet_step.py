@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""Times one training step of PyTorch's MNIST-example LeNet (or an MLP) on the CPU.
+"""Times one training step of PyTorch's MNIST-example LeNet (or an MLP, or ResNet-20) on the CPU.
 
 Measures, on one process with `--threads` intra-op threads:
   fwd_bwd: forward + cross-entropy loss + backward (gradients zeroed outside the timing)
   step:    zero_grad + forward + loss + backward + SGD(lr 0.05, momentum 0.9) step
-on a fixed batch of random 1x28x28 inputs. Prints median, p10 and p90 in milliseconds.
+on a fixed batch of random inputs of the model's shape (1x28x28; ResNet-20 3x32x32). Prints
+median, p10 and p90 in milliseconds.
 
 Run with Debian's Python (see scripts/install-reference.sh):
   /usr/bin/python3 bench/reference/torch_lenet_step.py --threads 2 --iters 200 [--json]
@@ -49,7 +50,7 @@ def main(argv=None):
     model = rc.build_model(args.model)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = torch.randn(args.batch, 1, 28, 28)
+    x = torch.randn(args.batch, *rc.INPUT_SHAPES[args.model])
     y = torch.randint(0, 10, (args.batch,))
 
     def fwd_bwd():
