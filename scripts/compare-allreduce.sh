@@ -15,8 +15,12 @@
 #   --bench-args  more flags for our runs (bench-comm), e.g. "--frame-mac"
 #   --out       where the raw CSVs and the table go (default target/compare-allreduce)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
+# Each reference runs twice: back to back (rank 0 times its calls one after the other, as
+# bench-comm does) and barrier-timed (each call after a barrier, the slowest rank's time, the
+# references' own method), so the table compares like with like and shows the difference.
 # Prints a Markdown table (bus bandwidth 2(n-1)/n x bytes / median time, GB/s, and our ratio
-# to each reference) and writes it to OUT/table.md, with every measurement in OUT/raw.csv.
+# to each reference and method) and writes it to OUT/table.md, with every measurement in
+# OUT/raw.csv.
 # Needs the references: scripts/install-reference.sh (Open MPI, PyTorch); a reference that
 # is not installed is left out of the table with a warning.
 set -euo pipefail
@@ -31,7 +35,7 @@ bench_args=""
 out="$root/target/compare-allreduce"
 # shellcheck source=scripts/bench-common.sh
 source "$root/scripts/bench-common.sh"
-bench_parse_args compare-allreduce 21 "$@"
+bench_parse_args compare-allreduce 25 "$@"
 bench_binary
 have_mpi=1
 have_gloo=1
@@ -55,16 +59,22 @@ for round in $(seq 1 "$rounds"); do
     # shellcheck disable=SC2086
     "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$ours_sizes" \
       --min-time "$min_time" $bench_args 2>/dev/null | sed 's/^\[worker 0\] //' | collect syncopate "$round"
-    if [ $have_mpi = 1 ]; then
-      echo "round $round/$rounds, $n ranks: Open MPI" >&2
-      # shellcheck disable=SC2086
-      bench/reference/run_mpi_allreduce.sh "$n" --min-time "$min_time" $sizes 2>/dev/null | collect mpi "$round"
-    fi
-    if [ $have_gloo = 1 ]; then
-      echo "round $round/$rounds, $n ranks: Gloo" >&2
-      # shellcheck disable=SC2086
-      /usr/bin/python3 bench/reference/torch_gloo_allreduce.py --ranks "$n" --min-time "$min_time" $sizes 2>/dev/null | collect gloo "$round"
-    fi
+    # Each reference twice: back to back at rank 0 (as bench-comm times), and each call
+    # after a barrier at the slowest rank (the references' own method).
+    for mode in b2b barrier; do
+      flag=""
+      [ $mode = b2b ] && flag="--back-to-back"
+      if [ $have_mpi = 1 ]; then
+        echo "round $round/$rounds, $n ranks: Open MPI ($mode)" >&2
+        # shellcheck disable=SC2086
+        bench/reference/run_mpi_allreduce.sh "$n" --min-time "$min_time" $flag $sizes 2>/dev/null | collect "mpi-$mode" "$round"
+      fi
+      if [ $have_gloo = 1 ]; then
+        echo "round $round/$rounds, $n ranks: Gloo ($mode)" >&2
+        # shellcheck disable=SC2086
+        /usr/bin/python3 bench/reference/torch_gloo_allreduce.py --ranks "$n" --min-time "$min_time" $flag $sizes 2>/dev/null | collect "gloo-$mode" "$round"
+      fi
+    done
   done
 done
 
@@ -84,9 +94,11 @@ def med(key):
     v = bw.get(key)
     return statistics.median(v) if v else None
 
-impls = [i for i in ("mpi", "gloo") if any(k[0] == i for k in bw)]
-lines = ["| ranks | size | Syncopate | " + " | ".join(
-    {"mpi": "Open MPI | ours / MPI", "gloo": "Gloo | ours / Gloo"}[i] for i in impls) + " |"]
+names = {"mpi-b2b": "Open MPI, back to back", "mpi-barrier": "Open MPI, barrier",
+         "gloo-b2b": "Gloo, back to back", "gloo-barrier": "Gloo, barrier"}
+impls = [i for i in names if any(k[0] == i for k in bw)]
+lines = ["| ranks | size | Syncopate (back to back) | " + " | ".join(
+    "%s | ours / it" % names[i] for i in impls) + " |"]
 lines.append("|" + "---|" * (3 + 2 * len(impls)))
 for n, size in sorted({(k[1], k[2]) for k in bw}):
     ours = med(("syncopate", n, size))
@@ -96,7 +108,10 @@ for n, size in sorted({(k[1], k[2]) for k in bw}):
         cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
     lines.append("| " + " | ".join(cells) + " |")
 rounds = max((len(v) for v in bw.values()), default=0)
-text = "\n".join(lines) + "\n\nBus bandwidth in GB/s, median of %d round(s).\n" % rounds
+text = "\n".join(lines) + (
+    "\n\nBus bandwidth in GB/s, median of %d round(s). Back to back: rank 0 times its calls "
+    "one after the other (bench-comm's method); barrier: each call starts after a barrier "
+    "and takes the slowest rank's time (the references' own method).\n" % rounds)
 publish(text)
 EOF
 echo "raw measurements: $raw; table: $out/table.md" >&2

@@ -1,11 +1,13 @@
 /*
  * MPI_Allreduce(MPI_SUM, MPI_FLOAT) timing: the all-reduce baseline for Syncopate.
  *
- * Usage: mpi_allreduce [--min-time S] [--min-iters N] [SIZE ...]
+ * Usage: mpi_allreduce [--min-time S] [--min-iters N] [--back-to-back] [SIZE ...]
  *   SIZE  message size in bytes of float32 data, a multiple of 4; a suffix K, M or G
  *         (KiB, MiB, GiB) is accepted. Default: 4K 64K 1M 16M 100M.
  *   --min-time S   aim for at least S seconds of timed iterations per size (default 1.0)
  *   --min-iters N  at least N timed iterations per size (default 5)
+ *   --back-to-back time rank 0's calls one after the other, with no barrier, as
+ *                  `syncopate bench-comm` does (default: a barrier before each call)
  *
  * For each size: fills the send buffer, runs warm-up all-reduces (10, or 2 from 16 MiB up;
  * the sum is checked once), estimates the time of one call from the warm-up's second half, then times max(min-iters, min-time / estimate) calls
@@ -54,7 +56,7 @@ static long long parse_size(const char *s) {
 static void usage_error(int rank, const char *msg, const char *arg) {
     if (rank == 0) {
         fprintf(stderr, "mpi_allreduce: error: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
-        fprintf(stderr, "usage: mpi_allreduce [--min-time S] [--min-iters N] [SIZE[K|M|G] ...]\n");
+        fprintf(stderr, "usage: mpi_allreduce [--min-time S] [--min-iters N] [--back-to-back] [SIZE[K|M|G] ...]\n");
     }
     MPI_Finalize();
     exit(2);
@@ -70,6 +72,7 @@ int main(int argc, char **argv) {
     int nsizes = 0;
     double min_time = 1.0;
     int min_iters = 5;
+    int back_to_back = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--min-time") == 0 && i + 1 < argc) {
             min_time = atof(argv[++i]);
@@ -77,9 +80,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--min-iters") == 0 && i + 1 < argc) {
             min_iters = atoi(argv[++i]);
             if (min_iters < 1 || min_iters > MAX_ITERS) usage_error(rank, "bad --min-iters", argv[i]);
+        } else if (strcmp(argv[i], "--back-to-back") == 0) {
+            back_to_back = 1;
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             if (rank == 0)
-                printf("usage: mpi_allreduce [--min-time S] [--min-iters N] [SIZE[K|M|G] ...]\n");
+                printf("usage: mpi_allreduce [--min-time S] [--min-iters N] [--back-to-back] [SIZE[K|M|G] ...]\n");
             MPI_Finalize();
             return 0;
         } else {
@@ -152,12 +157,16 @@ int main(int argc, char **argv) {
         MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
 
         for (int it = 0; it < iters; it++) {
-            MPI_Barrier(MPI_COMM_WORLD);
+            if (!back_to_back) MPI_Barrier(MPI_COMM_WORLD);
             double a = MPI_Wtime();
             MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             times[it] = MPI_Wtime() - a;
         }
-        MPI_Reduce(times, tmax, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        /* Barrier-timed: a call's time is the slowest rank's; back to back: rank 0's own. */
+        if (back_to_back)
+            memcpy(tmax, times, sizeof(double) * (size_t)iters);
+        else
+            MPI_Reduce(times, tmax, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (rank == 0) {
             double med = median(tmax, iters);
             double busbw = med > 0.0 ? 2.0 * (ranks - 1) / ranks * (double)bytes / med / 1e9 : 0.0;

@@ -89,6 +89,10 @@ def parse_args(argv):
     p.add_argument("--min-iters", type=_int_in("--min-iters", 1, MAX_ITERS), default=5,
                    metavar="N",
                    help="at least N timed iterations per size (default 5)")
+    p.add_argument("--back-to-back", action="store_true",
+                   help="time rank 0's calls one after the other, with no barrier, as "
+                        "`syncopate bench-comm` does (default: a barrier before each call, "
+                        "the slowest rank's time)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="seconds a collective may wait before the run fails (default 120)")
     p.add_argument("sizes", nargs="*", type=parse_size, metavar="SIZE",
@@ -167,13 +171,15 @@ def worker(rank, args, port, result_queue):
             times = []
             for _ in range(iters):
                 buf.copy_(send)  # fresh input each call (outside the clock), as MPI's send buffer
-                dist.barrier()
+                if not args.back_to_back:
+                    dist.barrier()
                 a = time.perf_counter()
                 dist.all_reduce(buf, op=dist.ReduceOp.SUM)
                 times.append(time.perf_counter() - a)
             tmax = torch.tensor(times, dtype=torch.float64)
             keep.append(tmax)
-            dist.reduce(tmax, dst=0, op=dist.ReduceOp.MAX)
+            if not args.back_to_back:  # back to back: rank 0's own times
+                dist.reduce(tmax, dst=0, op=dist.ReduceOp.MAX)
             if rank == 0:
                 med = median(tmax.tolist())
                 busbw = 2.0 * (n - 1) / n * nbytes / med / 1e9 if med > 0.0 else 0.0
