@@ -55,6 +55,10 @@ pub enum StrategyKind {
     /// DLCP: P3 whose pushes are loss-tolerant packets, complete once a bounded fraction
     /// has arrived, with packet priority, priority dropping and per-packet paths.
     Dlcp,
+    /// DLCP over ring all-reduce: reduce-scatter hops of loss-tolerant packets complete at
+    /// the loss bound (lost contributions are missing from the sum), with packet priority,
+    /// priority dropping and per-packet paths.
+    DlcpAllreduce,
 }
 
 /// What a strategy averages across the workers.
@@ -69,7 +73,7 @@ pub enum Averaged {
 
 impl StrategyKind {
     /// Every strategy.
-    pub const ALL: [StrategyKind; 8] = [
+    pub const ALL: [StrategyKind; 9] = [
         StrategyKind::Ps,
         StrategyKind::PsNoOverlap,
         StrategyKind::Allreduce,
@@ -78,6 +82,7 @@ impl StrategyKind {
         StrategyKind::RingReduce,
         StrategyKind::Stepwise,
         StrategyKind::Dlcp,
+        StrategyKind::DlcpAllreduce,
     ];
 
     /// The strategy named `name` (as [`StrategyKind::name`] writes it).
@@ -96,6 +101,7 @@ impl StrategyKind {
             StrategyKind::RingReduce => "ring-reduce",
             StrategyKind::Stepwise => "stepwise",
             StrategyKind::Dlcp => "dlcp",
+            StrategyKind::DlcpAllreduce => "dlcp-allreduce",
         }
     }
 
@@ -131,6 +137,11 @@ impl StrategyKind {
                  bound, packet priority and priority dropping by layer and gradient \
                  magnitude, per-packet paths"
             }
+            StrategyKind::DlcpAllreduce => {
+                "DLCP over ring all-reduce (approximate): loss-tolerant reduce-scatter packets \
+                 complete at a loss bound, lost contributions missing from the sum; packet \
+                 priority, priority dropping, per-packet paths"
+            }
         }
     }
 
@@ -139,6 +150,11 @@ impl StrategyKind {
     pub fn summary(self) -> String {
         let size = if self.uses_servers() {
             format!("slices of {} parameters", self.default_slice_params())
+        } else if self.loss_tolerant() {
+            format!(
+                "a ring per key, packets of {} KiB",
+                super::dlcp::DEFAULT_PACKET_ELEMS * 4 / 1024
+            )
         } else {
             format!("buckets of {} MB", DEFAULT_BUCKET_BYTES as f64 / 1e6)
         };
@@ -164,7 +180,7 @@ impl StrategyKind {
     /// Whether it sends loss-tolerant frames and completes without some of them (exact
     /// only with `--loss-bound 0`).
     pub fn loss_tolerant(self) -> bool {
-        self == StrategyKind::Dlcp
+        matches!(self, StrategyKind::Dlcp | StrategyKind::DlcpAllreduce)
     }
 
     /// Whether its workers pass values along the ring's chain ([`super::ChainPass`]).
@@ -191,6 +207,7 @@ impl StrategyKind {
                 | StrategyKind::RingReduce
                 | StrategyKind::Stepwise
                 | StrategyKind::Dlcp
+                | StrategyKind::DlcpAllreduce
         )
     }
 
@@ -205,7 +222,9 @@ impl StrategyKind {
     /// The scheduler used when none is asked for.
     pub fn default_scheduler(self) -> SchedulerKind {
         match self {
-            StrategyKind::P3 | StrategyKind::Dlcp => SchedulerKind::Priority,
+            StrategyKind::P3 | StrategyKind::Dlcp | StrategyKind::DlcpAllreduce => {
+                SchedulerKind::Priority
+            }
             _ => SchedulerKind::Fifo,
         }
     }

@@ -45,7 +45,7 @@ mod tests;
 mod traffic;
 
 pub use chain::ChainPass;
-pub use dlcp::{DlcpOptions, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
+pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
 pub use kind::{
     Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
     DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
@@ -136,6 +136,18 @@ pub trait WorkerSync: Endpoint {
     /// from the next frame on. Endpoints without such settings ignore it.
     fn retune(&mut self, knobs: Knobs) {
         let _ = knobs;
+    }
+
+    /// What a loss-tolerant worker lost and filled in so far (`None` where the workers
+    /// lose nothing: reliable strategies, and parameter servers, whose servers count).
+    fn loss_stats(&self) -> Option<LossStats> {
+        None
+    }
+
+    /// Per key, the values a loss-tolerant worker received and filled in (empty where
+    /// [`WorkerSync::loss_stats`] is `None`).
+    fn key_loss(&self) -> Vec<KeyLoss> {
+        Vec::new()
     }
 }
 

@@ -10,8 +10,8 @@ use super::kind::{
     FRAME_ELEMS,
 };
 use super::{
-    ChainPass, ChainSchedule, DlcpOptions, DlcpServer, DlcpWorker, PsServer, PsWorker, Rank,
-    RingAllReduce, ServerOptim, ServerSync, StepwiseHead, StrategyKind, WorkerSync,
+    ChainPass, ChainSchedule, DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, PsServer, PsWorker,
+    Rank, RingAllReduce, ServerOptim, ServerSync, StepwiseHead, StrategyKind, WorkerSync,
 };
 use crate::registry::{KeyInfo, TensorRegistry};
 use crate::sched::SchedulerKind;
@@ -46,7 +46,7 @@ pub enum PlanError {
     #[error("{0} applies to --strategy stepwise only (this job runs {1})")]
     StepwiseOnly(&'static str, &'static str),
     /// A DLCP setting given to another strategy.
-    #[error("the DLCP settings (--loss-bound, --packet-bytes, --loss-fill, --dlcp-*) apply to --strategy dlcp only (this job runs {0})")]
+    #[error("the DLCP settings (--loss-bound, --packet-bytes, --loss-fill, --pull-loss-bound, --dlcp-*) apply to --strategy dlcp and dlcp-allreduce only (this job runs {0})")]
     DlcpOnly(&'static str),
     /// A DLCP setting out of range.
     #[error("{0}")]
@@ -143,7 +143,7 @@ impl SyncPlan {
             frame_elems: scale_count(self.frame_elems, factor),
             direct_share_elems: scale_count(self.direct_share_elems, factor),
             chain_segment_elems: scale_count(self.chain_segment_elems, factor),
-            dlcp: if self.strategy == StrategyKind::Dlcp {
+            dlcp: if self.strategy.loss_tolerant() {
                 DlcpOptions {
                     packet_elems: scale_count(self.dlcp.packet_elems, factor),
                     ..self.dlcp
@@ -179,17 +179,18 @@ impl SyncPlan {
         if self.scheduler.uses_credit() && self.credit_bytes == 0 {
             return Err(PlanError::Zero("credit_bytes"));
         }
-        if self.strategy == StrategyKind::Dlcp {
+        if self.strategy.loss_tolerant() {
             self.dlcp
                 .validate(self.frame_elems)
                 .map_err(PlanError::Dlcp)?;
             if self.scheduler != SchedulerKind::Priority {
                 return Err(PlanError::Dlcp(format!(
-                    "--scheduler {}: dlcp always sends the most urgent layer's packets first \
+                    "--scheduler {}: {name} always sends the most urgent layer's packets first \
                      (leave the scheduler at its default, priority)",
                     self.scheduler.name()
                 )));
             }
+            self.validate_dlcp_variant()?;
         } else if self.dlcp != DlcpOptions::default() {
             return Err(PlanError::DlcpOnly(name));
         }
@@ -203,6 +204,26 @@ impl SyncPlan {
             if self.stepwise_head != StepwiseHead::default() {
                 return Err(PlanError::StepwiseOnly("--stepwise-head", name));
             }
+        }
+        Ok(())
+    }
+
+    /// What one DLCP strategy supports and the other does not.
+    fn validate_dlcp_variant(&self) -> Result<(), PlanError> {
+        let ring = self.strategy == StrategyKind::DlcpAllreduce;
+        if ring && self.dlcp.fill == super::LossFill::Rescale {
+            return Err(PlanError::Dlcp(
+                "--loss-fill rescale: a ring's partial sums carry no count of their \
+                 contributors, so dlcp-allreduce fills lost values with zero only"
+                    .into(),
+            ));
+        }
+        if !ring && self.dlcp.pull_loss_bound_ppm() > 0 {
+            return Err(PlanError::Dlcp(
+                "--pull-loss-bound applies to dlcp-allreduce (its all-gather); dlcp's \
+                 parameters always come back whole"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -245,7 +266,7 @@ impl SyncPlan {
                 self.full_sync_every
             ));
         }
-        if self.strategy == StrategyKind::Dlcp {
+        if self.strategy.loss_tolerant() {
             d.push_str(&self.dlcp.descriptor());
         }
         if self.scheduler.uses_credit() {
@@ -330,6 +351,9 @@ impl SyncPlan {
             }
             let ps = PsWorker::new(rank, self.workers, reg, overlap, self.scheduler, credit);
             return Box::new(ps);
+        }
+        if self.strategy == StrategyKind::DlcpAllreduce {
+            return Box::new(DlcpRing::new(rank, self.workers, keys, self.dlcp));
         }
         let ring = RingAllReduce::new(
             rank,

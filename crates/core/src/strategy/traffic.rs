@@ -30,9 +30,10 @@ pub fn textbook_bytes_per_step(strategy: StrategyKind, workers: usize, model_byt
         StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 | StrategyKind::Dlcp => {
             model_bytes
         }
-        StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap | StrategyKind::RingReduce => {
-            2.0 * hops * model_bytes
-        }
+        StrategyKind::Allreduce
+        | StrategyKind::AllreduceNoOverlap
+        | StrategyKind::RingReduce
+        | StrategyKind::DlcpAllreduce => 2.0 * hops * model_bytes,
         StrategyKind::Stepwise => hops * model_bytes,
     }
 }

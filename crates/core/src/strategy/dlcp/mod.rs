@@ -24,12 +24,15 @@
 //! Parameters come back reliably and whole, as in P3 (MLT's loss-tolerant pulls are not
 //! built). With `loss_bound` 0 every packet is needed, and the result is exactly P3's.
 
+mod chunks;
 mod geometry;
+mod ring;
 mod server;
 mod tally;
 mod worker;
 
 pub use geometry::Geometry;
+pub use ring::DlcpRing;
 pub use server::DlcpServer;
 pub use worker::DlcpWorker;
 
@@ -93,6 +96,10 @@ pub struct DlcpOptions {
     pub priority: bool,
     /// Per-packet path choice (off: packets follow their flow's path, as ECMP hashing).
     pub spray: bool,
+    /// Fraction of the all-gather's packets per hop that may be missing (`dlcp-allreduce`
+    /// only), in [0, 0.5]; a lost entry keeps the previous step's value. 0 (the default)
+    /// sends the all-gather reliably, so every worker applies the same gradient.
+    pub pull_loss_bound: f64,
 }
 
 impl Default for DlcpOptions {
@@ -104,6 +111,7 @@ impl Default for DlcpOptions {
             drop_quantile: DEFAULT_DROP_QUANTILE,
             priority: true,
             spray: true,
+            pull_loss_bound: 0.0,
         }
     }
 }
@@ -113,6 +121,11 @@ impl DlcpOptions {
     /// integer arithmetic, so a key of 100 packets at 1 % needs exactly 99).
     pub fn loss_bound_ppm(&self) -> u64 {
         (self.loss_bound.clamp(0.0, 1.0) * 1e6).round() as u64
+    }
+
+    /// [`DlcpOptions::pull_loss_bound`] in parts per million.
+    pub fn pull_loss_bound_ppm(&self) -> u64 {
+        (self.pull_loss_bound.clamp(0.0, 1.0) * 1e6).round() as u64
     }
 
     /// What every process must agree on, for the handshake.
@@ -125,7 +138,11 @@ impl DlcpOptions {
             self.drop_quantile,
             u8::from(self.priority),
             u8::from(self.spray)
-        )
+        ) + &if self.pull_loss_bound_ppm() > 0 {
+            format!("/pull-bound={}", self.pull_loss_bound_ppm())
+        } else {
+            String::new()
+        }
     }
 
     /// Checks the ranges; the error names the flag.
@@ -134,6 +151,12 @@ impl DlcpOptions {
             return Err(format!(
                 "--loss-bound must lie in [0, 0.5], not {}",
                 self.loss_bound
+            ));
+        }
+        if !(0.0..=0.5).contains(&self.pull_loss_bound) {
+            return Err(format!(
+                "--pull-loss-bound must lie in [0, 0.5], not {}",
+                self.pull_loss_bound
             ));
         }
         if self.packet_elems == 0 || self.packet_elems > frame_elems {
@@ -168,6 +191,10 @@ pub struct LossStats {
     pub probes_answered: u64,
     /// Stops sent.
     pub stops: u64,
+    /// Values of loss-tolerant all-gather packets that never arrived and kept the previous
+    /// step's value (`dlcp-allreduce` with a pull bound).
+    #[serde(default)]
+    pub entries_stale: u64,
 }
 
 impl LossStats {
@@ -179,6 +206,7 @@ impl LossStats {
         self.packets_ignored += o.packets_ignored;
         self.probes_answered += o.probes_answered;
         self.stops += o.stops;
+        self.entries_stale += o.entries_stale;
     }
 
     /// The realised loss: the fraction of gradient values filled in.
@@ -302,3 +330,6 @@ mod tests {
 
 #[cfg(test)]
 mod endpoint_tests;
+
+#[cfg(test)]
+mod ring_tests;

@@ -44,6 +44,11 @@ impl PacketTally {
         self.count >= self.needed
     }
 
+    /// Whether every packet is in.
+    pub fn is_whole(&self) -> bool {
+        self.count >= self.packets
+    }
+
     /// Whether packet `i` is in.
     pub fn has(&self, i: usize) -> bool {
         self.arrived

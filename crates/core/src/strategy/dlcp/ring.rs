@@ -1,0 +1,904 @@
+//! DLCP over the ring (`--strategy dlcp-allreduce`): a ring all-reduce per key whose hops
+//! carry loss-tolerant packets and complete at the loss bound.
+//!
+//! Each key is cut into one chunk per worker. In the reduce-scatter, worker `r` sends its
+//! own chunk `r` to its right-hand neighbour, adds each packet of chunk `r - 1 - s` that
+//! arrives at hop `s` to its gradient and forwards it at hop `s + 1`, packet by packet; the
+//! owner of chunk `r + 1` holds its whole sum after hop `n - 2`. The all-gather forwards the
+//! owners' sums around the ring the same way. Every hop is counted as a DLCP server counts a
+//! share: once `ceil((1 - p) n)` of a chunk's packets are in, the receiver sends Stop to the
+//! sender and forwards the packets still missing with what it has (its own values: the lost
+//! contributions are simply missing from the sum). A sender that has sent a chunk's packets
+//! without a Stop probes; the receiver answers with the bitmap of what is missing.
+//!
+//! The all-gather is reliable and exact by default; with a pull bound above 0 it is
+//! loss-tolerant too, and a lost entry keeps the previous step's value (MLT's pulls).
+//! Additions are `local + received` in ring order, so with no loss every worker ends with
+//! the same bits in any interleaving. Control frames (Probe, Stop, Missing) name the chunk
+//! in `offset` and the phase in `sequence` (0 reduce-scatter, 1 all-gather).
+
+use std::collections::{BTreeSet, VecDeque};
+
+use super::chunks::RingChunks;
+use super::tally::{indices_of, packets_needed, PacketTally};
+use super::{class_of_layer, drop_eligible, DlcpOptions, KeyLoss, LossStats};
+use crate::aggregate::{add_assign, scale};
+use crate::registry::KeyInfo;
+use crate::strategy::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
+use crate::wire::{encode_data_frame, f32_bytes, Flags, FrameKind, Header};
+
+/// The two halves of the ring all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    /// All-gather: forwards complete sums (served before reduce-scatter packets).
+    Gather = 0,
+    /// Reduce-scatter: forwards partial sums.
+    Reduce = 1,
+}
+
+impl Phase {
+    fn kind(self) -> FrameKind {
+        match self {
+            Phase::Reduce => FrameKind::Reduce,
+            Phase::Gather => FrameKind::Gather,
+        }
+    }
+
+    fn from_sequence(sequence: u64) -> Option<Phase> {
+        match sequence {
+            0 => Some(Phase::Reduce),
+            1 => Some(Phase::Gather),
+            _ => None,
+        }
+    }
+
+    fn sequence(self) -> u64 {
+        match self {
+            Phase::Reduce => 0,
+            Phase::Gather => 1,
+        }
+    }
+}
+
+/// The hops into this worker of one phase and step, per key and chunk (`key * n + chunk`).
+struct Hops {
+    tally: Vec<PacketTally>,
+    /// The sender has sent every packet once (it probed): the bound may complete the hop.
+    probed: Vec<bool>,
+    /// Complete: the sender was stopped, what is missing filled in and passed on.
+    done: Vec<bool>,
+}
+
+impl Hops {
+    fn new(geo: &RingChunks, n: usize, ppm: u64) -> Self {
+        let tally: Vec<PacketTally> = (0..geo.keys() * n)
+            .map(|i| {
+                let packets = geo.chunk_packets(i / n, i % n);
+                PacketTally::new(packets, packets_needed(packets, ppm))
+            })
+            .collect();
+        let mut hops = Self {
+            probed: vec![false; tally.len()],
+            done: vec![false; tally.len()],
+            tally,
+        };
+        hops.reset();
+        hops
+    }
+
+    fn reset(&mut self) {
+        self.tally.iter_mut().for_each(PacketTally::reset);
+        self.probed.fill(false);
+        for (done, t) in self.done.iter_mut().zip(&self.tally) {
+            *done = t.is_whole();
+        }
+    }
+
+    /// Whether hop `i` may complete now: every packet is in, or the sender has sent them
+    /// all and enough are in. Counting alone would stop packets that are merely behind.
+    fn may_complete(&self, i: usize) -> bool {
+        !self.done[i]
+            && (self.tally[i].is_whole() || (self.probed[i] && self.tally[i].is_complete()))
+    }
+}
+
+/// The receive side of one step: both phases' hops, and reduce packets that came before
+/// this worker's own gradient.
+struct Round {
+    step: u64,
+    hops: [Hops; 2],
+    inbox: Vec<Vec<f32>>,
+}
+
+/// This worker's sending of one chunk of one key in one phase, this step.
+#[derive(Debug, Default, Clone)]
+struct Send {
+    queue: VecDeque<usize>,
+    /// Packets made ready to go (each once); a probe waits for all of them.
+    ready: usize,
+    handed: usize,
+    stopped: bool,
+    probing: bool,
+}
+
+/// A control frame for the left-hand neighbour: a Stop, or a Missing and its bitmap.
+struct Control {
+    header: Header,
+    words: Vec<u32>,
+}
+
+/// The worker side of `--strategy dlcp-allreduce`.
+pub struct DlcpRing {
+    rank: Rank,
+    n: usize,
+    left: Rank,
+    right: Rank,
+    opts: DlcpOptions,
+    layers: Vec<usize>,
+    classes: usize,
+    geo: RingChunks,
+    step: u64,
+    begun: bool,
+    sum: Vec<Vec<f32>>,
+    out: Vec<Vec<f32>>,
+    rounds: [Round; 2],
+    grad_in: Vec<bool>,
+    finished: Vec<bool>,
+    keys_left: usize,
+    /// Per key, chunk and phase (`(key * n + chunk) * 2 + phase`).
+    sends: Vec<Send>,
+    sends_open: usize,
+    active: BTreeSet<(usize, Phase, usize, usize)>,
+    control: VecDeque<Control>,
+    events: VecDeque<WorkerEvent>,
+    step_done: bool,
+    lent: usize,
+    sequence: u64,
+    scratch: Vec<f32>,
+    bitmap: Vec<f32>,
+    marks: Vec<Vec<bool>>,
+    stats: LossStats,
+    key_loss: Vec<KeyLoss>,
+}
+
+impl DlcpRing {
+    /// Worker `rank` of a ring of `workers` for a model with these keys.
+    pub fn new(rank: Rank, workers: usize, keys: Vec<KeyInfo>, opts: DlcpOptions) -> Self {
+        let n = workers.max(1);
+        let geo = RingChunks::new(&keys, n, opts.packet_elems);
+        let round = || Round {
+            step: u64::MAX,
+            hops: [
+                Hops::new(&geo, n, opts.pull_loss_bound_ppm()),
+                Hops::new(&geo, n, opts.loss_bound_ppm()),
+            ],
+            inbox: keys.iter().map(|k| vec![0.0; k.numel]).collect(),
+        };
+        let rounds = [round(), round()];
+        Self {
+            rank,
+            n,
+            left: (rank + n - 1) % n,
+            right: (rank + 1) % n,
+            layers: keys.iter().map(|k| k.layer).collect(),
+            classes: keys.iter().map(|k| k.layer + 1).max().unwrap_or(1),
+            step: 0,
+            begun: false,
+            sum: keys.iter().map(|k| vec![0.0; k.numel]).collect(),
+            out: keys.iter().map(|k| vec![0.0; k.numel]).collect(),
+            rounds,
+            grad_in: vec![false; keys.len()],
+            finished: vec![false; keys.len()],
+            keys_left: 0,
+            sends: vec![Send::default(); keys.len() * n * 2],
+            sends_open: 0,
+            active: BTreeSet::new(),
+            control: VecDeque::new(),
+            events: VecDeque::new(),
+            step_done: true,
+            lent: 0,
+            sequence: 0,
+            scratch: vec![0.0; opts.packet_elems.max(1)],
+            bitmap: Vec::new(),
+            marks: vec![Vec::new(); keys.len()],
+            stats: LossStats::default(),
+            key_loss: vec![KeyLoss::default(); keys.len()],
+            opts,
+            geo,
+        }
+    }
+
+    fn send_index(&self, key: usize, chunk: usize, phase: Phase) -> usize {
+        (key * self.n + chunk) * 2 + phase as usize
+    }
+
+    /// The chunk this worker owns the sum of after the reduce-scatter.
+    fn owned(&self) -> usize {
+        (self.rank + 1) % self.n
+    }
+
+    /// Whether this worker sends chunk `c` in `phase`: every chunk but the one it owns in
+    /// the reduce-scatter, every chunk but its right-hand neighbour's in the all-gather.
+    fn sends_chunk(&self, phase: Phase, c: usize) -> bool {
+        self.n > 1
+            && match phase {
+                Phase::Reduce => c != self.owned(),
+                Phase::Gather => c != (self.rank + 2) % self.n,
+            }
+    }
+
+    /// Whether this worker receives chunk `c` in `phase`.
+    fn receives_chunk(&self, phase: Phase, c: usize) -> bool {
+        self.n > 1
+            && match phase {
+                Phase::Reduce => c != self.rank,
+                Phase::Gather => c != self.owned(),
+            }
+    }
+
+    fn phase_reliable(&self, phase: Phase) -> bool {
+        phase == Phase::Gather && self.opts.pull_loss_bound_ppm() == 0
+    }
+
+    fn class(&self, key: usize) -> u8 {
+        if self.opts.priority {
+            class_of_layer(self.layers[key], self.classes)
+        } else {
+            0
+        }
+    }
+
+    /// The receive state of step `x`, started afresh if it held an earlier step (which is
+    /// over: only this step's and the next one's frames are accepted).
+    fn round(&mut self, x: u64) -> &mut Round {
+        let r = &mut self.rounds[(x % 2) as usize];
+        if r.step != x {
+            r.step = x;
+            r.hops.iter_mut().for_each(Hops::reset);
+        }
+        r
+    }
+
+    fn queue(&mut self, phase: Phase, key: usize, c: usize, j: usize) {
+        let i = self.send_index(key, c, phase);
+        let s = &mut self.sends[i];
+        if s.stopped {
+            return;
+        }
+        s.queue.push_back(j);
+        s.ready += 1;
+        self.active.insert((self.layers[key], phase, key, c));
+    }
+
+    /// Packet `j` of chunk `c` of `key` is as complete as it will get at this worker this
+    /// step (added, or filled): pass it on.
+    fn ready_reduced(&mut self, key: usize, c: usize, j: usize) {
+        let hop = (self.rank + self.n - 1 - c) % self.n;
+        if hop + 2 < self.n {
+            self.queue(Phase::Reduce, key, c, j);
+            return;
+        }
+        if let Some(p) = self.geo.packet(key, c, j) {
+            let range = p.offset..p.offset + p.len;
+            self.out[key][range.clone()].copy_from_slice(&self.sum[key][range]);
+            self.queue(Phase::Gather, key, c, j);
+        }
+    }
+
+    /// Reduce packets of chunk `c` held for this step: adds those that arrived and passes
+    /// on those ready (all once the hop is complete).
+    fn absorb_reduce(&mut self, key: usize, c: usize) {
+        let step = self.step;
+        let packets = self.geo.chunk_packets(key, c);
+        let idx = key * self.n + c;
+        for j in 0..packets {
+            let round = self.round(step);
+            let hops = &round.hops[Phase::Reduce as usize];
+            let (has, complete) = (hops.tally[idx].has(j), hops.done[idx]);
+            if has {
+                if let Some(p) = self.geo.packet(key, c, j) {
+                    let range = p.offset..p.offset + p.len;
+                    let inbox = &self.rounds[(step % 2) as usize].inbox[key];
+                    add_assign(&mut self.sum[key][range.clone()], &inbox[range]);
+                }
+            }
+            if has || complete {
+                self.ready_reduced(key, c, j);
+            }
+        }
+    }
+
+    /// Counts the values filled when a hop completes.
+    fn count_fill(&mut self, phase: Phase, key: usize, c: usize, tally: &PacketTally) {
+        let packets = self.geo.chunk_packets(key, c);
+        let mut values = 0u64;
+        let mut filled = 0u64;
+        for j in 0..packets {
+            if let Some(p) = self.geo.packet(key, c, j) {
+                values += p.len as u64;
+                if !tally.has(j) {
+                    filled += p.len as u64;
+                }
+            }
+        }
+        match phase {
+            Phase::Reduce => {
+                self.stats.entries += values;
+                self.stats.entries_filled += filled;
+                self.key_loss[key].entries += values;
+                self.key_loss[key].filled += filled;
+            }
+            Phase::Gather => self.stats.entries_stale += filled,
+        }
+    }
+
+    fn control_header(
+        &self,
+        kind: FrameKind,
+        x: u64,
+        key: usize,
+        c: usize,
+        phase: Phase,
+    ) -> Header {
+        let mut h = Header::data(kind, x, key as u32, c as u32, 0);
+        h.sequence = phase.sequence();
+        h.sender = self.rank as u32;
+        h.flags = Flags::class(self.class(key));
+        h.priority = self.layers[key] as i32;
+        h
+    }
+
+    fn check_final(&mut self, key: usize) {
+        if self.finished[key] || !self.grad_in[key] || !self.begun {
+            return;
+        }
+        let step = self.step;
+        let owned = self.owned();
+        let n = self.n;
+        if n > 1 {
+            let round = self.round(step);
+            let base = key * n;
+            let [gather, reduce] = &round.hops;
+            let done =
+                reduce.done[base + owned] && (0..n).all(|c| c == owned || gather.done[base + c]);
+            if !done {
+                return;
+            }
+        }
+        self.finished[key] = true;
+        self.keys_left -= 1;
+        self.events.push_back(WorkerEvent::GradReady(key));
+        self.maybe_step_done();
+    }
+
+    fn maybe_step_done(&mut self) {
+        if !self.step_done
+            && self.begun
+            && self.keys_left == 0
+            && self.sends_open == 0
+            && self.lent == 0
+        {
+            self.step_done = true;
+            self.events.push_back(WorkerEvent::StepDone);
+        }
+    }
+
+    fn close_send(&mut self, i: usize) {
+        let s = &mut self.sends[i];
+        if !s.stopped {
+            s.stopped = true;
+            s.queue.clear();
+            self.sends_open -= 1;
+        }
+    }
+
+    /// The next data frame for the right-hand neighbour: the most urgent chunk's next
+    /// packet, or its probe after the last.
+    fn next_data(&mut self) -> Option<Header> {
+        loop {
+            let &(layer, phase, key, c) = self.active.first()?;
+            let i = self.send_index(key, c, phase);
+            if let Some(j) = self.sends[i].queue.pop_front() {
+                return self.packet_header(i, layer, phase, key, c, j);
+            }
+            self.active.remove(&(layer, phase, key, c));
+            let reliable = self.phase_reliable(phase);
+            let all_ready = self.sends[i].ready >= self.geo.chunk_packets(key, c);
+            let s = &mut self.sends[i];
+            if all_ready && !(reliable || s.stopped || s.probing) {
+                s.probing = true;
+                return Some(self.control_header(FrameKind::Probe, self.step, key, c, phase));
+            }
+        }
+    }
+
+    /// The header of packet `j` of send `i`, taken off its queue.
+    fn packet_header(
+        &mut self,
+        i: usize,
+        layer: usize,
+        phase: Phase,
+        key: usize,
+        c: usize,
+        j: usize,
+    ) -> Option<Header> {
+        let reliable = self.phase_reliable(phase);
+        let p = self.geo.packet(key, c, j)?;
+        let mut h = Header::data(
+            phase.kind(),
+            self.step,
+            key as u32,
+            p.offset as u32,
+            p.len as u32,
+        );
+        let mut flags = Flags::class(self.class(key));
+        if !reliable {
+            let marked = phase == Phase::Reduce
+                && self.opts.priority
+                && self.marks[key].get(p.in_key).copied().unwrap_or(false);
+            flags = flags
+                .loss_tolerant()
+                .drop_eligible_if(marked)
+                .spray_if(self.opts.spray);
+        }
+        h.flags = flags;
+        h.priority = layer as i32;
+        h.sequence = self.sequence;
+        h.sender = self.rank as u32;
+        self.sequence += 1;
+        if reliable {
+            self.sends[i].handed += 1;
+            if self.sends[i].handed >= self.geo.chunk_packets(key, c) {
+                self.close_send(i);
+            }
+            if self.sends[i].queue.is_empty() {
+                self.active.remove(&(layer, phase, key, c));
+            }
+        }
+        Some(h)
+    }
+
+    fn payload(&self, h: &Header) -> &[f32] {
+        let buf = match h.kind {
+            FrameKind::Reduce => &self.sum,
+            FrameKind::Gather => &self.out,
+            _ => return &[],
+        };
+        let start = h.offset as usize;
+        buf.get(h.key as usize)
+            .and_then(|v| v.get(start..start + h.length as usize))
+            .unwrap_or(&[])
+    }
+
+    /// Checks the step of a frame about a transfer into this worker: `Ok(false)` if it is
+    /// late (of a step already over), an error if it is too far ahead.
+    fn check_incoming_step(
+        &self,
+        link: Rank,
+        h: &Header,
+        ahead: bool,
+    ) -> Result<bool, ProtocolError> {
+        if h.step < self.step {
+            return Ok(false);
+        }
+        let next_ok = ahead && self.begun && h.step == self.step + 1;
+        if h.step == self.step || next_ok {
+            return Ok(true);
+        }
+        Err(ProtocolError::unexpected(
+            link,
+            h,
+            &format!("step ahead (this worker is at step {})", self.step),
+        ))
+    }
+
+    fn check_link(&self, link: Rank, h: &Header, from_left: bool) -> Result<(), ProtocolError> {
+        let want = if from_left { self.left } else { self.right };
+        if self.n < 2 || link != want {
+            let side = if from_left { "left" } else { "right" };
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!(
+                    "a {:?} frame comes only from the {side}-hand neighbour",
+                    h.kind
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The chunk and phase a control frame names, checked.
+    fn control_target(
+        &self,
+        link: Rank,
+        h: &Header,
+    ) -> Result<(usize, usize, Phase), ProtocolError> {
+        let key = h.key as usize;
+        let c = h.offset as usize;
+        let phase = Phase::from_sequence(h.sequence)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such phase"))?;
+        if key >= self.geo.keys() || c >= self.n || self.geo.chunk_packets(key, c) == 0 {
+            return Err(ProtocolError::unexpected(link, h, "no such chunk"));
+        }
+        Ok((key, c, phase))
+    }
+
+    fn handle_packet(&mut self, link: Rank, h: &Header, phase: Phase) -> Result<(), ProtocolError> {
+        self.check_link(link, h, true)?;
+        let key = h.key as usize;
+        let p = self
+            .geo
+            .locate(key, h.offset as usize, h.length as usize)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
+        if !self.receives_chunk(phase, p.chunk) {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a chunk this worker does not receive in that phase",
+            ));
+        }
+        if !self.check_incoming_step(link, h, phase == Phase::Reduce)? {
+            self.stats.packets_ignored += 1;
+            return Ok(());
+        }
+        let x = h.step;
+        let idx = key * self.n + p.chunk;
+        let hops = &mut self.round(x).hops[phase as usize];
+        if hops.done[idx] || hops.tally[idx].has(p.in_chunk) {
+            self.stats.packets_ignored += 1;
+            return Ok(());
+        }
+        hops.tally[idx].mark(p.in_chunk);
+        let completed = hops.may_complete(idx);
+        self.stats.packets += 1;
+        let range = p.offset..p.offset + p.len;
+        let values = &self.scratch[..p.len];
+        let current = x == self.step && self.grad_in[key];
+        match phase {
+            Phase::Reduce if current => {
+                add_assign(&mut self.sum[key][range], values);
+                self.ready_reduced(key, p.chunk, p.in_chunk);
+            }
+            Phase::Reduce => {
+                self.rounds[(x % 2) as usize].inbox[key][range].copy_from_slice(values);
+            }
+            Phase::Gather => {
+                self.out[key][range].copy_from_slice(values);
+                if self.sends_chunk(Phase::Gather, p.chunk) {
+                    self.queue(Phase::Gather, key, p.chunk, p.in_chunk);
+                }
+            }
+        }
+        if completed {
+            self.hop_complete(x, key, p.chunk, phase, current);
+        }
+        self.check_final(key);
+        Ok(())
+    }
+
+    /// A hop into this worker has enough packets: stop the sender, fill in, pass on.
+    fn hop_complete(&mut self, x: u64, key: usize, c: usize, phase: Phase, current: bool) {
+        let idx = key * self.n + c;
+        let hops = &mut self.round(x).hops[phase as usize];
+        hops.done[idx] = true;
+        let tally = hops.tally[idx].clone();
+        self.count_fill(phase, key, c, &tally);
+        if !self.phase_reliable(phase) {
+            self.stats.stops += 1;
+            let header = self.control_header(FrameKind::Stop, x, key, c, phase);
+            self.control.push_back(Control {
+                header,
+                words: Vec::new(),
+            });
+        }
+        let forward = match phase {
+            Phase::Reduce => current,
+            Phase::Gather => self.sends_chunk(Phase::Gather, c),
+        };
+        if !forward {
+            return;
+        }
+        for j in (0..self.geo.chunk_packets(key, c)).filter(|&j| !tally.has(j)) {
+            match phase {
+                Phase::Reduce => self.ready_reduced(key, c, j),
+                Phase::Gather => self.queue(Phase::Gather, key, c, j),
+            }
+        }
+    }
+
+    fn handle_probe(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        self.check_link(link, h, true)?;
+        let (key, c, phase) = self.control_target(link, h)?;
+        if !self.receives_chunk(phase, c) {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a probe for a chunk not sent here",
+            ));
+        }
+        if !self.check_incoming_step(link, h, phase == Phase::Reduce)? {
+            return Ok(());
+        }
+        let idx = key * self.n + c;
+        let hops = &mut self.round(h.step).hops[phase as usize];
+        if hops.done[idx] {
+            return Ok(());
+        }
+        hops.probed[idx] = true;
+        if hops.may_complete(idx) {
+            let current = h.step == self.step && self.grad_in[key];
+            self.hop_complete(h.step, key, c, phase, current);
+            self.check_final(key);
+            return Ok(());
+        }
+        // The sender resends what is missing and probes again when it is through.
+        hops.probed[idx] = false;
+        let words = hops.tally[idx].missing_words();
+        self.stats.probes_answered += 1;
+        let mut header = self.control_header(FrameKind::Missing, h.step, key, c, phase);
+        header.length = words.len() as u32;
+        header.payload_len = header.length.saturating_mul(4);
+        self.control.push_back(Control { header, words });
+        Ok(())
+    }
+
+    /// A Stop or a Missing about this worker's sending; `Ok(None)` if it is about a step
+    /// already over.
+    fn outgoing_target(
+        &self,
+        link: Rank,
+        h: &Header,
+    ) -> Result<Option<(usize, usize, Phase)>, ProtocolError> {
+        self.check_link(link, h, false)?;
+        let (key, c, phase) = self.control_target(link, h)?;
+        if !self.sends_chunk(phase, c) {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "about a chunk not sent from here",
+            ));
+        }
+        if h.step < self.step || !self.begun {
+            return Ok(None);
+        }
+        if h.step > self.step {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                &format!("step ahead (this worker is at step {})", self.step),
+            ));
+        }
+        Ok(Some((key, c, phase)))
+    }
+
+    fn handle_missing(
+        &mut self,
+        link: Rank,
+        h: &Header,
+        (key, c, phase): (usize, usize, Phase),
+    ) -> Result<(), ProtocolError> {
+        let i = self.send_index(key, c, phase);
+        let words: Vec<u32> = self.bitmap.iter().map(|w| w.to_bits()).collect();
+        let missing = indices_of(&words, self.geo.chunk_packets(key, c))
+            .map_err(|e| ProtocolError::unexpected(link, h, &e))?;
+        let s = &mut self.sends[i];
+        if s.stopped || !s.probing {
+            return Ok(());
+        }
+        s.probing = false;
+        s.queue.extend(missing);
+        self.active.insert((self.layers[key], phase, key, c));
+        Ok(())
+    }
+}
+
+impl WorkerSync for DlcpRing {
+    fn start_at(&mut self, step: u64) {
+        self.step = step;
+        self.begun = false;
+    }
+
+    fn begin_step(&mut self, step: u64) {
+        self.step = step;
+        self.begun = true;
+        self.step_done = false;
+        self.grad_in.fill(false);
+        self.finished.fill(false);
+        self.keys_left = self.geo.keys();
+        self.active.clear();
+        self.sends_open = 0;
+        for key in 0..self.geo.keys() {
+            for c in 0..self.n {
+                for phase in [Phase::Reduce, Phase::Gather] {
+                    let expected = self.sends_chunk(phase, c) && self.geo.chunk_packets(key, c) > 0;
+                    let i = self.send_index(key, c, phase);
+                    self.sends[i] = Send {
+                        stopped: !expected,
+                        ..Send::default()
+                    };
+                    self.sends_open += usize::from(expected);
+                }
+            }
+        }
+        self.round(step);
+        self.maybe_step_done();
+    }
+
+    fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
+        if key >= self.geo.keys() || self.grad_in[key] || !self.begun {
+            return;
+        }
+        let len = self.sum[key].len().min(grad.len());
+        self.sum[key][..len].copy_from_slice(&grad[..len]);
+        self.grad_in[key] = true;
+        if self.n == 1 {
+            self.out[key][..len].copy_from_slice(&grad[..len]);
+            self.check_final(key);
+            return;
+        }
+        if self.opts.priority && self.opts.drop_quantile > 0.0 {
+            let mut means: Vec<f32> = Vec::with_capacity(self.geo.key_packets(key));
+            means.extend(
+                (0..self.n)
+                    .flat_map(|c| (0..self.geo.chunk_packets(key, c)).map(move |j| (c, j)))
+                    .filter_map(|(c, j)| self.geo.packet(key, c, j))
+                    .map(|p| {
+                        let v = &self.sum[key][p.offset..p.offset + p.len];
+                        v.iter().map(|x| x.abs()).sum::<f32>() / v.len().max(1) as f32
+                    }),
+            );
+            self.marks[key] = drop_eligible(&means, self.opts.drop_quantile);
+        }
+        let own = self.rank;
+        for j in 0..self.geo.chunk_packets(key, own) {
+            self.queue(Phase::Reduce, key, own, j);
+        }
+        for c in (0..self.n).filter(|&c| c != own) {
+            self.absorb_reduce(key, c);
+        }
+        self.check_final(key);
+    }
+
+    fn handle_backward_done(&mut self) {}
+
+    /// Reduce-scatter values received per hop and filled in (a value filled at hop `s`
+    /// loses the contributions of the `s + 1` workers before this one on its chunk's way)
+    /// and, with a pull bound, all-gather values that kept the previous step's.
+    fn loss_stats(&self) -> Option<LossStats> {
+        Some(self.stats)
+    }
+
+    fn key_loss(&self) -> Vec<KeyLoss> {
+        self.key_loss.clone()
+    }
+
+    fn poll_event(&mut self) -> Option<WorkerEvent> {
+        self.events.pop_front()
+    }
+
+    fn take_values(&mut self, key: usize) -> Vec<f32> {
+        let mut v = self.out.get(key).cloned().unwrap_or_default();
+        if self.n > 1 {
+            scale(&mut v, 1.0 / self.n as f32);
+        }
+        v
+    }
+}
+
+impl Endpoint for DlcpRing {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        match self.poll_transmit_lent(&[link], out) {
+            Some(Transmit::Lent(l, h)) => {
+                out.extend_from_slice(f32_bytes(self.payload(&h)));
+                self.handle_sent(l, &h);
+                true
+            }
+            Some(Transmit::Copied(_)) => true,
+            None => false,
+        }
+    }
+
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        if self.n < 2 {
+            return None;
+        }
+        if links.contains(&self.left) {
+            if let Some(c) = self.control.pop_front() {
+                let values: Vec<f32> = c.words.iter().map(|&w| f32::from_bits(w)).collect();
+                encode_data_frame(out, &c.header, &values);
+                return Some(Transmit::Copied(self.left));
+            }
+        }
+        if !links.contains(&self.right) {
+            return None;
+        }
+        let h = self.next_data()?;
+        if h.kind == FrameKind::Probe {
+            encode_data_frame(out, &h, &[]);
+            self.maybe_step_done();
+            return Some(Transmit::Copied(self.right));
+        }
+        self.lent += 1;
+        out.extend_from_slice(&h.encode());
+        Some(Transmit::Lent(self.right, h))
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        self.payload(h)
+    }
+
+    fn handle_sent(&mut self, _link: Rank, _h: &Header) {
+        self.lent = self.lent.saturating_sub(1);
+        self.maybe_step_done();
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        match h.kind {
+            FrameKind::Reduce | FrameKind::Gather => {
+                self.check_link(link, h, true)?;
+                let p = self
+                    .geo
+                    .locate(h.key as usize, h.offset as usize, h.length as usize)
+                    .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
+                Ok(&mut self.scratch[..p.len])
+            }
+            FrameKind::Probe | FrameKind::Stop => {
+                self.check_link(link, h, h.kind == FrameKind::Probe)?;
+                self.control_target(link, h)?;
+                if h.length != 0 {
+                    return Err(ProtocolError::unexpected(
+                        link,
+                        h,
+                        "a control frame with values",
+                    ));
+                }
+                Ok(&mut [])
+            }
+            FrameKind::Missing => {
+                self.check_link(link, h, false)?;
+                let (key, c, _) = self.control_target(link, h)?;
+                let words = self.geo.chunk_packets(key, c).div_ceil(32);
+                if h.length as usize != words {
+                    return Err(ProtocolError::unexpected(
+                        link,
+                        h,
+                        "a bitmap of the wrong size",
+                    ));
+                }
+                self.bitmap.resize(words, 0.0);
+                Ok(self.bitmap.as_mut_slice())
+            }
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP ring worker expects packets, probes, stops and bitmaps",
+            )),
+        }
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        match h.kind {
+            FrameKind::Reduce => self.handle_packet(link, h, Phase::Reduce),
+            FrameKind::Gather => self.handle_packet(link, h, Phase::Gather),
+            FrameKind::Probe => self.handle_probe(link, h),
+            FrameKind::Stop => {
+                if let Some((key, c, phase)) = self.outgoing_target(link, h)? {
+                    self.active.remove(&(self.layers[key], phase, key, c));
+                    self.close_send(self.send_index(key, c, phase));
+                    self.maybe_step_done();
+                }
+                Ok(())
+            }
+            FrameKind::Missing => match self.outgoing_target(link, h)? {
+                Some(target) => self.handle_missing(link, h, target),
+                None => Ok(()),
+            },
+            _ => Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a DLCP ring worker expects packets, probes, stops and bitmaps",
+            )),
+        }
+    }
+}
