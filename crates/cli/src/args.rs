@@ -431,19 +431,22 @@ pub fn loss_fill_parser() -> impl TypedValueParser<Value = LossFill> {
     })
 }
 
-/// The settings of DLCP (`--strategy dlcp` only), shared by `launch`, `worker`, `server`
-/// and `simulate`. Each mechanism can be switched off alone, for ablations.
+/// The settings of DLCP (`--strategy dlcp` and `dlcp-allreduce` only), shared by `launch`,
+/// `worker`, `server` and `simulate`. Each mechanism can be switched off alone, for
+/// ablations.
 #[derive(Debug, Clone, Default, Args, Serialize)]
 pub struct DlcpArgs {
-    /// DLCP: the fraction of a key's packets (per worker, step and server) that may be
-    /// missing when the server completes it, in [0, 0.5]: "1%" or 0.01 (default 1%);
-    /// 0 needs every packet (exact, losses recovered by probes).
+    /// DLCP: the fraction of a key's packets (per worker, step and server; per chunk and
+    /// ring hop for dlcp-allreduce) that may be missing when the receiver completes it, in
+    /// [0, 0.5]: "1%" or 0.01 (default 1%); 0 needs every packet (exact, losses recovered
+    /// by probes).
     #[arg(long, value_name = "P")]
     pub loss_bound: Option<String>,
     /// DLCP: payload bytes per packet, a multiple of 4 up to a frame (default 8KiB).
     #[arg(long, value_name = "SIZE")]
     pub packet_bytes: Option<String>,
-    /// DLCP: what stands in for values whose packet never came (default zero).
+    /// DLCP: what stands in for values whose packet never came (default zero; rescale is
+    /// for dlcp only).
     #[arg(long, value_parser = loss_fill_parser())]
     pub loss_fill: Option<LossFill>,
     /// DLCP: packets whose mean |gradient| lies below this quantile of their key's
@@ -457,6 +460,12 @@ pub struct DlcpArgs {
     /// DLCP ablation: packets follow their flow's path (hashing) instead of spraying.
     #[arg(long)]
     pub dlcp_no_spray: bool,
+    /// dlcp-allreduce: the fraction of the all-gather's packets per chunk and hop that may
+    /// be missing, in [0, 0.5] (default 0: the all-gather is reliable and every worker
+    /// applies the same gradient); a lost entry keeps the previous step's value (MLT's
+    /// loss-tolerant pulls), so the replicas drift apart.
+    #[arg(long, value_name = "P")]
+    pub pull_loss_bound: Option<String>,
 }
 
 impl DlcpArgs {
@@ -469,16 +478,17 @@ impl DlcpArgs {
             ("--dlcp-drop-quantile", self.dlcp_drop_quantile.is_some()),
             ("--dlcp-no-priority", self.dlcp_no_priority),
             ("--dlcp-no-spray", self.dlcp_no_spray),
+            ("--pull-loss-bound", self.pull_loss_bound.is_some()),
         ];
         given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
     }
 
     /// `plan` with these settings; refuses them for another strategy, or out of range.
     pub fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
-        if plan.strategy != StrategyKind::Dlcp {
+        if !plan.strategy.loss_tolerant() {
             if let Some(flag) = self.first_given() {
                 bail!(
-                    "{flag} applies to --strategy dlcp only (this job runs {})",
+                    "{flag} applies to --strategy dlcp and dlcp-allreduce only (this job runs {})",
                     plan.strategy.name()
                 );
             }
@@ -488,6 +498,10 @@ impl DlcpArgs {
         if let Some(text) = &self.loss_bound {
             dlcp.loss_bound =
                 parse_probability(text).with_context(|| format!("--loss-bound {text}"))?;
+        }
+        if let Some(text) = &self.pull_loss_bound {
+            dlcp.pull_loss_bound =
+                parse_probability(text).with_context(|| format!("--pull-loss-bound {text}"))?;
         }
         if let Some(text) = &self.packet_bytes {
             let bytes = parse_size(text).with_context(|| format!("--packet-bytes {text}"))?;

@@ -1088,6 +1088,41 @@ fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_traini
     }
 }
 
+/// DLCP over the ring with a loss bound of 0: three workers (each hop between different
+/// neighbours), 5 % of the packets lost and recovered by probes, the weights of
+/// single-process training; every worker's counts reach the job's summary.
+#[test]
+fn dlcp_allreduce_with_bound_zero_reproduces_single_process_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 20u64);
+    let want = single_process_weights(dir.path(), batch * 3, steps);
+    let out = dir.path().join("dlcp-ring.safetensors");
+    let summary = dir.path().join("dlcp-ring.json");
+    run_ok(
+        Command::new(EXE)
+            .arg("launch")
+            .args(["--strategy", "dlcp-allreduce", "--workers", "3"])
+            .args(train_flags(batch, steps))
+            .args(["--loss-bound", "0", "--packet-bytes", "1KiB"])
+            .args(["--loss", "5%", "--rto", "20ms"])
+            .arg("--save")
+            .arg(&out)
+            .arg("--summary-json")
+            .arg(&summary),
+    );
+    assert_same_weights(&read_weights(&out), &want, "dlcp-allreduce");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    assert!(json["frames_lost"].as_u64().unwrap() > 0, "{json}");
+    assert_eq!(json["dlcp"]["entries_filled"], 0, "{json}");
+    assert!(
+        json["dlcp"]["probes_answered"].as_u64().unwrap() > 0,
+        "{json}"
+    );
+    assert!(json["dlcp"]["entries"].as_u64().unwrap() > 0, "{json}");
+    assert_eq!(json["worker0"]["loss"]["entries_filled"], 0, "{json}");
+}
+
 /// DLCP's flags are refused with another strategy, and out of range, naming the flag.
 #[test]
 fn dlcp_flags_are_checked() {
@@ -1128,6 +1163,24 @@ fn dlcp_flags_are_checked() {
     refused(
         &[&dlcp[..], &["--scheduler", "fifo"]].concat(),
         "--scheduler",
+    );
+    refused(
+        &[&dlcp[..], &["--pull-loss-bound", "1%"]].concat(),
+        "--pull-loss-bound",
+    );
+    let ring = ["--strategy", "dlcp-allreduce", "--workers", "2"];
+    refused(
+        &[&ring[..], &["--loss-fill", "rescale"]].concat(),
+        "--loss-fill rescale",
+    );
+    refused(
+        &[&ring[..], &["--pull-loss-bound", "0.6"]].concat(),
+        "--pull-loss-bound",
+    );
+    let allreduce = ["--strategy", "allreduce", "--workers", "2"];
+    refused(
+        &[&allreduce[..], &["--pull-loss-bound", "1%"]].concat(),
+        "--pull-loss-bound",
     );
     let p3 = ["--strategy", "p3", "--workers", "2", "--servers", "1"];
     refused(&[&p3[..], &["--loss-bound", "1%"]].concat(), "--loss-bound");

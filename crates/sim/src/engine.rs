@@ -663,15 +663,15 @@ impl<'a> Sim<'a> {
             .iter()
             .filter_map(|h| match &h.role {
                 Role::Server(s) => s.loss_stats(),
-                Role::Worker(_) => None,
+                Role::Worker(w) => w.loss_stats(),
             })
             .reduce(|mut a, b| {
                 a.add(&b);
                 a
             });
-        let key_loss = KeyLoss::sum(self.hosts.iter().filter_map(|h| match &h.role {
-            Role::Server(s) => Some(s.key_loss()),
-            Role::Worker(_) => None,
+        let key_loss = KeyLoss::sum(self.hosts.iter().map(|h| match &h.role {
+            Role::Server(s) => s.key_loss(),
+            Role::Worker(w) => w.key_loss(),
         }));
         SimReport {
             model: self.profile.name.clone(),

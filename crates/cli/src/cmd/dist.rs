@@ -715,6 +715,13 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     };
     progress.finish();
     let summary = summary?;
+    if let (Some(path), Some(loss)) = (&args.summary_json, &summary.loss) {
+        let path = member_summary_path(path, "worker", ctx.rank);
+        let own =
+            serde_json::json!({ "rank": ctx.rank, "loss": loss, "key_loss": summary.key_loss });
+        std::fs::write(&path, serde_json::to_string_pretty(&own)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     if ctx.rank != 0 {
         return Ok(());
     }
@@ -869,27 +876,33 @@ pub fn server_cmd(args: JobArgs) -> Result<()> {
         );
     }
     if let Some(path) = &args.summary_json {
-        let path = server_summary_path(path, ctx.rank);
+        let path = member_summary_path(path, "server", ctx.rank);
         std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
-/// Where server `rank` writes its own summary beside the job's `summary` (`run.json` ->
-/// `run.server-2.json`).
-fn server_summary_path(summary: &std::path::Path, rank: usize) -> PathBuf {
+/// Where a server or a loss-tolerant worker `rank` writes its own summary beside the job's
+/// `summary` (`run.json` -> `run.server-2.json`, `run.worker-1.json`).
+fn member_summary_path(summary: &std::path::Path, role: &str, rank: usize) -> PathBuf {
     let stem = summary.file_stem().unwrap_or_default().to_string_lossy();
-    summary.with_file_name(format!("{stem}.server-{rank}.json"))
+    summary.with_file_name(format!("{stem}.{role}-{rank}.json"))
 }
 
-/// Adds what the loss-tolerant servers lost and recovered, summed, to the job's summary:
+/// Adds what the loss-tolerant receivers (dlcp's servers, dlcp-allreduce's workers) lost
+/// and recovered, summed, to the job's summary:
 /// `"dlcp": {entries, entries_filled, packets, ..., realised_loss}`.
 fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()> {
     let mut total = LossStats::default();
     let mut per_server = Vec::new();
-    for rank in layout.workers..layout.world_size() {
-        let path = server_summary_path(summary, rank);
+    let (role, ranks) = if layout.strategy.uses_servers() {
+        ("server", layout.workers..layout.world_size())
+    } else {
+        ("worker", 0..layout.workers)
+    };
+    for rank in ranks {
+        let path = member_summary_path(summary, role, rank);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         let server: serde_json::Value =

@@ -136,8 +136,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         bail!("--stepwise-head and --full-sync-every apply to --strategy stepwise only");
     }
     if let Some(flag) = args.dlcp.first_given() {
-        if !strategies.contains(&StrategyKind::Dlcp) {
-            bail!("{flag} applies to --strategy dlcp only");
+        if !strategies.iter().any(|s| s.loss_tolerant()) {
+            bail!("{flag} applies to --strategy dlcp and dlcp-allreduce only");
         }
     }
     let mut rows: Vec<(StrategyKind, usize, String, f64, SimReport)> = Vec::new();
@@ -166,7 +166,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                     config.stepwise_head = plan.stepwise_head;
                     config.full_sync_every = plan.full_sync_every;
                 }
-                if s == StrategyKind::Dlcp {
+                if s.loss_tolerant() {
                     config.dlcp = args.dlcp.apply(config.plan())?.dlcp;
                 }
                 config.trace_steps = trace_steps.clone();

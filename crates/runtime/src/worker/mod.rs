@@ -11,7 +11,9 @@ use serde::Serialize;
 use syncopate_core::latency::Percentiles;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
-use syncopate_core::strategy::{textbook_bytes_per_step, Rank, WorkerEvent, WorkerSync};
+use syncopate_core::strategy::{
+    textbook_bytes_per_step, KeyLoss, LossStats, Rank, WorkerEvent, WorkerSync,
+};
 use syncopate_core::tune::{Knobs, TuneReport};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
@@ -123,6 +125,12 @@ pub struct WorkerSummary {
     /// What the tuner measured and chose (`--autotune`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autotune: Option<TuneReport>,
+    /// What a loss-tolerant worker (dlcp-allreduce) lost and filled in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossStats>,
+    /// Per key, the values it received and filled in (loss-tolerant workers).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_loss: Vec<KeyLoss>,
 }
 
 /// One evaluation of the test set during training.
@@ -307,9 +315,18 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
     }
 }
 
-/// What the communication thread hands back: the links' byte counters and the frames'
-/// timeline.
-type CommResult = Result<(Vec<LinkCounters>, Option<TraceRecorder>), CommError>;
+/// What the communication thread hands back.
+struct CommOutcome {
+    /// The links' byte counters.
+    counters: Vec<LinkCounters>,
+    /// The frames' timeline.
+    frames: Option<TraceRecorder>,
+    /// What a loss-tolerant endpoint lost and filled in, overall and per key.
+    loss: Option<LossStats>,
+    key_loss: Vec<KeyLoss>,
+}
+
+type CommResult = Result<CommOutcome, CommError>;
 
 /// The training side's handle on the communication thread.
 struct Comm {
@@ -386,7 +403,7 @@ impl Comm {
         err
     }
 
-    fn finish(mut self) -> Result<(Vec<LinkCounters>, Option<TraceRecorder>), RunError> {
+    fn finish(mut self) -> Result<CommOutcome, RunError> {
         self.send(ToComm::Finish)?;
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(Ok(c))) => Ok(c),
@@ -437,7 +454,12 @@ fn start_comm(
             if r.is_err() {
                 let _ = from_tx.send(FromComm::Failed);
             }
-            r.map(|()| (comm_loop.counters(), hooks.tracer.take()))
+            r.map(|()| CommOutcome {
+                counters: comm_loop.counters(),
+                frames: hooks.tracer.take(),
+                loss: endpoint.loss_stats(),
+                key_loss: endpoint.key_loss(),
+            })
         })
         .map_err(|e| RunError::Local(format!("starting the communication thread: {e}")))?;
     Ok(Comm {
@@ -543,9 +565,10 @@ pub fn run_worker<E: LayerwiseEngine>(
             checkpoint::save(&engine, path)?;
         }
     }
-    let (counters, frame_trace) = comm.finish()?;
+    let outcome = comm.finish()?;
+    let counters = outcome.counters;
     crate::job::finish_sampler(resources)?;
-    write_outputs(ctx, tracer, frame_trace, &record, evaluates)?;
+    write_outputs(ctx, tracer, outcome.frames, &record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
     let steps_run = total - seq.plan().first_step;
     let mut summary = summarise(
@@ -559,6 +582,8 @@ pub fn run_worker<E: LayerwiseEngine>(
     );
     summary.autotune = seq.tuner().map(|t| t.report());
     summary.tensor_completion = tensor_completion;
+    summary.loss = outcome.loss;
+    summary.key_loss = outcome.key_loss;
     Ok(summary)
 }
 
@@ -638,6 +663,8 @@ fn summarise(
         }),
         autotune: None,
         tensor_completion: Percentiles::default(),
+        loss: None,
+        key_loss: Vec::new(),
     }
 }
 
@@ -656,7 +683,12 @@ mod tests {
         let thread = std::thread::spawn(move || {
             // Alive until the training side lets go of its sender.
             while to_rx.recv().is_ok() {}
-            Ok((Vec::new(), None))
+            Ok(CommOutcome {
+                counters: Vec::new(),
+                frames: None,
+                loss: None,
+                key_loss: Vec::new(),
+            })
         });
         let mut comm = Comm {
             tx: to_tx,

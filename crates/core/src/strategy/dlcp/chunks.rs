@@ -116,7 +116,7 @@ impl RingChunks {
         }
         let (start, _) = self.chunk_range(key, c);
         let from_start = offset - start;
-        if from_start % self.packet != 0 {
+        if !from_start.is_multiple_of(self.packet) {
             return None;
         }
         self.packet(key, c, from_start / self.packet)

@@ -142,7 +142,7 @@ fn bound_zero_recovers_every_loss() {
     let sizes = [37, 5, 64];
     let mut ring = Ring::new(3, &sizes, opts(0.0, 4));
     let mut rng = crate::net::SplitMix64::new(7);
-    let lost = ring.pump(&mut |_, _| rng.next_u64() % 4 == 0);
+    let lost = ring.pump(&mut |_, _| rng.next_u64().is_multiple_of(4));
     assert!(lost > 0);
     let results = ring.results();
     for (key, &len) in sizes.iter().enumerate() {
@@ -276,7 +276,7 @@ fn the_same_losses_give_the_same_bits() {
     let run = |seed: u64| {
         let mut ring = Ring::new(4, &[50, 9], opts(0.2, 3));
         let mut rng = crate::net::SplitMix64::new(seed);
-        ring.pump(&mut |_, _| rng.next_u64() % 5 == 0);
+        ring.pump(&mut |_, _| rng.next_u64().is_multiple_of(5));
         (ring.results(), ring.stats())
     };
     let (a, sa) = run(3);
