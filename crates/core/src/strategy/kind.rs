@@ -152,7 +152,8 @@ impl StrategyKind {
             format!("slices of {} parameters", self.default_slice_params())
         } else if self.loss_tolerant() {
             format!(
-                "a ring per key, packets of {} KiB",
+                "buckets of {} MB, packets of {} KiB",
+                DEFAULT_BUCKET_BYTES as f64 / 1e6,
                 super::dlcp::DEFAULT_PACKET_ELEMS * 4 / 1024
             )
         } else {

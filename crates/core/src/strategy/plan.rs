@@ -353,7 +353,8 @@ impl SyncPlan {
             return Box::new(ps);
         }
         if self.strategy == StrategyKind::DlcpAllreduce {
-            return Box::new(DlcpRing::new(rank, self.workers, keys, self.dlcp));
+            let bucket = self.bucket_elems();
+            return Box::new(DlcpRing::new(rank, self.workers, keys, bucket, self.dlcp));
         }
         let ring = RingAllReduce::new(
             rank,

@@ -1,5 +1,6 @@
-//! Where a ring's packets lie: each key cut into one chunk per worker, each chunk into
-//! packets (the unit a ring hop counts), numbered within the chunk and within the key.
+//! Where a ring's packets lie: each tensor (the ring's buckets) cut into one chunk per
+//! worker, each chunk into packets (the unit a ring hop counts), numbered within the chunk
+//! and within the tensor.
 
 use crate::registry::KeyInfo;
 

@@ -1,7 +1,9 @@
-//! DLCP over the ring (`--strategy dlcp-allreduce`): a ring all-reduce per key whose hops
-//! carry loss-tolerant packets and complete at the loss bound.
+//! DLCP over the ring (`--strategy dlcp-allreduce`): a ring all-reduce whose hops carry
+//! loss-tolerant packets and complete at the loss bound.
 //!
-//! Each key is cut into one chunk per worker. In the reduce-scatter, worker `r` sends its
+//! Keys are grouped into buckets as the ring all-reduce groups them (in the order backward
+//! produces them, up to `--bucket-size`), and a bucket starts once all its keys are in.
+//! Each bucket is cut into one chunk per worker. In the reduce-scatter, worker `r` sends its
 //! own chunk `r` to its right-hand neighbour, adds each packet of chunk `r - 1 - s` that
 //! arrives at hop `s` to its gradient and forwards it at hop `s + 1`, packet by packet; the
 //! owner of chunk `r + 1` holds its whole sum after hop `n - 2`. The all-gather forwards the
@@ -24,6 +26,7 @@ use super::tally::{indices_of, packets_needed, PacketTally};
 use super::{class_of_layer, drop_eligible, DlcpOptions, KeyLoss, LossStats};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
+use crate::strategy::bucket::Buckets;
 use crate::strategy::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{encode_data_frame, f32_bytes, Flags, FrameKind, Header};
 
@@ -60,7 +63,7 @@ impl Phase {
     }
 }
 
-/// The hops into this worker of one phase and step, per key and chunk (`key * n + chunk`).
+/// The hops into this worker of one phase and step, per bucket and chunk (`bucket * n + chunk`).
 struct Hops {
     tally: Vec<PacketTally>,
     /// The sender has sent every packet once (it probed): the bound may complete the hop.
@@ -110,7 +113,7 @@ struct Round {
     inbox: Vec<Vec<f32>>,
 }
 
-/// This worker's sending of one chunk of one key in one phase, this step.
+/// This worker's sending of one chunk of one bucket in one phase, this step.
 #[derive(Debug, Default, Clone)]
 struct Send {
     queue: VecDeque<usize>,
@@ -134,6 +137,13 @@ pub struct DlcpRing {
     left: Rank,
     right: Rank,
     opts: DlcpOptions,
+    /// Per key: its length, bucket and offset in the bucket.
+    keys: Vec<(usize, usize, usize)>,
+    /// Per bucket: its keys and their offsets, in fill order.
+    bucket_keys: Vec<Vec<(usize, usize)>>,
+    /// Per bucket: keys of this step still to come.
+    missing_keys: Vec<usize>,
+    /// Per bucket: the front-most layer among its keys (its priority).
     layers: Vec<usize>,
     classes: usize,
     geo: RingChunks,
@@ -142,10 +152,11 @@ pub struct DlcpRing {
     sum: Vec<Vec<f32>>,
     out: Vec<Vec<f32>>,
     rounds: [Round; 2],
+    /// Per bucket: every key of this step is in and the bucket has started.
     grad_in: Vec<bool>,
     finished: Vec<bool>,
-    keys_left: usize,
-    /// Per key, chunk and phase (`(key * n + chunk) * 2 + phase`).
+    buckets_left: usize,
+    /// Per bucket, chunk and phase (`(bucket * n + chunk) * 2 + phase`).
     sends: Vec<Send>,
     sends_open: usize,
     active: BTreeSet<(usize, Phase, usize, usize)>,
@@ -162,9 +173,33 @@ pub struct DlcpRing {
 }
 
 impl DlcpRing {
-    /// Worker `rank` of a ring of `workers` for a model with these keys.
-    pub fn new(rank: Rank, workers: usize, keys: Vec<KeyInfo>, opts: DlcpOptions) -> Self {
+    /// Worker `rank` of a ring of `workers` for a model with these keys, in buckets of at
+    /// most `bucket_elems` values (a larger key gets a bucket of its own).
+    pub fn new(
+        rank: Rank,
+        workers: usize,
+        model: Vec<KeyInfo>,
+        bucket_elems: usize,
+        opts: DlcpOptions,
+    ) -> Self {
         let n = workers.max(1);
+        let fill = Buckets::fill(&model, bucket_elems.max(1));
+        let layers: Vec<usize> = fill
+            .keys
+            .iter()
+            .map(|ks| ks.iter().map(|&k| model[k].layer).min().unwrap_or(0))
+            .collect();
+        let keys: Vec<KeyInfo> = fill
+            .lens
+            .iter()
+            .zip(&layers)
+            .map(|(&numel, &layer)| KeyInfo { numel, layer })
+            .collect();
+        let bucket_keys = fill
+            .keys
+            .iter()
+            .map(|ks| ks.iter().map(|&k| (k, fill.place[k].1)).collect())
+            .collect();
         let geo = RingChunks::new(&keys, n, opts.packet_elems);
         let round = || Round {
             step: u64::MAX,
@@ -180,8 +215,15 @@ impl DlcpRing {
             n,
             left: (rank + n - 1) % n,
             right: (rank + 1) % n,
-            layers: keys.iter().map(|k| k.layer).collect(),
-            classes: keys.iter().map(|k| k.layer + 1).max().unwrap_or(1),
+            keys: model
+                .iter()
+                .zip(&fill.place)
+                .map(|(k, &(b, off))| (k.numel, b, off))
+                .collect(),
+            bucket_keys,
+            missing_keys: vec![0; keys.len()],
+            layers,
+            classes: model.iter().map(|k| k.layer + 1).max().unwrap_or(1),
             step: 0,
             begun: false,
             sum: keys.iter().map(|k| vec![0.0; k.numel]).collect(),
@@ -189,7 +231,7 @@ impl DlcpRing {
             rounds,
             grad_in: vec![false; keys.len()],
             finished: vec![false; keys.len()],
-            keys_left: 0,
+            buckets_left: 0,
             sends: vec![Send::default(); keys.len() * n * 2],
             sends_open: 0,
             active: BTreeSet::new(),
@@ -202,14 +244,14 @@ impl DlcpRing {
             bitmap: Vec::new(),
             marks: vec![Vec::new(); keys.len()],
             stats: LossStats::default(),
-            key_loss: vec![KeyLoss::default(); keys.len()],
+            key_loss: vec![KeyLoss::default(); model.len()],
             opts,
             geo,
         }
     }
 
-    fn send_index(&self, key: usize, chunk: usize, phase: Phase) -> usize {
-        (key * self.n + chunk) * 2 + phase as usize
+    fn send_index(&self, bucket: usize, chunk: usize, phase: Phase) -> usize {
+        (bucket * self.n + chunk) * 2 + phase as usize
     }
 
     /// The chunk this worker owns the sum of after the reduce-scatter.
@@ -240,9 +282,9 @@ impl DlcpRing {
         phase == Phase::Gather && self.opts.pull_loss_bound_ppm() == 0
     }
 
-    fn class(&self, key: usize) -> u8 {
+    fn class(&self, bucket: usize) -> u8 {
         if self.opts.priority {
-            class_of_layer(self.layers[key], self.classes)
+            class_of_layer(self.layers[bucket], self.classes)
         } else {
             0
         }
@@ -259,76 +301,90 @@ impl DlcpRing {
         r
     }
 
-    fn queue(&mut self, phase: Phase, key: usize, c: usize, j: usize) {
-        let i = self.send_index(key, c, phase);
+    fn queue(&mut self, phase: Phase, bucket: usize, c: usize, j: usize) {
+        let i = self.send_index(bucket, c, phase);
         let s = &mut self.sends[i];
         if s.stopped {
             return;
         }
         s.queue.push_back(j);
         s.ready += 1;
-        self.active.insert((self.layers[key], phase, key, c));
+        self.active.insert((self.layers[bucket], phase, bucket, c));
     }
 
-    /// Packet `j` of chunk `c` of `key` is as complete as it will get at this worker this
+    /// Packet `j` of chunk `c` of `bucket` is as complete as it will get at this worker this
     /// step (added, or filled): pass it on.
-    fn ready_reduced(&mut self, key: usize, c: usize, j: usize) {
+    fn ready_reduced(&mut self, bucket: usize, c: usize, j: usize) {
         let hop = (self.rank + self.n - 1 - c) % self.n;
         if hop + 2 < self.n {
-            self.queue(Phase::Reduce, key, c, j);
+            self.queue(Phase::Reduce, bucket, c, j);
             return;
         }
-        if let Some(p) = self.geo.packet(key, c, j) {
+        if let Some(p) = self.geo.packet(bucket, c, j) {
             let range = p.offset..p.offset + p.len;
-            self.out[key][range.clone()].copy_from_slice(&self.sum[key][range]);
-            self.queue(Phase::Gather, key, c, j);
+            self.out[bucket][range.clone()].copy_from_slice(&self.sum[bucket][range]);
+            self.queue(Phase::Gather, bucket, c, j);
         }
     }
 
     /// Reduce packets of chunk `c` held for this step: adds those that arrived and passes
     /// on those ready (all once the hop is complete).
-    fn absorb_reduce(&mut self, key: usize, c: usize) {
+    fn absorb_reduce(&mut self, bucket: usize, c: usize) {
         let step = self.step;
-        let packets = self.geo.chunk_packets(key, c);
-        let idx = key * self.n + c;
+        let packets = self.geo.chunk_packets(bucket, c);
+        let idx = bucket * self.n + c;
         for j in 0..packets {
             let round = self.round(step);
             let hops = &round.hops[Phase::Reduce as usize];
             let (has, complete) = (hops.tally[idx].has(j), hops.done[idx]);
             if has {
-                if let Some(p) = self.geo.packet(key, c, j) {
+                if let Some(p) = self.geo.packet(bucket, c, j) {
                     let range = p.offset..p.offset + p.len;
-                    let inbox = &self.rounds[(step % 2) as usize].inbox[key];
-                    add_assign(&mut self.sum[key][range.clone()], &inbox[range]);
+                    let inbox = &self.rounds[(step % 2) as usize].inbox[bucket];
+                    add_assign(&mut self.sum[bucket][range.clone()], &inbox[range]);
                 }
             }
             if has || complete {
-                self.ready_reduced(key, c, j);
+                self.ready_reduced(bucket, c, j);
             }
         }
     }
 
     /// Counts the values filled when a hop completes.
-    fn count_fill(&mut self, phase: Phase, key: usize, c: usize, tally: &PacketTally) {
-        let packets = self.geo.chunk_packets(key, c);
+    fn count_fill(&mut self, phase: Phase, bucket: usize, c: usize, tally: &PacketTally) {
+        let packets = self.geo.chunk_packets(bucket, c);
         let mut values = 0u64;
         let mut filled = 0u64;
         for j in 0..packets {
-            if let Some(p) = self.geo.packet(key, c, j) {
-                values += p.len as u64;
-                if !tally.has(j) {
-                    filled += p.len as u64;
-                }
+            let Some(p) = self.geo.packet(bucket, c, j) else {
+                continue;
+            };
+            let lost = !tally.has(j);
+            values += p.len as u64;
+            filled += if lost { p.len as u64 } else { 0 };
+            if phase == Phase::Reduce {
+                self.attribute(bucket, p.offset, p.offset + p.len, lost);
             }
         }
         match phase {
             Phase::Reduce => {
                 self.stats.entries += values;
                 self.stats.entries_filled += filled;
-                self.key_loss[key].entries += values;
-                self.key_loss[key].filled += filled;
             }
             Phase::Gather => self.stats.entries_stale += filled,
+        }
+    }
+
+    /// Counts the values `[start, end)` of `bucket` received (and, if `lost`, filled in)
+    /// against the keys they belong to.
+    fn attribute(&mut self, bucket: usize, start: usize, end: usize, lost: bool) {
+        for &(key, off) in &self.bucket_keys[bucket] {
+            let len = self.keys[key].0;
+            let overlap = end.min(off + len).saturating_sub(start.max(off)) as u64;
+            self.key_loss[key].entries += overlap;
+            if lost {
+                self.key_loss[key].filled += overlap;
+            }
         }
     }
 
@@ -336,20 +392,20 @@ impl DlcpRing {
         &self,
         kind: FrameKind,
         x: u64,
-        key: usize,
+        bucket: usize,
         c: usize,
         phase: Phase,
     ) -> Header {
-        let mut h = Header::data(kind, x, key as u32, c as u32, 0);
+        let mut h = Header::data(kind, x, bucket as u32, c as u32, 0);
         h.sequence = phase.sequence();
         h.sender = self.rank as u32;
-        h.flags = Flags::class(self.class(key));
-        h.priority = self.layers[key] as i32;
+        h.flags = Flags::class(self.class(bucket));
+        h.priority = self.layers[bucket] as i32;
         h
     }
 
-    fn check_final(&mut self, key: usize) {
-        if self.finished[key] || !self.grad_in[key] || !self.begun {
+    fn check_final(&mut self, bucket: usize) {
+        if self.finished[bucket] || !self.grad_in[bucket] || !self.begun {
             return;
         }
         let step = self.step;
@@ -357,7 +413,7 @@ impl DlcpRing {
         let n = self.n;
         if n > 1 {
             let round = self.round(step);
-            let base = key * n;
+            let base = bucket * n;
             let [gather, reduce] = &round.hops;
             let done =
                 reduce.done[base + owned] && (0..n).all(|c| c == owned || gather.done[base + c]);
@@ -365,16 +421,18 @@ impl DlcpRing {
                 return;
             }
         }
-        self.finished[key] = true;
-        self.keys_left -= 1;
-        self.events.push_back(WorkerEvent::GradReady(key));
+        self.finished[bucket] = true;
+        self.buckets_left -= 1;
+        for &(key, _) in &self.bucket_keys[bucket] {
+            self.events.push_back(WorkerEvent::GradReady(key));
+        }
         self.maybe_step_done();
     }
 
     fn maybe_step_done(&mut self) {
         if !self.step_done
             && self.begun
-            && self.keys_left == 0
+            && self.buckets_left == 0
             && self.sends_open == 0
             && self.lent == 0
         {
@@ -396,18 +454,18 @@ impl DlcpRing {
     /// packet, or its probe after the last.
     fn next_data(&mut self) -> Option<Header> {
         loop {
-            let &(layer, phase, key, c) = self.active.first()?;
-            let i = self.send_index(key, c, phase);
+            let &(layer, phase, bucket, c) = self.active.first()?;
+            let i = self.send_index(bucket, c, phase);
             if let Some(j) = self.sends[i].queue.pop_front() {
-                return self.packet_header(i, layer, phase, key, c, j);
+                return self.packet_header(i, layer, phase, bucket, c, j);
             }
-            self.active.remove(&(layer, phase, key, c));
+            self.active.remove(&(layer, phase, bucket, c));
             let reliable = self.phase_reliable(phase);
-            let all_ready = self.sends[i].ready >= self.geo.chunk_packets(key, c);
+            let all_ready = self.sends[i].ready >= self.geo.chunk_packets(bucket, c);
             let s = &mut self.sends[i];
             if all_ready && !(reliable || s.stopped || s.probing) {
                 s.probing = true;
-                return Some(self.control_header(FrameKind::Probe, self.step, key, c, phase));
+                return Some(self.control_header(FrameKind::Probe, self.step, bucket, c, phase));
             }
         }
     }
@@ -418,24 +476,24 @@ impl DlcpRing {
         i: usize,
         layer: usize,
         phase: Phase,
-        key: usize,
+        bucket: usize,
         c: usize,
         j: usize,
     ) -> Option<Header> {
         let reliable = self.phase_reliable(phase);
-        let p = self.geo.packet(key, c, j)?;
+        let p = self.geo.packet(bucket, c, j)?;
         let mut h = Header::data(
             phase.kind(),
             self.step,
-            key as u32,
+            bucket as u32,
             p.offset as u32,
             p.len as u32,
         );
-        let mut flags = Flags::class(self.class(key));
+        let mut flags = Flags::class(self.class(bucket));
         if !reliable {
             let marked = phase == Phase::Reduce
                 && self.opts.priority
-                && self.marks[key].get(p.in_key).copied().unwrap_or(false);
+                && self.marks[bucket].get(p.in_key).copied().unwrap_or(false);
             flags = flags
                 .loss_tolerant()
                 .drop_eligible_if(marked)
@@ -448,11 +506,11 @@ impl DlcpRing {
         self.sequence += 1;
         if reliable {
             self.sends[i].handed += 1;
-            if self.sends[i].handed >= self.geo.chunk_packets(key, c) {
+            if self.sends[i].handed >= self.geo.chunk_packets(bucket, c) {
                 self.close_send(i);
             }
             if self.sends[i].queue.is_empty() {
-                self.active.remove(&(layer, phase, key, c));
+                self.active.remove(&(layer, phase, bucket, c));
             }
         }
         Some(h)
@@ -514,23 +572,23 @@ impl DlcpRing {
         link: Rank,
         h: &Header,
     ) -> Result<(usize, usize, Phase), ProtocolError> {
-        let key = h.key as usize;
+        let bucket = h.key as usize;
         let c = h.offset as usize;
         let phase = Phase::from_sequence(h.sequence)
             .ok_or_else(|| ProtocolError::unexpected(link, h, "no such phase"))?;
-        if key >= self.geo.keys() || c >= self.n || self.geo.chunk_packets(key, c) == 0 {
+        if bucket >= self.geo.keys() || c >= self.n || self.geo.chunk_packets(bucket, c) == 0 {
             return Err(ProtocolError::unexpected(link, h, "no such chunk"));
         }
-        Ok((key, c, phase))
+        Ok((bucket, c, phase))
     }
 
     fn handle_packet(&mut self, link: Rank, h: &Header, phase: Phase) -> Result<(), ProtocolError> {
         self.check_link(link, h, true)?;
-        let key = h.key as usize;
+        let bucket = h.key as usize;
         let p = self
             .geo
-            .locate(key, h.offset as usize, h.length as usize)
-            .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
+            .locate(bucket, h.offset as usize, h.length as usize)
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the bucket"))?;
         if !self.receives_chunk(phase, p.chunk) {
             return Err(ProtocolError::unexpected(
                 link,
@@ -543,7 +601,7 @@ impl DlcpRing {
             return Ok(());
         }
         let x = h.step;
-        let idx = key * self.n + p.chunk;
+        let idx = bucket * self.n + p.chunk;
         let hops = &mut self.round(x).hops[phase as usize];
         if hops.done[idx] || hops.tally[idx].has(p.in_chunk) {
             self.stats.packets_ignored += 1;
@@ -554,39 +612,39 @@ impl DlcpRing {
         self.stats.packets += 1;
         let range = p.offset..p.offset + p.len;
         let values = &self.scratch[..p.len];
-        let current = x == self.step && self.grad_in[key];
+        let current = x == self.step && self.grad_in[bucket];
         match phase {
             Phase::Reduce if current => {
-                add_assign(&mut self.sum[key][range], values);
-                self.ready_reduced(key, p.chunk, p.in_chunk);
+                add_assign(&mut self.sum[bucket][range], values);
+                self.ready_reduced(bucket, p.chunk, p.in_chunk);
             }
             Phase::Reduce => {
-                self.rounds[(x % 2) as usize].inbox[key][range].copy_from_slice(values);
+                self.rounds[(x % 2) as usize].inbox[bucket][range].copy_from_slice(values);
             }
             Phase::Gather => {
-                self.out[key][range].copy_from_slice(values);
+                self.out[bucket][range].copy_from_slice(values);
                 if self.sends_chunk(Phase::Gather, p.chunk) {
-                    self.queue(Phase::Gather, key, p.chunk, p.in_chunk);
+                    self.queue(Phase::Gather, bucket, p.chunk, p.in_chunk);
                 }
             }
         }
         if completed {
-            self.hop_complete(x, key, p.chunk, phase, current);
+            self.hop_complete(x, bucket, p.chunk, phase, current);
         }
-        self.check_final(key);
+        self.check_final(bucket);
         Ok(())
     }
 
     /// A hop into this worker has enough packets: stop the sender, fill in, pass on.
-    fn hop_complete(&mut self, x: u64, key: usize, c: usize, phase: Phase, current: bool) {
-        let idx = key * self.n + c;
+    fn hop_complete(&mut self, x: u64, bucket: usize, c: usize, phase: Phase, current: bool) {
+        let idx = bucket * self.n + c;
         let hops = &mut self.round(x).hops[phase as usize];
         hops.done[idx] = true;
         let tally = hops.tally[idx].clone();
-        self.count_fill(phase, key, c, &tally);
+        self.count_fill(phase, bucket, c, &tally);
         if !self.phase_reliable(phase) {
             self.stats.stops += 1;
-            let header = self.control_header(FrameKind::Stop, x, key, c, phase);
+            let header = self.control_header(FrameKind::Stop, x, bucket, c, phase);
             self.control.push_back(Control {
                 header,
                 words: Vec::new(),
@@ -599,17 +657,17 @@ impl DlcpRing {
         if !forward {
             return;
         }
-        for j in (0..self.geo.chunk_packets(key, c)).filter(|&j| !tally.has(j)) {
+        for j in (0..self.geo.chunk_packets(bucket, c)).filter(|&j| !tally.has(j)) {
             match phase {
-                Phase::Reduce => self.ready_reduced(key, c, j),
-                Phase::Gather => self.queue(Phase::Gather, key, c, j),
+                Phase::Reduce => self.ready_reduced(bucket, c, j),
+                Phase::Gather => self.queue(Phase::Gather, bucket, c, j),
             }
         }
     }
 
     fn handle_probe(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         self.check_link(link, h, true)?;
-        let (key, c, phase) = self.control_target(link, h)?;
+        let (bucket, c, phase) = self.control_target(link, h)?;
         if !self.receives_chunk(phase, c) {
             return Err(ProtocolError::unexpected(
                 link,
@@ -620,23 +678,23 @@ impl DlcpRing {
         if !self.check_incoming_step(link, h, phase == Phase::Reduce)? {
             return Ok(());
         }
-        let idx = key * self.n + c;
+        let idx = bucket * self.n + c;
         let hops = &mut self.round(h.step).hops[phase as usize];
         if hops.done[idx] {
             return Ok(());
         }
         hops.probed[idx] = true;
         if hops.may_complete(idx) {
-            let current = h.step == self.step && self.grad_in[key];
-            self.hop_complete(h.step, key, c, phase, current);
-            self.check_final(key);
+            let current = h.step == self.step && self.grad_in[bucket];
+            self.hop_complete(h.step, bucket, c, phase, current);
+            self.check_final(bucket);
             return Ok(());
         }
         // The sender resends what is missing and probes again when it is through.
         hops.probed[idx] = false;
         let words = hops.tally[idx].missing_words();
         self.stats.probes_answered += 1;
-        let mut header = self.control_header(FrameKind::Missing, h.step, key, c, phase);
+        let mut header = self.control_header(FrameKind::Missing, h.step, bucket, c, phase);
         header.length = words.len() as u32;
         header.payload_len = header.length.saturating_mul(4);
         self.control.push_back(Control { header, words });
@@ -651,7 +709,7 @@ impl DlcpRing {
         h: &Header,
     ) -> Result<Option<(usize, usize, Phase)>, ProtocolError> {
         self.check_link(link, h, false)?;
-        let (key, c, phase) = self.control_target(link, h)?;
+        let (bucket, c, phase) = self.control_target(link, h)?;
         if !self.sends_chunk(phase, c) {
             return Err(ProtocolError::unexpected(
                 link,
@@ -669,18 +727,18 @@ impl DlcpRing {
                 &format!("step ahead (this worker is at step {})", self.step),
             ));
         }
-        Ok(Some((key, c, phase)))
+        Ok(Some((bucket, c, phase)))
     }
 
     fn handle_missing(
         &mut self,
         link: Rank,
         h: &Header,
-        (key, c, phase): (usize, usize, Phase),
+        (bucket, c, phase): (usize, usize, Phase),
     ) -> Result<(), ProtocolError> {
-        let i = self.send_index(key, c, phase);
+        let i = self.send_index(bucket, c, phase);
         let words: Vec<u32> = self.bitmap.iter().map(|w| w.to_bits()).collect();
-        let missing = indices_of(&words, self.geo.chunk_packets(key, c))
+        let missing = indices_of(&words, self.geo.chunk_packets(bucket, c))
             .map_err(|e| ProtocolError::unexpected(link, h, &e))?;
         let s = &mut self.sends[i];
         if s.stopped || !s.probing {
@@ -688,7 +746,7 @@ impl DlcpRing {
         }
         s.probing = false;
         s.queue.extend(missing);
-        self.active.insert((self.layers[key], phase, key, c));
+        self.active.insert((self.layers[bucket], phase, bucket, c));
         Ok(())
     }
 }
@@ -705,14 +763,18 @@ impl WorkerSync for DlcpRing {
         self.step_done = false;
         self.grad_in.fill(false);
         self.finished.fill(false);
-        self.keys_left = self.geo.keys();
+        self.buckets_left = self.geo.keys();
+        for (missing, keys) in self.missing_keys.iter_mut().zip(&self.bucket_keys) {
+            *missing = keys.len();
+        }
         self.active.clear();
         self.sends_open = 0;
-        for key in 0..self.geo.keys() {
+        for bucket in 0..self.geo.keys() {
             for c in 0..self.n {
                 for phase in [Phase::Reduce, Phase::Gather] {
-                    let expected = self.sends_chunk(phase, c) && self.geo.chunk_packets(key, c) > 0;
-                    let i = self.send_index(key, c, phase);
+                    let expected =
+                        self.sends_chunk(phase, c) && self.geo.chunk_packets(bucket, c) > 0;
+                    let i = self.send_index(bucket, c, phase);
                     self.sends[i] = Send {
                         stopped: !expected,
                         ..Send::default()
@@ -726,38 +788,18 @@ impl WorkerSync for DlcpRing {
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
-        if key >= self.geo.keys() || self.grad_in[key] || !self.begun {
+        let Some(&(len, bucket, off)) = self.keys.get(key) else {
+            return;
+        };
+        if self.grad_in[bucket] || !self.begun || self.missing_keys[bucket] == 0 {
             return;
         }
-        let len = self.sum[key].len().min(grad.len());
-        self.sum[key][..len].copy_from_slice(&grad[..len]);
-        self.grad_in[key] = true;
-        if self.n == 1 {
-            self.out[key][..len].copy_from_slice(&grad[..len]);
-            self.check_final(key);
-            return;
+        let len = len.min(grad.len());
+        self.sum[bucket][off..off + len].copy_from_slice(&grad[..len]);
+        self.missing_keys[bucket] -= 1;
+        if self.missing_keys[bucket] == 0 {
+            self.launch(bucket);
         }
-        if self.opts.priority && self.opts.drop_quantile > 0.0 {
-            let mut means: Vec<f32> = Vec::with_capacity(self.geo.key_packets(key));
-            means.extend(
-                (0..self.n)
-                    .flat_map(|c| (0..self.geo.chunk_packets(key, c)).map(move |j| (c, j)))
-                    .filter_map(|(c, j)| self.geo.packet(key, c, j))
-                    .map(|p| {
-                        let v = &self.sum[key][p.offset..p.offset + p.len];
-                        v.iter().map(|x| x.abs()).sum::<f32>() / v.len().max(1) as f32
-                    }),
-            );
-            self.marks[key] = drop_eligible(&means, self.opts.drop_quantile);
-        }
-        let own = self.rank;
-        for j in 0..self.geo.chunk_packets(key, own) {
-            self.queue(Phase::Reduce, key, own, j);
-        }
-        for c in (0..self.n).filter(|&c| c != own) {
-            self.absorb_reduce(key, c);
-        }
-        self.check_final(key);
     }
 
     fn handle_backward_done(&mut self) {}
@@ -778,11 +820,49 @@ impl WorkerSync for DlcpRing {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        let mut v = self.out.get(key).cloned().unwrap_or_default();
+        let Some(&(len, bucket, off)) = self.keys.get(key) else {
+            return Vec::new();
+        };
+        let mut v = self.out[bucket][off..off + len].to_vec();
         if self.n > 1 {
             scale(&mut v, 1.0 / self.n as f32);
         }
         v
+    }
+}
+
+impl DlcpRing {
+    /// Every key of `bucket` is in: its own chunk goes out, reduce packets that came early
+    /// are added.
+    fn launch(&mut self, bucket: usize) {
+        self.grad_in[bucket] = true;
+        if self.n == 1 {
+            let (out, sum) = (&mut self.out[bucket], &self.sum[bucket]);
+            out.copy_from_slice(sum);
+            self.check_final(bucket);
+            return;
+        }
+        if self.opts.priority && self.opts.drop_quantile > 0.0 {
+            let mut means: Vec<f32> = Vec::with_capacity(self.geo.key_packets(bucket));
+            means.extend(
+                (0..self.n)
+                    .flat_map(|c| (0..self.geo.chunk_packets(bucket, c)).map(move |j| (c, j)))
+                    .filter_map(|(c, j)| self.geo.packet(bucket, c, j))
+                    .map(|p| {
+                        let v = &self.sum[bucket][p.offset..p.offset + p.len];
+                        v.iter().map(|x| x.abs()).sum::<f32>() / v.len().max(1) as f32
+                    }),
+            );
+            self.marks[bucket] = drop_eligible(&means, self.opts.drop_quantile);
+        }
+        let own = self.rank;
+        for j in 0..self.geo.chunk_packets(bucket, own) {
+            self.queue(Phase::Reduce, bucket, own, j);
+        }
+        for c in (0..self.n).filter(|&c| c != own) {
+            self.absorb_reduce(bucket, c);
+        }
+        self.check_final(bucket);
     }
 }
 
@@ -840,7 +920,9 @@ impl Endpoint for DlcpRing {
                 let p = self
                     .geo
                     .locate(h.key as usize, h.offset as usize, h.length as usize)
-                    .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
+                    .ok_or_else(|| {
+                        ProtocolError::unexpected(link, h, "not a packet of the bucket")
+                    })?;
                 Ok(&mut self.scratch[..p.len])
             }
             FrameKind::Probe | FrameKind::Stop => {
@@ -857,8 +939,8 @@ impl Endpoint for DlcpRing {
             }
             FrameKind::Missing => {
                 self.check_link(link, h, false)?;
-                let (key, c, _) = self.control_target(link, h)?;
-                let words = self.geo.chunk_packets(key, c).div_ceil(32);
+                let (bucket, c, _) = self.control_target(link, h)?;
+                let words = self.geo.chunk_packets(bucket, c).div_ceil(32);
                 if h.length as usize != words {
                     return Err(ProtocolError::unexpected(
                         link,
@@ -883,9 +965,9 @@ impl Endpoint for DlcpRing {
             FrameKind::Gather => self.handle_packet(link, h, Phase::Gather),
             FrameKind::Probe => self.handle_probe(link, h),
             FrameKind::Stop => {
-                if let Some((key, c, phase)) = self.outgoing_target(link, h)? {
-                    self.active.remove(&(self.layers[key], phase, key, c));
-                    self.close_send(self.send_index(key, c, phase));
+                if let Some((bucket, c, phase)) = self.outgoing_target(link, h)? {
+                    self.active.remove(&(self.layers[bucket], phase, bucket, c));
+                    self.close_send(self.send_index(bucket, c, phase));
                     self.maybe_step_done();
                 }
                 Ok(())
