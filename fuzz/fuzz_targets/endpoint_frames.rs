@@ -244,6 +244,7 @@ impl Cluster {
                 drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
                 priority: u.arbitrary()?,
                 spray: u.arbitrary()?,
+                pull_loss_bound: 0.0,
             });
             let plan = dlcp.map(|opts| SyncPlan {
                 slice_params: slice_len,
