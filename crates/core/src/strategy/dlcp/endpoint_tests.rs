@@ -19,13 +19,15 @@ struct Cluster {
     sent: Vec<(Rank, Header)>,
 }
 
-fn decode(frame: &[u8]) -> Header {
+/// The header of an encoded frame.
+pub(super) fn decode(frame: &[u8]) -> Header {
     let mut raw = [0u8; HEADER_LEN];
     raw.copy_from_slice(&frame[..HEADER_LEN]);
     Header::decode(&raw, DEFAULT_MAX_PAYLOAD).expect("a valid header")
 }
 
-fn deliver(to: &mut dyn Endpoint, from: Rank, frame: &[u8]) {
+/// Hands an encoded frame from `from` to `to`, as a driver does.
+pub(super) fn deliver(to: &mut dyn Endpoint, from: Rank, frame: &[u8]) {
     let h = decode(frame);
     let slot = to.recv_slot(from, &h).expect("accepted");
     crate::wire::f32_bytes_mut(slot).copy_from_slice(&frame[HEADER_LEN..]);

@@ -1,9 +1,10 @@
 //! DLCP's ring worker driven by hand: which packets are lost is chosen by the test.
 
+use super::endpoint_tests::{decode, deliver};
 use super::*;
 use crate::registry::KeyInfo;
 use crate::strategy::{Rank, StrategyKind, SyncPlan, WorkerEvent, WorkerSync};
-use crate::wire::{FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+use crate::wire::{FrameKind, Header};
 
 /// The workers of a `dlcp-allreduce` job, frames moved by the test.
 struct Ring {
@@ -11,12 +12,6 @@ struct Ring {
     sizes: Vec<usize>,
     /// Every frame sent: (from, to, header, frame).
     sent: Vec<(Rank, Rank, Header)>,
-}
-
-fn decode(frame: &[u8]) -> Header {
-    let mut raw = [0u8; HEADER_LEN];
-    raw.copy_from_slice(&frame[..HEADER_LEN]);
-    Header::decode(&raw, DEFAULT_MAX_PAYLOAD).expect("a valid header")
 }
 
 fn grad(worker: usize, key: usize, n: usize) -> Vec<f32> {
@@ -74,10 +69,7 @@ impl Ring {
                         self.sent.push((w, to, h));
                         moved += 1;
                         if !(h.flags.is_loss_tolerant() && lose(w, &h)) {
-                            let dst = self.workers[to].as_mut();
-                            let slot = dst.recv_slot(w, &h).expect("accepted");
-                            crate::wire::f32_bytes_mut(slot).copy_from_slice(&out[HEADER_LEN..]);
-                            dst.handle_payload(w, &h).expect("accepted");
+                            deliver(self.workers[to].as_mut(), w, &out);
                         }
                         out.clear();
                     }
@@ -228,10 +220,7 @@ fn duplicates_and_late_packets_are_ignored() {
     let h = decode(&out);
     assert_eq!(h.kind, FrameKind::Reduce);
     for _ in 0..2 {
-        let w1 = ring.workers[1].as_mut();
-        let slot = w1.recv_slot(0, &h).expect("accepted");
-        crate::wire::f32_bytes_mut(slot).copy_from_slice(&out[HEADER_LEN..]);
-        w1.handle_payload(0, &h).expect("accepted");
+        deliver(ring.workers[1].as_mut(), 0, &out);
     }
     ring.pump(&mut |_, _| false);
     let results = ring.results();
