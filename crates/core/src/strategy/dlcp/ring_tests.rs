@@ -297,3 +297,60 @@ fn bad_frames_are_refused() {
     slot.fill(1.0);
     assert!(w.handle_payload(0, &ahead).is_err(), "steps ahead");
 }
+
+/// Reduce-scatter packets are loss-tolerant, sprayed, classed by their bucket's front-most
+/// layer and marked drop-eligible below the median; the all-gather's are reliable and never
+/// drop-eligible, loss-tolerant only under a pull bound. The ablations switch each off.
+#[test]
+fn packets_carry_class_marks_and_spraying() {
+    let flags_of = |o: DlcpOptions| {
+        // Two keys in one bucket: layer 0 (front) and layer 7.
+        let mut ring = Ring::new(2, &[40, 1, 1, 1, 1, 1, 1, 40], o);
+        ring.pump(&mut |_, _| false);
+        ring.results();
+        ring.sent
+    };
+    let sent = flags_of(opts(0.0, 4));
+    let reduce: Vec<_> = sent
+        .iter()
+        .filter(|(_, _, h)| h.kind == FrameKind::Reduce)
+        .collect();
+    let gather: Vec<_> = sent
+        .iter()
+        .filter(|(_, _, h)| h.kind == FrameKind::Gather)
+        .collect();
+    assert!(!reduce.is_empty() && !gather.is_empty());
+    for (_, _, h) in &reduce {
+        assert!(h.flags.is_loss_tolerant() && h.flags.is_sprayed());
+        assert_eq!(h.flags.priority_class(), 0, "the bucket holds layer 0");
+    }
+    let marked = reduce
+        .iter()
+        .filter(|(_, _, h)| h.flags.is_drop_eligible())
+        .count();
+    assert!(
+        marked > 0 && marked < reduce.len(),
+        "{marked} of {}",
+        reduce.len()
+    );
+    for (_, _, h) in &gather {
+        assert!(!h.flags.is_loss_tolerant() && !h.flags.is_drop_eligible());
+    }
+    let pulled = flags_of(DlcpOptions {
+        pull_loss_bound: 0.01,
+        ..opts(0.0, 4)
+    });
+    assert!(pulled
+        .iter()
+        .filter(|(_, _, h)| h.kind == FrameKind::Gather)
+        .all(|(_, _, h)| h.flags.is_loss_tolerant() && !h.flags.is_drop_eligible()));
+    let plain = flags_of(DlcpOptions {
+        priority: false,
+        spray: false,
+        ..opts(0.0, 4)
+    });
+    assert!(plain
+        .iter()
+        .filter(|(_, _, h)| h.kind == FrameKind::Reduce)
+        .all(|(_, _, h)| !h.flags.is_sprayed() && !h.flags.is_drop_eligible()));
+}
