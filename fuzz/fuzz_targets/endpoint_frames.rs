@@ -1,6 +1,6 @@
 //! Fuzzes the sans-IO strategy state machines (`RingAllReduce`, `PsWorker`, `PsServer`,
 //! `ChainPass` for ring reduce and step-wise averaging, `DlcpWorker` and `DlcpServer` with a
-//! loss bound of 0, so that their values are P3's) with
+//! loss bound of 0, so that their values are P3's, and `DlcpRing` with a loss bound of 0) with
 //! hostile peers: no sequence of frames, however malformed, duplicated, reordered or forged,
 //! may make an endpoint panic. Refusing a frame with a `ProtocolError` is fine.
 //!
@@ -308,6 +308,25 @@ impl Cluster {
                     StrategyKind::PsNoOverlap
                 }
             }
+        } else if u.ratio(1, 3)? {
+            // DLCP over the ring with a loss bound of 0: every packet is needed, so its
+            // averages are exact whatever is dropped (lost packets are probed for).
+            let plan = SyncPlan {
+                bucket_bytes: 4 * u.int_in_range(1..=600)?,
+                dlcp: DlcpOptions {
+                    loss_bound: 0.0,
+                    packet_elems: u.int_in_range(1..=64)?,
+                    drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
+                    priority: u.arbitrary()?,
+                    spray: u.arbitrary()?,
+                    ..DlcpOptions::default()
+                },
+                ..SyncPlan::new(StrategyKind::DlcpAllreduce, n, 0)
+            };
+            for r in 0..n {
+                workers.push(plan.worker_endpoint(r, keys.clone()));
+            }
+            StrategyKind::DlcpAllreduce
         } else if u.ratio(1, 2)? {
             // The chain strategies, built as every driver builds them.
             let strategy = *u.choose(&[StrategyKind::RingReduce, StrategyKind::Stepwise])?;
