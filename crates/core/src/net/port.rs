@@ -15,6 +15,11 @@
 //! retransmission met the queue the other senders kept full, was dropped again an RTO
 //! later, and the whole incast collapsed (docs/BENCHMARKS.md, issue 13).
 //!
+//! An ingress port serialises cut-through: a frame offered when its last bit arrived may
+//! have started one serialisation earlier, as its first bit came in, so an idle ingress port
+//! adds no delay at the sender's rate and only converging frames queue (serialising whole
+//! frames after they arrived doubled every hop's time, the more the bigger the frames).
+//!
 //! An ingress port holds one frame per flow at a time, as a receiver reads one frame of a
 //! connection before the next (the runtime's reader does exactly that): later frames of the
 //! flow wait outside the queue, where TCP's flow control keeps them (in the sender's
@@ -322,8 +327,17 @@ impl Port {
             return;
         };
         let bytes = held.meta.bytes;
-        let start = path.free_at.max(held.offered);
-        let done = start.saturating_add(path.transmission_ns(bytes));
+        let tx = path.transmission_ns(bytes);
+        // An ingress port forwards bits as they arrive (cut-through): a frame that fully
+        // arrived at `offered` began arriving one serialisation earlier, and an idle port
+        // delivers it as its last bit comes in, not one more serialisation later.
+        let earliest = if self.one_per_flow.is_some() {
+            held.offered.saturating_sub(tx)
+        } else {
+            held.offered
+        };
+        let start = path.free_at.max(earliest);
+        let done = start.saturating_add(tx).max(held.offered);
         path.free_at = done;
         path.queue.serialising(done, bytes);
         let lost = path.loss.lose();

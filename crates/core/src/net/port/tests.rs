@@ -453,6 +453,39 @@ fn ingress_serialises_without_latency_or_loss() {
     assert_eq!(at, [1_000, 2_000, 3_000]);
 }
 
+/// An ingress port is cut-through: a frame offered as its last bit arrives began arriving
+/// one serialisation earlier, so an idle port delivers it at once; frames converging from
+/// two senders at the same time still queue, one serialisation apart.
+#[test]
+fn ingress_is_cut_through() {
+    let profile = NetworkProfile {
+        ingress: true,
+        ..gbit(0)
+    };
+    let mut port = Port::ingress(&profile, 0, 5);
+    port.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
+    let at: Vec<Nanos> = run_all(&mut port, Vec::new())
+        .iter()
+        .map(delivered_at)
+        .collect();
+    assert_eq!(at, [10_000], "no second serialisation");
+    let mut port = Port::ingress(&profile, 0, 5);
+    port.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
+    port.enqueue(10_000, 1, FrameMeta::reliable(125, 2));
+    let at: Vec<Nanos> = run_all(&mut port, Vec::new())
+        .iter()
+        .map(delivered_at)
+        .collect();
+    assert_eq!(at, [10_000, 11_000], "converging frames queue");
+    let mut egress = Port::egress(&profile, 0, 5);
+    egress.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
+    let at: Vec<Nanos> = run_all(&mut egress, Vec::new())
+        .iter()
+        .map(delivered_at)
+        .collect();
+    assert_eq!(at, [11_000], "an egress port serialises from the offer");
+}
+
 /// An ingress port holds one frame per flow: the next frame of a flow is offered when the
 /// one ahead has left, so frames of other flows that arrived meanwhile go first, and N
 /// converging flows hold at most N places in the queue.
