@@ -460,10 +460,11 @@ pub struct DlcpArgs {
     /// DLCP ablation: packets follow their flow's path (hashing) instead of spraying.
     #[arg(long)]
     pub dlcp_no_spray: bool,
-    /// dlcp-allreduce: the fraction of the all-gather's packets per chunk and hop that may
-    /// be missing, in [0, 0.5] (default 0: the all-gather is reliable and every worker
-    /// applies the same gradient); a lost entry keeps the previous step's value (MLT's
-    /// loss-tolerant pulls), so the replicas drift apart.
+    /// DLCP: the fraction of the packets coming back that may be missing, in [0, 0.5]:
+    /// per key share of a worker's parameters (dlcp), per chunk and hop of the all-gather
+    /// (dlcp-allreduce). Default 0: they come back reliably and every worker holds the same
+    /// values. A lost entry keeps the previous step's value (MLT's loss-tolerant pulls), so
+    /// the replicas drift apart.
     #[arg(long, value_name = "P")]
     pub pull_loss_bound: Option<String>,
 }

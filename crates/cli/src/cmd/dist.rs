@@ -916,6 +916,20 @@ fn merge_loss_stats(summary: &std::path::Path, layout: &JobLayout) -> Result<()>
             per_server.push(keys);
         }
     }
+    if layout.strategy.uses_servers() {
+        // Workers with loss-tolerant pulls count the parameter values they kept stale.
+        for rank in 0..layout.workers {
+            let path = member_summary_path(summary, "worker", rank);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let worker: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            let loss: LossStats = serde_json::from_value(worker["loss"].clone())
+                .with_context(|| format!("{}: no loss statistics", path.display()))?;
+            total.add(&loss);
+        }
+    }
     let per_key: Vec<f64> = KeyLoss::sum(per_server)
         .iter()
         .map(KeyLoss::realised_loss)

@@ -210,18 +210,12 @@ impl SyncPlan {
 
     /// What one DLCP strategy supports and the other does not.
     fn validate_dlcp_variant(&self) -> Result<(), PlanError> {
-        let ring = self.strategy == StrategyKind::DlcpAllreduce;
-        if ring && self.dlcp.fill == super::LossFill::Rescale {
+        if self.strategy == StrategyKind::DlcpAllreduce
+            && self.dlcp.fill == super::LossFill::Rescale
+        {
             return Err(PlanError::Dlcp(
                 "--loss-fill rescale: a ring's partial sums carry no count of their \
                  contributors, so dlcp-allreduce fills lost values with zero only"
-                    .into(),
-            ));
-        }
-        if !ring && self.dlcp.pull_loss_bound_ppm() > 0 {
-            return Err(PlanError::Dlcp(
-                "--pull-loss-bound applies to dlcp-allreduce (its all-gather); dlcp's \
-                 parameters always come back whole"
                     .into(),
             ));
         }

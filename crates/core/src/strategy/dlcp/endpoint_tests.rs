@@ -75,8 +75,20 @@ impl Cluster {
         }
     }
 
-    /// Moves frames until none moves: each worker's frames in turn (those `lose` picks,
-    /// loss-tolerant only, never arrive), then the server's. Returns how many moved.
+    /// Starts step `step` on every worker and hands over its gradients.
+    fn begin(&mut self, step: u64) {
+        for (r, w) in self.workers.iter_mut().enumerate() {
+            w.begin_step(step);
+            for key in (0..self.sizes.len()).rev() {
+                w.handle_gradient(key, &grad(r, key, self.sizes[key]));
+            }
+            w.handle_backward_done();
+        }
+    }
+
+    /// Moves frames until none moves: each worker's frames in turn, then the server's
+    /// (those `lose` picks, loss-tolerant only, never arrive; the server is rank `n`).
+    /// Returns how many moved.
     fn pump(&mut self, lose: &mut dyn FnMut(Rank, &Header) -> bool) -> usize {
         let n = self.workers.len();
         let mut moved = 0;
@@ -97,7 +109,10 @@ impl Cluster {
             let links: Vec<Rank> = (0..n).collect();
             let mut out = Vec::new();
             while let Some(to) = self.server.poll_transmit_any(&links, &mut out) {
-                deliver(self.workers[to].as_mut(), n, &out);
+                let h = decode(&out);
+                if !(h.flags.is_loss_tolerant() && lose(n, &h)) {
+                    deliver(self.workers[to].as_mut(), n, &out);
+                }
                 moved += 1;
                 out.clear();
             }
@@ -322,4 +337,46 @@ fn packets_carry_class_marks_and_spraying() {
         assert_eq!(h.flags.priority_class(), 0);
         assert!(!h.flags.is_drop_eligible() && !h.flags.is_sprayed());
     }
+}
+
+/// With a pull bound, a parameter packet the network loses leaves that worker's entries at
+/// the step before's values once the bound lets the share complete; the first step of a
+/// run needs every packet; the other worker gets the exact values.
+#[test]
+fn a_pull_bound_keeps_the_step_befores_parameters() {
+    let o = DlcpOptions {
+        pull_loss_bound: 0.25,
+        ..exact(1)
+    };
+    let mut c = Cluster::new(2, &[8], o);
+    let mut rng = SplitMix64::new(5);
+    // Step 0: parameter packets lost at random are all recovered (probes and resends).
+    c.pump(&mut |from, h| from == 2 && h.kind == FrameKind::Params && rng.chance(0.3));
+    let step0 = c.params();
+    assert_eq!(
+        step0[0], step0[1],
+        "the first step's parameters are exact everywhere"
+    );
+    c.begin(1);
+    c.pump(&mut |from, h| {
+        from == 2 && h.kind == FrameKind::Params && h.offset == 7 && h.sequence < u64::MAX
+    });
+    let step1 = c.params();
+    // Worker 1 (or 0): entry 7 never came to either worker, so both kept step 0's value.
+    for w in &step1 {
+        assert_eq!(w[0][7], step0[0][0][7], "the step before's value");
+        assert_ne!(w[0][0], step0[0][0][0], "the other entries moved on");
+    }
+    let stale: u64 = c
+        .workers
+        .iter()
+        .map(|w| w.loss_stats().expect("a pull bound").entries_stale)
+        .sum();
+    assert_eq!(stale, 2);
+    let sent = c
+        .sent
+        .iter()
+        .filter(|(_, h)| h.kind == FrameKind::Stop)
+        .count();
+    assert!(sent >= 2, "the workers stopped the server's sends");
 }

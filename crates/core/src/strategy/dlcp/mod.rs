@@ -21,11 +21,13 @@
 //! - **Spraying.** Packets may take any path ([`crate::wire::Flags::spray_if`]); reliable
 //!   frames stay on their flow's path.
 //!
-//! Parameters come back reliably and whole, as in P3 (MLT's loss-tolerant pulls are not
-//! built). With `loss_bound` 0 every packet is needed, and the result is exactly P3's.
+//! Parameters come back reliably and whole, as in P3, unless [`DlcpOptions::pull_loss_bound`]
+//! is above 0: then they come back as loss-tolerant packets too (MLT's pulls, [`pull`]).
+//! With `loss_bound` 0 every pushed packet is needed, and the result is exactly P3's.
 
 mod chunks;
 mod geometry;
+mod pull;
 mod ring;
 mod server;
 mod tally;
@@ -96,9 +98,10 @@ pub struct DlcpOptions {
     pub priority: bool,
     /// Per-packet path choice (off: packets follow their flow's path, as ECMP hashing).
     pub spray: bool,
-    /// Fraction of the all-gather's packets per hop that may be missing (`dlcp-allreduce`
-    /// only), in [0, 0.5]; a lost entry keeps the previous step's value. 0 (the default)
-    /// sends the all-gather reliably, so every worker applies the same gradient.
+    /// Fraction of the packets coming back that may be missing, in [0, 0.5]: per key share
+    /// of a worker's parameters (`dlcp`), per chunk and hop of the all-gather
+    /// (`dlcp-allreduce`); a lost entry keeps the previous step's value. 0 (the default)
+    /// sends them reliably, so every worker holds the same values.
     pub pull_loss_bound: f64,
 }
 

@@ -6,7 +6,8 @@
 use std::collections::VecDeque;
 
 use super::geometry::{Geometry, PacketId};
-use super::tally::{packets_needed, Marked, PacketTally};
+use super::pull::{PullFrame, PullSender};
+use super::tally::{indices_of, packets_needed, Marked, PacketTally};
 use super::{class_of_layer, DlcpOptions, KeyLoss, LossFill, LossStats};
 use crate::strategy::{Endpoint, ProtocolError, PsServer, Rank, ServerSync, Transmit};
 use crate::wire::{encode_data_frame, FrameKind, Header};
@@ -46,6 +47,10 @@ pub struct DlcpServer {
     handed: Vec<bool>,
     /// Per slice: packets still to come (from all workers) before it is whole.
     slice_missing: Vec<usize>,
+    /// Per worker, with a pull bound: the parameters' loss-tolerant packets to send.
+    pulls: Vec<PullSender>,
+    /// One frame of the P3 server's, taken to be cut into packets.
+    taken: Vec<u8>,
 }
 
 impl DlcpServer {
@@ -86,6 +91,12 @@ impl DlcpServer {
             control: (0..workers).map(|_| VecDeque::new()).collect(),
             stats: LossStats::default(),
             key_loss: vec![KeyLoss::default(); keys.len()],
+            pulls: if opts.pull_loss_bound_ppm() > 0 {
+                (0..workers).map(|_| PullSender::new(&geo)).collect()
+            } else {
+                Vec::new()
+            },
+            taken: Vec::new(),
             opts,
             geo,
         };
@@ -295,6 +306,106 @@ impl DlcpServer {
         h
     }
 
+    fn layer(&self, key: usize) -> usize {
+        self.geo.registry().keys().get(key).map_or(0, |k| k.layer)
+    }
+
+    /// Takes every parameter frame the P3 server has ready and queues its packets.
+    fn take_params(&mut self) {
+        let links: Vec<Rank> = (0..self.workers).collect();
+        loop {
+            self.taken.clear();
+            let Some(w) = self.inner.poll_transmit_any(&links, &mut self.taken) else {
+                return;
+            };
+            let mut raw = [0u8; crate::wire::HEADER_LEN];
+            raw.copy_from_slice(&self.taken[..crate::wire::HEADER_LEN]);
+            let Ok(h) = Header::decode(&raw, u32::MAX) else {
+                continue;
+            };
+            let reg = self.geo.registry();
+            let Some(slice) = reg.find_slice(h.key as usize, h.offset as usize, h.length as usize)
+            else {
+                continue;
+            };
+            let values: Vec<f32> = self.taken[crate::wire::HEADER_LEN..]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let layer = self.layer(h.key as usize);
+            self.pulls[w].take_slice(&self.geo, slice, h.step, layer, &values);
+        }
+    }
+
+    /// The next parameter packet (or probe) for the worker among `links` whose most urgent
+    /// key comes first.
+    fn poll_pull(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        self.take_params();
+        let mut order: Vec<((usize, usize), Rank)> = links
+            .iter()
+            .filter_map(|&l| Some((*self.pulls.get(l)?.active.first()?, l)))
+            .collect();
+        order.sort_unstable();
+        for (_, w) in order {
+            let Some(frame) = self.pulls[w].next(&self.geo, self.index) else {
+                continue;
+            };
+            let sender = (self.workers + self.index) as u32;
+            let (h, values) = match frame {
+                PullFrame::Packet(key, p) => {
+                    let step = self.pulls[w].step[key];
+                    let mut h = self.classed(Header::data(
+                        FrameKind::Params,
+                        step,
+                        key as u32,
+                        p.offset as u32,
+                        p.len as u32,
+                    ));
+                    h.flags = h.flags.loss_tolerant().spray_if(self.opts.spray);
+                    (h, &self.pulls[w].values[key][p.offset..p.offset + p.len])
+                }
+                PullFrame::Probe(key) => {
+                    let step = self.pulls[w].step[key];
+                    (
+                        self.classed(Header::data(FrameKind::Probe, step, key as u32, 0, 0)),
+                        &[][..],
+                    )
+                }
+            };
+            let mut h = h;
+            h.sender = sender;
+            encode_data_frame(out, &h, values);
+            return Some(w);
+        }
+        None
+    }
+
+    /// A worker's Stop or Missing about its parameters.
+    fn handle_pull_answer(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        let key = h.key as usize;
+        let packets = self.geo.share_packets(key, self.index);
+        if self.pulls.is_empty() || link >= self.workers || packets == 0 {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "an answer about parameters this server does not send as packets",
+            ));
+        }
+        let layer = self.layer(key);
+        if h.kind == FrameKind::Stop {
+            self.pulls[link].stop(key, h.step, layer);
+            return Ok(());
+        }
+        let words: Vec<u32> = self.scratch[link][..h.length as usize]
+            .iter()
+            .map(|w| w.to_bits())
+            .collect();
+        let missing =
+            indices_of(&words, packets).map_err(|e| ProtocolError::unexpected(link, h, &e))?;
+        self.pulls[link].resend(key, h.step, layer, missing);
+        Ok(())
+    }
+
     fn poll_control(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
         let link = links
             .iter()
@@ -316,6 +427,9 @@ impl Endpoint for DlcpServer {
         if let Some(link) = self.poll_control(links, out) {
             return Some(link);
         }
+        if !self.pulls.is_empty() {
+            return self.poll_pull(links, out);
+        }
         let start = out.len();
         let link = self.inner.poll_transmit_any(links, out)?;
         let mut raw = [0u8; crate::wire::HEADER_LEN];
@@ -329,6 +443,9 @@ impl Endpoint for DlcpServer {
     fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
         if let Some(link) = self.poll_control(links, out) {
             return Some(Transmit::Copied(link));
+        }
+        if !self.pulls.is_empty() {
+            return self.poll_pull(links, out).map(Transmit::Copied);
         }
         match self.inner.poll_transmit_lent(links, out)? {
             Transmit::Lent(link, h) => {
@@ -359,6 +476,26 @@ impl Endpoint for DlcpServer {
                 self.check_share(link, h)?;
                 Ok(&mut [])
             }
+            FrameKind::Stop | FrameKind::Missing if !self.pulls.is_empty() => {
+                let packets = self.geo.share_packets(h.key as usize, self.index);
+                let words = if h.kind == FrameKind::Missing {
+                    packets.div_ceil(32)
+                } else {
+                    0
+                };
+                if link >= self.workers || packets == 0 || h.length as usize != words {
+                    return Err(ProtocolError::unexpected(
+                        link,
+                        h,
+                        "not an answer about this server's parameters",
+                    ));
+                }
+                let buf = &mut self.scratch[link];
+                if buf.len() < words {
+                    buf.resize(words, 0.0);
+                }
+                Ok(&mut buf[..words])
+            }
             _ => Err(ProtocolError::unexpected(
                 link,
                 h,
@@ -371,6 +508,7 @@ impl Endpoint for DlcpServer {
         match h.kind {
             FrameKind::Push => self.handle_packet(link, h),
             FrameKind::Probe => self.handle_probe(link, h),
+            FrameKind::Stop | FrameKind::Missing => self.handle_pull_answer(link, h),
             _ => Err(ProtocolError::unexpected(
                 link,
                 h,
@@ -417,7 +555,9 @@ impl ServerSync for DlcpServer {
     }
 
     fn has_pending_replies(&self) -> bool {
-        self.inner.has_pending_replies() || self.control.iter().any(|q| !q.is_empty())
+        self.inner.has_pending_replies()
+            || self.control.iter().any(|q| !q.is_empty())
+            || self.pulls.iter().any(PullSender::pending)
     }
 
     fn loss_stats(&self) -> Option<LossStats> {

@@ -4,8 +4,9 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use super::geometry::{Geometry, PacketId};
+use super::pull::{PullEvent, PullReceiver};
 use super::tally::indices_of;
-use super::{class_of_layer, drop_eligible, DlcpOptions};
+use super::{class_of_layer, drop_eligible, DlcpOptions, LossStats};
 use crate::strategy::{Endpoint, ProtocolError, PsWorker, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -37,6 +38,15 @@ pub struct DlcpWorker {
     /// Per server link: a Missing frame's bitmap as it arrives.
     bitmap: Vec<Vec<f32>>,
     drained: Vec<u8>,
+    /// With a pull bound: the parameters' loss-tolerant packets received.
+    pull: Option<PullReceiver>,
+    /// The run's first step (its pulls need every packet).
+    first_step: u64,
+    /// Per server: Stops and Missing bitmaps about the parameters, to send.
+    answers: Vec<VecDeque<(Header, Vec<u32>)>>,
+    /// One parameter packet's values as it arrives.
+    packet: Vec<f32>,
+    stats: LossStats,
 }
 
 impl DlcpWorker {
@@ -71,6 +81,12 @@ impl DlcpWorker {
             marks: vec![Vec::new(); keys],
             bitmap: vec![Vec::new(); servers],
             drained: Vec::new(),
+            pull: (opts.pull_loss_bound_ppm() > 0)
+                .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
+            first_step: 0,
+            answers: vec![VecDeque::new(); servers],
+            packet: vec![0.0; opts.packet_elems.max(1)],
+            stats: LossStats::default(),
             geo,
         }
     }
@@ -230,15 +246,107 @@ impl DlcpWorker {
     }
 }
 
+impl DlcpWorker {
+    /// A parameter packet or a probe from `server`, with a pull bound.
+    fn handle_pull(&mut self, link: Rank, server: usize, h: &Header) -> Result<(), ProtocolError> {
+        let key = h.key as usize;
+        let Some(pull) = self.pull.as_mut() else {
+            return Ok(());
+        };
+        let event = if h.kind == FrameKind::Probe {
+            pull.probe(key, server, h.step)
+        } else {
+            let p = self
+                .geo
+                .locate(key, h.offset as usize, h.length as usize)
+                .filter(|p| self.geo.registry().owner(p.slice) == server)
+                .ok_or_else(|| {
+                    ProtocolError::unexpected(link, h, "not a packet of that server's share")
+                })?;
+            pull.packet(key, server, h.step, &p, &self.packet[..p.len])
+        };
+        let mut answer = Header::data(FrameKind::Stop, h.step, h.key, 0, 0);
+        answer.sender = self.rank as u32;
+        answer.flags = Flags::class(self.class(key));
+        match event {
+            PullEvent::Nothing => Ok(()),
+            PullEvent::Missing(words) => {
+                self.stats.probes_answered += 1;
+                answer.kind = FrameKind::Missing;
+                answer.length = words.len() as u32;
+                answer.payload_len = answer.length.saturating_mul(4);
+                self.answers[server].push_back((answer, words));
+                Ok(())
+            }
+            PullEvent::Complete => {
+                self.answers[server].push_back((answer, Vec::new()));
+                self.hand_over_params(link, server, key)
+            }
+        }
+    }
+
+    /// `server`'s share of `key`'s parameters is complete: its slices go to the P3 worker,
+    /// lost entries with the values of the step before.
+    fn hand_over_params(
+        &mut self,
+        link: Rank,
+        server: usize,
+        key: usize,
+    ) -> Result<(), ProtocolError> {
+        let Some(pull) = self.pull.as_ref() else {
+            return Ok(());
+        };
+        self.stats.entries_stale += pull.filled(&self.geo, key, server);
+        let reg = self.geo.registry();
+        let slices: Vec<_> = reg
+            .slices_of(key)
+            .filter(|&s| reg.owner(s) == server)
+            .map(|s| reg.slices()[s])
+            .collect();
+        for s in slices {
+            let mut h = Header::data(
+                FrameKind::Params,
+                self.step,
+                key as u32,
+                s.offset as u32,
+                s.len as u32,
+            );
+            h.sender = link as u32;
+            let values = &pull.values[key][s.offset..s.offset + s.len];
+            self.inner.recv_slot(link, &h)?.copy_from_slice(values);
+            self.inner.handle_payload(link, &h)?;
+        }
+        Ok(())
+    }
+
+    /// The next Stop or Missing for a server among `links`.
+    fn poll_answer(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let link = links.iter().copied().find(|&l| {
+            self.server_of(l)
+                .is_some_and(|s| !self.answers[s].is_empty())
+        })?;
+        let server = self.server_of(link)?;
+        let (h, words) = self.answers[server].pop_front()?;
+        let values: Vec<f32> = words.iter().map(|&w| f32::from_bits(w)).collect();
+        crate::wire::encode_data_frame(out, &h, &values);
+        Some(link)
+    }
+}
+
 impl WorkerSync for DlcpWorker {
     fn start_at(&mut self, step: u64) {
         self.inner.start_at(step);
         self.step = step;
+        self.first_step = step;
     }
 
     fn begin_step(&mut self, step: u64) {
         self.inner.begin_step(step);
         self.step = step;
+        let exact = step == self.first_step;
+        if let Some(pull) = self.pull.as_mut() {
+            pull.begin(&self.geo, step, exact);
+        }
         for s in &mut self.shares {
             s.queue.clear();
             s.stopped = false;
@@ -276,6 +384,11 @@ impl WorkerSync for DlcpWorker {
     fn take_values(&mut self, key: usize) -> Vec<f32> {
         self.inner.take_values(key)
     }
+
+    /// With a pull bound: the parameter values that kept the step before's value.
+    fn loss_stats(&self) -> Option<LossStats> {
+        self.pull.as_ref().map(|_| self.stats)
+    }
 }
 
 impl Endpoint for DlcpWorker {
@@ -284,6 +397,9 @@ impl Endpoint for DlcpWorker {
     }
 
     fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        if let Some(link) = self.poll_answer(links, out) {
+            return Some(link);
+        }
         let server = self.most_urgent(links)?;
         let h = self.next_frame(server)?;
         crate::wire::encode_data_frame(out, &h, self.inner.lent_payload(&h));
@@ -293,6 +409,9 @@ impl Endpoint for DlcpWorker {
     // A packet's values stay unchanged until the next step's backward, which starts only
     // after every share has been stopped and answered.
     fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some(link) = self.poll_answer(links, out) {
+            return Some(Transmit::Copied(link));
+        }
         let server = self.most_urgent(links)?;
         let h = self.next_frame(server)?;
         out.extend_from_slice(&h.encode());
@@ -308,7 +427,19 @@ impl Endpoint for DlcpWorker {
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         match h.kind {
+            FrameKind::Params if self.pull.is_some() => {
+                self.check(link, h)?;
+                let p = self
+                    .geo
+                    .locate(h.key as usize, h.offset as usize, h.length as usize)
+                    .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
+                Ok(&mut self.packet[..p.len])
+            }
             FrameKind::Params => self.inner.recv_slot(link, h),
+            FrameKind::Probe if self.pull.is_some() => {
+                self.check(link, h)?;
+                Ok(&mut [])
+            }
             FrameKind::Stop => {
                 self.check(link, h)?;
                 Ok(&mut [])
@@ -337,6 +468,10 @@ impl Endpoint for DlcpWorker {
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         match h.kind {
+            FrameKind::Params | FrameKind::Probe if self.pull.is_some() => {
+                let server = self.check(link, h)?;
+                self.handle_pull(link, server, h)
+            }
             FrameKind::Params => self.inner.handle_payload(link, h),
             FrameKind::Stop | FrameKind::Missing => {
                 let server = self.check(link, h)?;
