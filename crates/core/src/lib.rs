@@ -8,6 +8,7 @@
 
 pub mod aggregate;
 pub mod latency;
+pub mod liveness;
 pub mod net;
 pub mod optim;
 pub mod profile;

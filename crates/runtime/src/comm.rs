@@ -44,6 +44,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
+use syncopate_core::liveness::{Liveness, LivenessConfig};
 use syncopate_core::net::{Fate, FrameMeta, NetCounters, NetworkProfile, Port};
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank, Transmit};
 use syncopate_core::wire::mac::{FrameOpener, FrameSealer, IntegrityError, LinkKeys, Tag, TAG_LEN};
@@ -68,15 +69,10 @@ pub struct Link {
 /// Timing knobs of the loop.
 #[derive(Debug, Clone)]
 pub struct CommOptions {
-    /// Send a heartbeat on a link after this long without sending anything.
-    pub heartbeat: Duration,
-    /// Declare a peer lost after this long without receiving anything from it.
-    pub peer_timeout: Duration,
+    /// Heartbeats, the peer timeout and the stall watchdog (core's rules).
+    pub liveness: LivenessConfig,
     /// Largest payload accepted.
     pub max_payload: u32,
-    /// A worker gives up when nothing of its step's synchronisation has arrived for this
-    /// long although every peer is alive (a protocol stall); `None`: never.
-    pub stall_timeout: Option<Duration>,
     /// After moving any byte, poll without sleeping for this long (zero: always sleep until
     /// something happens). Trades CPU for latency, as MPI's progress loop does.
     pub busy_poll: Duration,
@@ -88,10 +84,8 @@ pub struct CommOptions {
 impl Default for CommOptions {
     fn default() -> Self {
         Self {
-            heartbeat: Duration::from_millis(500),
-            peer_timeout: Duration::from_secs(5),
+            liveness: LivenessConfig::default(),
             max_payload: DEFAULT_MAX_PAYLOAD,
-            stall_timeout: Some(Duration::from_secs(120)),
             busy_poll: Duration::ZERO,
             frame_mac: false,
         }
@@ -395,9 +389,6 @@ struct LinkState {
     /// Bytes of the first frame in `writing` already written.
     written: usize,
     queued_bytes: usize,
-    last_recv: Instant,
-    last_send: Instant,
-    last_write_progress: Instant,
     goodbye_received: bool,
     goodbye_sent: bool,
     closed: bool,
@@ -480,6 +471,8 @@ pub struct CommLoop {
     waker: Arc<Waker>,
     timer: PreciseTimer,
     links: Vec<LinkState>,
+    /// When each link last moved bytes, by link index.
+    liveness: Liveness,
     options: CommOptions,
     origin: Instant,
     /// The process's emulated NIC: admission (the send window), when each frame leaves
@@ -549,9 +542,6 @@ impl CommLoop {
                 writing: VecDeque::new(),
                 written: 0,
                 queued_bytes: 0,
-                last_recv: now,
-                last_send: now,
-                last_write_progress: now,
                 goodbye_received: false,
                 goodbye_sent: false,
                 closed: false,
@@ -565,6 +555,7 @@ impl CommLoop {
                 poll,
                 waker: waker.clone(),
                 timer,
+                liveness: Liveness::new(options.liveness, states.len(), 0),
                 links: states,
                 options,
                 origin: now,
@@ -615,7 +606,7 @@ impl CommLoop {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        ns_since(self.origin)
     }
 
     /// Runs until the hooks say [`Flow::Finish`] (then says goodbye and flushes) or an error.
@@ -660,7 +651,7 @@ impl CommLoop {
                 finishing = true;
             }
             self.fire_timeout(endpoint);
-            let now = Instant::now();
+            let now_ns = self.now_ns();
             // Transmitting can complete a step (the last frame handed over or written), and
             // the hooks may then start the next one: its frames go out now, not after a wait
             // that nothing would end (every peer may be waiting for them).
@@ -676,7 +667,7 @@ impl CommLoop {
                             _ => e,
                         });
                     }
-                    self.check_liveness(i, now, hooks)?;
+                    self.check_liveness(i, now_ns, hooks)?;
                 }
                 if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
                     finishing = true;
@@ -727,13 +718,10 @@ impl CommLoop {
         events: &mut Events,
         endpoint_deadline: Option<u64>,
     ) -> Result<(), CommError> {
-        let busy = !self.options.busy_poll.is_zero()
-            && self
-                .links
-                .iter()
-                .map(|l| l.last_recv.max(l.last_write_progress))
-                .max()
-                .is_some_and(|t| t.elapsed() < self.options.busy_poll);
+        let busy_ns = u64::try_from(self.options.busy_poll.as_nanos()).unwrap_or(u64::MAX);
+        let busy = busy_ns > 0
+            && (self.liveness.last_activity())
+                .is_some_and(|t| self.now_ns().saturating_sub(t) < busy_ns);
         let timeout = if busy {
             Duration::ZERO
         } else {
@@ -776,7 +764,8 @@ impl CommLoop {
 
     fn next_timeout(&self) -> Duration {
         let now_ns = self.now_ns();
-        let mut t = self.options.heartbeat.min(Duration::from_millis(100));
+        let heartbeat = Duration::from_nanos(self.options.liveness.heartbeat_ns);
+        let mut t = heartbeat.min(Duration::from_millis(100));
         for l in &self.links {
             if let Some((release, _)) = l.scheduled.front() {
                 if l.writing.is_empty() {
@@ -972,19 +961,15 @@ impl CommLoop {
         hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
         let now_ns = self.now_ns();
-        let now = Instant::now();
-        let heartbeat = self.options.heartbeat;
         let pool = &mut self.pool;
         let traffic = &self.traffic;
+        let liveness = &mut self.liveness;
         let link = &mut self.links[i];
         if link.closed {
             return Ok(());
         }
-        if link.writing.is_empty()
-            && link.control.is_empty()
-            && !link.goodbye_sent
-            && now - link.last_send >= heartbeat
-        {
+        let idle = link.writing.is_empty() && link.control.is_empty() && !link.goodbye_sent;
+        if liveness.heartbeat_due(i, now_ns, idle) {
             link.control
                 .push_back(Header::control(FrameKind::Heartbeat, 0).encode().to_vec());
         }
@@ -1000,8 +985,7 @@ impl CommLoop {
                 Ok(n) => {
                     link.bytes_sent += n as u64;
                     traffic.add_sent(i, n as u64);
-                    link.last_send = now;
-                    link.last_write_progress = now;
+                    liveness.handle_written(i, now_ns);
                     link.written += n;
                     while let Some(len) = link.writing.front().map(OutFrame::len) {
                         if link.written < len {
@@ -1029,30 +1013,14 @@ impl CommLoop {
     fn check_liveness<E: ?Sized>(
         &self,
         i: usize,
-        now: Instant,
+        now_ns: u64,
         hooks: &dyn Hooks<E>,
     ) -> Result<(), CommError> {
         let link = &self.links[i];
-        if link.closed || link.goodbye_received {
-            return Ok(());
-        }
-        let timeout = self.options.peer_timeout;
-        if now.saturating_duration_since(link.last_recv) > timeout {
-            return Err(lost(
-                hooks,
-                link.peer,
-                &format!(
-                    "no frame for {:.1} s (process hung or network down)",
-                    timeout.as_secs_f64()
-                ),
-            ));
-        }
-        if !link.writing.is_empty()
-            && now.saturating_duration_since(link.last_write_progress) > timeout
-        {
-            return Err(lost(hooks, link.peer, "it stopped reading (send stalled)"));
-        }
-        Ok(())
+        let watched = !link.closed && !link.goodbye_received;
+        (self.liveness)
+            .check_link(i, now_ns, watched, !link.writing.is_empty())
+            .map_err(|reason| lost(hooks, link.peer, &reason.to_string()))
     }
 
     /// Reads every complete frame available on link `i`. Reads go into the link's staging
@@ -1067,6 +1035,8 @@ impl CommLoop {
     ) -> Result<(), CommError> {
         let max_payload = self.options.max_payload;
         let now_ns = self.now_ns();
+        let origin = self.origin;
+        let liveness = &mut self.liveness;
         let link = &mut self.links[i];
         let peer = link.peer;
         loop {
@@ -1114,7 +1084,7 @@ impl CommLoop {
             };
             link.bytes_received += n as u64;
             self.traffic.add_received(i, n as u64);
-            link.last_recv = Instant::now();
+            liveness.handle_received(i, ns_since(origin));
             if direct {
                 advance(link, n, endpoint, hooks, max_payload)?;
             } else {
@@ -1530,6 +1500,11 @@ fn handle_control<E: ?Sized>(
             },
         }),
     }
+}
+
+/// Nanoseconds since `origin` (the loop's clock).
+fn ns_since(origin: Instant) -> u64 {
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn lost<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, reason: &str) -> CommError {

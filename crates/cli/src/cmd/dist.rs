@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
+use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::net::{parse_size, NetworkProfile};
 
 use crate::args::NetworkArgs;
@@ -311,9 +312,9 @@ impl JobArgs {
             bail!("--peer-timeout must be positive");
         }
         let timeout = Duration::from_secs_f64(self.peer_timeout);
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         Ok(CommOptions {
-            heartbeat: (timeout / 5).min(Duration::from_millis(500)),
-            peer_timeout: timeout,
+            liveness: LivenessConfig::default().with_peer_timeout(timeout_ns),
             busy_poll: Duration::from_micros(self.busy_poll_us),
             frame_mac: self.frame_mac,
             ..CommOptions::default()
@@ -377,19 +378,19 @@ impl JobArgs {
         }
     }
 
-    /// `--stall-timeout`, or its default for a model of `params` parameters.
-    fn stall_timeout(&self, params: usize, layout: &JobLayout) -> Result<Option<Duration>> {
+    /// `--stall-timeout` in nanoseconds, or its default for a model of `params` parameters.
+    fn stall_timeout(&self, params: usize, layout: &JobLayout) -> Result<Option<u64>> {
         match self.stall_timeout {
             Some(s) if s.is_nan() || s < 0.0 => bail!("--stall-timeout must be >= 0, got {s}"),
             Some(0.0) => Ok(None),
-            Some(s) => Ok(Some(Duration::from_secs_f64(s))),
-            None => {
-                let transfer = layout
-                    .network
-                    .bandwidth_bps
-                    .map_or(0.0, |bps| params as f64 * 32.0 / bps);
-                Ok(Some(Duration::from_secs_f64(120.0 + 4.0 * transfer)))
+            Some(s) => {
+                let ns = u64::try_from(Duration::try_from_secs_f64(s)?.as_nanos());
+                Ok(Some(ns.unwrap_or(u64::MAX)))
             }
+            None => Ok(Some(LivenessConfig::default_stall_timeout_ns(
+                params,
+                layout.network.bandwidth_bps,
+            ))),
         }
     }
 }
@@ -676,7 +677,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     let s = &args.settings;
     let duration = s.duration()?;
     let (spec, data) = args.model_and_data()?;
-    ctx.comm.stall_timeout = args.stall_timeout(spec.num_params(), &layout)?;
+    ctx.comm.liveness.stall_timeout_ns = args.stall_timeout(spec.num_params(), &layout)?;
     let steps_hint = steps_of(duration, data.train.len(), s.batch_size, layout.workers);
     let plan = WorkerPlan {
         batch_size: s.batch_size,

@@ -9,6 +9,7 @@ use std::time::{Duration as StdDuration, Instant};
 use mio::Waker;
 use serde::Serialize;
 use syncopate_core::latency::Percentiles;
+use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{
@@ -338,8 +339,8 @@ struct Comm {
     traffic: Arc<crate::sampler::TrafficTotals>,
     /// The step last begun (for the stall error).
     step: u64,
-    /// Longest wait for the next message before giving up on a stalled protocol.
-    stall_timeout: Option<StdDuration>,
+    /// How long to wait for the next message before giving up on a stalled protocol.
+    liveness: LivenessConfig,
 }
 
 impl Comm {
@@ -360,6 +361,7 @@ impl Comm {
     /// communication thread's business: it fails when one dies or goes silent).
     fn recv(&mut self) -> Result<FromComm, RunError> {
         let started = Instant::now();
+        let watch = StallWatch::new(&self.liveness, 0);
         loop {
             match self.rx.recv_timeout(StdDuration::from_millis(200)) {
                 Ok(FromComm::Failed) | Err(RecvTimeoutError::Disconnected) => {
@@ -370,14 +372,11 @@ impl Comm {
                     if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
                         return Err(self.failure());
                     }
-                    let waited = started.elapsed();
-                    if self.stall_timeout.is_some_and(|limit| waited > limit) {
+                    let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    if let Some(stall) = watch.poll_stalled(waited) {
                         return Err(RunError::Local(format!(
-                            "stalled at step {}: nothing of the step's synchronisation arrived \
-                             for {:.0} s although every peer is alive; giving up \
-                             (--stall-timeout)",
+                            "at step {}: {stall}; giving up (--stall-timeout)",
                             self.step,
-                            waited.as_secs_f64()
                         )));
                     }
                 }
@@ -470,7 +469,7 @@ fn start_comm(
         first_error: None,
         traffic,
         step: 0,
-        stall_timeout: ctx.comm.stall_timeout,
+        liveness: ctx.comm.liveness,
     })
 }
 
@@ -698,13 +697,16 @@ mod tests {
             first_error: None,
             traffic: Arc::new(crate::sampler::TrafficTotals::default()),
             step: 0,
-            stall_timeout: Some(StdDuration::from_millis(300)),
+            liveness: LivenessConfig {
+                stall_timeout_ns: Some(300_000_000),
+                ..LivenessConfig::default()
+            },
         };
         comm.send(ToComm::Begin(7)).unwrap();
         let err = match comm.recv() {
             Err(e) => e.to_string(),
             Ok(_) => panic!("a message arrived from a thread that sends none"),
         };
-        assert!(err.contains("stalled at step 7"), "{err}");
+        assert!(err.contains("at step 7: stalled"), "{err}");
     }
 }
