@@ -121,3 +121,59 @@ fn simulate_names_a_bad_network_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--loss"), "{err}");
 }
+
+/// Seeded faults: a crash is reported with the rank every other process names, the same
+/// seed prints the same run, and a bad fault knob is refused with its flag's name.
+#[test]
+fn simulate_injects_seeded_faults_and_names_bad_ones() {
+    let run = |seed: &str| {
+        let out = Command::new(EXE)
+            .args([
+                "simulate",
+                "--model",
+                "profile:resnet50",
+                "--strategy",
+                "p3",
+                "--workers",
+                "4",
+                "--servers",
+                "1",
+                "--steps",
+                "30",
+                "--scale",
+                "0.01",
+                "--fault-crash",
+                "1",
+                "--fault-window",
+                "0.3",
+                "--peer-timeout",
+                "0.5",
+                "--seed",
+                seed,
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The wall time differs from run to run; the rest must not.
+        text.lines()
+            .filter(|l| l.starts_with("  "))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let lines = run("3");
+    assert!(lines.iter().any(|l| l.contains("crashes")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("job stopped")), "{lines:?}");
+    assert_eq!(lines, run("3"));
+    let out = Command::new(EXE)
+        .args(["simulate", "--steps", "1", "--fault-freeze", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--fault-freeze"), "{err}");
+}

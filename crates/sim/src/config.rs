@@ -8,6 +8,7 @@ use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::wire::HEADER_LEN;
 
+use crate::faults::FaultConfig;
 use crate::SimError;
 
 use syncopate_core::strategy::{scale_count, DlcpOptions, StepwiseHead, StrategyKind, SyncPlan};
@@ -59,6 +60,10 @@ pub struct SimConfig {
     /// Search the credit online (`--autotune`, credit scheduler only).
     #[serde(default)]
     pub autotune: bool,
+    /// Seeded faults (all off by default); with any on, every process runs the liveness
+    /// rules and the report says how each ended.
+    #[serde(default)]
+    pub faults: FaultConfig,
 }
 
 impl SimConfig {
@@ -89,6 +94,7 @@ impl SimConfig {
             full_sync_every: plan.full_sync_every,
             dlcp: plan.dlcp,
             autotune: plan.autotune,
+            faults: FaultConfig::default(),
         }
     }
 
@@ -116,6 +122,7 @@ impl SimConfig {
         if self.steps == 0 {
             return fail("at least one step is needed".into());
         }
+        self.faults.validate().map_err(SimError::Config)?;
         Ok(())
     }
 

@@ -20,6 +20,8 @@ use crate::report::{HostTraffic, Lane, SimReport, Tracer};
 use crate::rng::Jitter;
 use crate::{SimConfig, SimError};
 
+mod life;
+
 /// When endpoints are asked for frames, and on which links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Polling {
@@ -90,6 +92,8 @@ pub(crate) struct Sim<'a> {
     tracer: Tracer,
     /// Per host: the endpoint timer a [`Event::Timeout`] is queued for.
     timers: Vec<Option<u64>>,
+    /// The processes' lives, with faults on (`None`: no faults, no liveness rules).
+    lives: Option<Box<life::Lives>>,
 }
 
 /// The network flow of the directed link `from -> to` (ranks fit 32 bits).
@@ -168,7 +172,14 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let n = cfg.workers;
+        let lives = life::Lives::new(
+            cfg,
+            (0..cfg.workers + cfg.servers)
+                .map(|r| peers(cfg, r))
+                .collect(),
+        );
         Ok(Self {
+            lives,
             cfg,
             profile,
             polling,
@@ -216,10 +227,15 @@ impl<'a> Sim<'a> {
         }
         for h in 0..self.hosts.len() {
             self.arm_timer(h);
+            self.arm_liveness(h);
         }
+        self.schedule_strikes();
         while let Some((t, ev)) = self.queue.pop() {
             self.now = t;
             self.events += 1;
+            if !self.runs(ev) {
+                continue;
+            }
             let touched = self.touched_host(ev);
             match ev {
                 Event::ComputeDone(w) => {
@@ -241,10 +257,22 @@ impl<'a> Sim<'a> {
                     self.collect(host, ingress)?;
                 }
                 Event::Timeout(h) => self.timeout(h)?,
+                Event::Strike(i) => self.strike(i),
+                Event::Control(slot) => self.control(slot),
+                Event::Liveness(h) => self.liveness_due(h),
             }
             if let Some(h) = touched {
                 self.arm_timer(h);
+                if self.lives.is_some() {
+                    self.life_moved(h);
+                }
             }
+        }
+        if self.lives.is_some() {
+            let faults = self.fault_report();
+            let mut report = self.report();
+            report.faults = faults;
+            return Ok(report);
         }
         let stuck: Vec<String> = (self.trainers.iter().enumerate())
             .filter(|(_, t)| !t.finished())
@@ -258,6 +286,43 @@ impl<'a> Sim<'a> {
             });
         }
         Ok(self.report())
+    }
+
+    /// Whether event `ev` still happens: with faults on, a host that crashed, froze or
+    /// stopped computes, sends and times out no more (frames to it are dropped on arrival).
+    fn runs(&self, ev: Event) -> bool {
+        let Some(lives) = &self.lives else {
+            return true;
+        };
+        match ev {
+            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => lives.active(h),
+            Event::NetPoll { host, .. } => lives.port_runs(host),
+            Event::Arrive(_)
+            | Event::Deliver(_)
+            | Event::Strike(_)
+            | Event::Control(_)
+            | Event::Liveness(_) => true,
+        }
+    }
+
+    /// Whether the frame in `slot` reaches its receiver (faults may stop it); one that does
+    /// not is freed.
+    fn admitted(&mut self, slot: usize) -> bool {
+        let now = self.now;
+        let Some(lives) = self.lives.as_deref_mut() else {
+            return true;
+        };
+        let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
+            return true;
+        };
+        if lives.admit_data(f.from, f.to, now) {
+            return true;
+        }
+        if let Some(f) = self.frames[slot].take() {
+            self.pool.push(f.buf);
+        }
+        self.free_slots.push(slot);
+        false
     }
 
     fn internal(&self, what: String) -> SimError {
@@ -424,6 +489,9 @@ impl<'a> Sim<'a> {
                     self.frames.len() - 1
                 }
             };
+            if let Some(lives) = self.lives.as_deref_mut() {
+                lives.wrote(h, to, now);
+            }
             let host = &mut self.hosts[h];
             host.traffic.bytes_sent += bytes as u64;
             self.frames_sent += 1;
@@ -501,6 +569,9 @@ impl<'a> Sim<'a> {
     /// A frame reached its receiver's NIC: it queues and serialises through the ingress.
     fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
         let now = self.now;
+        if !self.admitted(slot) {
+            return Ok(());
+        }
         let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
@@ -516,6 +587,9 @@ impl<'a> Sim<'a> {
     /// A frame is handed to its receiver: its payload is read into the slot the endpoint
     /// designates, then the receiver reacts (replies, forwards, computes).
     fn deliver(&mut self, slot: usize) -> Result<(), SimError> {
+        if !self.admitted(slot) {
+            return Ok(());
+        }
         let Some(f) = self.frames.get_mut(slot).and_then(Option::take) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
@@ -587,6 +661,8 @@ impl<'a> Sim<'a> {
         match ev {
             Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => Some(h),
             Event::Deliver(slot) => self.frames.get(slot)?.as_ref().map(|f| f.to),
+            Event::Control(_) | Event::Strike(_) => None,
+            Event::Liveness(h) => Some(h),
             Event::Arrive(_) | Event::NetPoll { .. } => None,
         }
     }
@@ -705,6 +781,7 @@ impl<'a> Sim<'a> {
                 .and_then(|t| t.tuner())
                 .map(|t| t.report()),
             events: self.events,
+            faults: None,
             trace: self.tracer.into_events(),
         }
     }

@@ -18,6 +18,7 @@ mod build;
 mod config;
 mod engine;
 mod error;
+pub mod faults;
 mod nic;
 mod offer;
 mod queue;
@@ -37,6 +38,8 @@ pub fn simulate(profile: &ModelProfile, config: &SimConfig) -> Result<SimReport,
     engine::Sim::new(profile, config, engine::Polling::Lean)?.run()
 }
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]

@@ -22,6 +22,12 @@ pub(crate) enum Event {
     Deliver(usize),
     /// A host's endpoint timer ([`syncopate_core::strategy::Endpoint::poll_timeout`]) is due.
     Timeout(usize),
+    /// A fault of the run's list strikes (index into it).
+    Strike(usize),
+    /// A control frame (slot in the control table) reaches its receiver.
+    Control(usize),
+    /// A host's liveness clocks need looking at (a heartbeat or a peer timeout is due).
+    Liveness(usize),
     /// A host's network port has something due (a retransmission, a serialisation start).
     NetPoll {
         /// The host.

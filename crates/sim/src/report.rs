@@ -87,6 +87,9 @@ pub struct SimReport {
     pub autotune: Option<syncopate_core::tune::TuneReport>,
     /// Events processed.
     pub events: u64,
+    /// What the faults did (with any fault on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faults: Option<crate::faults::FaultReport>,
     /// Trace events of the steps in `config.trace_steps`, in the order they were recorded.
     pub trace: Vec<TraceEvent>,
 }

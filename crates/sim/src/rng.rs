@@ -19,7 +19,7 @@ impl Jitter {
         j
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -27,12 +27,17 @@ impl Jitter {
         z ^ (z >> 31)
     }
 
+    /// A uniform draw from `[0, 1)`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// `ns` with jitter applied (unchanged, and no draw, when the amount is 0).
     pub fn apply(&mut self, ns: u64) -> u64 {
         if self.amount == 0.0 {
             return ns;
         }
-        let unit = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let unit = self.unit();
         (ns as f64 * (1.0 + self.amount * (2.0 * unit - 1.0))).round() as u64
     }
 }

@@ -197,7 +197,7 @@ pub struct JobArgs {
 const MAX_FLAG_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
 /// A duration flag in seconds: a finite number from 0 to a week.
-fn parse_seconds(text: &str) -> Result<f64, String> {
+pub(crate) fn parse_seconds(text: &str) -> Result<f64, String> {
     let s: f64 = text
         .trim()
         .parse()

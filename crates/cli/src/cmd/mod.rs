@@ -4,5 +4,6 @@ pub mod bench;
 pub mod dist;
 pub mod models;
 pub mod replicas;
+pub mod sim_faults;
 pub mod simulate;
 pub mod train;

@@ -15,6 +15,7 @@ use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
 
 use crate::args::{scheduler_parser, strategy_parser, DlcpArgs, StepwiseArgs};
 
+use super::sim_faults::{print_report, FaultArgs};
 use crate::args::NetworkArgs;
 
 /// `syncopate simulate`.
@@ -48,6 +49,8 @@ pub struct SimulateArgs {
     pub stepwise: StepwiseArgs,
     #[command(flatten)]
     pub dlcp: DlcpArgs,
+    #[command(flatten)]
+    pub faults: FaultArgs,
     /// Steps to simulate.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -57,7 +60,7 @@ pub struct SimulateArgs {
     /// Compute jitter: each layer time times a uniform factor in 1 +- J.
     #[arg(long, default_value_t = 0.0)]
     pub jitter: f64,
-    /// Seed of the jitter.
+    /// Seed of the jitter and of the faults: the same seed, the same run.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Make worker RANK a straggler: its layer times are multiplied by FACTOR (>= 1), as
@@ -161,6 +164,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 config.jitter = args.jitter;
                 config.seed = args.seed;
                 config.stragglers = args.slow_worker.clone();
+                config.faults = args.faults.config()?;
                 if s == StrategyKind::Stepwise {
                     let plan = args.stepwise.apply(config.plan())?;
                     config.stepwise_head = plan.stepwise_head;
@@ -213,6 +217,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                         t.p50_s,
                         t.p99_s
                     );
+                }
+                if let Some(faults) = &report.faults {
+                    print_report(faults, &config)?;
                 }
                 if let Some(tune) = &report.autotune {
                     println!(
