@@ -47,6 +47,8 @@ struct Life {
     /// By link index: the host's peers in [`super::Host::links`] order.
     peers: Vec<Rank>,
     links: Vec<LinkFlags>,
+    /// Links whose peer said goodbye or closed.
+    heard: usize,
     armed: Option<u64>,
 }
 
@@ -73,6 +75,7 @@ impl Lives {
                     liveness: Liveness::new(f.liveness, peers.len(), 0),
                     links: vec![LinkFlags::default(); peers.len()],
                     peers,
+                    heard: 0,
                     armed: None,
                 })
                 .collect::<Vec<_>>();
@@ -247,9 +250,18 @@ impl Sim<'_> {
         let life = &mut lives.hosts[to];
         life.liveness.handle_received(i, now);
         let flags = &mut life.links[i];
-        match kind {
-            ControlKind::Heartbeat => {}
+        let heard_before = flags.goodbye_received || flags.closed;
+        match &kind {
             ControlKind::Goodbye => flags.goodbye_received = true,
+            ControlKind::Close => flags.closed = true,
+            ControlKind::Heartbeat | ControlKind::Abort(_) => {}
+        }
+        if !heard_before && (flags.goodbye_received || flags.closed) {
+            life.heard += 1;
+        }
+        let flags = life.links[i];
+        match kind {
+            ControlKind::Heartbeat | ControlKind::Goodbye => {}
             ControlKind::Abort(cause) => self.fail(
                 to,
                 Failure::Aborted {
@@ -258,7 +270,6 @@ impl Sim<'_> {
                 },
             ),
             ControlKind::Close => {
-                flags.closed = true;
                 if !flags.goodbye_received {
                     let reason = LostReason::Closed;
                     self.fail(to, Failure::Lost { peer: from, reason });
@@ -302,12 +313,14 @@ impl Sim<'_> {
         self.arm_liveness(h);
     }
 
-    /// Queues host `h`'s next liveness look unless an earlier one is queued.
+    /// Queues host `h`'s next liveness look unless one is queued: deadlines only move
+    /// later (bytes arrive, links stop being watched), so a queued look is never late; it
+    /// finds the true deadline when it comes.
     pub(super) fn arm_liveness(&mut self, h: Rank) {
         let now = self.now;
         let Some(lives) = self.lives() else { return };
         let life = &mut lives.hosts[h];
-        if life.ending.is_some() {
+        if life.ending.is_some() || life.armed.is_some() {
             return;
         }
         let next = (0..life.links.len())
@@ -319,7 +332,7 @@ impl Sim<'_> {
             })
             .min()
             .map(|t| t.max(now));
-        if let Some(t) = next.filter(|&t| life.armed.is_none_or(|a| t < a)) {
+        if let Some(t) = next {
             life.armed = Some(t);
             self.queue.push(t, Event::Liveness(h));
         }
@@ -331,10 +344,9 @@ impl Sim<'_> {
         let now = self.now;
         let done = match &self.hosts[h].role {
             Role::Worker(_) => self.trainers.get(h).is_some_and(|t| t.finished()),
-            Role::Server(_) => self
-                .lives
-                .as_ref()
-                .is_some_and(|l| (l.hosts[h].links.iter()).all(|f| f.goodbye_received || f.closed)),
+            Role::Server(_) => {
+                (self.lives.as_ref()).is_some_and(|l| l.hosts[h].heard == l.hosts[h].links.len())
+            }
         };
         let Some(lives) = self.lives() else { return };
         let life = &mut lives.hosts[h];
@@ -352,7 +364,10 @@ impl Sim<'_> {
         }
         let Some(lives) = self.lives() else { return };
         let life = &mut lives.hosts[h];
-        if life.leaving && life.links.iter().all(|f| f.goodbye_received) {
+        if life.leaving
+            && life.heard == life.links.len()
+            && life.links.iter().all(|f| f.goodbye_received)
+        {
             life.ending = Some(Ending::Finished { at_ns: now });
             self.close_all(h);
         }
