@@ -372,6 +372,41 @@ mod tests {
         assert_eq!(StallWatch::new(&never, 0).poll_stalled(u64::MAX), None);
     }
 
+    proptest::proptest! {
+        /// Whatever arrives when, a watched peer is lost exactly from one nanosecond past
+        /// the timeout after its last byte, the deadline says that instant, and a heartbeat
+        /// is due exactly from one interval after the last write.
+        #[test]
+        fn loss_and_heartbeats_fall_exactly_on_their_deadlines(
+            gaps in proptest::collection::vec((0u64..3_000, proptest::bool::ANY), 0..40),
+        ) {
+            let mut l = Liveness::new(config(), 1, 0);
+            let (mut now, mut last_recv, mut last_written) = (0u64, 0u64, 0u64);
+            for (gap, received) in gaps {
+                now += gap;
+                if received {
+                    l.handle_received(0, now);
+                    last_recv = now;
+                } else {
+                    l.handle_written(0, now);
+                    last_written = now;
+                }
+                let lost_at = last_recv + 1_001;
+                proptest::prop_assert_eq!(l.link_deadline(0, false, true, false), Some(lost_at));
+                proptest::prop_assert!(l.check_link(0, lost_at - 1, true, false).is_ok());
+                proptest::prop_assert!(l.check_link(0, lost_at, true, false).is_err());
+                proptest::prop_assert_eq!(l.check_link(0, now, true, false).is_err(), now >= lost_at);
+                let beat_at = last_written + 100;
+                proptest::prop_assert!(!l.heartbeat_due(0, beat_at - 1, true));
+                proptest::prop_assert!(l.heartbeat_due(0, beat_at, true));
+                proptest::prop_assert_eq!(
+                    l.link_deadline(0, true, true, false),
+                    Some(beat_at.min(lost_at))
+                );
+            }
+        }
+    }
+
     #[test]
     fn an_abort_carries_the_rank_lost_first() {
         let lost = Failure::Lost {
