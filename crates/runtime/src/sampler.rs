@@ -206,8 +206,7 @@ fn disk_bytes() -> Option<(u64, u64)> {
 /// Takes samples on a background thread until [`ResourceSampler::finish`].
 pub struct ResourceSampler {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<Sample>>>,
-    path: Option<PathBuf>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<Vec<Sample>>>>,
 }
 
 impl ResourceSampler {
@@ -220,6 +219,18 @@ impl ResourceSampler {
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        // With a file, each row is written (and flushed) as it is taken, so memory stays
+        // flat however long the job runs and an interrupted job keeps its rows.
+        let mut out = match &path {
+            Some(p) => {
+                let mut f = std::io::BufWriter::new(std::fs::File::create(p)?);
+                let links: Vec<_> = traffic.links.iter().map(|l| (l.peer, 0, 0)).collect();
+                writeln!(f, "{}", csv_header(&links))?;
+                f.flush()?;
+                Some(f)
+            }
+            None => None,
+        };
         let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
         let thread = std::thread::Builder::new()
             .name("syncopate-sampler".into())
@@ -239,7 +250,7 @@ impl ResourceSampler {
                         }
                     };
                     let (read, write) = disk_bytes().unwrap_or((0, 0));
-                    samples.push(Sample {
+                    let sample = Sample {
                         t: (now - start).as_secs_f64(),
                         cpu_user_pct: pct(ticks.0, last.1 .0),
                         cpu_system_pct: pct(ticks.1, last.1 .1),
@@ -260,10 +271,17 @@ impl ResourceSampler {
                             })
                             .collect(),
                         link_net: traffic.links.iter().map(|l| l.net.load()).collect(),
-                    });
+                    };
+                    match out.as_mut() {
+                        Some(f) => {
+                            writeln!(f, "{}", sample.csv_row())?;
+                            f.flush()?;
+                        }
+                        None => samples.push(sample),
+                    }
                     last = (now, ticks);
                     if flag.load(Ordering::Relaxed) {
-                        return samples;
+                        return Ok(samples);
                     }
                     // Sleep in small pieces so that finishing is prompt.
                     let wake = now + interval;
@@ -275,21 +293,18 @@ impl ResourceSampler {
         Ok(Self {
             stop,
             thread: Some(thread),
-            path,
         })
     }
 
-    /// Takes a last sample, stops, writes the CSV (if a path was given) and returns the rows.
+    /// Takes a last sample and stops. Returns the rows when no path was given (with one,
+    /// they are in the CSV and none is kept), or the first error writing them.
     pub fn finish(mut self) -> std::io::Result<Vec<Sample>> {
         self.stop.store(true, Ordering::Relaxed);
-        let samples = match self.thread.take().map(|t| t.join()) {
-            Some(Ok(s)) => s,
-            _ => Vec::new(),
-        };
-        if let Some(path) = &self.path {
-            write_csv(path, &samples)?;
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(rows)) => rows,
+            Some(Err(_)) => Err(std::io::Error::other("the sampler thread panicked")),
+            None => Ok(Vec::new()),
         }
-        Ok(samples)
     }
 }
 
@@ -354,6 +369,32 @@ mod tests {
         let busy = samples.iter().map(|s| s.cpu_user_pct).fold(0.0, f64::max);
         assert!(busy > 0.0, "a busy loop shows CPU: {samples:?}");
         assert!(samples.windows(2).all(|w| w[0].t <= w[1].t));
+    }
+
+    /// With a path, rows go to the file as they are taken and none is kept in memory.
+    #[test]
+    fn a_sampler_with_a_file_streams_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.csv");
+        let traffic = Arc::new(TrafficTotals::for_peers([4]));
+        let sampler =
+            ResourceSampler::start(Duration::from_millis(1), traffic, Some(path.clone())).unwrap();
+        // The header is there from the start.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(CSV_HEADER), "{text}");
+        assert!(text
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("queueing_ns_to_rank4"));
+        assert!(sampler.finish().unwrap().is_empty());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let widths: Vec<usize> = text.lines().map(|l| l.split(',').count()).collect();
+        assert!(widths.len() >= 2, "a header and a row at least: {text}");
+        assert!(widths.iter().all(|&w| w == widths[0]), "{text}");
+        let missing = dir.path().join("no/such/dir/m.csv");
+        let traffic = Arc::new(TrafficTotals::for_peers([4]));
+        assert!(ResourceSampler::start(Duration::from_millis(1), traffic, Some(missing)).is_err());
     }
 
     #[test]
