@@ -52,6 +52,17 @@ fn bound(c: &SimConfig) -> u64 {
     crate::faults::stop_bound_ns(c)
 }
 
+/// The first seed whose only fault is one that `wanted` accepts.
+fn seed_with_one_fault(c: &SimConfig, what: &str, wanted: impl Fn(Fault) -> bool) -> u64 {
+    let hosts = c.workers + c.servers;
+    (0..1_000)
+        .find(|&seed| {
+            let strikes = crate::faults::draw_strikes(&c.faults, seed, hosts);
+            matches!(strikes[..], [s] if wanted(s.fault))
+        })
+        .unwrap_or_else(|| panic!("no seed of 1,000 {what}"))
+}
+
 /// With faults on but none striking: a delay on control frames, lost heartbeats.
 fn harmless() -> FaultConfig {
     FaultConfig {
@@ -90,13 +101,11 @@ fn a_crashed_worker_is_named_by_every_other_process_within_the_timeout() {
         },
     );
     // The first seed whose only fault is one worker's crash.
-    let seed = (0..1_000)
-        .find(|&s| {
-            let strikes = crate::faults::draw_strikes(&c.faults, s, 6);
-            matches!(strikes[..], [s] if matches!(s.fault, Fault::Crash(r) if r < 4))
-        })
-        .unwrap_or_else(|| panic!("no seed crashes exactly one worker"));
-    c.seed = seed;
+    c.seed = seed_with_one_fault(
+        &c,
+        "crashes one worker",
+        |f| matches!(f, Fault::Crash(r) if r < 4),
+    );
     let report = faults_of(&c);
     let [strike] = report.strikes[..] else {
         panic!("{:?}", report.strikes);
@@ -131,13 +140,11 @@ fn a_frozen_server_is_found_by_the_peer_timeout() {
             ..FaultConfig::default()
         },
     );
-    let seed = (0..1_000)
-        .find(|&s| {
-            let strikes = crate::faults::draw_strikes(&c.faults, s, 5);
-            matches!(strikes[..], [s] if matches!(s.fault, Fault::Freeze(r) if r >= 3))
-        })
-        .unwrap_or_else(|| panic!("no seed freezes exactly one server"));
-    c.seed = seed;
+    c.seed = seed_with_one_fault(
+        &c,
+        "freezes one server",
+        |f| matches!(f, Fault::Freeze(r) if r >= 3),
+    );
     let report = faults_of(&c);
     let Fault::Freeze(frozen) = report.strikes[0].fault else {
         panic!("{:?}", report.strikes);
@@ -176,14 +183,12 @@ fn a_cut_link_stops_the_ring_naming_one_of_its_ends() {
             ..FaultConfig::default()
         },
     );
-    let seed = (0..1_000)
-        .find(|&s| {
-            let strikes = crate::faults::draw_strikes(&c.faults, s, 4);
-            // A link the ring uses: neighbours.
-            matches!(strikes[..], [s] if matches!(s.fault, Fault::Partition(a, b) if b - a == 1))
-        })
-        .unwrap_or_else(|| panic!("no seed cuts exactly one ring link"));
-    c.seed = seed;
+    // A link the ring uses: neighbours.
+    c.seed = seed_with_one_fault(
+        &c,
+        "cuts one ring link",
+        |f| matches!(f, Fault::Partition(a, b) if b - a == 1),
+    );
     let report = faults_of(&c);
     let Fault::Partition(a, b) = report.strikes[0].fault else {
         panic!("{:?}", report.strikes);

@@ -39,6 +39,20 @@ struct LinkFlags {
     last_control: u64,
 }
 
+impl LinkFlags {
+    /// Whether the link may need a heartbeat: this end has not said goodbye on it and it
+    /// is open (what waits to be written is not modelled: data frames count as written when
+    /// they are queued).
+    fn idle(&self) -> bool {
+        !self.goodbye_sent && !self.closed
+    }
+
+    /// Whether the peer's silence counts: the link is open and the peer has not said goodbye.
+    fn watched(&self) -> bool {
+        !self.closed && !self.goodbye_received
+    }
+}
+
 /// One process's life.
 struct Life {
     ending: Option<Ending>,
@@ -295,16 +309,12 @@ impl Sim<'_> {
             let Some(lives) = self.lives() else { return };
             let life = &mut lives.hosts[h];
             let f = life.links[i];
-            if life
-                .liveness
-                .heartbeat_due(i, now, !f.goodbye_sent && !f.closed)
-            {
+            if life.liveness.heartbeat_due(i, now, f.idle()) {
                 self.send_control(h, i, ControlKind::Heartbeat);
             }
             let Some(lives) = self.lives() else { return };
             let life = &lives.hosts[h];
-            let watched = !f.closed && !f.goodbye_received;
-            if let Err(reason) = life.liveness.check_link(i, now, watched, false) {
+            if let Err(reason) = life.liveness.check_link(i, now, f.watched(), false) {
                 let peer = life.peers[i];
                 self.fail(h, Failure::Lost { peer, reason });
                 return;
@@ -326,9 +336,7 @@ impl Sim<'_> {
         let next = (0..life.links.len())
             .filter_map(|i| {
                 let f = life.links[i];
-                let idle = !f.goodbye_sent && !f.closed;
-                let watched = !f.closed && !f.goodbye_received;
-                life.liveness.link_deadline(i, idle, watched, false)
+                life.liveness.link_deadline(i, f.idle(), f.watched(), false)
             })
             .min()
             .map(|t| t.max(now));
