@@ -187,16 +187,69 @@ pub fn new_scheduler(kind: SchedulerKind) -> Box<dyn Scheduler> {
     }
 }
 
-/// Among several per-link queues, the index of the one whose head goes first under `kind`
-/// (`None` when all are empty or not `eligible`).
-pub fn most_urgent<'a>(
+/// One queue per link, with the order key of every queue's head kept side by side, so that
+/// the most urgent link among many is found by reading one small array rather than every
+/// queue (a server with a thousand workers asks for it once per frame).
+pub struct LinkQueues {
     kind: SchedulerKind,
-    queues: impl Iterator<Item = (usize, &'a dyn Scheduler)>,
-) -> Option<usize> {
-    queues
-        .filter_map(|(i, q)| q.peek().map(|p| (kind.order_key(&p), i)))
-        .min()
-        .map(|(_, i)| i)
+    queues: Vec<Box<dyn Scheduler>>,
+    /// `heads[l]`: the order key of `queues[l]`'s head (`None` when it is empty).
+    heads: Vec<Option<OrderKey>>,
+}
+
+impl LinkQueues {
+    /// `links` empty queues ordered as `kind` orders.
+    pub fn new(kind: SchedulerKind, links: usize) -> Self {
+        Self {
+            kind,
+            queues: (0..links).map(|_| new_scheduler(kind)).collect(),
+            heads: vec![None; links],
+        }
+    }
+
+    /// Queues `p` on `link`.
+    pub fn push(&mut self, link: usize, p: Pending) {
+        self.queues[link].push(p);
+        self.refresh(link);
+    }
+
+    /// Queues `p` on every link.
+    pub fn push_all(&mut self, p: Pending) {
+        for link in 0..self.queues.len() {
+            self.push(link, p);
+        }
+    }
+
+    /// The head of `link`'s queue (`None` if empty or no such link).
+    pub fn peek(&self, link: usize) -> Option<Pending> {
+        self.queues.get(link)?.peek()
+    }
+
+    /// Takes the head of `link`'s queue.
+    pub fn pop(&mut self, link: usize) -> Option<Pending> {
+        let p = self.queues.get_mut(link)?.pop();
+        self.refresh(link);
+        p
+    }
+
+    /// Whether every queue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.heads.iter().all(Option::is_none)
+    }
+
+    /// Among `links`, the one whose head goes first (ties to the lowest link; `None` when
+    /// all are empty). Links out of range are ignored.
+    pub fn most_urgent(&self, links: impl Iterator<Item = usize>) -> Option<usize> {
+        links
+            .filter_map(|l| self.heads.get(l).copied().flatten().map(|k| (k, l)))
+            .min()
+            .map(|(_, l)| l)
+    }
+
+    fn refresh(&mut self, link: usize) {
+        let head = self.queues[link].peek().map(|p| self.kind.order_key(&p));
+        self.heads[link] = head;
+    }
 }
 
 #[cfg(test)]
@@ -253,15 +306,14 @@ mod tests {
 
     #[test]
     fn most_urgent_compares_heads_across_queues() {
-        let mut a = new_scheduler(SchedulerKind::Priority);
-        let mut b = new_scheduler(SchedulerKind::Priority);
-        a.push(pending(0, 4, 0, 0));
-        b.push(pending(1, 2, 0, 1));
-        let qs = [a.as_ref(), b.as_ref()];
-        let pick = most_urgent(SchedulerKind::Priority, qs.iter().copied().enumerate());
-        assert_eq!(pick, Some(1));
-        let pick = most_urgent(SchedulerKind::Fifo, qs.iter().copied().enumerate());
-        assert_eq!(pick, Some(0));
+        for (kind, want) in [(SchedulerKind::Priority, 1), (SchedulerKind::Fifo, 0)] {
+            let mut q = LinkQueues::new(kind, 3);
+            q.push(0, pending(0, 4, 0, 0));
+            q.push(1, pending(1, 2, 0, 1));
+            assert_eq!(q.most_urgent(0..3), Some(want), "{kind:?}");
+            assert_eq!(q.most_urgent([0, 2, 7].into_iter()), Some(0), "{kind:?}");
+            assert_eq!(q.most_urgent([2].into_iter()), None);
+        }
     }
 
     proptest! {
@@ -291,6 +343,33 @@ mod tests {
             let mut want: Vec<usize> = (0..all.len()).collect();
             want.sort_by_key(|&i| SchedulerKind::Priority.order_key(&all[i]));
             prop_assert_eq!(got, want);
+        }
+
+        /// The kept head keys always say what the queues' heads say: with items spread over
+        /// links and pops interleaved, `most_urgent` picks the link a scan of every head picks.
+        #[test]
+        fn link_queues_pick_what_a_scan_of_the_heads_picks(
+            ops in proptest::collection::vec((0usize..4, 0i64..6, any::<bool>()), 1..120),
+            fifo in any::<bool>(),
+        ) {
+            let kind = if fifo { SchedulerKind::Fifo } else { SchedulerKind::Priority };
+            let mut q = LinkQueues::new(kind, 4);
+            let mut plain: Vec<Box<dyn Scheduler>> = (0..4).map(|_| new_scheduler(kind)).collect();
+            for (i, &(link, prio, pop)) in ops.iter().enumerate() {
+                if pop {
+                    prop_assert_eq!(q.pop(link), plain[link].pop());
+                } else {
+                    let p = pending(i, prio, i as u64, i as u64);
+                    q.push(link, p);
+                    plain[link].push(p);
+                }
+                let scan = (0..4)
+                    .filter_map(|l| plain[l].peek().map(|p| (kind.order_key(&p), l)))
+                    .min()
+                    .map(|(_, l)| l);
+                prop_assert_eq!(q.most_urgent(0..4), scan);
+                prop_assert_eq!(q.is_empty(), plain.iter().all(|s| s.is_empty()));
+            }
         }
     }
 }

@@ -44,15 +44,27 @@ impl Sequencer {
         out: &mut VecDeque<Decision>,
     ) {
         let f = self.flows.entry(flow).or_default();
-        f.held.insert(seq, decision);
-        while let Some(mut d) = f.held.remove(&f.next_release) {
-            if let Fate::Delivered { at, .. } = &mut d.fate {
-                *at = (*at).max(f.last_at);
-                f.last_at = *at;
-            }
-            out.push_back(d);
-            f.next_release = f.next_release.saturating_add(1);
+        if seq != f.next_release {
+            f.held.insert(seq, decision);
+            return;
         }
+        // In order (the common case): no detour through the buffer.
+        f.release(decision, out);
+        while let Some(d) = f.held.remove(&f.next_release) {
+            f.release(d, out);
+        }
+    }
+}
+
+impl FlowSeq {
+    /// Hands out the next frame in order, delivered no earlier than the one before.
+    fn release(&mut self, mut d: Decision, out: &mut VecDeque<Decision>) {
+        if let Fate::Delivered { at, .. } = &mut d.fate {
+            *at = (*at).max(self.last_at);
+            self.last_at = *at;
+        }
+        out.push_back(d);
+        self.next_release = self.next_release.saturating_add(1);
     }
 }
 

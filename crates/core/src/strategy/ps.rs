@@ -16,7 +16,7 @@ use super::{
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd, SgdConfig};
 use crate::registry::{Slice, TensorRegistry};
-use crate::sched::{most_urgent, new_scheduler, Pending, Scheduler, SchedulerKind};
+use crate::sched::{LinkQueues, Pending, SchedulerKind};
 use crate::tune::Knobs;
 use crate::wire::{FrameKind, Header};
 
@@ -63,7 +63,8 @@ pub struct PsWorker {
     step: u64,
     grads: Vec<Vec<f32>>,
     params: Vec<Vec<f32>>,
-    queues: Vec<Box<dyn Scheduler>>,
+    /// Slices waiting for each server, by server index.
+    queues: LinkQueues,
     held: Vec<usize>,
     received: Vec<bool>,
     slices_left: Vec<usize>,
@@ -99,9 +100,7 @@ impl PsWorker {
             step: 0,
             grads: reg.keys().iter().map(|k| vec![0.0; k.numel]).collect(),
             params: vec![Vec::new(); keys],
-            queues: (0..reg.servers())
-                .map(|_| new_scheduler(scheduler))
-                .collect(),
+            queues: LinkQueues::new(scheduler, reg.servers()),
             held: Vec::new(),
             received: vec![false; slices],
             slices_left: vec![0; keys],
@@ -120,7 +119,7 @@ impl PsWorker {
     fn release(&mut self, key: usize) {
         for slice in self.reg.slices_of(key) {
             let p = pending_for(&self.reg, slice, &mut self.arrival);
-            self.queues[self.reg.owner(slice)].push(p);
+            self.queues.push(self.reg.owner(slice), p);
         }
     }
 
@@ -151,21 +150,17 @@ impl PsWorker {
 
     /// The server, among those behind `links`, whose queue head is the most urgent.
     fn most_urgent_server(&self, links: &[Rank]) -> Option<usize> {
-        let queues = links.iter().filter_map(|&l| {
-            self.server_index(l)
-                .map(|s| (s, self.queues[s].as_ref() as &dyn Scheduler))
-        });
-        most_urgent(self.kind, queues)
+        (self.queues).most_urgent(links.iter().filter_map(|&l| self.server_index(l)))
     }
 
     /// Takes the head of server `server`'s queue if the credit allows and says what it
     /// carries (the payload is `grads[key][offset..offset + length]`).
     fn next_push(&mut self, server: usize) -> Option<Header> {
-        let p = self.queues[server].peek()?;
+        let p = self.queues.peek(server)?;
         if !self.credit_allows(&p) {
             return None;
         }
-        self.queues[server].pop();
+        self.queues.pop(server);
         let s = self.reg.slices()[p.item];
         let h = slice_header(FrameKind::Push, self.step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
@@ -363,8 +358,8 @@ pub struct PsServer {
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
     pushed_by: Vec<Vec<bool>>,
-    out: Vec<Box<dyn Scheduler>>,
-    kind: SchedulerKind,
+    /// Answers waiting for each worker, by rank.
+    out: LinkQueues,
     arrival: u64,
     out_step: Vec<u64>,
     updates: u64,
@@ -460,8 +455,7 @@ impl PsServer {
             pushed_by: (0..slices)
                 .map(|s| vec![false; per_worker(s, workers)])
                 .collect(),
-            out: (0..workers).map(|_| new_scheduler(scheduler)).collect(),
-            kind: scheduler,
+            out: LinkQueues::new(scheduler, workers),
             arrival: 0,
             out_step: vec![0; slices],
             updates: 0,
@@ -585,7 +579,7 @@ impl ServerSync for PsServer {
     }
 
     fn has_pending_replies(&self) -> bool {
-        self.out.iter().any(|q| !q.is_empty())
+        !self.out.is_empty()
     }
 }
 
@@ -612,7 +606,7 @@ impl PsServer {
     /// Takes the next answer queued for `link` and says what it carries (the payload is
     /// `params[key][offset..offset + length]`).
     fn next_answer(&mut self, link: Rank) -> Option<Header> {
-        let p = self.out.get_mut(link)?.pop()?;
+        let p = self.out.pop(link)?;
         let s = self.reg.slices()[p.item];
         let step = self.out_step[p.item];
         let h = slice_header(FrameKind::Params, step, &s, &p, self.rank, self.sequence);
@@ -622,11 +616,7 @@ impl PsServer {
 
     /// The most urgent of the links in `links` that has an answer queued.
     fn most_urgent_link(&self, links: &[Rank]) -> Option<Rank> {
-        let queues = links
-            .iter()
-            .filter(|&&l| l < self.workers)
-            .map(|&l| (l, self.out[l].as_ref() as &dyn Scheduler));
-        most_urgent(self.kind, queues)
+        self.out.most_urgent(links.iter().copied())
     }
 }
 
@@ -727,9 +717,7 @@ impl Endpoint for PsServer {
             self.updates += 1;
             self.count_update(h.step);
             let p = pending_for(&self.reg, slice, &mut self.arrival);
-            for q in &mut self.out {
-                q.push(p);
-            }
+            self.out.push_all(p);
         }
         Ok(())
     }
