@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use super::{Decision, Fate, Nanos};
 
 /// Per-flow sequence state.
@@ -22,7 +24,7 @@ struct FlowSeq {
 /// The reorder buffer of every reliable flow through a port.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sequencer {
-    flows: BTreeMap<u64, FlowSeq>,
+    flows: FxHashMap<u64, FlowSeq>,
 }
 
 impl Sequencer {

@@ -38,6 +38,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use super::counters::NetCounters;
 use super::order::Sequencer;
 use super::paths::{choose, Path};
@@ -92,13 +94,13 @@ pub struct Port {
     retransmits: BTreeMap<(Nanos, u64), Held>,
     /// Ingress only: per flow, whether a frame of it is in the port, and the frames
     /// waiting behind it.
-    one_per_flow: Option<BTreeMap<u64, FlowGate>>,
+    one_per_flow: Option<FxHashMap<u64, FlowGate>>,
     retransmit_order: u64,
     sequencer: Sequencer,
     ready: VecDeque<Decision>,
     counters: NetCounters,
     path_counters: Vec<NetCounters>,
-    flow_counters: BTreeMap<u64, NetCounters>,
+    flow_counters: FxHashMap<u64, NetCounters>,
     /// The latest `now` seen.
     clock: Nanos,
 }
@@ -149,12 +151,12 @@ impl Port {
             lazy: profile.queue_discipline == QueueDiscipline::Prio,
             salt: hash(&[seed, 0xEC3F]),
             retransmits: BTreeMap::new(),
-            one_per_flow: (direction == Direction::Ingress).then(BTreeMap::new),
+            one_per_flow: (direction == Direction::Ingress).then(FxHashMap::default),
             retransmit_order: 0,
             sequencer: Sequencer::default(),
             ready: VecDeque::new(),
             counters: NetCounters::default(),
-            flow_counters: BTreeMap::new(),
+            flow_counters: FxHashMap::default(),
             clock: 0,
         }
     }
@@ -247,11 +249,6 @@ impl Port {
     /// Counters of one flow (`None` if nothing of it passed).
     pub fn flow_counters(&self, flow: u64) -> Option<&NetCounters> {
         self.flow_counters.get(&flow)
-    }
-
-    /// Counters of every flow seen, by flow id.
-    pub fn flows(&self) -> impl Iterator<Item = (u64, &NetCounters)> + '_ {
-        self.flow_counters.iter().map(|(&f, c)| (f, c))
     }
 
     /// Number of paths.
