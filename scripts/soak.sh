@@ -11,11 +11,15 @@
 #
 # "What the job needs": a 20-step calibration run on an unlimited link measures the compute
 # time of a step and the bytes a worker sends per step; the link's rate is then
-# bytes x 8 / compute / slowdown, and the step count fills the minutes at that rate.
-# Worker 0 evaluates every 5 % of the steps, so its evaluation buffers are part of its warm
-# state. Prints, per process, the median RSS once warm (10-35 % of the run) and over the last
-# quarter, and the peak (evaluations allocate for a moment); fails when any process's median
-# grew by more than 5 % from the one to the other.
+# bytes x 8 / compute / slowdown (times the workers a lone server's link carries), and the
+# step count fills the minutes at that rate. Worker 0 evaluates every 5 % of the steps, so its
+# evaluation buffers are part of its warm state.
+#
+# Prints, per process, once warm (from 10 % of the run on): the median resident memory over
+# the first and the last quarter, and the floor of the live heap (bytes allocated and not
+# freed, the metrics CSV's heap_bytes) over the same quarters. Fails when a process's median
+# RSS grew by more than 5 % or its live-heap floor by more than 1 %: the heap tells a leak
+# from an allocator keeping freed pages, RSS what the machine pays.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -52,12 +56,13 @@ done
 
 # rate (bit/s) and steps for each strategy, from its calibration
 plan() {
-  python3 - "$1" "$slowdown" "$minutes" <<'EOF'
+  python3 - "$1" "$slowdown" "$minutes" "$2" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
-slowdown, minutes = float(sys.argv[2]), float(sys.argv[3])
+slowdown, minutes, funnel = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 compute = s["worker0"]["times"]["compute"] / s["steps"]
-rate = s["bytes_per_step"] * 8 / compute / slowdown
+# The busiest link carries `funnel` workers' bytes (a lone server's carries all of them).
+rate = s["bytes_per_step"] * funnel * 8 / compute / slowdown
 step_seconds = compute * slowdown
 print(f"{max(rate, 1000):.0f} {max(int(minutes * 60 / step_seconds), 10)}")
 EOF
@@ -65,7 +70,9 @@ EOF
 
 pids=()
 for strategy in p3 allreduce; do
-  read -r rate steps < <(plan "$out/calibrate-$strategy.json")
+  funnel=1
+  [ "${servers[$strategy]}" -gt 0 ] && funnel=$(( 2 / servers[$strategy] ))
+  read -r rate steps < <(plan "$out/calibrate-$strategy.json" "$funnel")
   echo "soak: $strategy at ${rate} bit/s (${slowdown}x slower than its need), $steps steps" >&2
   "$SYNCOPATE_BIN" launch "${job[@]}" --strategy "$strategy" --servers "${servers[$strategy]}" \
     --steps "$steps" --eval-every $(( steps / 20 > 0 ? steps / 20 : 1 )) \
@@ -80,32 +87,39 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 python3 - "$out" <<'EOF'
 import csv, glob, os, statistics, sys
 out = sys.argv[1]
-print("| strategy | process | RSS median once warm (MiB) | range (MiB) | trend (MiB/hour) | trend over the run |")
-print("|---|---|---|---|---|---|")
-worst, minutes = 0.0, 0.0
+mib = lambda b: f"{b / 2**20:.1f}"
+pct = lambda a, b: (b - a) / a * 100 if a else 0.0
+print("| strategy | process | RSS median, first / last quarter (MiB) | RSS growth | RSS peak (MiB) "
+      "| live heap floor, first / last quarter (MiB) | heap growth |")
+print("|---|---|---|---|---|---|---|")
+failed, minutes = [], 0.0
 for path in sorted(glob.glob(f"{out}/*/metrics-rank*.csv")):
     rows = list(csv.DictReader(open(path)))
-    samples = [(float(r["t_s"]), int(r["rss_bytes"])) for r in rows]
-    end = samples[-1][0]
+    end = float(rows[-1]["t_s"])
     minutes = max(minutes, end / 60)
-    warm = [(t, x) for t, x in samples if t >= 0.1 * end]
-    if len(warm) < 10:
+    warm = [r for r in rows if float(r["t_s"]) >= 0.1 * end]
+    if len(warm) < 20:
         sys.exit(f"soak: {path} has too few samples")
-    # Least-squares slope of RSS over time once warm: a leak raises it, the moments of
-    # allocation around evaluations (up and down again) do not.
-    mt = statistics.fmean(t for t, _ in warm)
-    mx = statistics.fmean(x for _, x in warm)
-    slope = sum((t - mt) * (x - mx) for t, x in warm) / sum((t - mt) ** 2 for t, _ in warm)
-    median = statistics.median(x for _, x in warm)
-    drift = slope * (end - warm[0][0]) / median
-    worst = max(worst, drift)
+    q = len(warm) // 4
+    first, last = warm[:q], warm[-q:]
+    rss = lambda part: statistics.median(int(r["rss_bytes"]) for r in part)
+    # The floor of the live heap: a leak raises it; evaluations, which allocate and free
+    # again, and an allocator keeping freed pages do not.
+    heap = lambda part: min(int(r["heap_bytes"]) for r in part) if part[0].get("heap_bytes") else None
     strategy = os.path.basename(os.path.dirname(path))
     rank = path.rsplit("rank", 1)[1].split(".")[0]
-    mib = lambda b: f"{b / 2**20:.1f}"
-    lo, hi = min(x for _, x in warm), max(x for _, x in warm)
-    print(f"| {strategy} | rank {rank} | {mib(median)} | {mib(lo)}-{mib(hi)} | "
-          f"{slope * 3600 / 2**20:+.2f} | {drift * 100:+.1f} % |")
-print(f"\nlargest trend once warm (10 % of the run on): {worst * 100:+.1f} % of the median "
-      f"over {minutes:.1f} min")
-sys.exit(1 if worst > 0.05 else 0)
+    r0, r1 = rss(first), rss(last)
+    h0, h1 = heap(first), heap(last)
+    peak = max(int(r["rss_bytes"]) for r in warm)
+    heap_cells = f"{mib(h0)} / {mib(h1)} | {pct(h0, h1):+.2f} %" if h0 is not None else "- | -"
+    print(f"| {strategy} | rank {rank} | {mib(r0)} / {mib(r1)} | {pct(r0, r1):+.1f} % | {mib(peak)} "
+          f"| {heap_cells} |")
+    if pct(r0, r1) > 5:
+        failed.append(f"{strategy} rank {rank}: resident memory grew {pct(r0, r1):+.1f} %")
+    if h0 is not None and pct(h0, h1) > 1:
+        failed.append(f"{strategy} rank {rank}: the live heap grew {pct(h0, h1):+.2f} %")
+print(f"\nover {minutes:.1f} min; warm from 10 % of each run on; limits: RSS +5 %, live heap +1 %")
+for f in failed:
+    print(f"soak: {f}", file=sys.stderr)
+sys.exit(1 if failed else 0)
 EOF

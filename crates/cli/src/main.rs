@@ -7,8 +7,10 @@ mod cmd;
 mod progress;
 mod study;
 
+// Counted, so that the metrics CSV's `heap_bytes` tells a leak from the allocator's cache.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: syncopate_runtime::heap::CountingAlloc<mimalloc::MiMalloc> =
+    syncopate_runtime::heap::CountingAlloc(mimalloc::MiMalloc);
 
 /// Syncopate: data-parallel DNN training whose subject is the synchronisation step.
 #[derive(Parser)]

@@ -11,6 +11,7 @@ pub mod comm;
 pub mod env;
 pub mod error;
 pub mod frame_io;
+pub mod heap;
 pub mod job;
 pub mod launch;
 pub mod process;

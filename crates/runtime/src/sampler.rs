@@ -112,6 +112,10 @@ pub struct Sample {
     pub cpu_system_pct: f64,
     /// Resident set size, bytes.
     pub rss_bytes: u64,
+    /// Bytes the program holds on its heap (`None` unless the binary counts them, see
+    /// [`crate::heap`]): resident memory that grows while this does not is the allocator
+    /// keeping freed pages, not a leak.
+    pub heap_bytes: Option<u64>,
     /// Bytes read from storage so far.
     pub disk_read_bytes: u64,
     /// Bytes written to storage so far.
@@ -131,7 +135,7 @@ pub struct Sample {
 /// `received_from_rank<R>`) follow, then the emulated network's per link
 /// (`lost_to_rank<R>`, `retransmitted_to_rank<R>`, `dropped_to_rank<R>`,
 /// `queueing_ns_to_rank<R>`).
-pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
+pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,heap_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
 
 /// The CSV header for samples of these links.
 pub fn csv_header(links: &[(usize, u64, u64)]) -> String {
@@ -151,11 +155,12 @@ impl Sample {
     /// The sample as a CSV row.
     pub fn csv_row(&self) -> String {
         let mut row = format!(
-            "{:.3},{:.1},{:.1},{},{},{},{},{}",
+            "{:.3},{:.1},{:.1},{},{},{},{},{},{}",
             self.t,
             self.cpu_user_pct,
             self.cpu_system_pct,
             self.rss_bytes,
+            self.heap_bytes.map(|b| b.to_string()).unwrap_or_default(),
             self.disk_read_bytes,
             self.disk_write_bytes,
             self.net_sent_bytes,
@@ -255,6 +260,7 @@ impl ResourceSampler {
                         cpu_user_pct: pct(ticks.0, last.1 .0),
                         cpu_system_pct: pct(ticks.1, last.1 .1),
                         rss_bytes: rss_bytes().unwrap_or(0),
+                        heap_bytes: crate::heap::live_bytes(),
                         disk_read_bytes: read,
                         disk_write_bytes: write,
                         net_sent_bytes: traffic.sent.load(Ordering::Relaxed),
@@ -406,6 +412,7 @@ mod tests {
             cpu_user_pct: 50.0,
             cpu_system_pct: 2.0,
             rss_bytes: 10,
+            heap_bytes: Some(9),
             disk_read_bytes: 1,
             disk_write_bytes: 2,
             net_sent_bytes: 3,
@@ -420,8 +427,10 @@ mod tests {
         let header: Vec<_> = text.lines().next().unwrap().split(',').collect();
         let row: Vec<_> = text.lines().nth(1).unwrap().split(',').collect();
         assert_eq!(header.len(), row.len());
+        assert_eq!(header[3..5], ["rss_bytes", "heap_bytes"]);
+        assert_eq!(row[3..5], ["10", "9"]);
         assert_eq!(
-            header[8..],
+            header[9..],
             [
                 "sent_to_rank2",
                 "received_from_rank2",
@@ -431,6 +440,6 @@ mod tests {
                 "queueing_ns_to_rank2"
             ]
         );
-        assert_eq!(row[10..], ["5", "5", "0", "7"]);
+        assert_eq!(row[11..], ["5", "5", "0", "7"]);
     }
 }
