@@ -3,10 +3,11 @@
 # 100 times slower than the job needs, for about --minutes minutes; every process samples its
 # resident memory into a metrics CSV, and the script checks that none grows once warm.
 #
-# Usage: scripts/soak.sh [--minutes 10] [--slowdown 100] [--out DIR]
+# Usage: scripts/soak.sh [--minutes 10] [--slowdown 100] [--out DIR] [--report-only]
 #   --minutes   how long each job runs (default 10; both run at the same time)
 #   --slowdown  how many times slower than needed the link is (default 100)
 #   --out       where the jobs' metrics go (default target/soak)
+#   --report-only  only judge the metrics already in --out
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
 #
 # "What the job needs": a 20-step calibration run on an unlimited link measures the compute
@@ -15,11 +16,12 @@
 # step count fills the minutes at that rate. Worker 0 evaluates every 5 % of the steps, so its
 # evaluation buffers are part of its warm state.
 #
-# Prints, per process, once warm (from 10 % of the run on): the median resident memory over
-# the first and the last quarter, and the floor of the live heap (bytes allocated and not
-# freed, the metrics CSV's heap_bytes) over the same quarters. Fails when a process's median
-# RSS grew by more than 5 % or its live-heap floor by more than 1 %: the heap tells a leak
-# from an allocator keeping freed pages, RSS what the machine pays.
+# Prints, per process, once warm (from 10 % of the run on): the floor and the ceiling of its
+# resident memory over the first and the last quarter of the run (each quarter spans several
+# steps, so these are a step's low and high points), and the floor of its live heap (bytes
+# allocated and not freed, the metrics CSV's heap_bytes). Fails when the RSS floor or ceiling
+# grew by more than 5 % or the live-heap floor by more than 1 %: a leak raises the floors,
+# unbounded buffering the ceiling; the heap tells a leak from an allocator keeping freed pages.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -27,18 +29,21 @@ cd "$root"
 minutes=10
 slowdown=100
 out="$root/target/soak"
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
     --slowdown) slowdown=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --report-only) report_only=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ "$minutes" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "soak: --minutes must be a number" >&2; exit 2; }
 [[ "$slowdown" =~ ^[1-9][0-9]*$ ]] || { echo "soak: --slowdown must be a positive integer" >&2; exit 2; }
 
+if [ "$report_only" = 0 ]; then
 if [ -z "${SYNCOPATE_BIN:-}" ]; then
   cargo build --release -p syncopate >&2
   SYNCOPATE_BIN="$root/target/release/syncopate"
@@ -83,17 +88,21 @@ done
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "soak: a job failed; see $out/*.log" >&2; exit 1; }
+fi
 
 python3 - "$out" <<'EOF'
-import csv, glob, os, statistics, sys
+import csv, glob, os, sys
 out = sys.argv[1]
 mib = lambda b: f"{b / 2**20:.1f}"
 pct = lambda a, b: (b - a) / a * 100 if a else 0.0
-print("| strategy | process | RSS median, first / last quarter (MiB) | RSS growth | RSS peak (MiB) "
-      "| live heap floor, first / last quarter (MiB) | heap growth |")
-print("|---|---|---|---|---|---|---|")
+print("| strategy | process | RSS floor, first / last quarter (MiB) | RSS ceiling, first / last "
+      "quarter (MiB) | live heap floor, first / last quarter (MiB) |")
+print("|---|---|---|---|---|")
 failed, minutes = [], 0.0
-for path in sorted(glob.glob(f"{out}/*/metrics-rank*.csv")):
+paths = sorted(glob.glob(f"{out}/*/metrics-rank*.csv"))
+if not paths:
+    sys.exit(f"soak: no metrics-rank*.csv under {out}")
+for path in paths:
     rows = list(csv.DictReader(open(path)))
     end = float(rows[-1]["t_s"])
     minutes = max(minutes, end / 60)
@@ -102,23 +111,30 @@ for path in sorted(glob.glob(f"{out}/*/metrics-rank*.csv")):
         sys.exit(f"soak: {path} has too few samples")
     q = len(warm) // 4
     first, last = warm[:q], warm[-q:]
-    rss = lambda part: statistics.median(int(r["rss_bytes"]) for r in part)
-    # The floor of the live heap: a leak raises it; evaluations, which allocate and free
-    # again, and an allocator keeping freed pages do not.
+    # Every quarter spans several steps, so its floor and ceiling are those of a step; a
+    # leak raises the floor, unbounded buffering the ceiling. The live heap's floor tells a
+    # leak from an allocator keeping freed pages (which raises only RSS).
+    rss = lambda part, f: f(int(r["rss_bytes"]) for r in part)
     heap = lambda part: min(int(r["heap_bytes"]) for r in part) if part[0].get("heap_bytes") else None
     strategy = os.path.basename(os.path.dirname(path))
     rank = path.rsplit("rank", 1)[1].split(".")[0]
-    r0, r1 = rss(first), rss(last)
+    name = f"{strategy} rank {rank}"
+    cells = []
+    for what, f in (("RSS floor", min), ("RSS ceiling", max)):
+        a, b = rss(first, f), rss(last, f)
+        cells.append(f"{mib(a)} / {mib(b)} ({pct(a, b):+.1f} %)")
+        if pct(a, b) > 5:
+            failed.append(f"{name}: {what} grew {pct(a, b):+.1f} %")
     h0, h1 = heap(first), heap(last)
-    peak = max(int(r["rss_bytes"]) for r in warm)
-    heap_cells = f"{mib(h0)} / {mib(h1)} | {pct(h0, h1):+.2f} %" if h0 is not None else "- | -"
-    print(f"| {strategy} | rank {rank} | {mib(r0)} / {mib(r1)} | {pct(r0, r1):+.1f} % | {mib(peak)} "
-          f"| {heap_cells} |")
-    if pct(r0, r1) > 5:
-        failed.append(f"{strategy} rank {rank}: resident memory grew {pct(r0, r1):+.1f} %")
-    if h0 is not None and pct(h0, h1) > 1:
-        failed.append(f"{strategy} rank {rank}: the live heap grew {pct(h0, h1):+.2f} %")
-print(f"\nover {minutes:.1f} min; warm from 10 % of each run on; limits: RSS +5 %, live heap +1 %")
+    if h0 is None:
+        cells.append("not counted")
+    else:
+        cells.append(f"{mib(h0)} / {mib(h1)} ({pct(h0, h1):+.2f} %)")
+        if pct(h0, h1) > 1:
+            failed.append(f"{name}: the live heap's floor grew {pct(h0, h1):+.2f} %")
+    print(f"| {strategy} | rank {rank} | " + " | ".join(cells) + " |")
+print(f"\nover {minutes:.1f} min; warm from 10 % of each run on; limits: RSS floor and "
+      "ceiling +5 %, live-heap floor +1 %")
 for f in failed:
     print(f"soak: {f}", file=sys.stderr)
 sys.exit(1 if failed else 0)
