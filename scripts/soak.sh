@@ -51,7 +51,8 @@ fi
 rm -rf "$out"
 mkdir -p "$out"
 
-job=(--model lenet --dataset synthetic --batch-size 64 --workers 2 --quiet --no-replica-stats)
+workers=2
+job=(--model lenet --dataset synthetic --batch-size 64 --workers "$workers" --quiet --no-replica-stats)
 declare -A servers=([p3]=1 [allreduce]=0)
 
 for strategy in p3 allreduce; do
@@ -76,7 +77,7 @@ EOF
 pids=()
 for strategy in p3 allreduce; do
   funnel=1
-  [ "${servers[$strategy]}" -gt 0 ] && funnel=$(( 2 / servers[$strategy] ))
+  [ "${servers[$strategy]}" -gt 0 ] && funnel=$(( workers / servers[$strategy] ))
   read -r rate steps < <(plan "$out/calibrate-$strategy.json" "$funnel")
   echo "soak: $strategy at ${rate} bit/s (${slowdown}x slower than its need), $steps steps" >&2
   "$SYNCOPATE_BIN" launch "${job[@]}" --strategy "$strategy" --servers "${servers[$strategy]}" \
