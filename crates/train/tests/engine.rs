@@ -78,6 +78,45 @@ fn segmented_backward_equals_whole_backward_for_every_model() {
     }
 }
 
+/// Our kernels' batch norm (segmented mode) keeps the running statistics burn's does
+/// (whole mode) and evaluates with them alike: after two training steps both engines hold
+/// the same buffers and evaluate (ours with our kernels, burn with its own) alike.
+#[test]
+fn running_statistics_and_evaluation_match_burn() {
+    let input = input_for("resnet20");
+    let spec = model::build("resnet20", input, 10).unwrap();
+    let mut whole = BurnEngine::new(spec.clone(), 4).unwrap();
+    whole.set_backward_mode(BackwardMode::Whole);
+    let mut seg = BurnEngine::new(spec, 4).unwrap();
+    for seed in [1, 2] {
+        let b = batch(input, 6, seed);
+        gradients(&mut whole, &b);
+        gradients(&mut seg, &b);
+    }
+    let (bw, bs) = (whole.buffers().unwrap(), seg.buffers().unwrap());
+    assert_eq!(bw.len(), 2 * 19, "mean and variance of 19 batch norms");
+    for ((name, a), (name_s, s)) in bw.iter().zip(&bs) {
+        assert_eq!(name, name_s);
+        assert!(
+            a.iter().any(|&v| v != 0.0 && v != 1.0),
+            "{name} was updated"
+        );
+        for (x, y) in a.iter().zip(s) {
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                "{name}: burn {x}, ours {y}"
+            );
+        }
+    }
+    let test = batch(input, 5, 9);
+    let (ew, es) = (whole.evaluate(&test).unwrap(), seg.evaluate(&test).unwrap());
+    assert!(
+        (ew.loss - es.loss).abs() <= 1e-4 * ew.loss.abs().max(1.0),
+        "{ew:?} vs {es:?}"
+    );
+    assert_eq!(ew.correct, es.correct);
+}
+
 #[test]
 fn forward_hook_runs_before_each_layer_and_can_install_parameters() {
     let spec = model::build("mlp", [1, 28, 28], 10).unwrap();

@@ -9,18 +9,22 @@ use std::ops::Range;
 
 use burn::backend::Flex;
 use burn::tensor::activation::{log_softmax, relu};
-use burn::tensor::module::{avg_pool2d, batch_norm, batch_norm_train, conv2d, linear, max_pool2d};
+use burn::tensor::module::{
+    avg_pool2d, batch_norm as burn_batch_norm, batch_norm_train, conv2d, linear, max_pool2d,
+};
 use burn::tensor::ops::{AvgPoolOptions, ConvOptions, MaxPoolOptions};
 use burn::tensor::{Device, Tensor, TensorData};
 
+use super::batch_norm;
 use super::conv_block::{self, ConvSaved, ConvShape};
 use super::flat::{FlatView, LayerGrads};
+use super::residual::{self, ResidualSaved, ResidualShape, Running};
 use super::{BackwardMode, LayerwiseEngine, OnLayer, StepOutput};
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::model::{LayerOp, ModelSpec};
 
-const BN_EPS: f64 = 1e-5;
+const BN_EPS: f64 = batch_norm::EPS;
 const BN_MOMENTUM: f32 = 0.1;
 
 /// An activation between two layers: an image batch or a feature batch.
@@ -79,8 +83,38 @@ impl Act {
 /// Running statistics of one batch-norm.
 #[derive(Clone)]
 struct BnStats {
-    mean: Tensor<1>,
-    var: Tensor<1>,
+    mean: Vec<f32>,
+    var: Vec<f32>,
+}
+
+impl BnStats {
+    /// Folds one batch's statistics (biased variance over `n` values) into the running
+    /// estimates, as PyTorch does: momentum 0.1, the unbiased variance.
+    fn update(&mut self, mean: &[f32], var: &[f32], n: usize) {
+        let unbiased = if n > 1 {
+            n as f32 / (n - 1) as f32
+        } else {
+            1.0
+        };
+        for (r, &m) in self.mean.iter_mut().zip(mean) {
+            *r = *r * (1.0 - BN_MOMENTUM) + m * BN_MOMENTUM;
+        }
+        for (r, &v) in self.var.iter_mut().zip(var) {
+            *r = *r * (1.0 - BN_MOMENTUM) + v * BN_MOMENTUM * unbiased;
+        }
+    }
+}
+
+/// A layer our own kernels run, with its geometry.
+enum Kernel {
+    Conv(ConvShape),
+    Residual(ResidualShape),
+}
+
+/// What a layer run by our own kernels kept for its backward pass.
+enum Saved {
+    Conv(ConvSaved),
+    Residual(ResidualSaved),
 }
 
 /// Training mode (batch statistics, graph) or inference (running statistics, no graph).
@@ -100,7 +134,7 @@ struct Pass {
     next_input: Option<Act>,
     loss: Option<Tensor<1>>,
     /// What each layer run by our own kernels kept for its backward pass.
-    saved: Vec<Option<ConvSaved>>,
+    saved: Vec<Option<Saved>>,
 }
 
 /// The burn-backed [`LayerwiseEngine`].
@@ -163,8 +197,8 @@ impl BurnEngine {
                 };
                 (0..count)
                     .map(|_| BnStats {
-                        mean: Tensor::zeros([channels], &inner_device),
-                        var: Tensor::ones([channels], &inner_device),
+                        mean: vec![0.0; channels],
+                        var: vec![1.0; channels],
                     })
                     .collect()
             })
@@ -255,7 +289,7 @@ impl BurnEngine {
                 let options = ConvOptions::new([stride, stride], [padding, padding], [1, 1], 1);
                 let mut y = if bn {
                     let y = conv2d(x, w, None, options);
-                    self.norm(layer, 0, y, &params[1], &params[2], mode)
+                    self.norm(layer, 0, y, &params[1], &params[2], mode)?
                 } else {
                     conv2d(x, w, Some(params[1].clone()), options)
                 };
@@ -291,9 +325,9 @@ impl BurnEngine {
                     None,
                     ConvOptions::new([stride, stride], [1, 1], [1, 1], 1),
                 );
-                let y = relu(self.norm(layer, 0, y, &params[1], &params[2], mode));
+                let y = relu(self.norm(layer, 0, y, &params[1], &params[2], mode)?);
                 let y = conv2d(y, w2, None, ConvOptions::new([1, 1], [1, 1], [1, 1], 1));
-                let y = self.norm(layer, 1, y, &params[4], &params[5], mode);
+                let y = self.norm(layer, 1, y, &params[4], &params[5], mode)?;
                 let shortcut = if stride != 1 || in_channels != out_channels {
                     let sub =
                         avg_pool2d(x, AvgPoolOptions::new([1, 1]).with_stride([stride, stride]));
@@ -328,90 +362,171 @@ impl BurnEngine {
         }
     }
 
-    /// The geometry of layer `layer` on `input` when our own kernels run it: a convolution
-    /// with stride 1 and no batch norm (conv, bias, ReLU, optional 2x2 pool), not the last
-    /// layer (whose output feeds the loss).
-    fn conv_block(&self, layer: usize, input: &Act) -> Result<Option<ConvShape>> {
-        let LayerOp::Conv {
-            in_channels,
-            out_channels,
-            kernel,
-            stride: 1,
-            padding,
-            batch_norm: false,
-            pool,
-        } = self.spec.layers[layer].op
-        else {
-            return Ok(None);
-        };
+    /// The layer `layer` on `input` when our own kernels run it: a convolution with stride
+    /// 1 and no batch norm (conv, bias, ReLU, optional 2x2 pool), a batch-normalised
+    /// convolution without pool, or a basic block; never the last layer (whose output feeds
+    /// the loss).
+    fn our_kernel(&self, layer: usize, input: &Act) -> Result<Option<Kernel>> {
         let Act::Image(x) = input else {
             return Ok(None);
         };
-        let [batch, channels, height, width] = x.dims();
-        if channels != in_channels {
+        let dims = x.dims();
+        let [batch, channels, height, width] = dims;
+        let expected = match self.spec.layers[layer].op {
+            LayerOp::Conv { in_channels, .. } | LayerOp::BasicBlock { in_channels, .. } => {
+                in_channels
+            }
+            _ => return Ok(None),
+        };
+        if channels != expected {
             return Err(TrainError::Model(format!(
-                "layer {} expects {in_channels} input channels, got {channels}",
+                "layer {} expects {expected} input channels, got {channels}",
                 self.spec.layers[layer].name
             )));
         }
-        let shape = ConvShape {
-            batch,
-            in_channels,
-            height,
-            width,
-            out_channels,
-            kernel,
-            padding,
-            pool,
+        if layer + 1 == self.spec.layers.len() {
+            return Ok(None);
+        }
+        let kernel = match self.spec.layers[layer].op {
+            LayerOp::Conv {
+                in_channels,
+                out_channels,
+                kernel,
+                stride: 1,
+                padding,
+                batch_norm: false,
+                pool,
+            } => {
+                let shape = ConvShape {
+                    batch,
+                    in_channels,
+                    height,
+                    width,
+                    out_channels,
+                    kernel,
+                    padding,
+                    pool,
+                };
+                shape.is_valid().then_some(Kernel::Conv(shape))
+            }
+            LayerOp::Conv {
+                out_channels,
+                kernel,
+                stride,
+                padding,
+                batch_norm: true,
+                pool: false,
+                ..
+            } => {
+                let shape = ResidualShape::stem(dims, out_channels, kernel, stride, padding);
+                shape.is_valid().then_some(Kernel::Residual(shape))
+            }
+            LayerOp::BasicBlock {
+                out_channels,
+                stride,
+                ..
+            } => {
+                let shape = ResidualShape::basic(dims, out_channels, stride);
+                shape.is_valid().then_some(Kernel::Residual(shape))
+            }
+            _ => None,
         };
-        Ok((layer + 1 < self.spec.layers.len() && shape.is_valid()).then_some(shape))
+        Ok(kernel)
     }
 
-    /// Runs a convolution block with our kernels; its output is a tensor on `device`.
-    fn run_conv_block(
-        &self,
+    /// Runs a layer with our kernels (training mode with `train`, else inference with the
+    /// running statistics); its output is a tensor on `device`.
+    fn run_kernel(
+        &mut self,
         layer: usize,
-        shape: &ConvShape,
+        kernel: &Kernel,
         input: Act,
         device: &Device,
-        keep: bool,
-    ) -> Result<(Act, Option<ConvSaved>)> {
+        train: bool,
+    ) -> Result<(Act, Option<Saved>)> {
         let x = host_values(input.into_image(&self.spec.layers[layer].name)?)?;
-        let keys = self.layer_keys[layer].clone();
-        let weight = to_view(self.params[keys.start].clone())?;
-        let bias = to_view(self.params[keys.start + 1].clone())?;
-        let (out, saved) = conv_block::forward(shape, &x, &weight, &bias, keep);
-        let out = Tensor::<4>::from_data(TensorData::new(out, shape.output_dims()), device);
+        let params = self.layer_params(layer)?;
+        let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
+        let (out, dims, saved) = match kernel {
+            Kernel::Conv(shape) => {
+                let (out, saved) = conv_block::forward(shape, &x, views[0], views[1], train);
+                (out, shape.output_dims(), saved.map(Saved::Conv))
+            }
+            Kernel::Residual(shape) => {
+                let stats = &self.bn[layer];
+                let running: Vec<Running> = stats
+                    .iter()
+                    .map(|s| Running {
+                        mean: &s.mean,
+                        var: &s.var,
+                    })
+                    .collect();
+                let fwd = residual::forward(shape, &x, &views, (!train).then_some(&running[..]));
+                let [b, _, h, w] = shape.output_dims();
+                let n = b * h * w;
+                for (stats, batch) in self.bn[layer].iter_mut().zip(&fwd.stats) {
+                    stats.update(&batch.mean, &batch.var, n);
+                }
+                (
+                    fwd.output,
+                    shape.output_dims(),
+                    fwd.saved.map(Saved::Residual),
+                )
+            }
+        };
+        let out = Tensor::<4>::from_data(TensorData::new(out, dims), device);
         Ok((Act::Image(out), saved))
     }
 
-    /// The parameter gradients of a block run by our kernels, and the gradient of its input
+    /// The values of layer `layer`'s parameters.
+    fn layer_params(&self, layer: usize) -> Result<Vec<FlatView>> {
+        self.layer_keys[layer]
+            .clone()
+            .map(|k| to_view(self.params[k].clone()))
+            .collect()
+    }
+
+    /// The parameter gradients of a layer run by our kernels, and the gradient of its input
     /// (none for the first layer).
-    fn conv_block_backward(
+    fn kernel_backward(
         &self,
         layer: usize,
-        saved: &ConvSaved,
+        saved: &Saved,
         output_grad: Act,
     ) -> Result<(LayerGrads, Option<Act>)> {
         let g = match output_grad {
             Act::Image(g) => host_values(g)?,
             Act::Flat(g) => host_values(g)?,
         };
-        let keys = self.layer_keys[layer].clone();
-        let weight = to_view(self.params[keys.start].clone())?;
-        let grads = conv_block::backward(saved, &weight, &g, layer > 0);
-        let input = grads.input.map(|gx| {
-            let dims = saved.input_dims();
+        let params = self.layer_params(layer)?;
+        let need_input = layer > 0;
+        let (grads, input, dims) = match saved {
+            Saved::Conv(saved) => {
+                let grads = conv_block::backward(saved, &params[0], &g, need_input);
+                (
+                    vec![grads.weight, grads.bias],
+                    grads.input,
+                    saved.input_dims(),
+                )
+            }
+            Saved::Residual(saved) => {
+                let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
+                let grads = residual::backward(saved, &views, &g, need_input);
+                (grads.params, grads.input, saved.input_dims())
+            }
+        };
+        let input = input.map(|gx| {
             Act::Image(Tensor::<4>::from_data(
                 TensorData::new(gx, dims),
                 &self.inner_device,
             ))
         });
+        let keys = self.layer_keys[layer].clone();
         let grads = LayerGrads {
-            grads: vec![
-                (keys.start, FlatView::shared(grads.weight.into())),
-                (keys.start + 1, FlatView::shared(grads.bias.into())),
-            ],
+            grads: keys
+                .zip(grads)
+                .map(|(k, g)| (k, FlatView::shared(g.into())))
+                .collect(),
         };
         Ok((grads, input))
     }
@@ -424,28 +539,30 @@ impl BurnEngine {
         gamma: &Tensor<1>,
         beta: &Tensor<1>,
         mode: Mode,
-    ) -> Tensor<4> {
+    ) -> Result<Tensor<4>> {
         let stats = &mut self.bn[layer][slot];
         match mode {
-            Mode::Eval => batch_norm(
-                y,
-                gamma.clone(),
-                beta.clone(),
-                stats.mean.clone(),
-                stats.var.clone(),
-                BN_EPS,
-            ),
+            Mode::Eval => {
+                let device = y.device();
+                let n = stats.mean.len();
+                let t =
+                    |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [n]), &device);
+                Ok(burn_batch_norm(
+                    y,
+                    gamma.clone(),
+                    beta.clone(),
+                    t(&stats.mean),
+                    t(&stats.var),
+                    BN_EPS,
+                ))
+            }
             Mode::Train => {
                 let [b, _, h, w] = y.dims();
-                let n = (b * h * w) as f32;
                 let out = batch_norm_train(y, gamma.clone(), beta.clone(), BN_EPS);
-                // PyTorch keeps the unbiased variance in its running estimate.
-                let unbiased = if n > 1.0 { n / (n - 1.0) } else { 1.0 };
-                stats.mean = stats.mean.clone().mul_scalar(1.0 - BN_MOMENTUM)
-                    + out.mean.inner().mul_scalar(BN_MOMENTUM);
-                stats.var = stats.var.clone().mul_scalar(1.0 - BN_MOMENTUM)
-                    + out.variance.inner().mul_scalar(BN_MOMENTUM * unbiased);
-                out.output
+                let mean = host_values(out.mean.inner())?;
+                let var = host_values(out.variance.inner())?;
+                stats.update(&mean, &var, b * h * w);
+                Ok(out.output)
             }
         }
     }
@@ -545,8 +662,9 @@ impl LayerwiseEngine for BurnEngine {
             .take()
             .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?;
         if self.mode == BackwardMode::Segmented {
-            if let Some(shape) = self.conv_block(layer, &input)? {
-                let (out, saved) = self.run_conv_block(layer, &shape, input, &self.device, true)?;
+            if let Some(kernel) = self.our_kernel(layer, &input)? {
+                let device = self.device.clone();
+                let (out, saved) = self.run_kernel(layer, &kernel, input, &device, true)?;
                 pass.inputs.push(None);
                 pass.saved.push(saved);
                 pass.outputs.push(out.clone());
@@ -632,7 +750,7 @@ impl LayerwiseEngine for BurnEngine {
                             ))
                         })?;
                         if let Some(saved) = pass.saved[layer].take() {
-                            let (grads, g_input) = self.conv_block_backward(layer, &saved, g)?;
+                            let (grads, g_input) = self.kernel_backward(layer, &saved, g)?;
                             on_layer(layer, &grads, self)?;
                             g_up = g_input;
                             continue;
@@ -679,10 +797,14 @@ impl LayerwiseEngine for BurnEngine {
     fn evaluate(&mut self, batch: &Batch) -> Result<StepOutput> {
         let mut act = Act::Image(self.batch_tensor(batch, &self.inner_device)?);
         for layer in 0..self.spec.layers.len() {
-            if let Some(shape) = self.conv_block(layer, &act)? {
-                act = self
-                    .run_conv_block(layer, &shape, act, &self.inner_device, false)?
-                    .0;
+            // Whole mode is burn's own computation throughout: the reference for our kernels.
+            let ours = match self.mode {
+                BackwardMode::Segmented => self.our_kernel(layer, &act)?,
+                BackwardMode::Whole => None,
+            };
+            if let Some(kernel) = ours {
+                let device = self.inner_device.clone();
+                act = self.run_kernel(layer, &kernel, act, &device, false)?.0;
                 continue;
             }
             let params: Vec<Tensor<1>> = self.params[self.layer_keys[layer].clone()]
@@ -704,14 +826,8 @@ impl LayerwiseEngine for BurnEngine {
         for (layer, stats) in self.bn.iter().enumerate() {
             for (slot, s) in stats.iter().enumerate() {
                 let name = &self.spec.layers[layer].name;
-                out.push((
-                    format!("{name}.bn{slot}.running_mean"),
-                    to_view(s.mean.clone())?.to_vec(),
-                ));
-                out.push((
-                    format!("{name}.bn{slot}.running_var"),
-                    to_view(s.var.clone())?.to_vec(),
-                ));
+                out.push((format!("{name}.bn{slot}.running_mean"), s.mean.clone()));
+                out.push((format!("{name}.bn{slot}.running_var"), s.var.clone()));
             }
         }
         Ok(out)
@@ -729,15 +845,14 @@ impl LayerwiseEngine for BurnEngine {
                     "running_var" => &mut s.var,
                     _ => continue,
                 };
-                if values.len() != target.dims()[0] {
+                if values.len() != target.len() {
                     return Err(TrainError::Param(format!(
                         "buffer {name} needs {} values, got {}",
-                        target.dims()[0],
+                        target.len(),
                         values.len()
                     )));
                 }
-                let n = values.len();
-                *target = Tensor::from_data(TensorData::new(values, [n]), &self.inner_device);
+                *target = values;
                 return Ok(());
             }
         }

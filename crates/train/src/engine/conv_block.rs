@@ -16,7 +16,8 @@
 //!
 //! Every sum runs in a fixed order whatever the thread count, so results are deterministic.
 
-use gemm::Parallelism;
+use super::gemm::ConvGemm;
+use super::unfold::{col2im, im2col, Layout, Unfold};
 
 /// No route: the output is zero (ReLU) and passes no gradient.
 const CUT: u32 = u32::MAX;
@@ -66,6 +67,29 @@ impl ConvShape {
     /// Values in the weight `[O, C, K, K]`.
     pub fn weight_len(&self) -> usize {
         self.out_channels * self.patch_len()
+    }
+
+    /// The unfolding of the block's input for its GEMM.
+    fn unfold(&self) -> Unfold {
+        Unfold {
+            batch: self.batch,
+            channels: self.in_channels,
+            height: self.height,
+            width: self.width,
+            kernel: self.kernel,
+            stride: 1,
+            padding: self.padding,
+            layout: Layout::SampleMajor,
+        }
+    }
+
+    /// The block's convolution as GEMMs.
+    fn gemm(&self) -> ConvGemm {
+        ConvGemm {
+            out_channels: self.out_channels,
+            rows: self.patch_len(),
+            columns: self.columns(),
+        }
     }
 
     /// Rows of the column matrix: one per (channel, kernel row, kernel column).
@@ -136,18 +160,8 @@ pub fn forward(
     assert_eq!(input.len(), shape.input_len(), "input of {shape:?}");
     assert_eq!(weight.len(), shape.weight_len(), "weight of {shape:?}");
     assert_eq!(bias.len(), shape.out_channels, "bias of {shape:?}");
-    let cols = im2col(shape, input);
-    let (rows, n) = (shape.patch_len(), shape.columns());
-    let mut y = vec![0f32; shape.out_channels * n];
-    // Y = W x cols
-    matmul(
-        shape.out_channels,
-        n,
-        rows,
-        &mut y,
-        Operand::rows(weight, rows),
-        Operand::rows(&cols, n),
-    );
+    let cols = im2col(&shape.unfold(), input);
+    let y = shape.gemm().forward(weight, &cols);
     let (out, route) = bias_relu_pool(shape, &y, bias);
     let saved = keep.then_some(ConvSaved {
         shape: *shape,
@@ -171,7 +185,7 @@ pub fn backward(
     let shape = &saved.shape;
     assert_eq!(output_grad.len(), saved.route.len(), "output gradient");
     assert_eq!(weight.len(), shape.weight_len(), "weight");
-    let (rows, n, o) = (shape.patch_len(), shape.columns(), shape.out_channels);
+    let (n, o) = (shape.columns(), shape.out_channels);
     // Route the output gradient back onto Y; the bias gradient sums what passed, per channel.
     let mut gy = vec![0f32; o * n];
     let mut bias = vec![0f32; o];
@@ -191,101 +205,14 @@ pub fn backward(
         }
         bias[i % o] += sum;
     }
-    // dW = gY x cols^T
-    let mut dw = vec![0f32; o * rows];
-    matmul(
-        o,
-        rows,
-        n,
-        &mut dw,
-        Operand::rows(&gy, n),
-        Operand::columns(&saved.cols, n),
-    );
-    let input = need_input.then(|| {
-        // dcols = W^T x gY
-        let mut dcols = vec![0f32; rows * n];
-        matmul(
-            rows,
-            n,
-            o,
-            &mut dcols,
-            Operand::columns(weight, rows),
-            Operand::rows(&gy, n),
-        );
-        col2im(shape, &dcols)
-    });
+    let gemm = shape.gemm();
+    let dw = gemm.weight_grad(&gy, &saved.cols);
+    let input = need_input.then(|| col2im(&shape.unfold(), &gemm.cols_grad(weight, &gy)));
     ConvGrads {
         weight: dw,
         bias,
         input,
     }
-}
-
-/// Unfolds `[B, C, H, W]` into `[C*K*K, B*OH*OW]` (zeros where the kernel overlaps the
-/// padding).
-fn im2col(s: &ConvShape, x: &[f32]) -> Vec<f32> {
-    let (oh, ow) = s.conv_hw();
-    let n = s.columns();
-    let mut cols = vec![0f32; s.patch_len() * n];
-    for_each_tap(s, |row, b, c, ki, kj| {
-        let dst = &mut cols[row * n + b * oh * ow..][..oh * ow];
-        let src = &x[(b * s.in_channels + c) * s.height * s.width..][..s.height * s.width];
-        let (x0, x1) = valid_range(ow, kj, s.padding, s.width);
-        for oy in 0..oh {
-            let Some(iy) = (oy + ki).checked_sub(s.padding).filter(|&iy| iy < s.height) else {
-                continue;
-            };
-            let ix0 = x0 + kj - s.padding;
-            dst[oy * ow + x0..oy * ow + x1].copy_from_slice(&src[iy * s.width + ix0..][..x1 - x0]);
-        }
-    });
-    cols
-}
-
-/// Folds `[C*K*K, B*OH*OW]` back onto `[B, C, H, W]`, adding overlapping taps.
-fn col2im(s: &ConvShape, cols: &[f32]) -> Vec<f32> {
-    let (oh, ow) = s.conv_hw();
-    let n = s.columns();
-    let mut x = vec![0f32; s.input_len()];
-    for_each_tap(s, |row, b, c, ki, kj| {
-        let src = &cols[row * n + b * oh * ow..][..oh * ow];
-        let dst = &mut x[(b * s.in_channels + c) * s.height * s.width..][..s.height * s.width];
-        let (x0, x1) = valid_range(ow, kj, s.padding, s.width);
-        for oy in 0..oh {
-            let Some(iy) = (oy + ki).checked_sub(s.padding).filter(|&iy| iy < s.height) else {
-                continue;
-            };
-            let ix0 = x0 + kj - s.padding;
-            let d = &mut dst[iy * s.width + ix0..][..x1 - x0];
-            for (d, v) in d.iter_mut().zip(&src[oy * ow + x0..oy * ow + x1]) {
-                *d += v;
-            }
-        }
-    });
-    x
-}
-
-/// Calls `f(row, sample, channel, kernel_row, kernel_column)` for every row of the column
-/// matrix and every sample.
-fn for_each_tap(s: &ConvShape, mut f: impl FnMut(usize, usize, usize, usize, usize)) {
-    for c in 0..s.in_channels {
-        for ki in 0..s.kernel {
-            for kj in 0..s.kernel {
-                let row = (c * s.kernel + ki) * s.kernel + kj;
-                for b in 0..s.batch {
-                    f(row, b, c, ki, kj);
-                }
-            }
-        }
-    }
-}
-
-/// The output columns `x0..x1` whose input column `ox + kj - padding` lies inside the
-/// image.
-fn valid_range(ow: usize, kj: usize, padding: usize, width: usize) -> (usize, usize) {
-    let x0 = padding.saturating_sub(kj);
-    let x1 = (width + padding).saturating_sub(kj).min(ow);
-    (x0, x1.max(x0))
 }
 
 /// Adds the bias, applies ReLU and the pool, and transposes `Y[O, B, OH, OW]` into the
@@ -347,77 +274,6 @@ fn emit(v: f32, from: usize, out: &mut f32, route: &mut u32) {
     *out = v.max(0.0);
     // All ones (CUT) unless v > 0, without a branch.
     *route = from as u32 | u32::from(v > 0.0).wrapping_sub(1);
-}
-
-/// A row-major matrix operand, or the transpose of one.
-struct Operand<'a> {
-    data: &'a [f32],
-    row_stride: isize,
-    col_stride: isize,
-}
-
-impl<'a> Operand<'a> {
-    /// `data` read as a row-major matrix with `cols` columns.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
-        Self {
-            data,
-            row_stride: cols as isize,
-            col_stride: 1,
-        }
-    }
-
-    /// The transpose of `data` read as a row-major matrix with `cols` columns.
-    fn columns(data: &'a [f32], cols: usize) -> Self {
-        Self {
-            data,
-            row_stride: 1,
-            col_stride: cols as isize,
-        }
-    }
-
-    /// Whether an `r x c` matrix fits in `data`.
-    fn holds(&self, r: usize, c: usize) -> bool {
-        r == 0
-            || c == 0
-            || (r - 1) * (self.row_stride as usize) + (c - 1) * (self.col_stride as usize)
-                < self.data.len()
-    }
-}
-
-/// `dst[m, n] = lhs[m, k] x rhs[k, n]` (row-major `dst`).
-fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: Operand, rhs: Operand) {
-    assert!(dst.len() >= m * n && lhs.holds(m, k) && rhs.holds(k, n));
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 && m * n * k >= 1 << 18 {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
-    // SAFETY: the assertion above keeps every element the strides reach inside the slices,
-    // and `dst` does not alias the operands (it is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            lhs.data.as_ptr(),
-            lhs.col_stride,
-            lhs.row_stride,
-            rhs.data.as_ptr(),
-            rhs.col_stride,
-            rhs.row_stride,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
 }
 
 #[cfg(test)]

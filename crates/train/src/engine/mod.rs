@@ -8,10 +8,14 @@
 //! [`LayerwiseEngine::finish_forward`], then [`LayerwiseEngine::backward`], which hands each
 //! layer's gradients to a callback as soon as they exist, last layer first.
 
+mod batch_norm;
 mod burn_engine;
 pub mod conv_block;
 mod flat;
+mod gemm;
 mod profile_engine;
+pub mod residual;
+mod unfold;
 
 pub use burn_engine::BurnEngine;
 pub use flat::{FlatView, LayerGrads};
@@ -39,8 +43,9 @@ pub enum BackwardMode {
     /// are handed out as soon as its segment has run (what overlap needs).
     #[default]
     Segmented,
-    /// One graph for the whole model, one backward call (the reference the segmented mode
-    /// is checked against); gradients are handed out after it, last layer first.
+    /// One graph for the whole model, one backward call, and burn's kernels for every layer
+    /// in training and evaluation: the reference the segmented mode (our own kernels) is
+    /// checked against; gradients are handed out after it, last layer first.
     Whole,
 }
 

@@ -1,0 +1,129 @@
+//! Batch normalisation over channel-major activations `[C, B*H*W]` (each channel's values
+//! contiguous), forward in training and inference mode, and backward. Statistics are
+//! accumulated in `f64` in a fixed order; channels run in parallel.
+
+use rayon::prelude::*;
+
+/// The epsilon added to the variance (PyTorch's default).
+pub const EPS: f64 = 1e-5;
+
+/// What the training forward keeps for the backward pass.
+pub struct BnSaved {
+    /// The normalised input `(z - mean) / sqrt(var + eps)`, `[C, M]`.
+    pub normalised: Vec<f32>,
+    /// `1 / sqrt(var + eps)` per channel.
+    pub inv_std: Vec<f32>,
+}
+
+/// The batch's own statistics, for the running estimates.
+pub struct BatchStats {
+    /// Mean per channel.
+    pub mean: Vec<f32>,
+    /// Biased variance per channel (divided by M).
+    pub var: Vec<f32>,
+}
+
+/// Training mode: normalises `z` (`[C, M]`) by its batch statistics, then scales by `gamma`
+/// and shifts by `beta`. Returns the output, what backward needs and the statistics.
+pub fn forward_train(z: &[f32], gamma: &[f32], beta: &[f32]) -> (Vec<f32>, BnSaved, BatchStats) {
+    let c = gamma.len();
+    assert!(
+        c > 0 && beta.len() == c && z.len().is_multiple_of(c),
+        "batch norm shapes"
+    );
+    let m = z.len() / c;
+    let mut normalised = vec![0f32; z.len()];
+    let mut out = vec![0f32; z.len()];
+    let stats: Vec<(f32, f32, f32)> = z
+        .par_chunks(m)
+        .zip(normalised.par_chunks_mut(m))
+        .zip(out.par_chunks_mut(m))
+        .enumerate()
+        .map(|(ch, ((z, xhat), out))| {
+            let mean = z.iter().map(|&v| f64::from(v)).sum::<f64>() / m as f64;
+            let var = z
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / m as f64;
+            let inv_std = (1.0 / (var + EPS).sqrt()) as f32;
+            let (mean32, g, b) = (mean as f32, gamma[ch], beta[ch]);
+            for ((x, o), &v) in xhat.iter_mut().zip(out.iter_mut()).zip(z) {
+                *x = (v - mean32) * inv_std;
+                *o = *x * g + b;
+            }
+            (mean32, var as f32, inv_std)
+        })
+        .collect();
+    let saved = BnSaved {
+        normalised,
+        inv_std: stats.iter().map(|s| s.2).collect(),
+    };
+    let batch = BatchStats {
+        mean: stats.iter().map(|s| s.0).collect(),
+        var: stats.iter().map(|s| s.1).collect(),
+    };
+    (out, saved, batch)
+}
+
+/// Inference mode: normalises `z` (`[C, M]`) in place by running statistics.
+pub fn forward_eval(z: &mut [f32], gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32]) {
+    let c = gamma.len();
+    assert!(
+        c > 0 && [beta.len(), mean.len(), var.len()] == [c; 3] && z.len().is_multiple_of(c),
+        "batch norm shapes"
+    );
+    let m = z.len() / c;
+    z.par_chunks_mut(m).enumerate().for_each(|(ch, z)| {
+        let scale = gamma[ch] / (f64::from(var[ch]) + EPS).sqrt() as f32;
+        let shift = beta[ch] - mean[ch] * scale;
+        for v in z {
+            *v = *v * scale + shift;
+        }
+    });
+}
+
+/// The gradients of a training-mode batch norm.
+pub struct BnGrads {
+    /// Of its input, `[C, M]`.
+    pub input: Vec<f32>,
+    /// Of `gamma`.
+    pub gamma: Vec<f32>,
+    /// Of `beta`.
+    pub beta: Vec<f32>,
+}
+
+/// Backward of [`forward_train`] given the output gradient `g` (`[C, M]`).
+pub fn backward(saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGrads {
+    let c = gamma.len();
+    assert!(
+        c > 0 && g.len() == saved.normalised.len() && saved.inv_std.len() == c,
+        "batch norm gradient shapes"
+    );
+    let m = g.len() / c;
+    let mut input = vec![0f32; g.len()];
+    let sums: Vec<(f32, f32)> = g
+        .par_chunks(m)
+        .zip(saved.normalised.par_chunks(m))
+        .zip(input.par_chunks_mut(m))
+        .enumerate()
+        .map(|(ch, ((g, xhat), dz))| {
+            let (mut dbeta, mut dgamma) = (0f64, 0f64);
+            for (&g, &x) in g.iter().zip(xhat) {
+                dbeta += f64::from(g);
+                dgamma += f64::from(g) * f64::from(x);
+            }
+            let scale = gamma[ch] * saved.inv_std[ch];
+            let (mean_g, mean_gx) = ((dbeta / m as f64) as f32, (dgamma / m as f64) as f32);
+            for ((d, &g), &x) in dz.iter_mut().zip(g).zip(xhat) {
+                *d = scale * (g - mean_g - x * mean_gx);
+            }
+            (dgamma as f32, dbeta as f32)
+        })
+        .collect();
+    BnGrads {
+        input,
+        gamma: sums.iter().map(|s| s.0).collect(),
+        beta: sums.iter().map(|s| s.1).collect(),
+    }
+}

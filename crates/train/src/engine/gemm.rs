@@ -1,0 +1,134 @@
+//! One dense matrix product on the CPU for our kernels: operands are row-major slices or
+//! their transposes, read in place by the `gemm` crate (threads for large products).
+
+use gemm::Parallelism;
+
+/// A row-major matrix operand, or the transpose of one.
+struct Operand<'a> {
+    data: &'a [f32],
+    row_stride: isize,
+    col_stride: isize,
+}
+
+impl<'a> Operand<'a> {
+    /// `data` read as a row-major matrix with `cols` columns.
+    fn rows(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            row_stride: cols as isize,
+            col_stride: 1,
+        }
+    }
+
+    /// The transpose of `data` read as a row-major matrix with `cols` columns.
+    fn columns(data: &'a [f32], cols: usize) -> Self {
+        Self {
+            data,
+            row_stride: 1,
+            col_stride: cols as isize,
+        }
+    }
+
+    /// Whether an `r x c` matrix fits in `data`.
+    fn holds(&self, r: usize, c: usize) -> bool {
+        r == 0
+            || c == 0
+            || (r - 1) * (self.row_stride as usize) + (c - 1) * (self.col_stride as usize)
+                < self.data.len()
+    }
+}
+
+/// `dst[m, n] = lhs[m, k] x rhs[k, n]` (row-major `dst`).
+fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: Operand, rhs: Operand) {
+    assert!(dst.len() >= m * n && lhs.holds(m, k) && rhs.holds(k, n));
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 && m * n * k >= 1 << 18 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: the assertion above keeps every element the strides reach inside the slices,
+    // and `dst` does not alias the operands (it is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.data.as_ptr(),
+            lhs.col_stride,
+            lhs.row_stride,
+            rhs.data.as_ptr(),
+            rhs.col_stride,
+            rhs.row_stride,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// The three products of a convolution run as a GEMM over its column matrix
+/// `cols[rows, columns]` (see `unfold`), with a weight `[out_channels, rows]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvGemm {
+    /// Output channels.
+    pub out_channels: usize,
+    /// Rows of the column matrix (input channels x kernel taps).
+    pub rows: usize,
+    /// Columns of the column matrix (samples x output positions).
+    pub columns: usize,
+}
+
+impl ConvGemm {
+    /// The output `Y[O, columns] = W x cols`.
+    pub fn forward(&self, weight: &[f32], cols: &[f32]) -> Vec<f32> {
+        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
+        let mut y = vec![0f32; o * n];
+        matmul(
+            o,
+            n,
+            rows,
+            &mut y,
+            Operand::rows(weight, rows),
+            Operand::rows(cols, n),
+        );
+        y
+    }
+
+    /// The weight's gradient `dW = gY x cols^T` from the output's `gy[O, columns]`.
+    pub fn weight_grad(&self, gy: &[f32], cols: &[f32]) -> Vec<f32> {
+        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
+        let mut dw = vec![0f32; o * rows];
+        matmul(
+            o,
+            rows,
+            n,
+            &mut dw,
+            Operand::rows(gy, n),
+            Operand::columns(cols, n),
+        );
+        dw
+    }
+
+    /// The column matrix's gradient `dcols = W^T x gY` (col2im folds it onto the input).
+    pub fn cols_grad(&self, weight: &[f32], gy: &[f32]) -> Vec<f32> {
+        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
+        let mut dcols = vec![0f32; rows * n];
+        matmul(
+            rows,
+            n,
+            o,
+            &mut dcols,
+            Operand::columns(weight, rows),
+            Operand::rows(gy, n),
+        );
+        dcols
+    }
+}

@@ -1,0 +1,419 @@
+//! Our own CPU kernels for ResNet's batch-normalised layers, forward (training and
+//! inference) and backward: the stem (convolution without bias, batch norm, ReLU) and He
+//! et al.'s basic block (two 3x3 convolutions with batch norm, the first possibly strided,
+//! and an option-A shortcut: the input subsampled and zero-padded to the new channels).
+//!
+//! Between layers images are `[B, C, H, W]`; inside a layer they stay channel-major
+//! `[C, B, H, W]`, the layout in which a convolution's GEMM `W x cols` leaves them and in
+//! which batch norm reads each channel as one run. Every sum runs in a fixed order, so
+//! results do not depend on the thread count.
+
+use super::batch_norm::{self, BatchStats, BnSaved};
+use super::gemm::ConvGemm;
+use super::unfold::{col2im, im2col, Layout, Unfold};
+
+/// One convolution without bias followed by batch norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvBn {
+    /// The convolution's input geometry, kernel, stride, padding and input layout.
+    pub unfold: Unfold,
+    /// Output channels.
+    pub out_channels: usize,
+}
+
+impl ConvBn {
+    /// The convolution as GEMMs.
+    fn gemm(&self) -> ConvGemm {
+        ConvGemm {
+            out_channels: self.out_channels,
+            rows: self.unfold.rows(),
+            columns: self.unfold.columns(),
+        }
+    }
+
+    /// Values in the weight `[O, C, K, K]`.
+    pub fn weight_len(&self) -> usize {
+        self.out_channels * self.unfold.rows()
+    }
+}
+
+/// A layer these kernels run, with the geometry of its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResidualShape {
+    /// Convolution, batch norm, ReLU. Parameters: weight, gamma, beta.
+    Stem(ConvBn),
+    /// The basic block. Parameters: weight, gamma, beta of each convolution in turn.
+    Basic {
+        /// The first convolution (3x3, padding 1, the block's stride), on the input.
+        first: ConvBn,
+        /// The second (3x3, stride 1, padding 1), on the first's channel-major output.
+        second: ConvBn,
+    },
+}
+
+impl ResidualShape {
+    /// The stem: a KxK convolution at `stride` with `padding` on `[B, C, H, W]` inputs.
+    pub fn stem(
+        input: [usize; 4],
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Self {
+        let [batch, channels, height, width] = input;
+        Self::Stem(ConvBn {
+            unfold: Unfold {
+                batch,
+                channels,
+                height,
+                width,
+                kernel,
+                stride,
+                padding,
+                layout: Layout::SampleMajor,
+            },
+            out_channels,
+        })
+    }
+
+    /// A basic block with `out_channels` and `stride` on `[B, C, H, W]` inputs.
+    pub fn basic(input: [usize; 4], out_channels: usize, stride: usize) -> Self {
+        let [batch, channels, height, width] = input;
+        let first = Unfold {
+            batch,
+            channels,
+            height,
+            width,
+            kernel: 3,
+            stride,
+            padding: 1,
+            layout: Layout::SampleMajor,
+        };
+        let (h, w) = first.out_hw();
+        let second = Unfold {
+            channels: out_channels,
+            height: h,
+            width: w,
+            stride: 1,
+            layout: Layout::ChannelMajor,
+            ..first
+        };
+        Self::Basic {
+            first: ConvBn {
+                unfold: first,
+                out_channels,
+            },
+            second: ConvBn {
+                unfold: second,
+                out_channels,
+            },
+        }
+    }
+
+    /// Whether the kernels can run this layer: non-empty, the kernels fit, and a block's
+    /// shortcut can pad its input's channels up to its output's.
+    pub fn is_valid(&self) -> bool {
+        match self {
+            Self::Stem(c) => c.unfold.is_valid() && c.out_channels > 0,
+            Self::Basic { first, second } => {
+                first.unfold.is_valid()
+                    && second.unfold.is_valid()
+                    && first.out_channels >= first.unfold.channels
+            }
+        }
+    }
+
+    /// The convolutions in order.
+    fn convs(&self) -> Vec<ConvBn> {
+        match *self {
+            Self::Stem(c) => vec![c],
+            Self::Basic { first, second } => vec![first, second],
+        }
+    }
+
+    /// The last convolution (whose output is the layer's).
+    fn last(&self) -> ConvBn {
+        match *self {
+            Self::Stem(c) => c,
+            Self::Basic { second, .. } => second,
+        }
+    }
+
+    /// Dimensions `[B, O, H', W']` of the layer's output.
+    pub fn output_dims(&self) -> [usize; 4] {
+        let c = self.last();
+        let (h, w) = c.unfold.out_hw();
+        [c.unfold.batch, c.out_channels, h, w]
+    }
+
+    /// Parameter tensors the layer takes (weight, gamma, beta per convolution).
+    pub fn param_count(&self) -> usize {
+        3 * self.convs().len()
+    }
+}
+
+/// Running statistics of one batch norm, for inference.
+#[derive(Clone, Copy)]
+pub struct Running<'a> {
+    /// Running mean per channel.
+    pub mean: &'a [f32],
+    /// Running (unbiased) variance per channel.
+    pub var: &'a [f32],
+}
+
+/// What a training forward pass keeps for the backward pass.
+pub struct ResidualSaved {
+    shape: ResidualShape,
+    /// Per convolution: its column matrix and its batch norm's normalised values.
+    convs: Vec<(Vec<f32>, BnSaved)>,
+    /// A block's hidden activation after its ReLU (channel-major).
+    hidden: Vec<f32>,
+    /// The layer's output after its ReLU (channel-major).
+    output: Vec<f32>,
+}
+
+impl ResidualSaved {
+    /// Dimensions `[B, C, H, W]` of the layer's input.
+    pub fn input_dims(&self) -> [usize; 4] {
+        let u = self.shape.convs()[0].unfold;
+        [u.batch, u.channels, u.height, u.width]
+    }
+}
+
+/// The result of a forward pass.
+pub struct Forward {
+    /// The output, `[B, O, H', W']`.
+    pub output: Vec<f32>,
+    /// What backward needs (training only).
+    pub saved: Option<ResidualSaved>,
+    /// Each batch norm's batch statistics (training only), for the running estimates.
+    pub stats: Vec<BatchStats>,
+}
+
+/// Runs the layer on `input` (`[B, C, H, W]`) with its parameters in order: in training
+/// mode (`running` none: batch statistics, keeps what backward needs) or in inference mode
+/// with each batch norm's running statistics.
+///
+/// # Panics
+/// When a buffer's length does not match the shape (a caller's bug, not an input error).
+pub fn forward(
+    shape: &ResidualShape,
+    input: &[f32],
+    params: &[&[f32]],
+    running: Option<&[Running]>,
+) -> Forward {
+    assert!(shape.is_valid(), "invalid residual layer {shape:?}");
+    assert_eq!(params.len(), shape.param_count(), "parameters of {shape:?}");
+    let mut convs = Vec::new();
+    let mut stats = Vec::new();
+    let mut step = |i: usize, conv: &ConvBn, x: &[f32]| {
+        let p = &params[3 * i..3 * i + 3];
+        let (mut y, kept) = conv_bn(conv, x, p, running.map(|r| r[i]));
+        if let Some((cols, bn, batch)) = kept {
+            convs.push((cols, bn));
+            stats.push(batch);
+        }
+        relu(&mut y);
+        y
+    };
+    let (hidden, output) = match shape {
+        ResidualShape::Stem(c) => (Vec::new(), step(0, c, input)),
+        ResidualShape::Basic { first, second } => {
+            let hidden = step(0, first, input);
+            let p = &params[3..6];
+            let (mut y, kept) = conv_bn(second, &hidden, p, running.map(|r| r[1]));
+            if let Some((cols, bn, batch)) = kept {
+                convs.push((cols, bn));
+                stats.push(batch);
+            }
+            add_shortcut(first, second, input, &mut y);
+            relu(&mut y);
+            (hidden, y)
+        }
+    };
+    let [b, o, h, w] = shape.output_dims();
+    let out = swap_outer(&output, o, b, h * w);
+    let saved = running.is_none().then_some(ResidualSaved {
+        shape: *shape,
+        convs,
+        hidden,
+        output,
+    });
+    Forward {
+        output: out,
+        saved,
+        stats,
+    }
+}
+
+/// The gradients of a layer.
+pub struct ResidualGrads {
+    /// Per parameter tensor, in the layer's order.
+    pub params: Vec<Vec<f32>>,
+    /// Of the input, `[B, C, H, W]`, when asked for.
+    pub input: Option<Vec<f32>>,
+}
+
+/// The gradients of the layer whose training forward left `saved`, given its output's
+/// gradient (`[B, O, H', W']`) and the parameters it ran with; the input's gradient only
+/// with `need_input`.
+///
+/// # Panics
+/// When a buffer's length does not match the layer (a caller's bug).
+pub fn backward(
+    saved: &ResidualSaved,
+    params: &[&[f32]],
+    output_grad: &[f32],
+    need_input: bool,
+) -> ResidualGrads {
+    let shape = &saved.shape;
+    let [b, o, h, w] = shape.output_dims();
+    assert_eq!(output_grad.len(), saved.output.len(), "output gradient");
+    assert_eq!(params.len(), shape.param_count(), "parameters");
+    let mut g = swap_outer(output_grad, b, o, h * w);
+    relu_backward(&saved.output, &mut g);
+    match *shape {
+        ResidualShape::Stem(c) => {
+            let (w, gamma, beta, input) =
+                conv_bn_backward(&c, &saved.convs[0], params[0], params[1], &g, need_input);
+            ResidualGrads {
+                params: vec![w, gamma, beta],
+                input,
+            }
+        }
+        ResidualShape::Basic { first, second } => {
+            let shortcut = need_input.then(|| shortcut_backward(&first, &second, &g));
+            let (w2, g2, b2, hidden) =
+                conv_bn_backward(&second, &saved.convs[1], params[3], params[4], &g, true);
+            let mut hidden = hidden.unwrap_or_default();
+            relu_backward(&saved.hidden, &mut hidden);
+            let (w1, g1, b1, input) = conv_bn_backward(
+                &first,
+                &saved.convs[0],
+                params[0],
+                params[1],
+                &hidden,
+                need_input,
+            );
+            let input = input.zip(shortcut).map(|(mut dx, s)| {
+                dx.iter_mut().zip(s).for_each(|(d, s)| *d += s);
+                dx
+            });
+            ResidualGrads {
+                params: vec![w1, g1, b1, w2, g2, b2],
+                input,
+            }
+        }
+    }
+}
+
+/// What a training-mode convolution keeps: its columns, its batch norm's saved values and
+/// the batch statistics.
+type Kept = (Vec<f32>, BnSaved, BatchStats);
+
+/// Convolution then batch norm: the output `[O, B*OH*OW]` (channel-major) and, in training
+/// mode, what is kept.
+fn conv_bn(
+    c: &ConvBn,
+    x: &[f32],
+    params: &[&[f32]],
+    running: Option<Running>,
+) -> (Vec<f32>, Option<Kept>) {
+    let (weight, gamma, beta) = (params[0], params[1], params[2]);
+    assert_eq!(weight.len(), c.weight_len(), "weight of {c:?}");
+    assert!(
+        gamma.len() == c.out_channels && beta.len() == c.out_channels,
+        "batch norm of {c:?}"
+    );
+    let cols = im2col(&c.unfold, x);
+    let mut z = c.gemm().forward(weight, &cols);
+    match running {
+        Some(r) => {
+            batch_norm::forward_eval(&mut z, gamma, beta, r.mean, r.var);
+            (z, None)
+        }
+        None => {
+            let (y, bn, stats) = batch_norm::forward_train(&z, gamma, beta);
+            (y, Some((cols, bn, stats)))
+        }
+    }
+}
+
+/// Backward of [`conv_bn`] given the gradient of its output: the weight's, gamma's and
+/// beta's gradients and, when asked, the input's (in the convolution's input layout).
+fn conv_bn_backward(
+    c: &ConvBn,
+    saved: &(Vec<f32>, BnSaved),
+    weight: &[f32],
+    gamma: &[f32],
+    g: &[f32],
+    need_input: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+    let (cols, bn) = saved;
+    let grads = batch_norm::backward(bn, gamma, g);
+    let dw = c.gemm().weight_grad(&grads.input, cols);
+    let input = need_input.then(|| col2im(&c.unfold, &c.gemm().cols_grad(weight, &grads.input)));
+    (dw, grads.gamma, grads.beta, input)
+}
+
+/// Adds the option-A shortcut of the block's input `x` (`[B, C, H, W]`) to `y`
+/// (`[O, B, OH, OW]`): `x` subsampled by the stride, its channels centred among the
+/// output's (`(O - C) / 2` zero channels before them).
+fn add_shortcut(first: &ConvBn, second: &ConvBn, x: &[f32], y: &mut [f32]) {
+    for_each_shortcut_pair(first, second, |xi, yi| y[yi] += x[xi]);
+}
+
+/// The input's gradient through the shortcut, `[B, C, H, W]`, from the output's `g`.
+fn shortcut_backward(first: &ConvBn, second: &ConvBn, g: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0f32; first.unfold.input_len()];
+    for_each_shortcut_pair(first, second, |xi, yi| dx[xi] += g[yi]);
+    dx
+}
+
+/// Calls `f(input index, output index)` for every pair the shortcut connects.
+fn for_each_shortcut_pair(first: &ConvBn, second: &ConvBn, mut f: impl FnMut(usize, usize)) {
+    let u = &first.unfold;
+    let (oh, ow) = (second.unfold.height, second.unfold.width);
+    let before = (first.out_channels - u.channels) / 2;
+    for c in 0..u.channels {
+        for b in 0..u.batch {
+            let src = (b * u.channels + c) * u.height * u.width;
+            let dst = ((c + before) * u.batch + b) * oh * ow;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    f(
+                        src + oy * u.stride * u.width + ox * u.stride,
+                        dst + oy * ow + ox,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// ReLU in place.
+fn relu(v: &mut [f32]) {
+    v.iter_mut().for_each(|x| *x = x.max(0.0));
+}
+
+/// Zeroes the gradient where ReLU's output was zero.
+fn relu_backward(output: &[f32], g: &mut [f32]) {
+    for (g, &y) in g.iter_mut().zip(output) {
+        if y <= 0.0 {
+            *g = 0.0;
+        }
+    }
+}
+
+/// `[A, B, P]` to `[B, A, P]`: swaps the two outer dimensions of planes of `p` values.
+fn swap_outer(src: &[f32], a: usize, b: usize, p: usize) -> Vec<f32> {
+    let mut dst = vec![0f32; src.len()];
+    for (i, plane) in src.chunks_exact(p).enumerate() {
+        let (ai, bi) = (i / b, i % b);
+        dst[(bi * a + ai) * p..][..p].copy_from_slice(plane);
+    }
+    dst
+}
+
+#[cfg(test)]
+mod tests;

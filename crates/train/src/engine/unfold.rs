@@ -1,0 +1,239 @@
+//! im2col and its adjoint col2im: a convolution's input unfolded into a column matrix
+//! `[C*K*K, B*OH*OW]` (the batch side by side), so that the convolution is one GEMM. The
+//! input may be laid out `[B, C, H, W]` (between layers) or `[C, B, H, W]` (inside a
+//! residual block, where a GEMM's output is used as it is).
+
+use rayon::prelude::*;
+
+/// Memory order of an image batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `[B, C, H, W]`: sample-major, as burn and the data loader hold images.
+    SampleMajor,
+    /// `[C, B, H, W]`: channel-major, as a GEMM `W x cols` leaves its output.
+    ChannelMajor,
+}
+
+/// The geometry of one unfolding: a KxK kernel at stride S over a zero-padded input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unfold {
+    /// Samples in the batch.
+    pub batch: usize,
+    /// Input channels.
+    pub channels: usize,
+    /// Input height.
+    pub height: usize,
+    /// Input width.
+    pub width: usize,
+    /// Kernel side.
+    pub kernel: usize,
+    /// Step between two output positions.
+    pub stride: usize,
+    /// Zero padding on every side.
+    pub padding: usize,
+    /// How the input (and col2im's output) is laid out.
+    pub layout: Layout,
+}
+
+impl Unfold {
+    /// Height and width of the convolution's output.
+    pub fn out_hw(&self) -> (usize, usize) {
+        let side = |n: usize| (n + 2 * self.padding - self.kernel) / self.stride + 1;
+        (side(self.height), side(self.width))
+    }
+
+    /// Whether the kernel fits the padded input and nothing is empty.
+    pub fn is_valid(&self) -> bool {
+        self.batch > 0
+            && self.channels > 0
+            && self.kernel > 0
+            && self.stride > 0
+            && self.height + 2 * self.padding >= self.kernel
+            && self.width + 2 * self.padding >= self.kernel
+    }
+
+    /// Rows of the column matrix: one per (channel, kernel row, kernel column).
+    pub fn rows(&self) -> usize {
+        self.channels * self.kernel * self.kernel
+    }
+
+    /// Columns of the column matrix: one per (sample, output position).
+    pub fn columns(&self) -> usize {
+        let (h, w) = self.out_hw();
+        self.batch * h * w
+    }
+
+    /// Values in the input.
+    pub fn input_len(&self) -> usize {
+        self.batch * self.channels * self.height * self.width
+    }
+
+    /// Offset of the image plane of `sample` and `channel` in the input.
+    fn plane(&self, sample: usize, channel: usize) -> usize {
+        let plane = self.height * self.width;
+        match self.layout {
+            Layout::SampleMajor => (sample * self.channels + channel) * plane,
+            Layout::ChannelMajor => (channel * self.batch + sample) * plane,
+        }
+    }
+
+    /// The output positions `o0..o1` along one axis of `len` input positions whose input
+    /// position `o * stride + tap - padding` lies inside the image.
+    fn valid(&self, out: usize, tap: usize, len: usize) -> (usize, usize) {
+        let s = self.stride;
+        let lo = self.padding.saturating_sub(tap).div_ceil(s);
+        let hi = (len + self.padding)
+            .saturating_sub(tap)
+            .div_ceil(s)
+            .min(out);
+        (lo, hi.max(lo))
+    }
+}
+
+/// Unfolds `x` into `[C*K*K, B*OH*OW]`, zeros where the kernel overlaps the padding. Rows
+/// are filled in parallel.
+pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
+    assert!(u.is_valid() && x.len() == u.input_len(), "im2col {u:?}");
+    let (oh, ow) = u.out_hw();
+    let n = u.columns();
+    let mut cols = vec![0f32; u.rows() * n];
+    let k2 = u.kernel * u.kernel;
+    cols.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
+        let (c, ki, kj) = (row / k2, row % k2 / u.kernel, row % u.kernel);
+        let (x0, x1) = u.valid(ow, kj, u.width);
+        let (y0, y1) = u.valid(oh, ki, u.height);
+        for b in 0..u.batch {
+            let src = &x[u.plane(b, c)..][..u.height * u.width];
+            let dst = &mut dst[b * oh * ow..][..oh * ow];
+            for oy in y0..y1 {
+                let iy = oy * u.stride + ki - u.padding;
+                let line = &src[iy * u.width..][..u.width];
+                let out = &mut dst[oy * ow + x0..oy * ow + x1];
+                let ix0 = x0 * u.stride + kj - u.padding;
+                if u.stride == 1 {
+                    out.copy_from_slice(&line[ix0..ix0 + out.len()]);
+                } else {
+                    for (o, v) in out.iter_mut().zip(line[ix0..].iter().step_by(u.stride)) {
+                        *o = *v;
+                    }
+                }
+            }
+        }
+    });
+    cols
+}
+
+/// Folds `[C*K*K, B*OH*OW]` back onto the input's shape and layout, adding overlapping
+/// taps (the adjoint of [`im2col`]). Image planes are folded in parallel, each tap after
+/// tap in a fixed order, so the sums do not depend on the thread count.
+pub fn col2im(u: &Unfold, cols: &[f32]) -> Vec<f32> {
+    let (oh, ow) = u.out_hw();
+    let n = u.columns();
+    assert!(u.is_valid() && cols.len() == u.rows() * n, "col2im {u:?}");
+    let k2 = u.kernel * u.kernel;
+    let mut x = vec![0f32; u.input_len()];
+    x.par_chunks_mut(u.height * u.width)
+        .enumerate()
+        .for_each(|(i, dst)| {
+            let (b, c) = match u.layout {
+                Layout::SampleMajor => (i / u.channels, i % u.channels),
+                Layout::ChannelMajor => (i % u.batch, i / u.batch),
+            };
+            for t in 0..k2 {
+                let (ki, kj) = (t / u.kernel, t % u.kernel);
+                let src = &cols[(c * k2 + t) * n + b * oh * ow..][..oh * ow];
+                let (x0, x1) = u.valid(ow, kj, u.width);
+                let (y0, y1) = u.valid(oh, ki, u.height);
+                for oy in y0..y1 {
+                    let iy = oy * u.stride + ki - u.padding;
+                    let ix0 = x0 * u.stride + kj - u.padding;
+                    let line = &mut dst[iy * u.width + ix0..(iy + 1) * u.width];
+                    let add = &src[oy * ow + x0..oy * ow + x1];
+                    for (d, v) in line.iter_mut().step_by(u.stride).zip(add) {
+                        *d += v;
+                    }
+                }
+            }
+        });
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A direct convolution-style gather: the column matrix by definition.
+    fn im2col_by_definition(u: &Unfold, x: &[f32]) -> Vec<f32> {
+        let (oh, ow) = u.out_hw();
+        let n = u.columns();
+        let mut cols = vec![0f32; u.rows() * n];
+        for c in 0..u.channels {
+            for ki in 0..u.kernel {
+                for kj in 0..u.kernel {
+                    let row = (c * u.kernel + ki) * u.kernel + kj;
+                    for b in 0..u.batch {
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                let iy = (oy * u.stride + ki) as isize - u.padding as isize;
+                                let ix = (ox * u.stride + kj) as isize - u.padding as isize;
+                                let inside = iy >= 0
+                                    && ix >= 0
+                                    && (iy as usize) < u.height
+                                    && (ix as usize) < u.width;
+                                if inside {
+                                    let at = u.plane(b, c) + iy as usize * u.width + ix as usize;
+                                    cols[row * n + (b * oh + oy) * ow + ox] = x[at];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cols
+    }
+
+    fn geometries() -> Vec<Unfold> {
+        let mut all = Vec::new();
+        for layout in [Layout::SampleMajor, Layout::ChannelMajor] {
+            for (kernel, stride, padding) in [(3, 1, 1), (3, 2, 1), (1, 2, 0), (5, 3, 2), (2, 2, 0)]
+            {
+                for (height, width) in [(7, 5), (8, 8), (5, 9)] {
+                    all.push(Unfold {
+                        batch: 2,
+                        channels: 3,
+                        height,
+                        width,
+                        kernel,
+                        stride,
+                        padding,
+                        layout,
+                    });
+                }
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn im2col_is_the_gather_by_definition() {
+        for u in geometries() {
+            let x: Vec<f32> = (0..u.input_len()).map(|i| i as f32 + 1.0).collect();
+            assert_eq!(im2col(&u, &x), im2col_by_definition(&u, &x), "{u:?}");
+        }
+    }
+
+    /// col2im is im2col's adjoint: <im2col(x), c> = <x, col2im(c)> for any x and c.
+    #[test]
+    fn col2im_is_the_adjoint_of_im2col() {
+        for u in geometries() {
+            let x: Vec<f32> = (0..u.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
+            let c: Vec<f32> = (0..u.rows() * u.columns())
+                .map(|i| (i % 5) as f32 - 2.0)
+                .collect();
+            let lhs: f32 = im2col(&u, &x).iter().zip(&c).map(|(a, b)| a * b).sum();
+            let rhs: f32 = x.iter().zip(col2im(&u, &c)).map(|(a, b)| a * b).sum();
+            assert_eq!(lhs, rhs, "{u:?}");
+        }
+    }
+}
