@@ -38,9 +38,25 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// `dst[m, n] = lhs[m, k] x rhs[k, n]` (row-major `dst`).
-fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: Operand, rhs: Operand) {
-    assert!(dst.len() >= m * n && lhs.holds(m, k) && rhs.holds(k, n));
+/// `dst[m, n] = lhs[m, k] x rhs[k, n]`, or `dst += lhs x rhs` with `accumulate`; `dst` is
+/// row-major with `dst_stride` values between its rows.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_stride: usize,
+    accumulate: bool,
+    lhs: Operand,
+    rhs: Operand,
+) {
+    assert!(
+        dst_stride >= n
+            && (m == 0 || n == 0 || dst.len() >= (m - 1) * dst_stride + n)
+            && lhs.holds(m, k)
+            && rhs.holds(k, n)
+    );
     let threads = rayon::current_num_threads();
     let parallelism = if threads > 1 && m * n * k >= 1 << 18 {
         Parallelism::Rayon(threads)
@@ -56,15 +72,15 @@ fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: Operand, rhs: Oper
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
-            false,
+            dst_stride as isize,
+            accumulate,
             lhs.data.as_ptr(),
             lhs.col_stride,
             lhs.row_stride,
             rhs.data.as_ptr(),
             rhs.col_stride,
             rhs.row_stride,
-            0.0,
+            if accumulate { 1.0 } else { 0.0 },
             1.0,
             false,
             false,
@@ -75,7 +91,9 @@ fn matmul(m: usize, n: usize, k: usize, dst: &mut [f32], lhs: Operand, rhs: Oper
 }
 
 /// The three products of a convolution run as a GEMM over its column matrix
-/// `cols[rows, columns]` (see `unfold`), with a weight `[out_channels, rows]`.
+/// `cols[rows, columns]` (see `unfold`), with a weight `[out_channels, rows]`, whole or a
+/// range of columns at a time (the output's and its gradient's `[O, columns]` buffers are
+/// whole; the column matrix holds only the range's columns).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConvGemm {
     /// Output channels.
@@ -89,45 +107,93 @@ pub(crate) struct ConvGemm {
 impl ConvGemm {
     /// The output `Y[O, columns] = W x cols`.
     pub fn forward(&self, weight: &[f32], cols: &[f32]) -> Vec<f32> {
+        let mut y = vec![0f32; self.out_channels * self.columns];
+        self.forward_columns(weight, cols, &mut y, 0);
+        y
+    }
+
+    /// Writes the output's columns `first..` from the range's column matrix `cols`.
+    pub fn forward_columns(&self, weight: &[f32], cols: &[f32], y: &mut [f32], first: usize) {
         let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let mut y = vec![0f32; o * n];
+        let width = cols.len() / rows;
+        let lhs = Operand::rows(weight, rows);
         matmul(
             o,
-            n,
+            width,
             rows,
-            &mut y,
-            Operand::rows(weight, rows),
-            Operand::rows(cols, n),
+            &mut y[first..],
+            n,
+            false,
+            lhs,
+            Operand::rows(cols, width),
         );
-        y
     }
 
     /// The weight's gradient `dW = gY x cols^T` from the output's `gy[O, columns]`.
     pub fn weight_grad(&self, gy: &[f32], cols: &[f32]) -> Vec<f32> {
+        let mut dw = vec![0f32; self.out_channels * self.rows];
+        self.add_weight_grad(gy, cols, 0, &mut dw, false);
+        dw
+    }
+
+    /// Adds (or with `accumulate` false, writes) the part of the weight's gradient that the
+    /// columns `first..` of the range's `cols` give.
+    pub fn add_weight_grad(
+        &self,
+        gy: &[f32],
+        cols: &[f32],
+        first: usize,
+        dw: &mut [f32],
+        accumulate: bool,
+    ) {
         let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let mut dw = vec![0f32; o * rows];
+        let width = cols.len() / rows;
+        let lhs = Operand {
+            data: &gy[first..],
+            row_stride: n as isize,
+            col_stride: 1,
+        };
         matmul(
             o,
             rows,
-            n,
-            &mut dw,
-            Operand::rows(gy, n),
-            Operand::columns(cols, n),
+            width,
+            dw,
+            rows,
+            accumulate,
+            lhs,
+            Operand::columns(cols, width),
         );
-        dw
     }
 
     /// The column matrix's gradient `dcols = W^T x gY` (col2im folds it onto the input).
     pub fn cols_grad(&self, weight: &[f32], gy: &[f32]) -> Vec<f32> {
+        self.cols_grad_columns(weight, gy, 0, self.columns)
+    }
+
+    /// The gradient of the range's column matrix, columns `first..first + width`.
+    pub fn cols_grad_columns(
+        &self,
+        weight: &[f32],
+        gy: &[f32],
+        first: usize,
+        width: usize,
+    ) -> Vec<f32> {
         let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let mut dcols = vec![0f32; rows * n];
+        let mut dcols = vec![0f32; rows * width];
+        let rhs = Operand {
+            data: &gy[first..],
+            row_stride: n as isize,
+            col_stride: 1,
+        };
         matmul(
             rows,
-            n,
+            width,
             o,
             &mut dcols,
+            width,
+            false,
             Operand::columns(weight, rows),
-            Operand::rows(gy, n),
+            rhs,
         );
         dcols
     }

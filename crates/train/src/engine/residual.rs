@@ -8,9 +8,15 @@
 //! which batch norm reads each channel as one run. Every sum runs in a fixed order, so
 //! results do not depend on the thread count.
 
+use std::ops::Range;
+
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
-use super::unfold::{col2im, im2col, Layout, Unfold};
+use super::unfold::{col2im_add, im2col_samples, Layout, Unfold};
+
+/// Bytes of column matrix unfolded at a time: a part that stays in the last-level cache
+/// (8 MiB here) between im2col writing it and the GEMM reading it.
+const CHUNK_BYTES: usize = 2 << 20;
 
 /// One convolution without bias followed by batch norm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +28,23 @@ pub struct ConvBn {
 }
 
 impl ConvBn {
+    /// Output positions per sample.
+    fn plane(&self) -> usize {
+        let (h, w) = self.unfold.out_hw();
+        h * w
+    }
+
+    /// The ranges of samples unfolded at a time: as many as keep a part of the column
+    /// matrix within [`CHUNK_BYTES`].
+    fn chunks(&self) -> impl Iterator<Item = Range<usize>> {
+        let batch = self.unfold.batch;
+        let per_sample = self.unfold.rows() * self.plane() * std::mem::size_of::<f32>();
+        let step = (CHUNK_BYTES / per_sample.max(1)).clamp(1, batch.max(1));
+        (0..batch)
+            .step_by(step)
+            .map(move |s| s..(s + step).min(batch))
+    }
+
     /// The convolution as GEMMs.
     fn gemm(&self) -> ConvGemm {
         ConvGemm {
@@ -164,9 +187,12 @@ pub struct Running<'a> {
 /// What a training forward pass keeps for the backward pass.
 pub struct ResidualSaved {
     shape: ResidualShape,
-    /// Per convolution: its column matrix and its batch norm's normalised values.
-    convs: Vec<(Vec<f32>, BnSaved)>,
-    /// A block's hidden activation after its ReLU (channel-major).
+    /// The layer's input (the first convolution unfolds it again in backward).
+    input: Vec<f32>,
+    /// Per convolution, its batch norm's normalised values.
+    norms: Vec<BnSaved>,
+    /// A block's hidden activation after its ReLU (channel-major; the second convolution's
+    /// input).
     hidden: Vec<f32>,
     /// The layer's output after its ReLU (channel-major).
     output: Vec<f32>,
@@ -204,28 +230,26 @@ pub fn forward(
 ) -> Forward {
     assert!(shape.is_valid(), "invalid residual layer {shape:?}");
     assert_eq!(params.len(), shape.param_count(), "parameters of {shape:?}");
-    let mut convs = Vec::new();
+    let mut norms = Vec::new();
     let mut stats = Vec::new();
-    let mut step = |i: usize, conv: &ConvBn, x: &[f32]| {
-        let p = &params[3 * i..3 * i + 3];
-        let (mut y, kept) = conv_bn(conv, x, p, running.map(|r| r[i]));
-        if let Some((cols, bn, batch)) = kept {
-            convs.push((cols, bn));
+    let mut conv = |i: usize, c: &ConvBn, x: &[f32]| {
+        let (y, kept) = conv_bn(c, x, &params[3 * i..3 * i + 3], running.map(|r| r[i]));
+        if let Some((bn, batch)) = kept {
+            norms.push(bn);
             stats.push(batch);
         }
-        relu(&mut y);
         y
     };
     let (hidden, output) = match shape {
-        ResidualShape::Stem(c) => (Vec::new(), step(0, c, input)),
+        ResidualShape::Stem(c) => {
+            let mut y = conv(0, c, input);
+            relu(&mut y);
+            (Vec::new(), y)
+        }
         ResidualShape::Basic { first, second } => {
-            let hidden = step(0, first, input);
-            let p = &params[3..6];
-            let (mut y, kept) = conv_bn(second, &hidden, p, running.map(|r| r[1]));
-            if let Some((cols, bn, batch)) = kept {
-                convs.push((cols, bn));
-                stats.push(batch);
-            }
+            let mut hidden = conv(0, first, input);
+            relu(&mut hidden);
+            let mut y = conv(1, second, &hidden);
             add_shortcut(first, second, input, &mut y);
             relu(&mut y);
             (hidden, y)
@@ -233,9 +257,10 @@ pub fn forward(
     };
     let [b, o, h, w] = shape.output_dims();
     let out = swap_outer(&output, o, b, h * w);
-    let saved = running.is_none().then_some(ResidualSaved {
+    let saved = running.is_none().then(|| ResidualSaved {
         shape: *shape,
-        convs,
+        input: input.to_vec(),
+        norms,
         hidden,
         output,
     });
@@ -274,59 +299,68 @@ pub fn backward(
     relu_backward(&saved.output, &mut g);
     match *shape {
         ResidualShape::Stem(c) => {
-            let (w, gamma, beta, input) =
-                conv_bn_backward(&c, &saved.convs[0], params[0], params[1], &g, need_input);
+            let grads = conv_bn_backward(&c, &saved.input, &saved.norms[0], params, &g, need_input);
             ResidualGrads {
-                params: vec![w, gamma, beta],
-                input,
+                params: vec![grads.weight, grads.gamma, grads.beta],
+                input: grads.input,
             }
         }
         ResidualShape::Basic { first, second } => {
             let shortcut = need_input.then(|| shortcut_backward(&first, &second, &g));
-            let (w2, g2, b2, hidden) =
-                conv_bn_backward(&second, &saved.convs[1], params[3], params[4], &g, true);
-            let mut hidden = hidden.unwrap_or_default();
+            let p2 = &params[3..6];
+            let second = conv_bn_backward(&second, &saved.hidden, &saved.norms[1], p2, &g, true);
+            let mut hidden = second.input.unwrap_or_default();
             relu_backward(&saved.hidden, &mut hidden);
-            let (w1, g1, b1, input) = conv_bn_backward(
+            let first = conv_bn_backward(
                 &first,
-                &saved.convs[0],
-                params[0],
-                params[1],
+                &saved.input,
+                &saved.norms[0],
+                params,
                 &hidden,
                 need_input,
             );
-            let input = input.zip(shortcut).map(|(mut dx, s)| {
+            let input = first.input.zip(shortcut).map(|(mut dx, s)| {
                 dx.iter_mut().zip(s).for_each(|(d, s)| *d += s);
                 dx
             });
             ResidualGrads {
-                params: vec![w1, g1, b1, w2, g2, b2],
+                params: vec![
+                    first.weight,
+                    first.gamma,
+                    first.beta,
+                    second.weight,
+                    second.gamma,
+                    second.beta,
+                ],
                 input,
             }
         }
     }
 }
 
-/// What a training-mode convolution keeps: its columns, its batch norm's saved values and
-/// the batch statistics.
-type Kept = (Vec<f32>, BnSaved, BatchStats);
-
 /// Convolution then batch norm: the output `[O, B*OH*OW]` (channel-major) and, in training
-/// mode, what is kept.
+/// mode, the batch norm's saved values and batch statistics. The input is unfolded a few
+/// samples at a time, so that each part of the column matrix is still in cache when the
+/// GEMM reads it.
 fn conv_bn(
     c: &ConvBn,
     x: &[f32],
     params: &[&[f32]],
     running: Option<Running>,
-) -> (Vec<f32>, Option<Kept>) {
+) -> (Vec<f32>, Option<(BnSaved, BatchStats)>) {
     let (weight, gamma, beta) = (params[0], params[1], params[2]);
     assert_eq!(weight.len(), c.weight_len(), "weight of {c:?}");
     assert!(
         gamma.len() == c.out_channels && beta.len() == c.out_channels,
         "batch norm of {c:?}"
     );
-    let cols = im2col(&c.unfold, x);
-    let mut z = c.gemm().forward(weight, &cols);
+    let gemm = c.gemm();
+    let mut z = vec![0f32; c.out_channels * gemm.columns];
+    for samples in c.chunks() {
+        let first = samples.start * c.plane();
+        let cols = im2col_samples(&c.unfold, x, samples);
+        gemm.forward_columns(weight, &cols, &mut z, first);
+    }
     match running {
         Some(r) => {
             batch_norm::forward_eval(&mut z, gamma, beta, r.mean, r.var);
@@ -334,26 +368,53 @@ fn conv_bn(
         }
         None => {
             let (y, bn, stats) = batch_norm::forward_train(&z, gamma, beta);
-            (y, Some((cols, bn, stats)))
+            (y, Some((bn, stats)))
         }
     }
 }
 
-/// Backward of [`conv_bn`] given the gradient of its output: the weight's, gamma's and
-/// beta's gradients and, when asked, the input's (in the convolution's input layout).
+/// The gradients of a convolution with batch norm.
+struct ConvBnGrads {
+    weight: Vec<f32>,
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+    /// In the convolution's input layout, when asked for.
+    input: Option<Vec<f32>>,
+}
+
+/// Backward of [`conv_bn`] on input `x` given the gradient `g` of its output and its
+/// parameters (weight, gamma, beta first in `params`). The input is unfolded again, a few
+/// samples at a time, as in the forward pass.
 fn conv_bn_backward(
     c: &ConvBn,
-    saved: &(Vec<f32>, BnSaved),
-    weight: &[f32],
-    gamma: &[f32],
+    x: &[f32],
+    bn: &BnSaved,
+    params: &[&[f32]],
     g: &[f32],
     need_input: bool,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
-    let (cols, bn) = saved;
+) -> ConvBnGrads {
+    let (weight, gamma) = (params[0], params[1]);
     let grads = batch_norm::backward(bn, gamma, g);
-    let dw = c.gemm().weight_grad(&grads.input, cols);
-    let input = need_input.then(|| col2im(&c.unfold, &c.gemm().cols_grad(weight, &grads.input)));
-    (dw, grads.gamma, grads.beta, input)
+    let dz = &grads.input;
+    let gemm = c.gemm();
+    let mut dw = vec![0f32; c.weight_len()];
+    let mut dx = need_input.then(|| vec![0f32; c.unfold.input_len()]);
+    for (i, samples) in c.chunks().enumerate() {
+        let first = samples.start * c.plane();
+        let cols = im2col_samples(&c.unfold, x, samples.clone());
+        gemm.add_weight_grad(dz, &cols, first, &mut dw, i > 0);
+        if let Some(dx) = dx.as_mut() {
+            let width = samples.len() * c.plane();
+            let dcols = gemm.cols_grad_columns(weight, dz, first, width);
+            col2im_add(&c.unfold, &dcols, samples, dx);
+        }
+    }
+    ConvBnGrads {
+        weight: dw,
+        gamma: grads.gamma,
+        beta: grads.beta,
+        input: dx,
+    }
 }
 
 /// Adds the option-A shortcut of the block's input `x` (`[B, C, H, W]`) to `y`

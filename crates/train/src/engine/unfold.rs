@@ -3,6 +3,8 @@
 //! input may be laid out `[B, C, H, W]` (between layers) or `[C, B, H, W]` (inside a
 //! residual block, where a GEMM's output is used as it is).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 /// Memory order of an image batch.
@@ -93,18 +95,29 @@ impl Unfold {
 /// Unfolds `x` into `[C*K*K, B*OH*OW]`, zeros where the kernel overlaps the padding. Rows
 /// are filled in parallel.
 pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
-    assert!(u.is_valid() && x.len() == u.input_len(), "im2col {u:?}");
+    im2col_samples(u, x, 0..u.batch)
+}
+
+/// [`im2col`] of the samples `samples` only: `[C*K*K, len*OH*OW]`.
+pub fn im2col_samples(u: &Unfold, x: &[f32], samples: Range<usize>) -> Vec<f32> {
+    assert!(
+        u.is_valid() && x.len() == u.input_len() && samples.end <= u.batch,
+        "im2col {u:?}"
+    );
     let (oh, ow) = u.out_hw();
-    let n = u.columns();
+    let n = samples.len() * oh * ow;
     let mut cols = vec![0f32; u.rows() * n];
+    if n == 0 {
+        return cols;
+    }
     let k2 = u.kernel * u.kernel;
     cols.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
         let (c, ki, kj) = (row / k2, row % k2 / u.kernel, row % u.kernel);
         let (x0, x1) = u.valid(ow, kj, u.width);
         let (y0, y1) = u.valid(oh, ki, u.height);
-        for b in 0..u.batch {
+        for (j, b) in samples.clone().enumerate() {
             let src = &x[u.plane(b, c)..][..u.height * u.width];
-            let dst = &mut dst[b * oh * ow..][..oh * ow];
+            let dst = &mut dst[j * oh * ow..][..oh * ow];
             for oy in y0..y1 {
                 let iy = oy * u.stride + ki - u.padding;
                 let line = &src[iy * u.width..][..u.width];
@@ -124,38 +137,68 @@ pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
 }
 
 /// Folds `[C*K*K, B*OH*OW]` back onto the input's shape and layout, adding overlapping
-/// taps (the adjoint of [`im2col`]). Image planes are folded in parallel, each tap after
-/// tap in a fixed order, so the sums do not depend on the thread count.
+/// taps (the adjoint of [`im2col`]).
 pub fn col2im(u: &Unfold, cols: &[f32]) -> Vec<f32> {
-    let (oh, ow) = u.out_hw();
-    let n = u.columns();
-    assert!(u.is_valid() && cols.len() == u.rows() * n, "col2im {u:?}");
-    let k2 = u.kernel * u.kernel;
     let mut x = vec![0f32; u.input_len()];
-    x.par_chunks_mut(u.height * u.width)
-        .enumerate()
-        .for_each(|(i, dst)| {
-            let (b, c) = match u.layout {
-                Layout::SampleMajor => (i / u.channels, i % u.channels),
-                Layout::ChannelMajor => (i % u.batch, i / u.batch),
-            };
-            for t in 0..k2 {
-                let (ki, kj) = (t / u.kernel, t % u.kernel);
-                let src = &cols[(c * k2 + t) * n + b * oh * ow..][..oh * ow];
-                let (x0, x1) = u.valid(ow, kj, u.width);
-                let (y0, y1) = u.valid(oh, ki, u.height);
-                for oy in y0..y1 {
-                    let iy = oy * u.stride + ki - u.padding;
-                    let ix0 = x0 * u.stride + kj - u.padding;
-                    let line = &mut dst[iy * u.width + ix0..(iy + 1) * u.width];
-                    let add = &src[oy * ow + x0..oy * ow + x1];
-                    for (d, v) in line.iter_mut().step_by(u.stride).zip(add) {
-                        *d += v;
-                    }
+    col2im_add(u, cols, 0..u.batch, &mut x);
+    x
+}
+
+/// Adds the fold of the column matrix of the samples `samples` (`[C*K*K, len*OH*OW]`) onto
+/// those samples of `x`. Image planes are folded in parallel, each tap after tap in a fixed
+/// order, so the sums do not depend on the thread count.
+pub fn col2im_add(u: &Unfold, cols: &[f32], samples: Range<usize>, x: &mut [f32]) {
+    let (oh, ow) = u.out_hw();
+    let n = samples.len() * oh * ow;
+    assert!(
+        u.is_valid()
+            && cols.len() == u.rows() * n
+            && x.len() == u.input_len()
+            && samples.end <= u.batch,
+        "col2im {u:?}"
+    );
+    let k2 = u.kernel * u.kernel;
+    let plane = u.height * u.width;
+    let fold = |b: usize, c: usize, dst: &mut [f32]| {
+        let at = (b - samples.start) * oh * ow;
+        for t in 0..k2 {
+            let (ki, kj) = (t / u.kernel, t % u.kernel);
+            let src = &cols[(c * k2 + t) * n + at..][..oh * ow];
+            let (x0, x1) = u.valid(ow, kj, u.width);
+            let (y0, y1) = u.valid(oh, ki, u.height);
+            for oy in y0..y1 {
+                let iy = oy * u.stride + ki - u.padding;
+                let ix0 = x0 * u.stride + kj - u.padding;
+                let line = &mut dst[iy * u.width + ix0..(iy + 1) * u.width];
+                let add = &src[oy * ow + x0..oy * ow + x1];
+                for (d, v) in line.iter_mut().step_by(u.stride).zip(add) {
+                    *d += v;
                 }
             }
-        });
-    x
+        }
+    };
+    match u.layout {
+        Layout::SampleMajor => {
+            let planes =
+                &mut x[samples.start * u.channels * plane..samples.end * u.channels * plane];
+            planes
+                .par_chunks_mut(plane)
+                .enumerate()
+                .for_each(|(i, dst)| {
+                    fold(samples.start + i / u.channels, i % u.channels, dst);
+                });
+        }
+        Layout::ChannelMajor => {
+            x.par_chunks_mut(u.batch * plane)
+                .enumerate()
+                .for_each(|(c, channel)| {
+                    let planes = &mut channel[samples.start * plane..samples.end * plane];
+                    for (j, dst) in planes.chunks_exact_mut(plane).enumerate() {
+                        fold(samples.start + j, c, dst);
+                    }
+                });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -220,6 +263,33 @@ mod tests {
         for u in geometries() {
             let x: Vec<f32> = (0..u.input_len()).map(|i| i as f32 + 1.0).collect();
             assert_eq!(im2col(&u, &x), im2col_by_definition(&u, &x), "{u:?}");
+        }
+    }
+
+    /// Unfolding and folding a range of samples at a time gives the whole batch's results.
+    #[test]
+    fn sample_ranges_compose_to_the_whole_batch() {
+        for u in geometries() {
+            let u = Unfold { batch: 3, ..u };
+            let x: Vec<f32> = (0..u.input_len()).map(|i| (i % 11) as f32).collect();
+            let whole = im2col(&u, &x);
+            let c: Vec<f32> = (0..whole.len()).map(|i| (i % 3) as f32).collect();
+            let folded = col2im(&u, &c);
+            let (oh, ow) = u.out_hw();
+            let (n, p) = (u.columns(), oh * ow);
+            let mut by_parts = vec![0f32; u.input_len()];
+            for samples in [0..1, 1..3] {
+                let part = im2col_samples(&u, &x, samples.clone());
+                let w = samples.len() * p;
+                let rows_of_part: Vec<f32> = (0..u.rows())
+                    .flat_map(|r| c[r * n + samples.start * p..][..w].to_vec())
+                    .collect();
+                for r in 0..u.rows() {
+                    assert_eq!(part[r * w..][..w], whole[r * n + samples.start * p..][..w]);
+                }
+                col2im_add(&u, &rows_of_part, samples, &mut by_parts);
+            }
+            assert_eq!(by_parts, folded, "{u:?}");
         }
     }
 
