@@ -167,34 +167,37 @@ impl ConvGemm {
 
     /// The column matrix's gradient `dcols = W^T x gY` (col2im folds it onto the input).
     pub fn cols_grad(&self, weight: &[f32], gy: &[f32]) -> Vec<f32> {
-        self.cols_grad_columns(weight, gy, 0, self.columns)
+        let mut dcols = vec![0f32; self.rows * self.columns];
+        self.cols_grad_columns(weight, gy, 0, self.columns, &mut dcols);
+        dcols
     }
 
-    /// The gradient of the range's column matrix, columns `first..first + width`.
+    /// Writes into `dcols` the gradient of the range's column matrix, columns
+    /// `first..first + width` (every element of `dcols` is written).
     pub fn cols_grad_columns(
         &self,
         weight: &[f32],
         gy: &[f32],
         first: usize,
         width: usize,
-    ) -> Vec<f32> {
+        dcols: &mut [f32],
+    ) {
         let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let mut dcols = vec![0f32; rows * width];
         let rhs = Operand {
             data: &gy[first..],
             row_stride: n as isize,
             col_stride: 1,
         };
+        let lhs = Operand::columns(weight, rows);
         matmul(
             rows,
             width,
             o,
-            &mut dcols,
+            &mut dcols[..rows * width],
             width,
             false,
-            Operand::columns(weight, rows),
+            lhs,
             rhs,
         );
-        dcols
     }
 }

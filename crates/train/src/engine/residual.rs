@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
-use super::unfold::{col2im_add, im2col_samples, Layout, Unfold};
+use super::unfold::{col2im_add, im2col_into, Layout, Unfold};
 
 /// Bytes of column matrix unfolded at a time: a part that stays in the last-level cache
 /// (8 MiB here) between im2col writing it and the GEMM reading it.
@@ -43,6 +43,12 @@ impl ConvBn {
         (0..batch)
             .step_by(step)
             .map(move |s| s..(s + step).min(batch))
+    }
+
+    /// Values in the largest part of the column matrix (see [`ConvBn::chunks`]).
+    fn chunk_len(&self) -> usize {
+        let samples = self.chunks().map(|r| r.len()).max().unwrap_or(0);
+        self.unfold.rows() * samples * self.plane()
     }
 
     /// The convolution as GEMMs.
@@ -356,10 +362,12 @@ fn conv_bn(
     );
     let gemm = c.gemm();
     let mut z = vec![0f32; c.out_channels * gemm.columns];
+    let mut cols = vec![0f32; c.chunk_len()];
     for samples in c.chunks() {
         let first = samples.start * c.plane();
-        let cols = im2col_samples(&c.unfold, x, samples);
-        gemm.forward_columns(weight, &cols, &mut z, first);
+        let cols = &mut cols[..c.unfold.rows() * samples.len() * c.plane()];
+        im2col_into(&c.unfold, x, samples, cols);
+        gemm.forward_columns(weight, cols, &mut z, first);
     }
     match running {
         Some(r) => {
@@ -399,13 +407,16 @@ fn conv_bn_backward(
     let gemm = c.gemm();
     let mut dw = vec![0f32; c.weight_len()];
     let mut dx = need_input.then(|| vec![0f32; c.unfold.input_len()]);
+    let (mut cols, mut dcols) = (vec![0f32; c.chunk_len()], Vec::new());
     for (i, samples) in c.chunks().enumerate() {
         let first = samples.start * c.plane();
-        let cols = im2col_samples(&c.unfold, x, samples.clone());
-        gemm.add_weight_grad(dz, &cols, first, &mut dw, i > 0);
+        let width = samples.len() * c.plane();
+        let cols = &mut cols[..c.unfold.rows() * width];
+        im2col_into(&c.unfold, x, samples.clone(), cols);
+        gemm.add_weight_grad(dz, cols, first, &mut dw, i > 0);
         if let Some(dx) = dx.as_mut() {
-            let width = samples.len() * c.plane();
-            let dcols = gemm.cols_grad_columns(weight, dz, first, width);
+            dcols.resize(cols.len(), 0.0);
+            gemm.cols_grad_columns(weight, dz, first, width, &mut dcols);
             col2im_add(&c.unfold, &dcols, samples, dx);
         }
     }
@@ -460,9 +471,8 @@ fn relu(v: &mut [f32]) {
 /// Zeroes the gradient where ReLU's output was zero.
 fn relu_backward(output: &[f32], g: &mut [f32]) {
     for (g, &y) in g.iter_mut().zip(output) {
-        if y <= 0.0 {
-            *g = 0.0;
-        }
+        // A select, not a branch: it vectorises.
+        *g = if y > 0.0 { *g } else { 0.0 };
     }
 }
 

@@ -83,7 +83,7 @@ impl Unfold {
     /// position `o * stride + tap - padding` lies inside the image.
     fn valid(&self, out: usize, tap: usize, len: usize) -> (usize, usize) {
         let s = self.stride;
-        let lo = self.padding.saturating_sub(tap).div_ceil(s);
+        let lo = self.padding.saturating_sub(tap).div_ceil(s).min(out);
         let hi = (len + self.padding)
             .saturating_sub(tap)
             .div_ceil(s)
@@ -100,28 +100,46 @@ pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
 
 /// [`im2col`] of the samples `samples` only: `[C*K*K, len*OH*OW]`.
 pub fn im2col_samples(u: &Unfold, x: &[f32], samples: Range<usize>) -> Vec<f32> {
-    assert!(
-        u.is_valid() && x.len() == u.input_len() && samples.end <= u.batch,
-        "im2col {u:?}"
-    );
+    let (oh, ow) = u.out_hw();
+    let mut cols = vec![0f32; u.rows() * samples.len() * oh * ow];
+    im2col_into(u, x, samples, &mut cols);
+    cols
+}
+
+/// [`im2col_samples`] into `cols`, every element of which it writes (padding included), so
+/// that one buffer serves every range of a batch without being cleared.
+pub fn im2col_into(u: &Unfold, x: &[f32], samples: Range<usize>, cols: &mut [f32]) {
     let (oh, ow) = u.out_hw();
     let n = samples.len() * oh * ow;
-    let mut cols = vec![0f32; u.rows() * n];
+    assert!(
+        u.is_valid()
+            && x.len() == u.input_len()
+            && samples.end <= u.batch
+            && cols.len() == u.rows() * n,
+        "im2col {u:?}"
+    );
     if n == 0 {
-        return cols;
+        return;
     }
     let k2 = u.kernel * u.kernel;
     cols.par_chunks_mut(n).enumerate().for_each(|(row, dst)| {
         let (c, ki, kj) = (row / k2, row % k2 / u.kernel, row % u.kernel);
         let (x0, x1) = u.valid(ow, kj, u.width);
         let (y0, y1) = u.valid(oh, ki, u.height);
+        // A tap that never lands inside the image (a kernel wider than it) reads nothing.
+        let (y0, y1) = if x0 < x1 { (y0, y1) } else { (0, 0) };
         for (j, b) in samples.clone().enumerate() {
             let src = &x[u.plane(b, c)..][..u.height * u.width];
             let dst = &mut dst[j * oh * ow..][..oh * ow];
+            dst[..y0 * ow].fill(0.0);
+            dst[y1 * ow..].fill(0.0);
             for oy in y0..y1 {
                 let iy = oy * u.stride + ki - u.padding;
                 let line = &src[iy * u.width..][..u.width];
-                let out = &mut dst[oy * ow + x0..oy * ow + x1];
+                let out = &mut dst[oy * ow..][..ow];
+                out[..x0].fill(0.0);
+                out[x1..].fill(0.0);
+                let out = &mut out[x0..x1];
                 let ix0 = x0 * u.stride + kj - u.padding;
                 if u.stride == 1 {
                     out.copy_from_slice(&line[ix0..ix0 + out.len()]);
@@ -133,7 +151,6 @@ pub fn im2col_samples(u: &Unfold, x: &[f32], samples: Range<usize>) -> Vec<f32> 
             }
         }
     });
-    cols
 }
 
 /// Folds `[C*K*K, B*OH*OW]` back onto the input's shape and layout, adding overlapping
@@ -166,13 +183,23 @@ pub fn col2im_add(u: &Unfold, cols: &[f32], samples: Range<usize>, x: &mut [f32]
             let src = &cols[(c * k2 + t) * n + at..][..oh * ow];
             let (x0, x1) = u.valid(ow, kj, u.width);
             let (y0, y1) = u.valid(oh, ki, u.height);
+            if x0 == x1 {
+                continue;
+            }
             for oy in y0..y1 {
                 let iy = oy * u.stride + ki - u.padding;
                 let ix0 = x0 * u.stride + kj - u.padding;
                 let line = &mut dst[iy * u.width + ix0..(iy + 1) * u.width];
                 let add = &src[oy * ow + x0..oy * ow + x1];
-                for (d, v) in line.iter_mut().step_by(u.stride).zip(add) {
-                    *d += v;
+                if u.stride == 1 {
+                    // A plain zip, which vectorises (step_by does not).
+                    for (d, v) in line.iter_mut().zip(add) {
+                        *d += v;
+                    }
+                } else {
+                    for (d, v) in line.iter_mut().step_by(u.stride).zip(add) {
+                        *d += v;
+                    }
                 }
             }
         }
@@ -239,10 +266,16 @@ mod tests {
     fn geometries() -> Vec<Unfold> {
         let mut all = Vec::new();
         for layout in [Layout::SampleMajor, Layout::ChannelMajor] {
-            for (kernel, stride, padding) in [(3, 1, 1), (3, 2, 1), (1, 2, 0), (5, 3, 2), (2, 2, 0)]
-            {
-                for (height, width) in [(7, 5), (8, 8), (5, 9)] {
-                    all.push(Unfold {
+            for (kernel, stride, padding) in [
+                (3, 1, 1),
+                (3, 2, 1),
+                (1, 2, 0),
+                (5, 3, 2),
+                (2, 2, 0),
+                (7, 1, 3),
+            ] {
+                for (height, width) in [(7, 5), (8, 8), (5, 9), (1, 2)] {
+                    let u = Unfold {
                         batch: 2,
                         channels: 3,
                         height,
@@ -251,7 +284,10 @@ mod tests {
                         stride,
                         padding,
                         layout,
-                    });
+                    };
+                    if u.is_valid() {
+                        all.push(u);
+                    }
                 }
             }
         }
