@@ -218,8 +218,8 @@ pub struct NetworkArgs {
     #[arg(long)]
     pub send_buffer: Option<String>,
     /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes, ingress, queue_bytes,
-    /// queue_discipline, drop_threshold, loss, loss_burst, paths, [[path]], rto_ns); the
-    /// other flags override it.
+    /// queue_discipline, drop_threshold, loss, loss_burst, mtu_bytes, paths, [[path]],
+    /// rto_ns); the other flags override it.
     #[arg(long, value_name = "FILE")]
     pub network: Option<PathBuf>,
     /// Also model the receiver's downlink: frames converging on one host (N workers pushing
@@ -250,6 +250,13 @@ pub struct NetworkArgs {
     /// frames), e.g. 0.001,0.2,50%. Default: none.
     #[arg(long, value_name = "P_ENTER,P_LEAVE,LOSS")]
     pub loss_burst: Option<String>,
+    /// Packet size that --loss and --loss-burst strike, e.g. 1500 (Ethernet): a frame
+    /// crosses the network as packets of at most this many bytes and is lost (for the
+    /// reliable transport: retransmitted after --rto) when any of them is, so a 160 KB P3
+    /// slice is lost far more often than an 8 KiB DLCP packet. Default: none, each frame
+    /// is lost with --loss whatever its size.
+    #[arg(long, value_name = "BYTES")]
+    pub mtu: Option<String>,
     /// Paths between two hosts, each with its own serialiser (per-path bandwidth, latency
     /// and loss in the --network profile's [[path]] tables); a flow is hashed to one path
     /// (ECMP) unless its strategy sprays frames. Default: 1.
@@ -339,6 +346,9 @@ impl NetworkArgs {
         }
         if let Some(b) = &self.loss_burst {
             p.loss_burst = Some(parse_burst(b)?);
+        }
+        if let Some(m) = &self.mtu {
+            p.mtu_bytes = Some(parse_size(m).context("--mtu")? as f64);
         }
         if let Some(k) = self.paths {
             p.paths = k;
@@ -547,9 +557,11 @@ mod network_tests {
             queue_discipline: Some("prio".into()),
             paths: Some(2),
             rto: Some("2ms".into()),
+            mtu: Some("1500".into()),
             ..NetworkArgs::default()
         };
         let p = args.resolve_with(Some(10e9)).unwrap();
+        assert_eq!(p.mtu_bytes, Some(1500.0));
         assert_eq!(p.bandwidth_bps, Some(10e9));
         assert_eq!(p.loss, 0.01);
         assert_eq!(p.queue_bytes, Some(64 << 10));
@@ -565,6 +577,13 @@ mod network_tests {
             ..NetworkArgs::default()
         };
         assert!(format!("{:#}", bad.resolve().unwrap_err()).contains("--loss"));
+        for mtu in ["0", "-5", "big"] {
+            let bad = NetworkArgs {
+                mtu: Some(mtu.into()),
+                ..NetworkArgs::default()
+            };
+            assert!(format!("{:#}", bad.resolve().unwrap_err()).contains("--mtu"));
+        }
         let sweep = NetworkArgs {
             bandwidth: Some("1gbit,10gbit".into()),
             ..NetworkArgs::default()

@@ -1,4 +1,5 @@
-//! Random loss on a path: Bernoulli, or bursty (Gilbert-Elliott), from a seeded stream.
+//! Random loss on a path: Bernoulli, or bursty (Gilbert-Elliott), from a seeded stream;
+//! per frame, or per packet of a frame (a frame is lost when any of its packets is).
 
 use super::profile::{BurstLoss, PathSpec};
 use super::rng::SplitMix64;
@@ -10,6 +11,8 @@ pub(crate) struct LossProcess {
     good: f64,
     burst: Option<BurstLoss>,
     in_burst: bool,
+    /// Bytes of one packet when loss strikes packets (`None`: it strikes whole frames).
+    packet_bytes: Option<f64>,
     rng: SplitMix64,
 }
 
@@ -20,16 +23,40 @@ impl LossProcess {
             good: spec.loss,
             burst: spec.loss_burst,
             in_burst: false,
+            packet_bytes: spec.packet_bytes,
             rng,
         }
     }
 
-    /// Whether the next frame is lost: decided in the current state, then the chain moves
-    /// (with bursts). Draws nothing when no loss is configured.
-    pub fn lose(&mut self) -> bool {
+    /// Whether the next frame, of `bytes`, is lost. Per frame: decided in the current
+    /// state, then the chain moves (with bursts). Per packet: each of its packets is
+    /// decided so in turn and the frame is lost if any is; without bursts that is one draw
+    /// with probability `1 - (1 - p)^packets`. Draws nothing when no loss is configured.
+    pub fn lose(&mut self, bytes: usize) -> bool {
+        let packets = self.packets(bytes);
         let Some(b) = self.burst else {
-            return self.good > 0.0 && self.rng.chance(self.good);
+            let p = any_of(self.good, packets);
+            return p > 0.0 && self.rng.chance(p);
         };
+        let mut lost = false;
+        for _ in 0..packets {
+            lost |= self.lose_one(b);
+        }
+        lost
+    }
+
+    /// Packets a frame of `bytes` crosses the path as: one per started packet (at least
+    /// one), or one when loss strikes whole frames.
+    fn packets(&self, bytes: usize) -> u64 {
+        match self.packet_bytes {
+            // A float-to-integer cast saturates; a frame is never zero packets.
+            Some(mtu) => ((bytes as f64 / mtu).ceil() as u64).max(1),
+            None => 1,
+        }
+    }
+
+    /// One step of the Gilbert-Elliott chain: whether this unit is lost, then the move.
+    fn lose_one(&mut self, b: BurstLoss) -> bool {
         let p = if self.in_burst {
             b.loss_in_burst
         } else {
@@ -44,9 +71,19 @@ impl LossProcess {
     }
 }
 
+/// Probability that at least one of `n` independent units, each lost with `p`, is lost:
+/// `1 - (1 - p)^n`, computed without cancellation for small `p`; exactly `p` for one unit.
+fn any_of(p: f64, n: u64) -> f64 {
+    if n <= 1 || p <= 0.0 {
+        return p;
+    }
+    -(n as f64 * (-p).ln_1p()).exp_m1()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn spec(loss: f64, loss_burst: Option<BurstLoss>) -> PathSpec {
         PathSpec {
@@ -54,6 +91,7 @@ mod tests {
             latency_ns: 0,
             loss,
             loss_burst,
+            packet_bytes: None,
         }
     }
 
@@ -63,7 +101,7 @@ mod tests {
         let n = 100_000;
         for (p, seed) in [(0.01, 1u64), (0.1, 2), (0.5, 3)] {
             let mut l = LossProcess::new(&spec(p, None), SplitMix64::derive(&[seed]));
-            let lost = (0..n).filter(|_| l.lose()).count() as f64;
+            let lost = (0..n).filter(|_| l.lose(1)).count() as f64;
             let sigma = (n as f64 * p * (1.0 - p)).sqrt();
             assert!(
                 (lost - n as f64 * p).abs() < 3.0 * sigma,
@@ -71,7 +109,7 @@ mod tests {
             );
         }
         let mut none = LossProcess::new(&spec(0.0, None), SplitMix64::new(0));
-        assert!((0..n).all(|_| !none.lose()));
+        assert!((0..n).all(|_| !none.lose(1)));
     }
 
     /// With every burst frame lost and none outside, runs of losses are the bursts: their
@@ -87,7 +125,7 @@ mod tests {
         let n = 400_000;
         let (mut lost, mut runs, mut prev) = (0u64, 0u64, false);
         for _ in 0..n {
-            let x = l.lose();
+            let x = l.lose(1);
             lost += x as u64;
             runs += (x && !prev) as u64;
             prev = x;
@@ -112,11 +150,85 @@ mod tests {
         };
         let mut l = LossProcess::new(&spec(0.01, Some(b)), SplitMix64::derive(&[4]));
         let n = 200_000;
-        let rate = (0..n).filter(|_| l.lose()).count() as f64 / n as f64;
+        let rate = (0..n).filter(|_| l.lose(1)).count() as f64 / n as f64;
         let expect = b.stationary_loss(0.01);
         assert!(
             (rate - expect).abs() < 0.1 * expect,
             "rate {rate} vs {expect}"
         );
+    }
+
+    fn per_packet(spec: PathSpec, mtu: f64) -> PathSpec {
+        PathSpec {
+            packet_bytes: Some(mtu),
+            ..spec
+        }
+    }
+
+    /// Per packet, a frame of k packets is lost at 1 - (1 - p)^k (within 3 sigma), and a
+    /// frame's size is rounded up to whole packets.
+    #[test]
+    fn per_packet_frame_loss_rate() {
+        let n = 100_000;
+        // 8 KiB + header in 1500-byte packets: 6; a P3 slice of 160,000 bytes: 107.
+        for (bytes, k, seed) in [(8_240usize, 6i32, 5u64), (160_000, 107, 6), (1_500, 1, 7)] {
+            let p = 0.01;
+            let s = per_packet(spec(p, None), 1_500.0);
+            let mut l = LossProcess::new(&s, SplitMix64::derive(&[seed]));
+            let lost = (0..n).filter(|_| l.lose(bytes)).count() as f64;
+            let q = 1.0 - (1.0 - p).powi(k);
+            let sigma = (n as f64 * q * (1.0 - q)).sqrt();
+            assert!(
+                (lost - n as f64 * q).abs() < 3.0 * sigma,
+                "{bytes} bytes: {lost} lost of {n}, expected {q}"
+            );
+        }
+    }
+
+    #[test]
+    fn any_of_is_exact_for_one_unit_and_accurate_for_many() {
+        assert_eq!(any_of(0.01, 1), 0.01);
+        assert_eq!(any_of(0.0, 1_000), 0.0);
+        assert_eq!(any_of(1.0, 3), 1.0);
+        assert!((any_of(1e-9, 1_000) - 1e-6).abs() < 1e-12);
+        assert!((any_of(0.01, 107) - (1.0 - 0.99f64.powi(107))).abs() < 1e-12);
+    }
+
+    proptest! {
+        /// A frame no larger than one packet is decided exactly as loss per frame decides
+        /// it, with or without bursts: the same seed gives the same losses.
+        #[test]
+        fn one_packet_frames_match_loss_per_frame(
+            seed in any::<u64>(),
+            p in 0.0f64..1.0,
+            bursty in any::<bool>(),
+            sizes in proptest::collection::vec(1usize..=1_500, 1..200),
+        ) {
+            let burst = bursty.then_some(BurstLoss { p_enter: 0.05, p_leave: 0.3, loss_in_burst: 0.7 });
+            let rng = SplitMix64::derive(&[seed]);
+            let mut frames = LossProcess::new(&spec(p, burst), rng.clone());
+            let mut packets = LossProcess::new(&per_packet(spec(p, burst), 1_500.0), rng);
+            for b in sizes {
+                prop_assert_eq!(frames.lose(b), packets.lose(b));
+            }
+        }
+
+        /// Bursty loss per packet: a frame of k packets is lost exactly when one of the
+        /// next k decisions of the per-frame chain (same seed) is a loss.
+        #[test]
+        fn bursty_packets_are_consecutive_chain_steps(
+            seed in any::<u64>(),
+            good in 0.0f64..0.2,
+            counts in proptest::collection::vec(1usize..40, 1..60),
+        ) {
+            let burst = Some(BurstLoss { p_enter: 0.02, p_leave: 0.25, loss_in_burst: 0.8 });
+            let rng = SplitMix64::derive(&[seed]);
+            let mut chain = LossProcess::new(&spec(good, burst), rng.clone());
+            let mut packets = LossProcess::new(&per_packet(spec(good, burst), 1_000.0), rng);
+            for k in counts {
+                let expect = (0..k).fold(false, |lost, _| chain.lose(1) | lost);
+                prop_assert_eq!(packets.lose(k * 1_000 - 1), expect);
+            }
+        }
     }
 }

@@ -124,6 +124,7 @@ impl Port {
             latency_ns: 0,
             loss: 0.0,
             loss_burst: None,
+            packet_bytes: None,
         };
         Self::new(profile, seed, host, Direction::Ingress, vec![spec])
     }
@@ -337,7 +338,7 @@ impl Port {
         let done = start.saturating_add(tx).max(held.offered);
         path.free_at = done;
         path.queue.serialising(done, bytes);
-        let lost = path.loss.lose();
+        let lost = path.loss.lose(bytes);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
         self.count(held.meta.flow, i, |c| c.sent(bytes, queued));

@@ -126,10 +126,14 @@ pub struct PathSpec {
     pub bandwidth_bps: Option<f64>,
     /// One-way latency, nanoseconds.
     pub latency_ns: u64,
-    /// Loss probability per frame (in the good state when bursty).
+    /// Loss probability per frame, or per packet with `packet_bytes` (in the good state
+    /// when bursty).
     pub loss: f64,
     /// Bursty loss, if any.
     pub loss_burst: Option<BurstLoss>,
+    /// Bytes of a packet when loss strikes packets (the profile's `mtu_bytes`, scaled with
+    /// the model's bytes); `None`: loss strikes whole frames.
+    pub packet_bytes: Option<f64>,
 }
 
 /// The whole network setting: every knob of the model. The default is a lossless link of
@@ -165,13 +169,19 @@ pub struct NetworkProfile {
     /// dropped, in (0, 1].
     #[serde(default = "default_threshold")]
     pub drop_threshold: f64,
-    /// Bernoulli loss per frame on every path (fraction or `"1%"`); with `loss_burst`, the
-    /// loss in the good state.
+    /// Bernoulli loss per frame on every path (fraction or `"1%"`), or per packet with
+    /// `mtu_bytes`; with `loss_burst`, the loss in the good state.
     #[serde(with = "serde_helpers::probability", default)]
     pub loss: f64,
     /// Bursty (Gilbert-Elliott) loss on every path.
     #[serde(default)]
     pub loss_burst: Option<BurstLoss>,
+    /// Packet size for loss: with it, random and bursty loss strike each packet of at most
+    /// this many bytes, and a frame is lost when any of its packets is (so a larger frame
+    /// is likelier to be lost, as over IP); absent: loss strikes whole frames, whatever
+    /// their size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu_bytes: Option<f64>,
     /// Number of paths between two hosts.
     #[serde(default = "one")]
     pub paths: usize,
@@ -217,6 +227,7 @@ impl From<LinkProfile> for NetworkProfile {
             drop_threshold: DEFAULT_DROP_THRESHOLD,
             loss: 0.0,
             loss_burst: None,
+            mtu_bytes: None,
             paths: 1,
             path: Vec::new(),
             rto_ns: DEFAULT_RTO_NS,
@@ -331,6 +342,8 @@ impl NetworkProfile {
         }
         self.buffer_bytes = bytes(self.buffer_bytes);
         self.queue_bytes = self.queue_bytes.map(bytes);
+        // Unrounded: a scaled frame is then cut into as many packets as its full size.
+        self.mtu_bytes = self.mtu_bytes.map(|m| m * factor);
         self
     }
 
@@ -360,6 +373,7 @@ impl NetworkProfile {
             latency_ns: o.latency_ns.unwrap_or(self.latency_ns),
             loss: o.loss.unwrap_or(self.loss),
             loss_burst: o.loss_burst.or(self.loss_burst),
+            packet_bytes: self.mtu_bytes,
         }
     }
 
@@ -394,6 +408,15 @@ impl NetworkProfile {
         check_probability("loss".into(), "--loss", self.loss)?;
         if let Some(b) = &self.loss_burst {
             check_burst("loss_burst", b)?;
+        }
+        if let Some(m) = self.mtu_bytes {
+            if !(m.is_finite() && m > 0.0) {
+                return Err(ProfileError::new(
+                    "mtu_bytes",
+                    "--mtu",
+                    format!("{m} is not a packet size; give a positive number of bytes, e.g. 1500"),
+                ));
+            }
         }
         self.validate_paths()?;
         if self.rto_ns == 0 {
@@ -474,6 +497,29 @@ mod tests {
             (16 * 1024, Some(32 * 1024))
         );
         assert_eq!((p.latency_ns, p.loss), (5_000, 0.01));
+    }
+
+    /// The packet size scales with the model's bytes, unrounded, and reaches every path.
+    #[test]
+    fn packet_size_scales_unrounded_and_reaches_the_paths() {
+        let p = NetworkProfile {
+            mtu_bytes: Some(1_500.0),
+            paths: 2,
+            ..NetworkProfile::default()
+        };
+        assert_eq!(p.path_spec(1).packet_bytes, Some(1_500.0));
+        let s = p.scaled(1.0 / 4096.0);
+        assert_eq!(s.mtu_bytes, Some(1_500.0 / 4096.0));
+        assert_eq!(s.path_spec(0).packet_bytes, Some(1_500.0 / 4096.0));
+        assert_eq!(NetworkProfile::default().path_spec(0).packet_bytes, None);
+        let t: NetworkProfile = toml::from_str("loss = \"1%\"\nmtu_bytes = 1500").unwrap();
+        assert_eq!((t.mtu_bytes, t.loss), (Some(1_500.0), 0.01));
+        let mut bad = NetworkProfile::default();
+        for m in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            bad.mtu_bytes = Some(m);
+            let e = bad.validate().unwrap_err();
+            assert_eq!((e.field.as_str(), e.flag), ("mtu_bytes", "--mtu"));
+        }
     }
 
     use super::*;
