@@ -11,8 +11,9 @@ its reliable baseline (dlcp variants against p3 with the 200 ms RTO, ring varian
 all-reduce), and the share of gradient values the loss-tolerant runs filled in; writes every
 run's figures to a CSV.
 
-Usage: scripts/dlcp-sim-matrix.py [--bin PATH] [--steps 3] [--out DIR] [--quick] [--report-only]
+Usage: scripts/dlcp-sim-matrix.py [--bin PATH] [--steps 3] [--out DIR] [--mtu BYTES] [--quick] [--report-only]
   --bin    the syncopate binary (default target/release/syncopate, built if missing)
+  --mtu    loss per packet of this many bytes (simulate --mtu), e.g. 1500; default per frame
   --steps  simulated steps per run (default 3)
   --out    where the CSV and the per-run JSON go (default target/dlcp-sim-matrix)
   --quick  ResNet-50 at 16 workers only
@@ -70,6 +71,7 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/syncopate"))
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "target/dlcp-sim-matrix"))
+    ap.add_argument("--mtu", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
@@ -85,6 +87,9 @@ def main():
         return
     if a.steps < 1:
         sys.exit("dlcp-sim-matrix: --steps must be at least 1")
+    if a.mtu is not None and a.mtu < 1:
+        sys.exit("dlcp-sim-matrix: --mtu must be a positive number of bytes")
+    per_packet = ["--mtu", str(a.mtu)] if a.mtu else []
     if not os.path.exists(a.bin):
         subprocess.run(["cargo", "build", "--release", "-p", "syncopate"], cwd=ROOT, check=True)
     os.makedirs(a.out, exist_ok=True)
@@ -105,7 +110,7 @@ def main():
                        "--steps", str(a.steps), "--json", out_json]
                 if strategy in ("p3", "dlcp"):
                     cmd += ["--servers", "4"]
-                cmd += [x.format(twopath=twopath) for x in net_args] + args
+                cmd += [x.format(twopath=twopath) for x in net_args] + args + per_packet
                 print(f"[{n}/{total}, {time.time() - started:.0f} s] {model} x{workers}, {net}, {label}",
                       file=sys.stderr, flush=True)
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -122,6 +122,55 @@ fn simulate_names_a_bad_network_flag() {
     assert!(err.contains("--loss"), "{err}");
 }
 
+/// `--mtu`: loss strikes packets, so P3's slices (107 packets of 1500 bytes) are lost far
+/// more often than with the same `--loss` per frame, also under `--scale`; a packet size of
+/// 0 is refused naming the flag.
+#[test]
+fn simulate_loses_packets_with_mtu() {
+    let lost = |extra: &[&str]| {
+        let out = Command::new(EXE)
+            .args([
+                "simulate",
+                "--model",
+                "profile:resnet50",
+                "--strategy",
+                "p3",
+            ])
+            .args([
+                "--workers",
+                "4",
+                "--loss",
+                "1%",
+                "--rto",
+                "5ms",
+                "--steps",
+                "2",
+            ])
+            .args(["--scale", "0.0625"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{text}");
+        (text.lines())
+            .find_map(|l| l.trim().strip_prefix("network: "))
+            .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    let (frames, packets) = (lost(&[]), lost(&["--mtu", "1500"]));
+    assert!(
+        packets > 20 * frames,
+        "{packets} lost per packet, {frames} per frame"
+    );
+    let out = Command::new(EXE)
+        .args(["simulate", "--mtu", "0", "--steps", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--mtu"), "{err}");
+}
+
 /// Seeded faults: a crash is reported with the rank every other process names, the same
 /// seed prints the same run, and a bad fault knob is refused with its flag's name.
 #[test]

@@ -509,7 +509,9 @@ fn describe_network(p: &NetworkProfile) -> String {
         format!("{:.3} Gbit/s", b / 1e9)
     });
     let loss = if p.is_lossy() {
-        let unit = p.mtu_bytes.map_or("frame".to_string(), |m| format!("{m}-byte packet"));
+        let unit = p
+            .mtu_bytes
+            .map_or("frame".to_string(), |m| format!("{m}-byte packet"));
         format!(
             ", loss {:.3} % per {unit} (rto {:.1} ms)",
             p.loss * 100.0,

@@ -28,21 +28,28 @@ impl LossProcess {
         }
     }
 
-    /// Whether the next frame, of `bytes`, is lost. Per frame: decided in the current
-    /// state, then the chain moves (with bursts). Per packet: each of its packets is
-    /// decided so in turn and the frame is lost if any is; without bursts that is one draw
-    /// with probability `1 - (1 - p)^packets`. Draws nothing when no loss is configured.
-    pub fn lose(&mut self, bytes: usize) -> bool {
+    /// How many packets of the next frame, of `bytes`, are lost (0: it arrives whole).
+    /// Per frame: one unit, decided in the current state, then the chain moves (with
+    /// bursts). Per packet: each of its packets is decided so in turn; without bursts that
+    /// is one draw of whether any is lost (`1 - (1 - p)^packets`), then, for a lost frame
+    /// only, where the first loss falls and the fate of each packet after it. Draws nothing
+    /// when no loss is configured.
+    pub fn lose(&mut self, bytes: usize) -> u64 {
         let packets = self.packets(bytes);
         let Some(b) = self.burst else {
-            let p = any_of(self.good, packets);
-            return p > 0.0 && self.rng.chance(p);
+            return self.lose_bernoulli(packets);
         };
-        let mut lost = false;
-        for _ in 0..packets {
-            lost |= self.lose_one(b);
+        (0..packets).map(|_| self.lose_one(b) as u64).sum()
+    }
+
+    /// The bytes a reliable transport sends again for a frame of `bytes` that lost `lost`
+    /// packets: those packets (the last one perhaps short), or the whole frame when loss
+    /// strikes whole frames.
+    pub fn resend_bytes(&self, bytes: usize, lost: u64) -> usize {
+        match self.packet_bytes {
+            Some(mtu) => ((lost as f64 * mtu).ceil() as usize).clamp(1, bytes.max(1)),
+            None => bytes,
         }
-        lost
     }
 
     /// Packets a frame of `bytes` crosses the path as: one per started packet (at least
@@ -53,6 +60,27 @@ impl LossProcess {
             Some(mtu) => ((bytes as f64 / mtu).ceil() as u64).max(1),
             None => 1,
         }
+    }
+
+    /// Lost packets out of `n`, each lost with the good state's `p`, independently.
+    fn lose_bernoulli(&mut self, n: u64) -> u64 {
+        let p = self.good;
+        let any = any_of(p, n);
+        if !(any > 0.0 && self.rng.chance(any)) {
+            return 0;
+        }
+        if n == 1 {
+            return 1;
+        }
+        if p >= 1.0 {
+            return n;
+        }
+        // The first loss, given that there is one: P(i) = (1 - p)^i p / any, by inversion.
+        let u = self.rng.next_f64();
+        let first = ((-u * any).ln_1p() / (-p).ln_1p()).ceil() - 1.0;
+        let first = (first.max(0.0) as u64).min(n - 1);
+        let after = (first + 1..n).filter(|_| self.rng.chance(p)).count() as u64;
+        1 + after
     }
 
     /// One step of the Gilbert-Elliott chain: whether this unit is lost, then the move.
@@ -101,7 +129,7 @@ mod tests {
         let n = 100_000;
         for (p, seed) in [(0.01, 1u64), (0.1, 2), (0.5, 3)] {
             let mut l = LossProcess::new(&spec(p, None), SplitMix64::derive(&[seed]));
-            let lost = (0..n).filter(|_| l.lose(1)).count() as f64;
+            let lost = (0..n).filter(|_| l.lose(1) > 0).count() as f64;
             let sigma = (n as f64 * p * (1.0 - p)).sqrt();
             assert!(
                 (lost - n as f64 * p).abs() < 3.0 * sigma,
@@ -109,7 +137,7 @@ mod tests {
             );
         }
         let mut none = LossProcess::new(&spec(0.0, None), SplitMix64::new(0));
-        assert!((0..n).all(|_| !none.lose(1)));
+        assert!((0..n).all(|_| none.lose(1) == 0));
     }
 
     /// With every burst frame lost and none outside, runs of losses are the bursts: their
@@ -125,7 +153,7 @@ mod tests {
         let n = 400_000;
         let (mut lost, mut runs, mut prev) = (0u64, 0u64, false);
         for _ in 0..n {
-            let x = l.lose(1);
+            let x = l.lose(1) > 0;
             lost += x as u64;
             runs += (x && !prev) as u64;
             prev = x;
@@ -150,7 +178,7 @@ mod tests {
         };
         let mut l = LossProcess::new(&spec(0.01, Some(b)), SplitMix64::derive(&[4]));
         let n = 200_000;
-        let rate = (0..n).filter(|_| l.lose(1)).count() as f64 / n as f64;
+        let rate = (0..n).filter(|_| l.lose(1) > 0).count() as f64 / n as f64;
         let expect = b.stationary_loss(0.01);
         assert!(
             (rate - expect).abs() < 0.1 * expect,
@@ -175,14 +203,37 @@ mod tests {
             let p = 0.01;
             let s = per_packet(spec(p, None), 1_500.0);
             let mut l = LossProcess::new(&s, SplitMix64::derive(&[seed]));
-            let lost = (0..n).filter(|_| l.lose(bytes)).count() as f64;
+            let (mut lost, mut packets) = (0.0, 0.0);
+            for _ in 0..n {
+                let k = l.lose(bytes);
+                lost += (k > 0) as u64 as f64;
+                packets += k as f64;
+            }
             let q = 1.0 - (1.0 - p).powi(k);
             let sigma = (n as f64 * q * (1.0 - q)).sqrt();
             assert!(
                 (lost - n as f64 * q).abs() < 3.0 * sigma,
                 "{bytes} bytes: {lost} lost of {n}, expected {q}"
             );
+            // Each of the k packets is lost with p: k p lost per frame on average.
+            let mean = n as f64 * f64::from(k) * p;
+            let sigma = (mean * (1.0 - p)).sqrt();
+            assert!(
+                (packets - mean).abs() < 3.0 * sigma,
+                "{bytes} bytes: {packets} packets lost, expected {mean}"
+            );
         }
+    }
+
+    /// What a reliable transport sends again: the lost packets, or the whole frame.
+    #[test]
+    fn resend_bytes_are_the_lost_packets_or_the_frame() {
+        let rng = SplitMix64::new(1);
+        let packets = LossProcess::new(&per_packet(spec(0.01, None), 1_500.0), rng.clone());
+        assert_eq!(packets.resend_bytes(160_048, 2), 3_000);
+        assert_eq!(packets.resend_bytes(1_000, 1), 1_000);
+        let frames = LossProcess::new(&spec(0.01, None), rng);
+        assert_eq!(frames.resend_bytes(160_048, 1), 160_048);
     }
 
     #[test]
@@ -213,8 +264,8 @@ mod tests {
             }
         }
 
-        /// Bursty loss per packet: a frame of k packets is lost exactly when one of the
-        /// next k decisions of the per-frame chain (same seed) is a loss.
+        /// Bursty loss per packet: a frame of k packets loses exactly as many packets as
+        /// the next k decisions of the per-frame chain (same seed) lose.
         #[test]
         fn bursty_packets_are_consecutive_chain_steps(
             seed in any::<u64>(),
@@ -226,7 +277,7 @@ mod tests {
             let mut chain = LossProcess::new(&spec(good, burst), rng.clone());
             let mut packets = LossProcess::new(&per_packet(spec(good, burst), 1_000.0), rng);
             for k in counts {
-                let expect = (0..k).fold(false, |lost, _| chain.lose(1) | lost);
+                let expect: u64 = (0..k).map(|_| chain.lose(1)).sum();
                 prop_assert_eq!(packets.lose(k * 1_000 - 1), expect);
             }
         }

@@ -7,7 +7,10 @@
 //! it only queues and serialises what converges on the host). A reliable frame that is lost
 //! or dropped is offered again one retransmission timeout later (after its last bit left,
 //! or after the drop), at the port that lost it; reliable frames of one flow are handed out
-//! in order, none before the one ahead of it. A loss-tolerant frame is simply lost.
+//! in order, none before the one ahead of it. A loss-tolerant frame is simply lost. With
+//! loss per packet (`mtu_bytes`) a frame is lost when any of its packets is, and its
+//! retransmission carries only the lost packets, as TCP's selective acknowledgements
+//! allow; a frame dropped by a full queue is sent again whole.
 //!
 //! A full queue drops a reliable frame once: its retransmission is admitted whatever the
 //! queue holds. A frame is the model's unit of loss where TCP loses segments and its
@@ -65,6 +68,9 @@ struct Held {
     /// When this attempt was offered.
     offered: Nanos,
     retransmissions: u32,
+    /// Bytes this attempt puts on the wire: the frame, or (a retransmission with loss per
+    /// packet) only its lost packets.
+    wire_bytes: usize,
 }
 
 /// An ingress flow's frame in the port and the frames waiting behind it.
@@ -199,6 +205,7 @@ impl Port {
             seq,
             offered: now,
             retransmissions: 0,
+            wire_bytes: meta.bytes,
         };
         if let Some(gates) = self.one_per_flow.as_mut() {
             let gate = gates.entry(meta.flow).or_default();
@@ -291,7 +298,7 @@ impl Port {
     fn offer(&mut self, t: Nanos, held: Held) {
         let i = choose(&self.paths, &held.meta, self.salt, t);
         let path = &mut self.paths[i];
-        let (bytes, class) = (held.meta.bytes, held.meta.class);
+        let (bytes, class) = (held.wire_bytes, held.meta.class);
         let refused = path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
         if refused && held.retransmissions == 0 {
             self.count(held.meta.flow, i, |c| c.dropped(bytes));
@@ -324,7 +331,7 @@ impl Port {
         let Some(mut held) = path.queue.pop() else {
             return;
         };
-        let bytes = held.meta.bytes;
+        let bytes = held.wire_bytes;
         let tx = path.transmission_ns(bytes);
         // An ingress port forwards bits as they arrive (cut-through): a frame that fully
         // arrived at `offered` began arriving one serialisation earlier, and an idle port
@@ -338,13 +345,15 @@ impl Port {
         let done = start.saturating_add(tx).max(held.offered);
         path.free_at = done;
         path.queue.serialising(done, bytes);
-        let lost = path.loss.lose(bytes);
+        let lost_packets = path.loss.lose(bytes);
+        let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
         self.count(held.meta.flow, i, |c| c.sent(bytes, queued));
-        if lost {
+        if lost_packets > 0 {
             self.count(held.meta.flow, i, |c| c.lost(bytes));
             if held.meta.reliable {
+                held.wire_bytes = resend;
                 self.retransmit(done, held, i);
                 return;
             }
@@ -375,7 +384,7 @@ impl Port {
 
     /// A reliable frame lost (or dropped) at `t` on path `i` is offered again at `t + RTO`.
     fn retransmit(&mut self, t: Nanos, mut held: Held, i: usize) {
-        self.count(held.meta.flow, i, |c| c.retransmitted(held.meta.bytes));
+        self.count(held.meta.flow, i, |c| c.retransmitted(held.wire_bytes));
         held.retransmissions = held.retransmissions.saturating_add(1);
         self.offer_later(t.saturating_add(self.rto_ns), held);
     }

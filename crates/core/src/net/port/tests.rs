@@ -25,6 +25,18 @@ fn gbit(latency_ns: u64) -> NetworkProfile {
     }
 }
 
+/// When a delivered frame arrives and after how many retransmissions.
+fn delivered_after(d: &Decision) -> (Nanos, u32) {
+    match d.fate {
+        Fate::Delivered {
+            at,
+            retransmissions,
+            ..
+        } => (at, retransmissions),
+        other => panic!("not delivered: {other:?}"),
+    }
+}
+
 fn delivered_at(d: &Decision) -> Nanos {
     match d.fate {
         Fate::Delivered { at, .. } => at,
@@ -139,14 +151,7 @@ fn a_retransmitted_frame_arrives_exactly_rto_plus_reserialisation_later() {
         port.enqueue(now, i, FrameMeta::reliable(bytes, 9));
         let out = run_all(&mut port, Vec::new());
         assert_eq!(out.len(), 1);
-        let Fate::Delivered {
-            at,
-            retransmissions: r,
-            ..
-        } = out[0].fate
-        else {
-            panic!("{:?}", out[0]);
-        };
+        let (at, r) = delivered_after(&out[0]);
         assert_eq!(
             at,
             now + tx + 30_000 + u64::from(r) * (rto + tx),
@@ -160,6 +165,47 @@ fn a_retransmitted_frame_arrives_exactly_rto_plus_reserialisation_later() {
     assert_eq!(c.frames_lost, retransmitted);
     assert_eq!(c.frames_sent, 200 + retransmitted);
     assert_eq!(c.bytes_retransmitted, retransmitted * bytes as u64);
+}
+
+/// With loss per packet, a lost reliable frame sends again only its lost packets: one
+/// lost once arrives exactly RTO + the serialisation of those packets later, and bigger
+/// frames are lost more often.
+#[test]
+fn loss_per_packet_resends_only_the_lost_packets() {
+    let rto = 5_000_000;
+    let profile = NetworkProfile {
+        loss: 0.01,
+        mtu_bytes: Some(1_500.0),
+        rto_ns: rto,
+        ..gbit(0)
+    };
+    let mut port = Port::egress(&profile, 3, 1);
+    let bytes = 150_000; // 100 packets, 1.2 ms at 1 Gbit/s
+    let tx = |b: u64| b * 8; // ns at 1 Gbit/s
+    let (mut once, mut frames_lost) = (0, 0);
+    for i in 0..300u64 {
+        let now = i * 1_000_000_000;
+        let before = port.counters().bytes_retransmitted;
+        port.enqueue(now, i, FrameMeta::reliable(bytes, 9));
+        let out = run_all(&mut port, Vec::new());
+        let resent = port.counters().bytes_retransmitted - before;
+        let (at, r) = delivered_after(&out[0]);
+        frames_lost += u64::from(r > 0);
+        if r == 1 {
+            once += 1;
+            assert!(resent.is_multiple_of(1_500) && resent > 0 && resent < bytes as u64 / 10);
+            assert_eq!(at, now + tx(bytes as u64) + rto + tx(resent), "frame {i}");
+        }
+    }
+    // 1 - 0.99^100 = 63 % of the frames lose a packet; far fewer lose a resent one.
+    assert!(
+        (150..230).contains(&frames_lost),
+        "{frames_lost} of 300 lost"
+    );
+    assert!(
+        once > frames_lost * 9 / 10,
+        "{once} of {frames_lost} lost once"
+    );
 }
 
 /// The losses of a run, as (token, retransmissions).
