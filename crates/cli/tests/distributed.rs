@@ -1029,6 +1029,63 @@ fn a_killed_job_resumes_to_the_uninterrupted_weights() {
     );
 }
 
+/// Batch-norm running statistics follow each worker's own batches, so without a relay the
+/// workers of a job end with different buffers. At every evaluation point (here the last
+/// step) worker 0's buffers are relayed to every worker, down the ring (all-reduce, 3
+/// workers: worker 2 gets them through worker 1) or through the first server (p3, 2
+/// servers): every worker's checkpoint after the last step then holds the same weights and
+/// the same buffers, so every worker evaluates the model as worker 0 does.
+#[test]
+fn every_worker_ends_with_worker_0s_batch_norm_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    for strategy in [
+        &["allreduce", "--workers", "3"][..],
+        &["p3", "--workers", "3", "--servers", "2"],
+    ] {
+        let name = strategy[0];
+        let ck = dir.path().join(format!("{name}-checkpoints"));
+        let flags = train_flags(8, 3).into_iter().map(|f| match f.as_str() {
+            "lenet" => "resnet20".to_string(),
+            _ => f,
+        });
+        run_ok(
+            Command::new(EXE)
+                .args(["launch", "--strategy"])
+                .args(strategy)
+                .args(flags)
+                .args(["--checkpoint-every", "3", "--checkpoint-dir"])
+                .arg(&ck),
+        );
+        let states: Vec<_> = (0..3)
+            .map(|rank| {
+                read_weights(
+                    &ck.join("step-00000003")
+                        .join(format!("rank-{rank}.safetensors")),
+                )
+            })
+            .collect();
+        let buffers = states[0]
+            .iter()
+            .filter(|(n, _)| n.contains(".running_"))
+            .count();
+        assert!(
+            buffers > 0,
+            "{name}: no batch-norm buffers in the checkpoint"
+        );
+        for (rank, state) in states.iter().enumerate().skip(1) {
+            for ((n, a), (m, b)) in state.iter().zip(&states[0]) {
+                assert_eq!(n, m);
+                if !n.starts_with("momentum.") {
+                    assert!(
+                        a == b,
+                        "{name}: worker {rank}'s {n} differs from worker 0's"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// DLCP with a loss bound of 0 needs every packet: the packets the emulated network loses
 /// (never retransmitted by it) are found by probes and resent, and the job ends with the
 /// weights of single-process training; the servers' counts reach the job's summary.

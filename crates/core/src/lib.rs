@@ -7,6 +7,7 @@
 //! drivers of this same code (see `DESIGN.md`).
 
 pub mod aggregate;
+pub mod buffers;
 pub mod latency;
 pub mod liveness;
 pub mod net;

@@ -85,10 +85,16 @@ impl EvalSchedule {
     /// Whether step `step` (0-based) of `steps` ends at an evaluation point; the last step
     /// always does.
     pub fn due(&self, step: u64, steps: u64) -> bool {
+        self.enabled && self.point(step, steps)
+    }
+
+    /// Whether step `step` (0-based) of `steps` ends at an evaluation point of the job,
+    /// whether or not this worker evaluates (the same on every worker).
+    pub fn point(&self, step: u64, steps: u64) -> bool {
         let done = step.saturating_add(1);
         let epoch_end = self.steps_per_epoch > 0 && done.is_multiple_of(self.steps_per_epoch);
         let periodic = self.every.is_some_and(|n| n > 0 && done.is_multiple_of(n));
-        self.enabled && (epoch_end || periodic || done == steps)
+        epoch_end || periodic || done == steps
     }
 
     /// Whether step `step` (0-based) is the last of an epoch.
@@ -215,6 +221,9 @@ pub struct StepPlan {
     pub first_step: u64,
     /// The online search of the worker-local settings (`--autotune`), if any.
     pub tune: Option<TuneSpec>,
+    /// Whether worker 0's buffers are relayed to every worker at each evaluation point
+    /// ([`crate::buffers`]): a model with buffers, trained by more than one worker.
+    pub sync_buffers: bool,
 }
 
 impl StepPlan {
@@ -230,6 +239,7 @@ impl StepPlan {
             checkpoint: CheckpointSchedule::default(),
             first_step: 0,
             tune: None,
+            sync_buffers: false,
         }
     }
 
@@ -255,6 +265,25 @@ impl StepPlan {
     pub fn with_eval(mut self, eval: EvalSchedule) -> Self {
         self.eval = eval;
         self
+    }
+
+    /// The same plan, relaying worker 0's buffers at every evaluation point when `yes`.
+    pub fn with_buffer_sync(mut self, yes: bool) -> Self {
+        self.sync_buffers = yes;
+        self
+    }
+
+    /// Whether the sequence stops after step `step` (0-based): an evaluation here, a
+    /// buffer relay or a checkpoint.
+    fn stops_after(&self, step: u64) -> bool {
+        self.eval.due(step, self.steps)
+            || self.relays_buffers_after(step)
+            || self.checkpoint.due(step, self.steps)
+    }
+
+    /// Whether worker 0's buffers are relayed after step `step` (0-based).
+    fn relays_buffers_after(&self, step: u64) -> bool {
+        self.sync_buffers && self.eval.point(step, self.steps)
     }
 }
 
@@ -282,6 +311,10 @@ pub enum Action {
     Optimize,
     /// The training side of this step is over (the driver records its figures).
     StepEnd(u64),
+    /// Every value of this step (0-based) is in, at an evaluation point: worker 0 sends
+    /// its buffers, every other worker waits for them and installs them
+    /// ([`crate::buffers`]), before anything evaluates or is saved.
+    SyncBuffers(u64),
     /// Every value of this step is in: evaluate (rank 0).
     Evaluate {
         /// The step just ended (0-based).
@@ -315,6 +348,7 @@ enum Phase {
     StepEnd,
     MaybeEvaluate,
     AwaitAll,
+    Evaluate,
     Checkpoint,
     Drain,
     Finished,
@@ -553,8 +587,7 @@ impl StepSequencer {
                 return Some(Action::StepEnd(self.step));
             }
             Phase::MaybeEvaluate => {
-                let (step, steps) = (self.step, self.plan.steps);
-                if self.plan.eval.due(step, steps) || self.plan.checkpoint.due(step, steps) {
+                if self.plan.stops_after(self.step) {
                     self.phase = Phase::AwaitAll;
                 } else {
                     self.step += 1;
@@ -563,9 +596,15 @@ impl StepSequencer {
             }
             Phase::AwaitAll if !self.all_in() => return Some(Action::Wait),
             Phase::AwaitAll => {
+                self.phase = Phase::Evaluate;
+                self.last_step_end = None;
+                if self.plan.relays_buffers_after(self.step) {
+                    return Some(Action::SyncBuffers(self.step));
+                }
+            }
+            Phase::Evaluate => {
                 let step = self.step;
                 self.phase = Phase::Checkpoint;
-                self.last_step_end = None;
                 if self.plan.eval.due(step, self.plan.steps) {
                     return Some(Action::Evaluate {
                         step,
@@ -726,6 +765,55 @@ mod tests {
             last: false,
         };
         assert_eq!(run_until_wait(&mut s)[0], evaluate);
+    }
+
+    /// Runs a one-layer all-reduce plan to its end, answering every step at once.
+    fn run_to_end(p: StepPlan) -> Vec<Action> {
+        let mut s = StepSequencer::new(p);
+        let mut acts = Vec::new();
+        while !s.finished() {
+            acts.extend(run_until_wait(&mut s));
+            s.handle_event(WorkerEvent::StepDone);
+        }
+        acts
+    }
+
+    /// Buffers are relayed at every evaluation point of the job, before the evaluation and
+    /// on workers that do not evaluate too (all workers stop at the same steps); without
+    /// buffers to relay, a worker that does not evaluate never stops.
+    #[test]
+    fn buffers_are_relayed_at_every_evaluation_point_before_evaluating() {
+        let eval = |enabled| EvalSchedule {
+            enabled,
+            steps_per_epoch: 3,
+            every: None,
+        };
+        let relays = |acts: &[Action]| -> Vec<u64> {
+            acts.iter()
+                .filter_map(|a| match a {
+                    Action::SyncBuffers(step) => Some(*step),
+                    _ => None,
+                })
+                .collect()
+        };
+        let p = plan(StrategyKind::Allreduce, 7).with_buffer_sync(true);
+        let evaluator = run_to_end(p.clone().with_eval(eval(true)));
+        assert_eq!(relays(&evaluator), vec![2, 5, 6]);
+        let at = |a: Action| evaluator.iter().position(|&b| b == a).unwrap();
+        let evaluate = Action::Evaluate {
+            step: 2,
+            epoch_end: true,
+            last: false,
+        };
+        assert!(
+            at(Action::SyncBuffers(2)) + 1 == at(evaluate),
+            "{evaluator:?}"
+        );
+        let other = run_to_end(p.with_eval(eval(false)));
+        assert_eq!(relays(&other), vec![2, 5, 6]);
+        assert!(!other.iter().any(|a| matches!(a, Action::Evaluate { .. })));
+        let no_buffers = run_to_end(plan(StrategyKind::Allreduce, 7).with_eval(eval(true)));
+        assert!(relays(&no_buffers).is_empty());
     }
 
     #[test]

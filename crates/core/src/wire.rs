@@ -69,6 +69,11 @@ pub enum FrameKind {
     /// bit per packet (bit `i % 32` of word `i / 32`), `length` little-endian 32-bit words
     /// read as a data frame's payload.
     Missing = 12,
+    /// Worker 0's buffers (batch-norm running statistics) relayed to every worker at an
+    /// evaluation point: `length` little-endian `f32`s starting at element `offset` of the
+    /// `key` values in all (see [`crate::buffers`]). Travels beside the strategy's frames,
+    /// as control frames do.
+    Buffers = 13,
 }
 
 impl FrameKind {
@@ -87,6 +92,12 @@ impl FrameKind {
         )
     }
 
+    /// Whether the payload is exactly `length` little-endian `f32` values (data frames, and
+    /// the buffers relayed beside them).
+    pub fn carries_values(self) -> bool {
+        self.is_data() || self == FrameKind::Buffers
+    }
+
     fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
             1 => FrameKind::Control,
@@ -101,6 +112,7 @@ impl FrameKind {
             7 => FrameKind::Abort,
             8 => FrameKind::Goodbye,
             9 => FrameKind::Ack,
+            13 => FrameKind::Buffers,
             _ => return None,
         })
     }
@@ -287,7 +299,7 @@ impl Header {
                 max: max_payload,
             });
         }
-        if kind.is_data() && u64::from(h.length) * 4 != u64::from(h.payload_len) {
+        if kind.carries_values() && u64::from(h.length) * 4 != u64::from(h.payload_len) {
             return Err(WireError::LengthMismatch {
                 length: h.length,
                 payload_len: h.payload_len,

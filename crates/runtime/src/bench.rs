@@ -182,14 +182,7 @@ pub fn run_comm_bench(
             let mut server = layout
                 .server_endpoint(ctx.rank, keys, initial, ServerOptim::plain(0.0))
                 .map_err(|e| RunError::Local(e.to_string()))?;
-            let mut server_hooks = ServerHooks {
-                layout: layout.clone(),
-                tracer: None,
-                updates: 0,
-                step: 0,
-                checkpoints: None,
-                rank: ctx.rank,
-            };
+            let mut server_hooks = ServerHooks::new(layout, ctx.rank, None, None);
             comm.run(server.as_mut(), &mut server_hooks)?;
         }
     }

@@ -171,6 +171,24 @@ pub trait Hooks<E: ?Sized> {
     fn step(&self) -> u64;
     /// How to name a rank in messages, e.g. `rank 2 (server 0)`.
     fn describe(&self, rank: Rank) -> String;
+    /// A [`FrameKind::Buffers`] frame from `peer` (worker 0's buffers relayed beside the
+    /// strategy's frames, [`syncopate_core::buffers`]). Hooks that relay none refuse it.
+    fn on_buffers(
+        &mut self,
+        peer: Rank,
+        header: &Header,
+        _payload: &[u8],
+    ) -> Result<(), ProtocolError> {
+        Err(ProtocolError::Unexpected {
+            from: peer,
+            reason: format!("buffers of step {} on a link that relays none", header.step),
+        })
+    }
+    /// The next frame the hooks want written beside the strategy's (relayed buffers), and
+    /// its link; the loop asks after every command and every frame received.
+    fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
+        None
+    }
     /// Whether to report every data frame ([`Hooks::on_frame_sent`],
     /// [`Hooks::on_frame_received`]), for timelines.
     fn traces_frames(&self) -> bool {
@@ -656,6 +674,7 @@ impl CommLoop {
             // the hooks may then start the next one: its frames go out now, not after a wait
             // that nothing would end (every peer may be waiting for them).
             loop {
+                self.queue_control(hooks)?;
                 let handed = self.fill(endpoint);
                 self.release_ingress(endpoint, hooks)?;
                 for i in 0..self.links.len() {
@@ -706,6 +725,21 @@ impl CommLoop {
                 finishing = true;
             }
         }
+    }
+
+    /// Queues the frames the hooks want written beside the strategy's on their links.
+    fn queue_control<E: ?Sized>(&mut self, hooks: &mut dyn Hooks<E>) -> Result<(), CommError> {
+        while let Some((peer, frame)) = hooks.poll_control() {
+            let link = self.links.iter_mut().find(|l| l.peer == peer);
+            let link = link.ok_or_else(|| {
+                CommError::Local(format!(
+                    "no link to {} for a relayed frame",
+                    hooks.describe(peer)
+                ))
+            })?;
+            link.control.push_back(frame);
+        }
+        Ok(())
     }
 
     /// Waits for I/O, a command or the next deadline. Within `busy_poll` of the last byte
@@ -1422,7 +1456,7 @@ fn act<E: Endpoint + ?Sized>(
         Received::Data { header, arrived } => {
             complete_data(endpoint, link.peer, &header, arrived, hooks)
         }
-        Received::Control { header, payload } => handle_control(link, &header, &payload, &*hooks),
+        Received::Control { header, payload } => handle_control(link, &header, &payload, hooks),
     }
 }
 
@@ -1479,9 +1513,12 @@ fn handle_control<E: ?Sized>(
     link: &mut LinkState,
     header: &Header,
     payload: &[u8],
-    hooks: &dyn Hooks<E>,
+    hooks: &mut dyn Hooks<E>,
 ) -> Result<(), CommError> {
     match header.kind {
+        FrameKind::Buffers => hooks
+            .on_buffers(link.peer, header, payload)
+            .map_err(|e| protocol(&*hooks, link.peer, e)),
         FrameKind::Goodbye => {
             link.goodbye_received = true;
             Ok(())

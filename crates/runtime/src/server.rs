@@ -1,8 +1,9 @@
 //! A parameter-server process: one shard of the parameters, driven by the communication
 //! loop until every worker has said goodbye.
 
+use syncopate_core::buffers::{BufferRelay, BufferRoute};
 use syncopate_core::step::CheckpointSchedule;
-use syncopate_core::strategy::{KeyLoss, LossStats, Rank, ServerOptim, ServerSync};
+use syncopate_core::strategy::{KeyLoss, LossStats, ProtocolError, Rank, ServerOptim, ServerSync};
 
 /// A server endpoint of any parameter-server strategy.
 type Server = dyn ServerSync + Send;
@@ -155,6 +156,30 @@ pub(crate) struct ServerHooks {
     pub(crate) checkpoints: Option<ServerCheckpointer>,
     /// This server's rank.
     pub(crate) rank: Rank,
+    /// Its part in relaying worker 0's buffers (the first server passes them on).
+    buffers: BufferRelay,
+}
+
+impl ServerHooks {
+    /// The hooks of server `rank`, writing `checkpoints` (if any) and the timeline
+    /// (`tracer`).
+    pub(crate) fn new(
+        layout: &JobLayout,
+        rank: Rank,
+        tracer: Option<TraceRecorder>,
+        checkpoints: Option<ServerCheckpointer>,
+    ) -> Self {
+        let route = BufferRoute::of(layout.strategy, layout.workers, layout.servers, rank);
+        Self {
+            layout: layout.clone(),
+            tracer,
+            updates: 0,
+            step: 0,
+            checkpoints,
+            rank,
+            buffers: BufferRelay::new(route, None),
+        }
+    }
 }
 
 impl Hooks<Server> for ServerHooks {
@@ -179,6 +204,20 @@ impl Hooks<Server> for ServerHooks {
 
     fn step(&self) -> u64 {
         self.step
+    }
+
+    fn on_buffers(
+        &mut self,
+        peer: Rank,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), ProtocolError> {
+        self.buffers.handle_frame(peer, header, payload)?;
+        Ok(())
+    }
+
+    fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
+        self.buffers.poll_transmit()
     }
 
     fn describe(&self, rank: Rank) -> String {
@@ -244,23 +283,18 @@ pub fn run_server(
     let links = join(ctx, layout, spec.fingerprint())?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
-    let mut hooks = ServerHooks {
-        layout: layout.clone(),
-        tracer: ctx
-            .metrics
-            .as_ref()
-            .and_then(|m| m.trace_steps.clone())
-            .map(|window| TraceRecorder::new(ctx.rank, window)),
-        updates: 0,
-        step: 0,
-        checkpoints: plan.checkpoint.map(|plan| ServerCheckpointer {
-            plan,
-            job,
-            spec: spec.clone(),
-            steps: plan_steps,
-        }),
-        rank: ctx.rank,
-    };
+    let tracer = ctx
+        .metrics
+        .as_ref()
+        .and_then(|m| m.trace_steps.clone())
+        .map(|window| TraceRecorder::new(ctx.rank, window));
+    let checkpoints = plan.checkpoint.map(|plan| ServerCheckpointer {
+        plan,
+        job,
+        spec: spec.clone(),
+        steps: plan_steps,
+    });
+    let mut hooks = ServerHooks::new(layout, ctx.rank, tracer, checkpoints);
     let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(server.as_mut(), &mut hooks)?;
     crate::job::finish_sampler(sampler)?;

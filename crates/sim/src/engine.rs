@@ -383,8 +383,10 @@ impl<'a> Sim<'a> {
                             }
                         }
                     }
-                    // Data, loss, optimizer and evaluation take no modelled time.
+                    // Data, loss, optimizer and evaluation take no modelled time (and
+                    // simulated models have no buffers to relay).
                     Action::LoadBatch(_)
+                    | Action::SyncBuffers(_)
                     | Action::Loss
                     | Action::OptimizeLayer(_)
                     | Action::Optimize

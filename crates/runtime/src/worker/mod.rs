@@ -8,12 +8,13 @@ use std::time::{Duration as StdDuration, Instant};
 
 use mio::Waker;
 use serde::Serialize;
+use syncopate_core::buffers::{BufferRelay, BufferRoute};
 use syncopate_core::latency::Percentiles;
 use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
 use syncopate_core::strategy::{
-    textbook_bytes_per_step, KeyLoss, LossStats, Rank, WorkerEvent, WorkerSync,
+    textbook_bytes_per_step, KeyLoss, LossStats, ProtocolError, Rank, WorkerEvent, WorkerSync,
 };
 use syncopate_core::tune::{Knobs, TuneReport};
 use syncopate_train::checkpoint;
@@ -194,12 +195,16 @@ enum ToComm {
     Retune(Knobs),
     Gradient(usize, Vec<f32>),
     BackwardDone,
+    /// Worker 0's buffers at the evaluation point after this step, to relay.
+    Buffers(u64, Vec<f32>),
     Finish,
 }
 
 enum FromComm {
     /// A strategy event, with the values it made ready (empty for StepDone).
     Event(WorkerEvent, Vec<f32>),
+    /// Worker 0's buffers at the evaluation point after this step, relayed here.
+    Buffers(u64, Vec<f32>),
     Failed,
 }
 
@@ -213,6 +218,8 @@ struct WorkerHooks {
     /// Per key, its slices as `(offset, length)` (parameter-server strategies), for the
     /// timeline's enqueue instants.
     slices: Vec<Vec<(usize, usize)>>,
+    /// This worker's part in relaying worker 0's buffers.
+    buffers: BufferRelay,
 }
 
 impl WorkerHooks {
@@ -262,6 +269,7 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
                 }
                 Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
                 Ok(ToComm::Retune(knobs)) => ep.retune(knobs),
+                Ok(ToComm::Buffers(step, values)) => self.buffers.handle_local(step, &values),
                 Ok(ToComm::Finish) => return Ok(Flow::Finish),
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -288,6 +296,23 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
 
     fn describe(&self, rank: Rank) -> String {
         self.layout.describe(rank)
+    }
+
+    fn on_buffers(
+        &mut self,
+        peer: Rank,
+        header: &Header,
+        payload: &[u8],
+    ) -> Result<(), ProtocolError> {
+        self.buffers.handle_frame(peer, header, payload)?;
+        while let Some((step, values)) = self.buffers.poll_delivered() {
+            let _ = self.tx.send(FromComm::Buffers(step, values));
+        }
+        Ok(())
+    }
+
+    fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
+        self.buffers.poll_transmit()
     }
 
     fn traces_frames(&self) -> bool {
@@ -418,6 +443,7 @@ fn start_comm(
     layout: &JobLayout,
     keys: &[KeyInfo],
     mut endpoint: Box<dyn WorkerSync + Send>,
+    buffer_values: usize,
 ) -> Result<Comm, RunError> {
     let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
@@ -445,6 +471,10 @@ fn start_comm(
         layout: layout.clone(),
         tracer,
         slices,
+        buffers: BufferRelay::new(
+            BufferRoute::of(layout.strategy, layout.workers, layout.servers, ctx.rank),
+            Some(buffer_values),
+        ),
     };
     let thread = std::thread::Builder::new()
         .name("syncopate-comm".into())
@@ -499,8 +529,9 @@ pub fn run_worker<E: LayerwiseEngine>(
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
     let mut endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
     endpoint.start_at(first_step);
+    let buffer_values = engine.buffers()?.iter().map(|(_, v)| v.len()).sum();
     let links = join(ctx, layout, spec.fingerprint())?;
-    let mut comm = start_comm(links, ctx, layout, &keys, endpoint)?;
+    let mut comm = start_comm(links, ctx, layout, &keys, endpoint, buffer_values)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
 
     let sampler = EpochSampler::new(
@@ -528,6 +559,7 @@ pub fn run_worker<E: LayerwiseEngine>(
             .with_eval(eval)
             .with_checkpoints(checkpoints)
             .with_tuning(layout.tune_spec(&keys))
+            .with_buffer_sync(buffer_values > 0 && layout.workers > 1)
             .resumed_at(first_step),
     );
     let tracer = ctx
@@ -546,6 +578,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         &sizes,
     );
     run.slowdown = plan.slowdown;
+    run.rank = ctx.rank;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
     if let Some(carried) = carried {
         run.record = Record::resumed(carried);

@@ -140,6 +140,8 @@ pub(super) struct StepLoop<'a, E> {
     pub slowdown: f64,
     /// Samples per step over all workers.
     pub global_batch: usize,
+    /// This worker's rank (worker 0's buffers are the ones every worker takes).
+    pub rank: usize,
     /// Where to write this worker's weight snapshots at evaluation points, and its rank.
     pub snapshots: Option<(std::path::PathBuf, usize)>,
     /// Where this worker writes its checkpoints.
@@ -156,6 +158,8 @@ pub(super) struct StepLoop<'a, E> {
     times_at_step_start: WorkerTimes,
     /// Per-tensor completion times (hand-over to values back), on `record.start`'s clock.
     pub tensors: TensorTimes,
+    /// Worker 0's buffers, relayed here before this worker reached their evaluation point.
+    relayed: Option<(u64, Vec<f32>)>,
 }
 
 impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
@@ -188,6 +192,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             layer_keys,
             slowdown: 1.0,
             global_batch: 0,
+            rank: 0,
             snapshots: None,
             checkpoints: None,
             record: Record::new(),
@@ -199,6 +204,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             step_start: Instant::now(),
             times_at_step_start: WorkerTimes::default(),
             tensors: TensorTimes::new(key_sizes.len()),
+            relayed: None,
         }
     }
 
@@ -248,6 +254,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
                     last,
                 } => self.evaluate(step, epoch_end, last, seq.plan().steps)?,
                 Action::Checkpoint(step) => self.checkpoint(step)?,
+                Action::SyncBuffers(step) => self.sync_buffers(seq, step)?,
             }
         }
     }
@@ -261,8 +268,30 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     /// Waits for the next message of the communication thread and hands it over.
     fn wait(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
         let t = Instant::now();
+        let awaiting = seq.awaiting();
+        self.receive(seq)?;
+        let end = Instant::now();
+        self.record.times.wait += (end - t).as_secs_f64();
+        if end - t > StdDuration::from_micros(50) {
+            let name = match awaiting {
+                Awaiting::Params(layer) => format!("wait params {}", self.layer_names[layer]),
+                Awaiting::AllValues => "wait all values".into(),
+                _ => "wait step done".into(),
+            };
+            self.span("wait", &name, t, end);
+        }
+        Ok(())
+    }
+
+    /// Takes the next message of the communication thread: a strategy event goes to the
+    /// engine and the sequencer, relayed buffers are kept for their evaluation point.
+    fn receive(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
         let (event, values) = match self.comm.recv()? {
             FromComm::Event(event, values) => (event, values),
+            FromComm::Buffers(step, values) => {
+                self.relayed = Some((step, values));
+                return Ok(());
+            }
             FromComm::Failed => unreachable!("recv turns failures into errors"),
         };
         if let WorkerEvent::ParamsReady(key) | WorkerEvent::GradReady(key) = event {
@@ -278,18 +307,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             }
             WorkerEvent::StepDone => {}
         }
-        let awaiting = seq.awaiting();
         seq.handle_event(event);
-        let end = Instant::now();
-        self.record.times.wait += (end - t).as_secs_f64();
-        if end - t > StdDuration::from_micros(50) {
-            let name = match awaiting {
-                Awaiting::Params(layer) => format!("wait params {}", self.layer_names[layer]),
-                Awaiting::AllValues => "wait all values".into(),
-                _ => "wait step done".into(),
-            };
-            self.span("wait", &name, t, end);
-        }
         Ok(())
     }
 
@@ -433,6 +451,56 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
             / r.train_seconds().max(1e-9);
         self.observer.on_step(step + 1, steps, &out, rate);
+        Ok(())
+    }
+
+    /// At an evaluation point: worker 0 sends its buffers; every other worker waits for
+    /// them and installs them (left out of training time, as the evaluation is).
+    fn sync_buffers(&mut self, seq: &mut StepSequencer, step: u64) -> Result<(), RunError> {
+        let t = Instant::now();
+        if self.rank == 0 {
+            let values = self
+                .engine
+                .buffers()?
+                .into_iter()
+                .flat_map(|(_, v)| v)
+                .collect();
+            self.comm.send(ToComm::Buffers(step, values))?;
+        } else {
+            let values = loop {
+                match self.relayed.take() {
+                    Some((at, values)) if at == step => break values,
+                    Some((at, _)) => {
+                        return Err(RunError::Local(format!(
+                            "worker 0's buffers of step {} arrived at step {}",
+                            at + 1,
+                            step + 1
+                        )))
+                    }
+                    None => self.receive(seq)?,
+                }
+            };
+            self.install_buffers(values)?;
+        }
+        self.record.excluded_seconds += t.elapsed().as_secs_f64();
+        self.span("buffers", "relay buffers", t, Instant::now());
+        Ok(())
+    }
+
+    /// Installs worker 0's buffers, in the order of [`LayerwiseEngine::buffers`].
+    fn install_buffers(&mut self, values: Vec<f32>) -> Result<(), RunError> {
+        let mut rest = values.as_slice();
+        for (name, mine) in self.engine.buffers()? {
+            if rest.len() < mine.len() {
+                return Err(RunError::Local("worker 0's buffers are too few".into()));
+            }
+            let (theirs, tail) = rest.split_at(mine.len());
+            self.engine.set_buffer(&name, theirs.to_vec())?;
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            return Err(RunError::Local("worker 0's buffers are too many".into()));
+        }
         Ok(())
     }
 
