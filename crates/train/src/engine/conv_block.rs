@@ -89,6 +89,7 @@ impl ConvShape {
             out_channels: self.out_channels,
             rows: self.patch_len(),
             columns: self.columns(),
+            parallel: true,
         }
     }
 

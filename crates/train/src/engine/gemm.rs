@@ -50,6 +50,7 @@ fn matmul(
     accumulate: bool,
     lhs: Operand,
     rhs: Operand,
+    parallel: bool,
 ) {
     assert!(
         dst_stride >= n
@@ -58,7 +59,7 @@ fn matmul(
             && rhs.holds(k, n)
     );
     let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 && m * n * k >= 1 << 18 {
+    let parallelism = if parallel && threads > 1 && m * n * k >= 1 << 18 {
         Parallelism::Rayon(threads)
     } else {
         Parallelism::None
@@ -102,6 +103,9 @@ pub(crate) struct ConvGemm {
     pub rows: usize,
     /// Columns of the column matrix (samples x output positions).
     pub columns: usize,
+    /// Whether one product may use every thread (false where the caller already runs
+    /// products side by side, one per thread).
+    pub parallel: bool,
 }
 
 impl ConvGemm {
@@ -126,6 +130,7 @@ impl ConvGemm {
             false,
             lhs,
             Operand::rows(cols, width),
+            self.parallel,
         );
     }
 
@@ -162,7 +167,16 @@ impl ConvGemm {
             accumulate,
             lhs,
             Operand::columns(cols, width),
+            self.parallel,
         );
+    }
+
+    /// The part of the weight's gradient that the columns `first..` of the range's `cols`
+    /// give, as a weight-shaped matrix of its own.
+    pub fn add_weight_grad_of(&self, gy: &[f32], cols: &[f32], first: usize) -> Vec<f32> {
+        let mut dw = vec![0f32; self.out_channels * self.rows];
+        self.add_weight_grad(gy, cols, first, &mut dw, false);
+        dw
     }
 
     /// The column matrix's gradient `dcols = W^T x gY` (col2im folds it onto the input).
@@ -198,6 +212,7 @@ impl ConvGemm {
             false,
             lhs,
             rhs,
+            self.parallel,
         );
     }
 }

@@ -12,6 +12,8 @@ use std::ops::Range;
 
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
+use rayon::prelude::*;
+
 use super::unfold::{col2im_add, im2col_into, Layout, Unfold};
 
 /// Bytes of column matrix unfolded at a time: a part that stays in the last-level cache
@@ -51,18 +53,82 @@ impl ConvBn {
         self.unfold.rows() * samples * self.plane()
     }
 
-    /// The convolution as GEMMs.
-    fn gemm(&self) -> ConvGemm {
+    /// The convolution as GEMMs; `parallel`: whether one product may use every thread.
+    fn gemm(&self, parallel: bool) -> ConvGemm {
         ConvGemm {
             out_channels: self.out_channels,
             rows: self.unfold.rows(),
             columns: self.unfold.columns(),
+            parallel,
         }
+    }
+
+    /// Runs `f(samples, cols)` on every part of the batch ([`ConvBn::chunks`]) with that
+    /// part of `x` unfolded, the parts side by side on the threads (each unfolding into a
+    /// column matrix of its own, each product on one thread: small products do not split
+    /// well), and returns the results in the parts' order, so that what the caller sums
+    /// from them does not depend on the thread count.
+    fn per_chunk<T: Send>(
+        &self,
+        x: &[f32],
+        f: impl Fn(Range<usize>, &[f32]) -> T + Sync,
+    ) -> Vec<T> {
+        let chunks: Vec<Range<usize>> = self.chunks().collect();
+        let len = self.chunk_len();
+        chunks
+            .into_par_iter()
+            .map_init(
+                || vec![0f32; len],
+                |cols, samples| {
+                    let cols = &mut cols[..self.unfold.rows() * samples.len() * self.plane()];
+                    im2col_into(&self.unfold, x, samples.clone(), cols);
+                    f(samples, cols)
+                },
+            )
+            .collect()
+    }
+
+    /// The convolution's output `[O, B*OH*OW]` (channel-major) of input `x`, the batch's
+    /// parts computed side by side.
+    fn convolve(&self, weight: &[f32], x: &[f32]) -> Vec<f32> {
+        let gemm = self.gemm(false);
+        let parts = self.per_chunk(x, |samples, cols| {
+            let width = samples.len() * self.plane();
+            let part = ConvGemm {
+                columns: width,
+                ..gemm
+            };
+            (samples.start * self.plane(), part.forward(weight, cols))
+        });
+        let columns = gemm.columns;
+        let mut y = vec![0f32; self.out_channels * columns];
+        for (first, part) in parts {
+            let width = part.len() / self.out_channels.max(1);
+            for (o, row) in part.chunks_exact(width.max(1)).enumerate() {
+                y[o * columns + first..][..width].copy_from_slice(row);
+            }
+        }
+        y
     }
 
     /// Values in the weight `[O, C, K, K]`.
     pub fn weight_len(&self) -> usize {
         self.out_channels * self.unfold.rows()
+    }
+
+    /// For a stride-1 convolution whose output keeps the input's size: the convolution
+    /// that carries its output's gradient (`[O, B, H, W]`, channel-major) back to its input
+    /// (see [`transposed_input_grad`]); `None` for other convolutions.
+    fn transposed(&self) -> Option<ConvBn> {
+        let u = &self.unfold;
+        (u.stride == 1 && 2 * u.padding + 1 == u.kernel).then(|| ConvBn {
+            unfold: Unfold {
+                channels: self.out_channels,
+                layout: Layout::ChannelMajor,
+                ..*u
+            },
+            out_channels: u.channels,
+        })
     }
 }
 
@@ -360,15 +426,7 @@ fn conv_bn(
         gamma.len() == c.out_channels && beta.len() == c.out_channels,
         "batch norm of {c:?}"
     );
-    let gemm = c.gemm();
-    let mut z = vec![0f32; c.out_channels * gemm.columns];
-    let mut cols = vec![0f32; c.chunk_len()];
-    for samples in c.chunks() {
-        let first = samples.start * c.plane();
-        let cols = &mut cols[..c.unfold.rows() * samples.len() * c.plane()];
-        im2col_into(&c.unfold, x, samples, cols);
-        gemm.forward_columns(weight, cols, &mut z, first);
-    }
+    let mut z = c.convolve(weight, x);
     match running {
         Some(r) => {
             batch_norm::forward_eval(&mut z, gamma, beta, r.mean, r.var);
@@ -404,27 +462,67 @@ fn conv_bn_backward(
     let (weight, gamma) = (params[0], params[1]);
     let grads = batch_norm::backward(bn, gamma, g);
     let dz = &grads.input;
-    let gemm = c.gemm();
+    let gemm = c.gemm(false);
+    let partial_weight_grads = c.per_chunk(x, |samples, cols| {
+        gemm.add_weight_grad_of(dz, cols, samples.start * c.plane())
+    });
     let mut dw = vec![0f32; c.weight_len()];
-    let mut dx = need_input.then(|| vec![0f32; c.unfold.input_len()]);
-    let (mut cols, mut dcols) = (vec![0f32; c.chunk_len()], Vec::new());
-    for (i, samples) in c.chunks().enumerate() {
-        let first = samples.start * c.plane();
-        let width = samples.len() * c.plane();
-        let cols = &mut cols[..c.unfold.rows() * width];
-        im2col_into(&c.unfold, x, samples.clone(), cols);
-        gemm.add_weight_grad(dz, cols, first, &mut dw, i > 0);
-        if let Some(dx) = dx.as_mut() {
-            dcols.resize(cols.len(), 0.0);
-            gemm.cols_grad_columns(weight, dz, first, width, &mut dcols);
-            col2im_add(&c.unfold, &dcols, samples, dx);
-        }
+    for part in partial_weight_grads {
+        dw.iter_mut().zip(part).for_each(|(d, p)| *d += p);
     }
+    let dx = need_input.then(|| match c.transposed() {
+        Some(t) => transposed_input_grad(c, &t, weight, dz),
+        None => folded_input_grad(c, weight, dz),
+    });
     ConvBnGrads {
         weight: dw,
         gamma: grads.gamma,
         beta: grads.beta,
         input: dx,
+    }
+}
+
+/// The input's gradient of any convolution, given its output's gradient `dz`
+/// (`[O, B*OH*OW]`): the column matrix's gradient `W^T x dz`, a part of the batch at a time,
+/// folded back onto the input (col2im).
+fn folded_input_grad(c: &ConvBn, weight: &[f32], dz: &[f32]) -> Vec<f32> {
+    let gemm = c.gemm(true);
+    let mut dx = vec![0f32; c.unfold.input_len()];
+    let mut dcols = Vec::new();
+    for samples in c.chunks() {
+        let width = samples.len() * c.plane();
+        dcols.resize(c.unfold.rows() * width, 0.0);
+        gemm.cols_grad_columns(weight, dz, samples.start * c.plane(), width, &mut dcols);
+        col2im_add(&c.unfold, &dcols, samples, &mut dx);
+    }
+    dx
+}
+
+/// The input's gradient of a stride-1 convolution that keeps the image's size, given its
+/// output's gradient `dz` (`[O, B, H, W]`): the convolution of `dz` with the kernel
+/// transposed (input and output channels swapped) and flipped, run as the forward is (one
+/// GEMM with a deep inner dimension per part of the batch) instead of a shallow GEMM into
+/// a column matrix that col2im folds back. `t` is [`ConvBn::transposed`]'s convolution.
+fn transposed_input_grad(c: &ConvBn, t: &ConvBn, weight: &[f32], dz: &[f32]) -> Vec<f32> {
+    let (o, ch, k) = (c.out_channels, c.unfold.channels, c.unfold.kernel);
+    let taps = k * k;
+    let mut flipped = vec![0f32; weight.len()];
+    for oi in 0..o {
+        for ci in 0..ch {
+            let src = &weight[(oi * ch + ci) * taps..][..taps];
+            let dst = &mut flipped[(ci * o + oi) * taps..][..taps];
+            dst.iter_mut()
+                .zip(src.iter().rev())
+                .for_each(|(d, s)| *d = *s);
+        }
+    }
+    let dx = t.convolve(&flipped, dz);
+    match c.unfold.layout {
+        Layout::ChannelMajor => dx,
+        Layout::SampleMajor => {
+            let u = &c.unfold;
+            swap_outer(&dx, ch, u.batch, u.height * u.width)
+        }
     }
 }
 

@@ -161,6 +161,46 @@ fn resnet20_layers_match_burn() {
     check(ResidualShape::basic([2, 16, 8, 8], 32, 2), 3);
 }
 
+/// Batches big enough to be unfolded in several parts (3 and 2 here): the parts' outputs
+/// and partial weight gradients add up to burn's results, stride 1 (the input's gradient
+/// as a transposed convolution) and stride 2 (folded back by col2im).
+#[test]
+fn batches_unfolded_in_parts_match_burn() {
+    let same = ResidualShape::basic([7, 16, 32, 32], 16, 1);
+    let strided = ResidualShape::basic([20, 16, 32, 32], 32, 2);
+    for (shape, parts) in [(same, 3), (strided, 2)] {
+        let ResidualShape::Basic { first, .. } = shape else {
+            unreachable!()
+        };
+        assert_eq!(first.chunks().count(), parts, "{shape:?}");
+        check(shape, 4);
+    }
+}
+
+/// The batch's parts run side by side, yet every output and gradient is the same, bit for
+/// bit, on one thread as on three.
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let shape = ResidualShape::basic([7, 16, 32, 32], 16, 1);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let x = values(shape.convs()[0].unfold.input_len(), &mut rng);
+    let params = random_params(&shape, &mut rng);
+    let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
+    let g = values(shape.output_dims().iter().product(), &mut rng);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let fwd = forward(&shape, &x, &refs, None);
+            let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
+            (fwd.output, grads.params, grads.input)
+        })
+    };
+    assert!(run(1) == run(3));
+}
+
 #[test]
 fn batch_statistics_are_the_batch_mean_and_biased_variance() {
     let shape = ResidualShape::stem([3, 2, 4, 4], 2, 1, 1, 0);
