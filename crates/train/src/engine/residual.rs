@@ -121,7 +121,7 @@ impl ConvBn {
     /// (see [`transposed_input_grad`]); `None` for other convolutions.
     fn transposed(&self) -> Option<ConvBn> {
         let u = &self.unfold;
-        (u.stride == 1 && 2 * u.padding + 1 == u.kernel).then(|| ConvBn {
+        (u.stride == 1 && 2 * u.padding + 1 == u.kernel).then_some(ConvBn {
             unfold: Unfold {
                 channels: self.out_channels,
                 layout: Layout::ChannelMajor,
