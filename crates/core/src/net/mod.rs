@@ -17,6 +17,7 @@
 //! - the parsers of bandwidths, durations, sizes and probabilities.
 
 mod counters;
+mod flow_map;
 mod link;
 mod loss;
 mod order;

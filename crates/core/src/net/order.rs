@@ -4,13 +4,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use rustc_hash::FxHashMap;
-
 use super::{Decision, Fate, Nanos};
 
-/// Per-flow sequence state.
+/// The reorder buffer of one reliable flow through a port.
 #[derive(Debug, Clone, Default)]
-struct FlowSeq {
+pub(crate) struct FlowSeq {
     /// Sequence number of the next frame offered.
     next_ticket: u64,
     /// Sequence number of the next frame to hand out.
@@ -21,44 +19,28 @@ struct FlowSeq {
     held: BTreeMap<u64, Decision>,
 }
 
-/// The reorder buffer of every reliable flow through a port.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Sequencer {
-    flows: FxHashMap<u64, FlowSeq>,
-}
-
-impl Sequencer {
-    /// The sequence number of a new frame on `flow`.
-    pub fn ticket(&mut self, flow: u64) -> u64 {
-        let f = self.flows.entry(flow).or_default();
-        let t = f.next_ticket;
-        f.next_ticket = t.saturating_add(1);
+impl FlowSeq {
+    /// The sequence number of a new frame of the flow.
+    pub fn ticket(&mut self) -> u64 {
+        let t = self.next_ticket;
+        self.next_ticket = t.saturating_add(1);
         t
     }
 
-    /// Frame `seq` of `flow` is delivered as `decision` says: hands it (and any frames it
-    /// held up) to `out` in order, each delivered no earlier than the one before.
-    pub fn settle(
-        &mut self,
-        flow: u64,
-        seq: u64,
-        decision: Decision,
-        out: &mut VecDeque<Decision>,
-    ) {
-        let f = self.flows.entry(flow).or_default();
-        if seq != f.next_release {
-            f.held.insert(seq, decision);
+    /// Frame `seq` of the flow is delivered as `decision` says: hands it (and any frames
+    /// it held up) to `out` in order, each delivered no earlier than the one before.
+    pub fn settle(&mut self, seq: u64, decision: Decision, out: &mut VecDeque<Decision>) {
+        if seq != self.next_release {
+            self.held.insert(seq, decision);
             return;
         }
         // In order (the common case): no detour through the buffer.
-        f.release(decision, out);
-        while let Some(d) = f.held.remove(&f.next_release) {
-            f.release(d, out);
+        self.release(decision, out);
+        while let Some(d) = self.held.remove(&self.next_release) {
+            self.release(d, out);
         }
     }
-}
 
-impl FlowSeq {
     /// Hands out the next frame in order, delivered no earlier than the one before.
     fn release(&mut self, mut d: Decision, out: &mut VecDeque<Decision>) {
         if let Fate::Delivered { at, .. } = &mut d.fate {
@@ -89,17 +71,17 @@ mod tests {
 
     #[test]
     fn later_frames_wait_for_an_earlier_one() {
-        let mut s = Sequencer::default();
+        let (mut one, mut two) = (FlowSeq::default(), FlowSeq::default());
         let mut out = VecDeque::new();
-        let (a, b, c) = (s.ticket(1), s.ticket(1), s.ticket(2));
-        s.settle(1, b, delivered(11, 100), &mut out);
-        s.settle(2, c, delivered(20, 50), &mut out);
+        let (a, b, c) = (one.ticket(), one.ticket(), two.ticket());
+        one.settle(b, delivered(11, 100), &mut out);
+        two.settle(c, delivered(20, 50), &mut out);
         assert_eq!(
             out.len(),
             1,
             "flow 2 is independent, flow 1 waits for its first frame"
         );
-        s.settle(1, a, delivered(10, 500), &mut out);
+        one.settle(a, delivered(10, 500), &mut out);
         let got: Vec<Decision> = out.into_iter().collect();
         assert_eq!(
             got,

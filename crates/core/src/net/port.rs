@@ -41,10 +41,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use rustc_hash::FxHashMap;
-
 use super::counters::NetCounters;
-use super::order::Sequencer;
+use super::flow_map::FlowMap;
+use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
 use super::rng::{hash, SplitMix64};
@@ -71,6 +70,20 @@ struct Held {
     /// Bytes this attempt puts on the wire: the frame, or (a retransmission with loss per
     /// packet) only its lost packets.
     wire_bytes: usize,
+    /// Its flow's place in the port's flow table (looked up once, on entry).
+    slot: usize,
+}
+
+/// Everything a port keeps per flow, in one place: a frame looks its flow up once when it
+/// enters and carries the slot from then on (per-flow hash lookups at every step were a
+/// fifth of a 1,024-worker simulation, most of it cache misses).
+#[derive(Debug, Clone, Default)]
+struct FlowState {
+    /// The reorder buffer (reliable frames).
+    order: FlowSeq,
+    /// Ingress only: the flow's frame in the port and those waiting behind it.
+    gate: FlowGate,
+    counters: NetCounters,
 }
 
 /// An ingress flow's frame in the port and the frames waiting behind it.
@@ -98,15 +111,16 @@ pub struct Port {
     /// Frames to offer at a later time, by (time, order): retransmissions, and (ingress)
     /// the next frame of a flow once the one ahead has left.
     retransmits: BTreeMap<(Nanos, u64), Held>,
-    /// Ingress only: per flow, whether a frame of it is in the port, and the frames
-    /// waiting behind it.
-    one_per_flow: Option<FxHashMap<u64, FlowGate>>,
+    /// Ingress only: one frame of a flow in the port at a time, the others waiting behind
+    /// it ([`FlowGate`]).
+    one_per_flow: bool,
     retransmit_order: u64,
-    sequencer: Sequencer,
     ready: VecDeque<Decision>,
     counters: NetCounters,
     path_counters: Vec<NetCounters>,
-    flow_counters: FxHashMap<u64, NetCounters>,
+    /// Per flow (in order of first appearance) its state, and where each flow's is.
+    flows: Vec<FlowState>,
+    slots: FlowMap<usize>,
     /// The latest `now` seen.
     clock: Nanos,
 }
@@ -158,12 +172,12 @@ impl Port {
             lazy: profile.queue_discipline == QueueDiscipline::Prio,
             salt: hash(&[seed, 0xEC3F]),
             retransmits: BTreeMap::new(),
-            one_per_flow: (direction == Direction::Ingress).then(FxHashMap::default),
+            one_per_flow: direction == Direction::Ingress,
             retransmit_order: 0,
-            sequencer: Sequencer::default(),
             ready: VecDeque::new(),
             counters: NetCounters::default(),
-            flow_counters: FxHashMap::default(),
+            flows: Vec::new(),
+            slots: FlowMap::default(),
             clock: 0,
         }
     }
@@ -194,8 +208,10 @@ impl Port {
     /// Offers a frame identified by the driver's `token` at `now`.
     pub fn enqueue(&mut self, now: Nanos, token: u64, meta: FrameMeta) {
         self.advance(now);
+        let slot = self.slot(meta.flow);
+        let flow = &mut self.flows[slot];
         let seq = if meta.reliable {
-            self.sequencer.ticket(meta.flow)
+            flow.order.ticket()
         } else {
             0
         };
@@ -206,9 +222,10 @@ impl Port {
             offered: now,
             retransmissions: 0,
             wire_bytes: meta.bytes,
+            slot,
         };
-        if let Some(gates) = self.one_per_flow.as_mut() {
-            let gate = gates.entry(meta.flow).or_default();
+        if self.one_per_flow {
+            let gate = &mut flow.gate;
             if gate.busy {
                 gate.waiting.push_back(held);
                 return;
@@ -254,9 +271,20 @@ impl Port {
         &self.path_counters
     }
 
-    /// Counters of one flow (`None` if nothing of it passed).
+    /// Counters of one flow (`None` if nothing of it entered).
     pub fn flow_counters(&self, flow: u64) -> Option<&NetCounters> {
-        self.flow_counters.get(&flow)
+        let slot = self.slots.get(&flow)?;
+        self.flows.get(*slot).map(|f| &f.counters)
+    }
+
+    /// Where `flow`'s state is (made on its first frame).
+    fn slot(&mut self, flow: u64) -> usize {
+        let next = self.flows.len();
+        let slot = *self.slots.entry(flow).or_insert(next);
+        if slot == next {
+            self.flows.push(FlowState::default());
+        }
+        slot
     }
 
     /// Number of paths.
@@ -301,7 +329,7 @@ impl Port {
         let (bytes, class) = (held.wire_bytes, held.meta.class);
         let refused = path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
         if refused && held.retransmissions == 0 {
-            self.count(held.meta.flow, i, |c| c.dropped(bytes));
+            self.count(held.slot, i, |c| c.dropped(bytes));
             if held.meta.reliable {
                 self.retransmit(t, held, i);
             } else {
@@ -336,7 +364,7 @@ impl Port {
         // An ingress port forwards bits as they arrive (cut-through): a frame that fully
         // arrived at `offered` began arriving one serialisation earlier, and an idle port
         // delivers it as its last bit comes in, not one more serialisation later.
-        let earliest = if self.one_per_flow.is_some() {
+        let earliest = if self.one_per_flow {
             held.offered.saturating_sub(tx)
         } else {
             held.offered
@@ -349,9 +377,9 @@ impl Port {
         let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
-        self.count(held.meta.flow, i, |c| c.sent(bytes, queued));
+        self.count(held.slot, i, |c| c.sent(bytes, queued));
         if lost_packets > 0 {
-            self.count(held.meta.flow, i, |c| c.lost(bytes));
+            self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
                 held.wire_bytes = resend;
                 self.retransmit(done, held, i);
@@ -384,27 +412,30 @@ impl Port {
 
     /// A reliable frame lost (or dropped) at `t` on path `i` is offered again at `t + RTO`.
     fn retransmit(&mut self, t: Nanos, mut held: Held, i: usize) {
-        self.count(held.meta.flow, i, |c| c.retransmitted(held.wire_bytes));
+        self.count(held.slot, i, |c| c.retransmitted(held.wire_bytes));
         held.retransmissions = held.retransmissions.saturating_add(1);
         self.offer_later(t.saturating_add(self.rto_ns), held);
     }
 
     /// Hands out a decision: reliable frames through their flow's reorder buffer.
     fn decided(&mut self, held: &Held, d: Decision) {
-        self.release_next(held.meta.flow, &d);
+        self.release_next(held.slot, &d);
         if held.meta.reliable {
-            (self.sequencer).settle(held.meta.flow, held.seq, d, &mut self.ready);
+            self.flows[held.slot]
+                .order
+                .settle(held.seq, d, &mut self.ready);
         } else {
             self.ready.push_back(d);
         }
     }
 
-    /// Ingress: the frame of `flow` ahead has its fate `d`, so the next one waiting (if
-    /// any) is offered when the one ahead has left the port.
-    fn release_next(&mut self, flow: u64, d: &Decision) {
-        let Some(gate) = self.one_per_flow.as_mut().and_then(|g| g.get_mut(&flow)) else {
+    /// Ingress: the frame ahead in flow `slot` has its fate `d`, so the next one waiting
+    /// (if any) is offered when the one ahead has left the port.
+    fn release_next(&mut self, slot: usize, d: &Decision) {
+        if !self.one_per_flow {
             return;
-        };
+        }
+        let gate = &mut self.flows[slot].gate;
         let left = match d.fate {
             Fate::Delivered { at, .. } => at,
             Fate::Lost { .. } | Fate::Dropped => d.done,
@@ -426,13 +457,15 @@ impl Port {
         self.retransmits.insert((held.offered, order), held);
     }
 
-    /// Applies `f` to the total, path `i`'s and `flow`'s counters.
-    fn count(&mut self, flow: u64, i: usize, f: impl Fn(&mut NetCounters)) {
+    /// Applies `f` to the total, path `i`'s and flow `slot`'s counters.
+    fn count(&mut self, slot: usize, i: usize, f: impl Fn(&mut NetCounters)) {
         f(&mut self.counters);
         if let Some(c) = self.path_counters.get_mut(i) {
             f(c);
         }
-        f(self.flow_counters.entry(flow).or_default());
+        if let Some(flow) = self.flows.get_mut(slot) {
+            f(&mut flow.counters);
+        }
     }
 }
 
