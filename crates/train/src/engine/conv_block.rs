@@ -17,7 +17,7 @@
 //! Every sum runs in a fixed order whatever the thread count, so results are deterministic.
 
 use super::gemm::ConvGemm;
-use super::unfold::{col2im, im2col, Layout, Unfold};
+use super::unfold::{im2col, Layout, Unfold};
 
 /// No route: the output is zero (ReLU) and passes no gradient.
 const CUT: u32 = u32::MAX;
@@ -208,7 +208,7 @@ pub fn backward(
     }
     let gemm = shape.gemm();
     let dw = gemm.weight_grad(&gy, &saved.cols);
-    let input = need_input.then(|| col2im(&shape.unfold(), &gemm.cols_grad(weight, &gy)));
+    let input = need_input.then(|| gemm.input_grad(&shape.unfold(), weight, &gy));
     ConvGrads {
         weight: dw,
         bias,

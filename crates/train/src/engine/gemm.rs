@@ -3,6 +3,8 @@
 
 use gemm::Parallelism;
 
+use super::unfold::{col2im_add, Unfold};
+
 /// A row-major matrix operand, or the transpose of one.
 struct Operand<'a> {
     data: &'a [f32],
@@ -179,11 +181,21 @@ impl ConvGemm {
         dw
     }
 
-    /// The column matrix's gradient `dcols = W^T x gY` (col2im folds it onto the input).
-    pub fn cols_grad(&self, weight: &[f32], gy: &[f32]) -> Vec<f32> {
-        let mut dcols = vec![0f32; self.rows * self.columns];
-        self.cols_grad_columns(weight, gy, 0, self.columns, &mut dcols);
-        dcols
+    /// The input's gradient for the unfolding `u`, given the output's `gy[O, columns]`:
+    /// the column matrix's gradient `W^T x gY`, a part of the batch at a time
+    /// ([`Unfold::chunks`]) into one buffer that stays in cache, each part folded back onto
+    /// the input (col2im) at once.
+    pub fn input_grad(&self, u: &Unfold, weight: &[f32], gy: &[f32]) -> Vec<f32> {
+        let (oh, ow) = u.out_hw();
+        let mut dx = vec![0f32; u.input_len()];
+        let mut dcols = vec![0f32; u.chunk_len()];
+        for samples in u.chunks() {
+            let width = samples.len() * oh * ow;
+            let dcols = &mut dcols[..self.rows * width];
+            self.cols_grad_columns(weight, gy, samples.start * oh * ow, width, dcols);
+            col2im_add(u, dcols, samples, &mut dx);
+        }
+        dx
     }
 
     /// Writes into `dcols` the gradient of the range's column matrix, columns

@@ -14,11 +14,7 @@ use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
 use rayon::prelude::*;
 
-use super::unfold::{col2im_add, im2col_into, Layout, Unfold};
-
-/// Bytes of column matrix unfolded at a time: a part that stays in the last-level cache
-/// (8 MiB here) between im2col writing it and the GEMM reading it.
-const CHUNK_BYTES: usize = 2 << 20;
+use super::unfold::{im2col_into, Layout, Unfold};
 
 /// One convolution without bias followed by batch norm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,21 +32,14 @@ impl ConvBn {
         h * w
     }
 
-    /// The ranges of samples unfolded at a time: as many as keep a part of the column
-    /// matrix within [`CHUNK_BYTES`].
+    /// The ranges of samples unfolded at a time ([`Unfold::chunks`]).
     fn chunks(&self) -> impl Iterator<Item = Range<usize>> {
-        let batch = self.unfold.batch;
-        let per_sample = self.unfold.rows() * self.plane() * std::mem::size_of::<f32>();
-        let step = (CHUNK_BYTES / per_sample.max(1)).clamp(1, batch.max(1));
-        (0..batch)
-            .step_by(step)
-            .map(move |s| s..(s + step).min(batch))
+        self.unfold.chunks()
     }
 
-    /// Values in the largest part of the column matrix (see [`ConvBn::chunks`]).
+    /// Values in the largest part of the column matrix.
     fn chunk_len(&self) -> usize {
-        let samples = self.chunks().map(|r| r.len()).max().unwrap_or(0);
-        self.unfold.rows() * samples * self.plane()
+        self.unfold.chunk_len()
     }
 
     /// The convolution as GEMMs; `parallel`: whether one product may use every thread.
@@ -472,7 +461,7 @@ fn conv_bn_backward(
     }
     let dx = need_input.then(|| match c.transposed() {
         Some(t) => transposed_input_grad(c, &t, weight, dz),
-        None => folded_input_grad(c, weight, dz),
+        None => c.gemm(true).input_grad(&c.unfold, weight, dz),
     });
     ConvBnGrads {
         weight: dw,
@@ -480,22 +469,6 @@ fn conv_bn_backward(
         beta: grads.beta,
         input: dx,
     }
-}
-
-/// The input's gradient of any convolution, given its output's gradient `dz`
-/// (`[O, B*OH*OW]`): the column matrix's gradient `W^T x dz`, a part of the batch at a time,
-/// folded back onto the input (col2im).
-fn folded_input_grad(c: &ConvBn, weight: &[f32], dz: &[f32]) -> Vec<f32> {
-    let gemm = c.gemm(true);
-    let mut dx = vec![0f32; c.unfold.input_len()];
-    let mut dcols = Vec::new();
-    for samples in c.chunks() {
-        let width = samples.len() * c.plane();
-        dcols.resize(c.unfold.rows() * width, 0.0);
-        gemm.cols_grad_columns(weight, dz, samples.start * c.plane(), width, &mut dcols);
-        col2im_add(&c.unfold, &dcols, samples, &mut dx);
-    }
-    dx
 }
 
 /// The input's gradient of a stride-1 convolution that keeps the image's size, given its

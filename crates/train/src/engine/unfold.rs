@@ -37,7 +37,30 @@ pub struct Unfold {
     pub layout: Layout,
 }
 
+/// Bytes of column matrix unfolded at a time: a part that stays in the last-level cache
+/// (8 MiB here) between the step writing it and the step reading it.
+const CHUNK_BYTES: usize = 2 << 20;
+
 impl Unfold {
+    /// The ranges of samples unfolded at a time: as many as keep a part of the column
+    /// matrix within [`CHUNK_BYTES`].
+    pub fn chunks(&self) -> impl Iterator<Item = Range<usize>> {
+        let batch = self.batch;
+        let (h, w) = self.out_hw();
+        let per_sample = self.rows() * h * w * std::mem::size_of::<f32>();
+        let step = (CHUNK_BYTES / per_sample.max(1)).clamp(1, batch.max(1));
+        (0..batch)
+            .step_by(step)
+            .map(move |s| s..(s + step).min(batch))
+    }
+
+    /// Values in the largest part of the column matrix (see [`Unfold::chunks`]).
+    pub fn chunk_len(&self) -> usize {
+        let samples = self.chunks().map(|r| r.len()).max().unwrap_or(0);
+        let (h, w) = self.out_hw();
+        self.rows() * samples * h * w
+    }
+
     /// Height and width of the convolution's output.
     pub fn out_hw(&self) -> (usize, usize) {
         let side = |n: usize| (n + 2 * self.padding - self.kernel) / self.stride + 1;
@@ -154,7 +177,8 @@ pub fn im2col_into(u: &Unfold, x: &[f32], samples: Range<usize>, cols: &mut [f32
 }
 
 /// Folds `[C*K*K, B*OH*OW]` back onto the input's shape and layout, adding overlapping
-/// taps (the adjoint of [`im2col`]).
+/// taps (the adjoint of [`im2col`]; the kernels fold a part of the batch at a time).
+#[cfg(test)]
 pub fn col2im(u: &Unfold, cols: &[f32]) -> Vec<f32> {
     let mut x = vec![0f32; u.input_len()];
     col2im_add(u, cols, 0..u.batch, &mut x);
