@@ -503,18 +503,41 @@ fn transposed_input_grad(c: &ConvBn, t: &ConvBn, weight: &[f32], dz: &[f32]) -> 
 /// (`[O, B, OH, OW]`): `x` subsampled by the stride, its channels centred among the
 /// output's (`(O - C) / 2` zero channels before them).
 fn add_shortcut(first: &ConvBn, second: &ConvBn, x: &[f32], y: &mut [f32]) {
-    for_each_shortcut_pair(first, second, |xi, yi| y[yi] += x[xi]);
+    let stride = first.unfold.stride;
+    for_each_shortcut_row(first, second, |src, dst, len| {
+        let out = &mut y[dst..][..len];
+        if stride == 1 {
+            out.iter_mut().zip(&x[src..][..len]).for_each(|(o, v)| *o += v);
+        } else {
+            let line = x[src..].iter().step_by(stride);
+            out.iter_mut().zip(line).for_each(|(o, v)| *o += v);
+        }
+    });
 }
 
 /// The input's gradient through the shortcut, `[B, C, H, W]`, from the output's `g`.
 fn shortcut_backward(first: &ConvBn, second: &ConvBn, g: &[f32]) -> Vec<f32> {
     let mut dx = vec![0f32; first.unfold.input_len()];
-    for_each_shortcut_pair(first, second, |xi, yi| dx[xi] += g[yi]);
+    let stride = first.unfold.stride;
+    for_each_shortcut_row(first, second, |src, dst, len| {
+        let from = &g[dst..][..len];
+        if stride == 1 {
+            dx[src..][..len].iter_mut().zip(from).for_each(|(d, v)| *d += v);
+        } else {
+            let line = dx[src..].iter_mut().step_by(stride);
+            line.zip(from).for_each(|(d, v)| *d += v);
+        }
+    });
     dx
 }
 
-/// Calls `f(input index, output index)` for every pair the shortcut connects.
-fn for_each_shortcut_pair(first: &ConvBn, second: &ConvBn, mut f: impl FnMut(usize, usize)) {
+/// Calls `f(input start, output start, length)` for every output row the shortcut
+/// connects: output values `dst..dst + len` pair with the input's `src + i * stride`.
+fn for_each_shortcut_row(
+    first: &ConvBn,
+    second: &ConvBn,
+    mut f: impl FnMut(usize, usize, usize),
+) {
     let u = &first.unfold;
     let (oh, ow) = (second.unfold.height, second.unfold.width);
     let before = (first.out_channels - u.channels) / 2;
@@ -523,12 +546,7 @@ fn for_each_shortcut_pair(first: &ConvBn, second: &ConvBn, mut f: impl FnMut(usi
             let src = (b * u.channels + c) * u.height * u.width;
             let dst = ((c + before) * u.batch + b) * oh * ow;
             for oy in 0..oh {
-                for ox in 0..ow {
-                    f(
-                        src + oy * u.stride * u.width + ox * u.stride,
-                        dst + oy * ow + ox,
-                    );
-                }
+                f(src + oy * u.stride * u.width, dst + oy * ow, ow);
             }
         }
     }
