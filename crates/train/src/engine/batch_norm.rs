@@ -104,9 +104,8 @@ pub fn backward(saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGrads {
         .zip(input.par_chunks_mut(m))
         .enumerate()
         .map(|(ch, ((g, xhat), dz))| {
-            let (dbeta, dgamma) = lane_sum(g, xhat, |g, x| {
-                (f64::from(g), f64::from(g) * f64::from(x))
-            });
+            let (dbeta, dgamma) =
+                lane_sum(g, xhat, |g, x| (f64::from(g), f64::from(g) * f64::from(x)));
             let scale = gamma[ch] * saved.inv_std[ch];
             let (mean_g, mean_gx) = ((dbeta / m as f64) as f32, (dgamma / m as f64) as f32);
             for ((d, &g), &x) in dz.iter_mut().zip(g).zip(xhat) {

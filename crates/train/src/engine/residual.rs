@@ -453,7 +453,7 @@ fn conv_bn_backward(
     let dz = &grads.input;
     let gemm = c.gemm(false);
     let partial_weight_grads = c.per_chunk(x, |samples, cols| {
-        gemm.add_weight_grad_of(dz, cols, samples.start * c.plane())
+        gemm.weight_grad_part(dz, cols, samples.start * c.plane())
     });
     let mut dw = vec![0f32; c.weight_len()];
     for part in partial_weight_grads {
@@ -507,7 +507,9 @@ fn add_shortcut(first: &ConvBn, second: &ConvBn, x: &[f32], y: &mut [f32]) {
     for_each_shortcut_row(first, second, |src, dst, len| {
         let out = &mut y[dst..][..len];
         if stride == 1 {
-            out.iter_mut().zip(&x[src..][..len]).for_each(|(o, v)| *o += v);
+            out.iter_mut()
+                .zip(&x[src..][..len])
+                .for_each(|(o, v)| *o += v);
         } else {
             let line = x[src..].iter().step_by(stride);
             out.iter_mut().zip(line).for_each(|(o, v)| *o += v);
@@ -522,7 +524,10 @@ fn shortcut_backward(first: &ConvBn, second: &ConvBn, g: &[f32]) -> Vec<f32> {
     for_each_shortcut_row(first, second, |src, dst, len| {
         let from = &g[dst..][..len];
         if stride == 1 {
-            dx[src..][..len].iter_mut().zip(from).for_each(|(d, v)| *d += v);
+            dx[src..][..len]
+                .iter_mut()
+                .zip(from)
+                .for_each(|(d, v)| *d += v);
         } else {
             let line = dx[src..].iter_mut().step_by(stride);
             line.zip(from).for_each(|(d, v)| *d += v);
@@ -533,11 +538,7 @@ fn shortcut_backward(first: &ConvBn, second: &ConvBn, g: &[f32]) -> Vec<f32> {
 
 /// Calls `f(input start, output start, length)` for every output row the shortcut
 /// connects: output values `dst..dst + len` pair with the input's `src + i * stride`.
-fn for_each_shortcut_row(
-    first: &ConvBn,
-    second: &ConvBn,
-    mut f: impl FnMut(usize, usize, usize),
-) {
+fn for_each_shortcut_row(first: &ConvBn, second: &ConvBn, mut f: impl FnMut(usize, usize, usize)) {
     let u = &first.unfold;
     let (oh, ow) = (second.unfold.height, second.unfold.width);
     let before = (first.out_channels - u.channels) / 2;
