@@ -15,9 +15,9 @@
 #   --bench-args  more flags for our runs (bench-comm), e.g. "--frame-mac"
 #   --out       where the raw CSVs and the table go (default target/compare-allreduce)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
-# Each reference runs twice: back to back (rank 0 times its calls one after the other, as
-# bench-comm does) and barrier-timed (each call after a barrier, the slowest rank's time, the
-# references' own method), so the table compares like with like and shows the difference.
+# Every implementation runs twice: back to back (rank 0 times its calls one after the other,
+# bench-comm's default) and barrier-timed (each call after a barrier, the slowest rank's time,
+# the references' own method; bench-comm --barrier), so the table compares like with like.
 # Prints a Markdown table (bus bandwidth 2(n-1)/n x bytes / median time, GB/s, and our ratio
 # to each reference and method) and writes it to OUT/table.md, with every measurement in
 # OUT/raw.csv.
@@ -55,13 +55,15 @@ collect() {
 
 for round in $(seq 1 "$rounds"); do
   for n in $ranks; do
-    echo "round $round/$rounds, $n ranks: syncopate" >&2
-    # shellcheck disable=SC2086
-    "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$ours_sizes" \
-      --min-time "$min_time" $bench_args 2>/dev/null | sed 's/^\[worker 0\] //' | collect syncopate "$round"
-    # Each reference twice: back to back at rank 0 (as bench-comm times), and each call
-    # after a barrier at the slowest rank (the references' own method).
+    # Every implementation twice: back to back at rank 0 (bench-comm's default), and each
+    # call after a barrier at the slowest rank (the references' own method).
     for mode in b2b barrier; do
+      ours_flag=""
+      [ $mode = barrier ] && ours_flag="--barrier"
+      echo "round $round/$rounds, $n ranks: syncopate ($mode)" >&2
+      # shellcheck disable=SC2086
+      "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$ours_sizes" \
+        --min-time "$min_time" $ours_flag $bench_args 2>/dev/null | sed 's/^\[worker 0\] //' | collect "syncopate-$mode" "$round"
       flag=""
       [ $mode = b2b ] && flag="--back-to-back"
       if [ $have_mpi = 1 ]; then
@@ -94,24 +96,31 @@ def med(key):
     v = bw.get(key)
     return statistics.median(v) if v else None
 
-names = {"mpi-b2b": "Open MPI, back to back", "mpi-barrier": "Open MPI, barrier",
-         "gloo-b2b": "Gloo, back to back", "gloo-barrier": "Gloo, barrier"}
-impls = [i for i in names if any(k[0] == i for k in bw)]
-lines = ["| ranks | size | Syncopate (back to back) | " + " | ".join(
-    "%s | ours / it" % names[i] for i in impls) + " |"]
-lines.append("|" + "---|" * (3 + 2 * len(impls)))
+names = {"mpi": "Open MPI", "gloo": "Gloo"}
+modes = {"b2b": "back to back", "barrier": "barrier"}
+refs = [(i, m) for m in modes for i in names if any(k[0] == "%s-%s" % (i, m) for k in bw)]
+lines = ["| ranks | size | " + " | ".join(
+    "Syncopate, %s | " % modes[m] + " | ".join(
+        "%s, %s | ours / it" % (names[i], modes[m]) for i, mm in refs if mm == m)
+    for m in modes) + " |"]
+lines.append("|" + "---|" * (2 + len(modes) + 2 * len(refs)))
 for n, size in sorted({(k[1], k[2]) for k in bw}):
-    ours = med(("syncopate", n, size))
-    cells = [str(n), size_name(size), fmt(ours)]
-    for i in impls:
-        ref = med((i, n, size))
-        cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
+    cells = [str(n), size_name(size)]
+    for m in modes:
+        ours = med(("syncopate-" + m, n, size))
+        cells.append(fmt(ours))
+        for i, mm in refs:
+            if mm != m:
+                continue
+            ref = med(("%s-%s" % (i, m), n, size))
+            cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
     lines.append("| " + " | ".join(cells) + " |")
 rounds = max((len(v) for v in bw.values()), default=0)
 text = "\n".join(lines) + (
     "\n\nBus bandwidth in GB/s, median of %d round(s). Back to back: rank 0 times its calls "
-    "one after the other (bench-comm's method); barrier: each call starts after a barrier "
-    "and takes the slowest rank's time (the references' own method).\n" % rounds)
+    "one after the other (bench-comm's default); barrier: each call starts after a barrier "
+    "and takes the slowest rank's time (the references' own method, bench-comm --barrier). "
+    "Each ratio compares like with like.\n" % rounds)
 publish(text)
 EOF
 echo "raw measurements: $raw; table: $out/table.md" >&2

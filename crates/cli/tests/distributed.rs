@@ -111,12 +111,14 @@ fn run_ok(cmd: &mut Command) -> String {
     text
 }
 
-/// `bench-comm` completes for ring all-reduce (busy polling and sleeping) and the parameter
-/// server, and reports one row per size with the operations it timed.
+/// `bench-comm` completes for ring all-reduce (busy polling and sleeping, back to back and
+/// barrier-timed) and the parameter server, and reports one row per size with the operations
+/// it timed; a barrier is refused for parameter servers.
 #[test]
 fn bench_comm_measures_every_size() {
-    let cases: [&[&str]; 4] = [
+    let cases: [&[&str]; 5] = [
         &["--strategy", "allreduce", "--workers", "3"],
+        &["--strategy", "allreduce", "--workers", "3", "--barrier"],
         &["--strategy", "allreduce", "--workers", "2", "--frame-mac"],
         &[
             "--strategy",
@@ -151,6 +153,12 @@ fn bench_comm_measures_every_size() {
             );
         }
     }
+    let out = Command::new(EXE)
+        .args(["bench-comm", "--strategy", "ps", "--barrier"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--barrier"), "{err}");
 }
 
 /// N workers with batch b end with the weights of one process with batch N*b.

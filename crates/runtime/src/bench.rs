@@ -30,25 +30,45 @@ pub struct BenchRow {
     pub iters: usize,
 }
 
-/// Drives one endpoint through `iters` operations of one size inside the loop's thread.
+/// Drives one endpoint through steps `step..end` of one size inside the loop's thread,
+/// timing each operation from its start on this rank to its end (those from `timed_from`).
 struct BenchHooks {
     layout: JobLayout,
     data: Vec<f32>,
     step: u64,
-    warmup: u64,
-    iters: u64,
+    timed_from: u64,
+    end: u64,
     started: Option<Instant>,
     times: Vec<f64>,
     in_flight: bool,
-    worker: bool,
+    /// The averaged values of the last operation (what a gather reads).
+    result: Vec<f32>,
 }
 
 impl BenchHooks {
+    /// Hooks for steps `step..step + count` of `data`, timing those from `timed_from`.
+    fn new(layout: &JobLayout, data: Vec<f32>, step: u64, count: u64, timed_from: u64) -> Self {
+        Self {
+            layout: layout.clone(),
+            data,
+            step,
+            timed_from,
+            end: step + count,
+            started: None,
+            times: Vec::new(),
+            in_flight: false,
+            result: Vec::new(),
+        }
+    }
+
     fn advance(&mut self, ep: &mut dyn WorkerSync) -> Flow {
         while let Some(ev) = ep.poll_event() {
+            if let WorkerEvent::GradReady(key) = ev {
+                self.result = ep.take_values(key);
+            }
             if ev == WorkerEvent::StepDone {
                 if let Some(t) = self.started.take() {
-                    if self.step >= self.warmup {
+                    if self.step >= self.timed_from {
                         self.times.push(t.elapsed().as_secs_f64());
                     }
                 }
@@ -56,7 +76,7 @@ impl BenchHooks {
                 self.step += 1;
             }
         }
-        if self.step >= self.warmup + self.iters {
+        if self.step >= self.end {
             return Flow::Finish;
         }
         if !self.in_flight {
@@ -105,6 +125,20 @@ pub struct BenchIters {
     /// ...and enough for about this many seconds at loopback speed (an estimate from the size,
     /// so that every rank times the same number of operations without agreeing on it).
     pub min_time_s: f64,
+    /// How each operation is timed.
+    pub timing: Timing,
+}
+
+/// How `bench-comm` times an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Timing {
+    /// Rank 0's operations one after the other (each rank starts the next as soon as its
+    /// last is done).
+    #[default]
+    BackToBack,
+    /// Each operation after a barrier (an all-reduce of one value), the slowest rank's
+    /// time, as MPI benchmarks time (ring all-reduce strategies only).
+    Barrier,
 }
 
 impl Default for BenchIters {
@@ -113,6 +147,7 @@ impl Default for BenchIters {
             warmup: 2,
             min_iters: 5,
             min_time_s: 0.25,
+            timing: Timing::BackToBack,
         }
     }
 }
@@ -146,45 +181,101 @@ pub fn run_comm_bench(
         let numel = (bytes / 4).max(1);
         let keys = vec![KeyInfo { numel, layer: 0 }];
         let timed = iters.timed(bytes);
-        let mut hooks = BenchHooks {
-            layout: layout.clone(),
-            data: (0..numel).map(|i| (i % 7) as f32).collect(),
-            step: 0,
-            warmup: iters.warmup,
-            iters: timed,
-            started: None,
-            times: Vec::new(),
-            in_flight: false,
-            worker: ctx.rank < layout.workers,
-        };
-        if hooks.worker {
-            // One bucket of the whole buffer (the bench's layout has unbounded buckets).
-            let mut ep = layout.worker_endpoint(ctx.rank, keys);
-            comm.run(ep.as_mut(), &mut hooks)?;
-            let mut t = hooks.times.clone();
-            t.sort_by(|a, b| a.total_cmp(b));
-            let median = t.get(t.len() / 2).copied().unwrap_or(f64::NAN);
-            let n = layout.workers as f64;
-            let moved = if layout.strategy.uses_servers() {
-                2.0 * bytes as f64
-            } else {
-                2.0 * (n - 1.0) / n * bytes as f64
-            };
-            rows.push(BenchRow {
-                size_bytes: bytes,
-                ranks: layout.workers,
-                median_s: median,
-                busbw_gbps: moved / median / 1e9,
-                iters: t.len(),
-            });
-        } else {
+        if ctx.rank >= layout.workers {
             let initial = vec![vec![0.0; numel]];
             let mut server = layout
                 .server_endpoint(ctx.rank, keys, initial, ServerOptim::plain(0.0))
                 .map_err(|e| RunError::Local(e.to_string()))?;
             let mut server_hooks = ServerHooks::new(layout, ctx.rank, None, None);
             comm.run(server.as_mut(), &mut server_hooks)?;
+            continue;
         }
+        let data: Vec<f32> = (0..numel).map(|i| (i % 7) as f32).collect();
+        // One bucket of the whole buffer (the bench's layout has unbounded buckets).
+        let mut ep = layout.worker_endpoint(ctx.rank, keys);
+        let mut t = match iters.timing {
+            Timing::BackToBack => {
+                let count = iters.warmup + timed;
+                let mut hooks = BenchHooks::new(layout, data, 0, count, iters.warmup);
+                comm.run(ep.as_mut(), &mut hooks)?;
+                hooks.times
+            }
+            Timing::Barrier => barrier_timed(
+                &mut comm,
+                layout,
+                ctx.rank,
+                ep.as_mut(),
+                data,
+                iters.warmup,
+                timed,
+            )?,
+        };
+        t.sort_by(|a, b| a.total_cmp(b));
+        let median = t.get(t.len() / 2).copied().unwrap_or(f64::NAN);
+        let n = layout.workers as f64;
+        let moved = if layout.strategy.uses_servers() {
+            2.0 * bytes as f64
+        } else {
+            2.0 * (n - 1.0) / n * bytes as f64
+        };
+        rows.push(BenchRow {
+            size_bytes: bytes,
+            ranks: layout.workers,
+            median_s: median,
+            busbw_gbps: moved / median / 1e9,
+            iters: t.len(),
+        });
     }
     Ok(rows)
+}
+
+/// Times `timed` operations of `ep` (after `warmup` untimed ones), each after a barrier:
+/// an all-reduce of one value, which no rank leaves before every rank has entered it. Each
+/// rank times its operation from leaving the barrier to its end; the ranks' times are then
+/// gathered (an all-reduce in which each rank fills only its own slots) and each operation
+/// counts with its slowest rank's time, as MPI benchmarks report.
+fn barrier_timed(
+    comm: &mut CommLoop,
+    layout: &JobLayout,
+    rank: Rank,
+    ep: &mut (dyn WorkerSync + Send + 'static),
+    data: Vec<f32>,
+    warmup: u64,
+    timed: u64,
+) -> Result<Vec<f64>, RunError> {
+    let one = vec![KeyInfo { numel: 1, layer: 0 }];
+    let mut barrier = layout.worker_endpoint(rank, one);
+    let mut mine = Vec::new();
+    let mut data = data;
+    for step in 0..warmup + timed {
+        let mut hooks = BenchHooks::new(layout, vec![0.0], step, 1, u64::MAX);
+        comm.run(barrier.as_mut(), &mut hooks)?;
+        let mut hooks = BenchHooks::new(layout, data, step, 1, warmup);
+        comm.run(&mut *ep, &mut hooks)?;
+        mine.extend(hooks.times);
+        data = hooks.data;
+    }
+    let n = layout.workers;
+    let per_rank = mine.len();
+    let mut slots = vec![0f32; n * per_rank];
+    for (slot, t) in slots[rank * per_rank..].iter_mut().zip(&mine) {
+        *slot = *t as f32;
+    }
+    let all = vec![KeyInfo {
+        numel: slots.len().max(1),
+        layer: 0,
+    }];
+    let mut gather = layout.worker_endpoint(rank, all);
+    let mut hooks = BenchHooks::new(layout, slots, 0, 1, u64::MAX);
+    comm.run(gather.as_mut(), &mut hooks)?;
+    // The all-reduce averages: each slot holds one rank's time divided by n.
+    let slowest = (0..per_rank)
+        .map(|i| {
+            (0..n)
+                .filter_map(|r| hooks.result.get(r * per_rank + i))
+                .map(|&v| f64::from(v) * n as f64)
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    Ok(slowest)
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use syncopate_core::net::parse_size;
 use syncopate_core::strategy::{StrategyKind, SyncPlan, FRAME_ELEMS};
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::bench::{run_comm_bench, BenchIters};
+use syncopate_runtime::bench::{run_comm_bench, BenchIters, Timing};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, ProcessContext};
@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// Untimed operations before the timed ones, per size.
     #[arg(long, default_value_t = 2)]
     warmup: u64,
+    /// Time each operation after a barrier and count its slowest rank's time, as MPI
+    /// benchmarks do (all-reduce strategies only). Default: rank 0 times its operations
+    /// back to back, each rank starting the next as soon as its last is done.
+    #[arg(long)]
+    barrier: bool,
     /// After moving any byte, keep polling the sockets without sleeping for this many
     /// microseconds (as MPI's progress loop spins); 0: sleep in epoll until something
     /// happens, as training does by default. Matters for small messages, where waking a
@@ -121,6 +126,12 @@ impl BenchArgs {
 pub fn bench_cmd(args: BenchArgs) -> Result<()> {
     let layout = args.layout()?;
     args.sizes()?;
+    if args.barrier && layout.strategy.uses_servers() {
+        bail!(
+            "--barrier times all-reduce strategies only; {} uses parameter servers",
+            layout.strategy.name()
+        );
+    }
     if !(args.min_time.is_finite() && args.min_time >= 0.0) {
         bail!(
             "--min-time must be a number of seconds >= 0, got {}",
@@ -165,6 +176,11 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         warmup: args.warmup,
         min_iters: args.min_iters,
         min_time_s: args.min_time,
+        timing: if args.barrier {
+            Timing::Barrier
+        } else {
+            Timing::BackToBack
+        },
     };
     let rows = run_comm_bench(&ctx, &layout, &args.sizes()?, iters)?;
     if ctx.rank == 0 {
