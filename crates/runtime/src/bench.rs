@@ -41,8 +41,9 @@ struct BenchHooks {
     started: Option<Instant>,
     times: Vec<f64>,
     in_flight: bool,
-    /// The averaged values of the last operation (what a gather reads).
-    result: Vec<f32>,
+    /// The averaged values of the last operation, when asked for (a gather's): taking
+    /// them copies the buffer, which would be timed too.
+    result: Option<Vec<f32>>,
 }
 
 impl BenchHooks {
@@ -57,14 +58,14 @@ impl BenchHooks {
             started: None,
             times: Vec::new(),
             in_flight: false,
-            result: Vec::new(),
+            result: None,
         }
     }
 
     fn advance(&mut self, ep: &mut dyn WorkerSync) -> Flow {
         while let Some(ev) = ep.poll_event() {
-            if let WorkerEvent::GradReady(key) = ev {
-                self.result = ep.take_values(key);
+            if let (WorkerEvent::GradReady(key), Some(result)) = (ev, self.result.as_mut()) {
+                *result = ep.take_values(key);
             }
             if ev == WorkerEvent::StepDone {
                 if let Some(t) = self.started.take() {
@@ -267,12 +268,14 @@ fn barrier_timed(
     }];
     let mut gather = layout.worker_endpoint(rank, all);
     let mut hooks = BenchHooks::new(layout, slots, 0, 1, u64::MAX);
+    hooks.result = Some(Vec::new());
     comm.run(gather.as_mut(), &mut hooks)?;
+    let gathered = hooks.result.unwrap_or_default();
     // The all-reduce averages: each slot holds one rank's time divided by n.
     let slowest = (0..per_rank)
         .map(|i| {
             (0..n)
-                .filter_map(|r| hooks.result.get(r * per_rank + i))
+                .filter_map(|r| gathered.get(r * per_rank + i))
                 .map(|&v| f64::from(v) * n as f64)
                 .fold(0.0, f64::max)
         })
