@@ -9,6 +9,7 @@
 //! results do not depend on the thread count.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
@@ -63,17 +64,16 @@ impl ConvBn {
         f: impl Fn(Range<usize>, &[f32]) -> T + Sync,
     ) -> Vec<T> {
         let chunks: Vec<Range<usize>> = self.chunks().collect();
-        let len = self.chunk_len();
         chunks
             .into_par_iter()
-            .map_init(
-                || vec![0f32; len],
-                |cols, samples| {
-                    let cols = &mut cols[..self.unfold.rows() * samples.len() * self.plane()];
-                    im2col_into(&self.unfold, x, samples.clone(), cols);
-                    f(samples, cols)
-                },
-            )
+            .map(|samples| {
+                let mut buffer = take_buffer(self.chunk_len());
+                let cols = &mut buffer[..self.unfold.rows() * samples.len() * self.plane()];
+                im2col_into(&self.unfold, x, samples.clone(), cols);
+                let out = f(samples, cols);
+                give_back(buffer);
+                out
+            })
             .collect()
     }
 
@@ -118,6 +118,27 @@ impl ConvBn {
             },
             out_channels: u.channels,
         })
+    }
+}
+
+/// Column-matrix buffers kept between calls: a fresh one for every part of every
+/// convolution was zeroed each time.
+static BUFFERS: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+/// A buffer of at least `len` values (contents unspecified: every user overwrites it).
+fn take_buffer(len: usize) -> Vec<f32> {
+    let kept = BUFFERS.lock().ok().and_then(|mut b| b.pop());
+    let mut buffer = kept.unwrap_or_default();
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    buffer
+}
+
+/// Returns a buffer from [`take_buffer`] for reuse.
+fn give_back(buffer: Vec<f32>) {
+    if let Ok(mut kept) = BUFFERS.lock() {
+        kept.push(buffer);
     }
 }
 
