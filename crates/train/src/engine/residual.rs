@@ -587,12 +587,14 @@ fn relu_backward(output: &[f32], g: &mut [f32]) {
     }
 }
 
-/// `[A, B, P]` to `[B, A, P]`: swaps the two outer dimensions of planes of `p` values.
+/// `[A, B, P]` to `[B, A, P]`: swaps the two outer dimensions of planes of `p` values
+/// (written in the output's order, so nothing is zeroed first).
 fn swap_outer(src: &[f32], a: usize, b: usize, p: usize) -> Vec<f32> {
-    let mut dst = vec![0f32; src.len()];
-    for (i, plane) in src.chunks_exact(p).enumerate() {
-        let (ai, bi) = (i / b, i % b);
-        dst[(bi * a + ai) * p..][..p].copy_from_slice(plane);
+    let mut dst = Vec::with_capacity(src.len());
+    for bi in 0..b {
+        for ai in 0..a {
+            dst.extend_from_slice(&src[(ai * b + bi) * p..][..p]);
+        }
     }
     dst
 }
