@@ -41,6 +41,26 @@ have_mpi=1
 have_gloo=1
 command -v mpirun >/dev/null 2>&1 || { have_mpi=0; echo "compare-allreduce: no mpirun; Open MPI left out (scripts/install-reference.sh)" >&2; }
 /usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1 || { have_gloo=0; echo "compare-allreduce: no torch for /usr/bin/python3; Gloo left out (scripts/install-reference.sh)" >&2; }
+have_iperf=1
+command -v iperf3 >/dev/null 2>&1 || { have_iperf=0; echo "compare-allreduce: no iperf3; the loopback stream is left out (scripts/install-reference.sh)" >&2; }
+
+# One iperf3 TCP stream over loopback for 3 s: prints its bandwidth in GB/s.
+loopback_stream() {
+  local port server bps
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+  server=$!
+  # The server may not be listening yet: the client retries until it connects.
+  for _ in $(seq 1 50); do
+    if bps=$(iperf3 -c 127.0.0.1 -p "$port" -t 3 -J 2>/dev/null | /usr/bin/python3 -c \
+      'import json, sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])' 2>/dev/null); then
+      break
+    fi
+    sleep 0.1
+  done
+  wait "$server" 2>/dev/null || true
+  [ -n "${bps:-}" ] && /usr/bin/python3 -c "print('%.6f' % ($bps / 8e9))"
+}
 
 mkdir -p "$out"
 raw="$out/raw.csv"
@@ -54,6 +74,11 @@ collect() {
 }
 
 for round in $(seq 1 "$rounds"); do
+  if [ $have_iperf = 1 ]; then
+    echo "round $round/$rounds: one iperf3 stream over loopback" >&2
+    gbps=$(loopback_stream || true)
+    [ -n "$gbps" ] && echo "iperf3,$round,0,1,0,$gbps" >> "$raw"
+  fi
   for n in $ranks; do
     # Every implementation twice: back to back at rank 0 (bench-comm's default), and each
     # call after a barrier at the slowest rank (the references' own method).
@@ -104,7 +129,7 @@ lines = ["| ranks | size | " + " | ".join(
         "%s, %s | ours / it" % (names[i], modes[m]) for i, mm in refs if mm == m)
     for m in modes) + " |"]
 lines.append("|" + "---|" * (2 + len(modes) + 2 * len(refs)))
-for n, size in sorted({(k[1], k[2]) for k in bw}):
+for n, size in sorted({(k[1], k[2]) for k in bw if k[0] != "iperf3"}):
     cells = [str(n), size_name(size)]
     for m in modes:
         ours = med(("syncopate-" + m, n, size))
@@ -115,12 +140,24 @@ for n, size in sorted({(k[1], k[2]) for k in bw}):
             ref = med(("%s-%s" % (i, m), n, size))
             cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
     lines.append("| " + " | ".join(cells) + " |")
+stream = med(("iperf3", 1, 0))
+bw.pop(("iperf3", 1, 0), None)
 rounds = max((len(v) for v in bw.values()), default=0)
 text = "\n".join(lines) + (
     "\n\nBus bandwidth in GB/s, median of %d round(s). Back to back: rank 0 times its calls "
     "one after the other (bench-comm's default); barrier: each call starts after a barrier "
     "and takes the slowest rank's time (the references' own method, bench-comm --barrier). "
     "Each ratio compares like with like.\n" % rounds)
+if stream:
+    text += "\nOne iperf3 TCP stream over loopback: %.3f GB/s (median of the rounds)" % stream
+    largest = max((k[2] for k in bw if k[1] == 2), default=None)
+    for m in modes:
+        ours = med(("syncopate-" + m, 2, largest)) if largest else None
+        if ours:
+            text += "; ours at %s with 2 ranks, %s: %.0f %% of it" % (
+                size_name(largest), modes[m], 100 * ours / stream)
+    text += ".\n"
+
 publish(text)
 EOF
 echo "raw measurements: $raw; table: $out/table.md" >&2

@@ -7,11 +7,13 @@
 #   openmpi-bin     mpirun, mpicc
 #   libopenmpi-dev  MPI headers and libraries for bench/reference/mpi_allreduce.c
 #   hyperfine       command-line benchmarking
+#   iperf3          one TCP stream over loopback: the bandwidth compare-allreduce.sh sets
+#                   our all-reduce against
 # Idempotent: checks each package with dpkg and, only when something is missing,
 # runs 'apt-get update' once and installs what is missing. Needs root (or sudo) for that.
 set -euo pipefail
 
-pkgs=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev hyperfine)
+pkgs=(python3-torch libopenblas0-openmp openmpi-bin libopenmpi-dev hyperfine iperf3)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
