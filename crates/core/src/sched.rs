@@ -131,16 +131,22 @@ impl Scheduler for Fifo {
 /// Smallest [`SchedulerKind::order_key`] first (P3's priority queue; ByteScheduler's order).
 #[derive(Debug)]
 pub struct PriorityQueue {
-    kind: SchedulerKind,
-    heap: BinaryHeap<Reverse<(OrderKey, Entry)>>,
+    heap: BinaryHeap<Reverse<Entry>>,
 }
 
 /// What schedulers sort by: smaller goes first.
 pub type OrderKey = (i64, u64, u64);
 
-/// A pending item in the heap; compared only through the key beside it.
+/// A pending item in the heap, ordered by the priority kinds' key `(priority, sequence,
+/// item)` (both kinds a [`PriorityQueue`] serves order alike): the item alone, 32 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry(Pending);
+
+impl Entry {
+    fn key(&self) -> OrderKey {
+        SchedulerKind::Priority.order_key(&self.0)
+    }
+}
 
 impl PartialOrd for Entry {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
@@ -150,15 +156,15 @@ impl PartialOrd for Entry {
 
 impl Ord for Entry {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.arrival.cmp(&other.0.arrival)
+        (self.key(), self.0.arrival).cmp(&(other.key(), other.0.arrival))
     }
 }
 
 impl PriorityQueue {
-    /// An empty queue ordered as `kind` orders.
+    /// An empty queue ordered as `kind` orders (a priority kind: FIFO has [`Fifo`]).
     pub fn new(kind: SchedulerKind) -> Self {
+        debug_assert!(kind != SchedulerKind::Fifo, "a priority queue for FIFO");
         Self {
-            kind,
             heap: BinaryHeap::new(),
         }
     }
@@ -166,13 +172,13 @@ impl PriorityQueue {
 
 impl Scheduler for PriorityQueue {
     fn push(&mut self, p: Pending) {
-        self.heap.push(Reverse((self.kind.order_key(&p), Entry(p))));
+        self.heap.push(Reverse(Entry(p)));
     }
     fn pop(&mut self) -> Option<Pending> {
-        self.heap.pop().map(|Reverse((_, e))| e.0)
+        self.heap.pop().map(|Reverse(e)| e.0)
     }
     fn peek(&self) -> Option<Pending> {
-        self.heap.peek().map(|Reverse((_, e))| e.0)
+        self.heap.peek().map(|Reverse(e)| e.0)
     }
     fn len(&self) -> usize {
         self.heap.len()
@@ -187,23 +193,38 @@ pub fn new_scheduler(kind: SchedulerKind) -> Box<dyn Scheduler> {
     }
 }
 
-/// One queue per link, with the order key of every queue's head kept side by side, so that
-/// the most urgent link among many is found by reading one small array rather than every
-/// queue (a server with a thousand workers asks for it once per frame).
+/// One queue per link, with the order key of every queue's head kept side by side and a
+/// tournament tree over them, so that the most urgent link among many is found without
+/// reading every queue (a server with a thousand workers asks for it once per frame).
 pub struct LinkQueues {
     kind: SchedulerKind,
     queues: Vec<Box<dyn Scheduler>>,
     /// `heads[l]`: the order key of `queues[l]`'s head (`None` when it is empty).
     heads: Vec<Option<OrderKey>>,
+    /// A tournament over the heads: node `i` holds the winner of nodes `2i` and `2i + 1`
+    /// (the smaller `(head, link)`, empty heads losing), leaf `leaves + l` holds link `l`,
+    /// node 1 the overall winner.
+    tree: Vec<usize>,
+    leaves: usize,
 }
 
 impl LinkQueues {
     /// `links` empty queues ordered as `kind` orders.
     pub fn new(kind: SchedulerKind, links: usize) -> Self {
+        let leaves = links.next_power_of_two();
+        let mut tree = vec![0; 2 * leaves];
+        for (l, leaf) in tree[leaves..].iter_mut().enumerate() {
+            *leaf = l;
+        }
+        for i in (1..leaves).rev() {
+            tree[i] = tree[2 * i];
+        }
         Self {
             kind,
             queues: (0..links).map(|_| new_scheduler(kind)).collect(),
             heads: vec![None; links],
+            tree,
+            leaves,
         }
     }
 
@@ -216,7 +237,11 @@ impl LinkQueues {
     /// Queues `p` on every link.
     pub fn push_all(&mut self, p: Pending) {
         for link in 0..self.queues.len() {
-            self.push(link, p);
+            self.queues[link].push(p);
+            self.heads[link] = self.queues[link].peek().map(|p| self.kind.order_key(&p));
+        }
+        for i in (1..self.leaves).rev() {
+            self.tree[i] = self.winner(self.tree[2 * i], self.tree[2 * i + 1]);
         }
     }
 
@@ -234,21 +259,48 @@ impl LinkQueues {
 
     /// Whether every queue is empty.
     pub fn is_empty(&self) -> bool {
-        self.heads.iter().all(Option::is_none)
+        self.most_urgent_of_all().is_none()
     }
 
     /// Among `links`, the one whose head goes first (ties to the lowest link; `None` when
-    /// all are empty). Links out of range are ignored.
-    pub fn most_urgent(&self, links: impl Iterator<Item = usize>) -> Option<usize> {
+    /// all are empty). Links out of range are ignored. O(links) comparisons of integers
+    /// when the overall winner is among them (a driver offering every link, or every link
+    /// that can win), a scan of their heads otherwise.
+    pub fn most_urgent(&self, links: impl Iterator<Item = usize> + Clone) -> Option<usize> {
+        let best = self.most_urgent_of_all()?;
+        if links.clone().any(|l| l == best) {
+            return Some(best);
+        }
         links
             .filter_map(|l| self.heads.get(l).copied().flatten().map(|k| (k, l)))
             .min()
             .map(|(_, l)| l)
     }
 
+    /// The link whose head goes first over all links (ties to the lowest link).
+    pub fn most_urgent_of_all(&self) -> Option<usize> {
+        let best = *self.tree.get(1)?;
+        self.heads.get(best).copied().flatten().map(|_| best)
+    }
+
+    /// Of links `a` and `b`, the one whose head goes first (an empty or absent head last).
+    fn winner(&self, a: usize, b: usize) -> usize {
+        let key = |l: usize| self.heads.get(l).copied().flatten().map(|k| (k, l));
+        match (key(a), key(b)) {
+            (Some(ka), Some(kb)) if kb < ka => b,
+            (None, Some(_)) => b,
+            _ => a,
+        }
+    }
+
     fn refresh(&mut self, link: usize) {
         let head = self.queues[link].peek().map(|p| self.kind.order_key(&p));
         self.heads[link] = head;
+        let mut i = (self.leaves + link) / 2;
+        while i >= 1 {
+            self.tree[i] = self.winner(self.tree[2 * i], self.tree[2 * i + 1]);
+            i /= 2;
+        }
     }
 }
 
@@ -345,29 +397,42 @@ mod tests {
             prop_assert_eq!(got, want);
         }
 
-        /// The kept head keys always say what the queues' heads say: with items spread over
-        /// links and pops interleaved, `most_urgent` picks the link a scan of every head picks.
+        /// The kept head keys and the tournament over them always say what the queues'
+        /// heads say: with items spread over 1 to 9 links (pushed to one link or to all),
+        /// pops interleaved, `most_urgent` over any subset of links picks the link a scan
+        /// of those heads picks.
         #[test]
         fn link_queues_pick_what_a_scan_of_the_heads_picks(
-            ops in proptest::collection::vec((0usize..4, 0i64..6, any::<bool>()), 1..120),
+            links in 1usize..10,
+            ops in proptest::collection::vec((0usize..10, 0i64..6, 0u8..4, any::<u16>()), 1..160),
             fifo in any::<bool>(),
         ) {
             let kind = if fifo { SchedulerKind::Fifo } else { SchedulerKind::Priority };
-            let mut q = LinkQueues::new(kind, 4);
-            let mut plain: Vec<Box<dyn Scheduler>> = (0..4).map(|_| new_scheduler(kind)).collect();
-            for (i, &(link, prio, pop)) in ops.iter().enumerate() {
-                if pop {
-                    prop_assert_eq!(q.pop(link), plain[link].pop());
-                } else {
-                    let p = pending(i, prio, i as u64, i as u64);
-                    q.push(link, p);
-                    plain[link].push(p);
+            let mut q = LinkQueues::new(kind, links);
+            let mut plain: Vec<Box<dyn Scheduler>> = (0..links).map(|_| new_scheduler(kind)).collect();
+            for (i, &(link, prio, op, subset)) in ops.iter().enumerate() {
+                let link = link % links;
+                let p = pending(i, prio, i as u64, i as u64);
+                match op {
+                    0 => prop_assert_eq!(q.pop(link), plain[link].pop()),
+                    1 => {
+                        q.push_all(p);
+                        plain.iter_mut().for_each(|s| s.push(p));
+                    }
+                    _ => {
+                        q.push(link, p);
+                        plain[link].push(p);
+                    }
                 }
-                let scan = (0..4)
-                    .filter_map(|l| plain[l].peek().map(|p| (kind.order_key(&p), l)))
+                let offered: Vec<usize> = (0..links + 1).filter(|l| subset >> l & 1 == 1).collect();
+                let scan = |ls: &[usize]| ls.iter()
+                    .filter_map(|&l| plain.get(l)?.peek().map(|p| (kind.order_key(&p), l)))
                     .min()
                     .map(|(_, l)| l);
-                prop_assert_eq!(q.most_urgent(0..4), scan);
+                let all: Vec<usize> = (0..links).collect();
+                prop_assert_eq!(q.most_urgent(0..links), scan(&all));
+                prop_assert_eq!(q.most_urgent_of_all(), scan(&all));
+                prop_assert_eq!(q.most_urgent(offered.iter().copied()), scan(&offered));
                 prop_assert_eq!(q.is_empty(), plain.iter().all(|s| s.is_empty()));
             }
         }

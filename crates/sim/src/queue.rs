@@ -43,6 +43,8 @@ pub(crate) struct EventQueue {
     last: u64,
     now: VecDeque<Event>,
     buckets: Vec<Vec<(u64, Event)>>,
+    /// Bit `i` set: bucket `i` holds events (the lowest found without scanning).
+    occupied: u64,
 }
 
 impl Default for EventQueue {
@@ -51,6 +53,7 @@ impl Default for EventQueue {
             last: 0,
             now: VecDeque::new(),
             buckets: vec![Vec::new(); 64],
+            occupied: 0,
         }
     }
 }
@@ -60,30 +63,39 @@ impl EventQueue {
     pub fn push(&mut self, time_ns: u64, event: Event) {
         debug_assert!(time_ns >= self.last, "event scheduled in the past");
         let time = time_ns.max(self.last);
+        self.place(time, event);
+    }
+
+    /// Files an event of `time >= last` into the current instant or its bucket.
+    fn place(&mut self, time: u64, event: Event) {
         match time ^ self.last {
             0 => self.now.push_back(event),
-            diff => self.buckets[63 - diff.leading_zeros() as usize].push((time, event)),
+            diff => {
+                let i = 63 - diff.leading_zeros() as usize;
+                self.buckets[i].push((time, event));
+                self.occupied |= 1 << i;
+            }
         }
     }
 
     /// The earliest event (first scheduled among equal times).
     pub fn pop(&mut self) -> Option<(u64, Event)> {
         if self.now.is_empty() {
-            let i = self.buckets.iter().position(|b| !b.is_empty())?;
-            let bucket = std::mem::take(&mut self.buckets[i]);
+            if self.occupied == 0 {
+                return None;
+            }
+            let i = self.occupied.trailing_zeros() as usize;
+            self.occupied &= !(1 << i);
+            let mut bucket = std::mem::take(&mut self.buckets[i]);
             self.last = bucket.iter().map(|&(t, _)| t).min()?;
+            // Every event of bucket `i` differs from the new `last` below bit `i`: each
+            // goes to a lower bucket or to the current instant, in order.
             for &(time, event) in &bucket {
-                match time ^ self.last {
-                    0 => self.now.push_back(event),
-                    diff => self.buckets[63 - diff.leading_zeros() as usize].push((time, event)),
-                }
+                self.place(time, event);
             }
             // Keep the bucket's allocation for reuse.
-            let mut bucket = bucket;
             bucket.clear();
-            if self.buckets[i].is_empty() {
-                self.buckets[i] = bucket;
-            }
+            self.buckets[i] = bucket;
         }
         self.now.pop_front().map(|e| (self.last, e))
     }
