@@ -133,8 +133,32 @@ pub struct Decision {
 /// Nanoseconds that `bytes` occupy a link of `bandwidth_bps` (0 when unlimited).
 pub fn transmission_ns(bandwidth_bps: Option<f64>, bytes: usize) -> Nanos {
     match bandwidth_bps {
-        Some(bps) => ((bytes as f64 * 8.0 / bps) * 1e9).round() as u64,
+        Some(bps) => round_to_u64((bytes as f64 * 8.0 / bps) * 1e9),
         None => 0,
+    }
+}
+
+/// `x.round() as u64`, without the library call that `round` is on the x86-64 baseline (the
+/// send window and the serialisers ask for it several times per frame): the same value for
+/// every `x`, negative, huge and NaN included.
+fn round_to_u64(x: f64) -> u64 {
+    let whole = x as u64;
+    // Exact: `x` less its integer part is representable.
+    if x - whole as f64 >= 0.5 {
+        whole.saturating_add(1)
+    } else {
+        whole
+    }
+}
+
+/// `x.ceil() as usize`, without the library call (see [`round_to_u64`]): the same value for
+/// every `x`.
+fn ceil_to_usize(x: f64) -> usize {
+    let whole = x as usize;
+    if (whole as f64) < x {
+        whole.saturating_add(1)
+    } else {
+        whole
     }
 }
 
@@ -144,8 +168,50 @@ pub fn backlog_bytes(bandwidth_bps: Option<f64>, busy_until: Nanos, now: Nanos) 
     match bandwidth_bps {
         Some(bps) => {
             let ns = busy_until.saturating_sub(now) as f64;
-            (ns * 1e-9 * bps / 8.0).ceil() as usize
+            ceil_to_usize(ns * 1e-9 * bps / 8.0)
         }
         None => 0,
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const EDGES: [f64; 14] = [
+        0.0,
+        -0.0,
+        0.5,
+        0.49999999999999994,
+        2.5,
+        -0.5,
+        -3.7,
+        4503599627370495.5,
+        9007199254740993.0,
+        1.8446744073709552e19,
+        1e300,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+
+    #[test]
+    fn rounding_helpers_agree_with_the_library_at_the_edges() {
+        for x in EDGES {
+            assert_eq!(round_to_u64(x), x.round() as u64, "round {x}");
+            assert_eq!(ceil_to_usize(x), x.ceil() as usize, "ceil {x}");
+        }
+    }
+
+    proptest! {
+        /// The send window's and the serialisers' rounding, as the library rounds.
+        #[test]
+        fn rounding_helpers_agree_with_the_library(
+            x in prop_oneof![0.0f64..10.0, 0.0f64..1e7, -1e3f64..1e19, any::<f64>()],
+        ) {
+            prop_assert_eq!(round_to_u64(x), x.round() as u64);
+            prop_assert_eq!(ceil_to_usize(x), x.ceil() as usize);
+        }
     }
 }
