@@ -13,6 +13,10 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+mod broadcast;
+
+pub use broadcast::BroadcastQueue;
+
 /// A unit of work waiting for a link: a slice (or ring segment) with its ordering data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pending {

@@ -16,7 +16,7 @@ use super::{
 use crate::aggregate::{add_assign, scale};
 use crate::optim::{LrSchedule, Sgd, SgdConfig};
 use crate::registry::{Slice, TensorRegistry};
-use crate::sched::{LinkQueues, Pending, SchedulerKind};
+use crate::sched::{BroadcastQueue, LinkQueues, Pending, SchedulerKind};
 use crate::tune::Knobs;
 use crate::wire::{FrameKind, Header};
 
@@ -358,8 +358,8 @@ pub struct PsServer {
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
     pushed_by: Vec<Vec<bool>>,
-    /// Answers waiting for each worker, by rank.
-    out: LinkQueues,
+    /// Answers waiting for the workers (each updated slice for every worker).
+    out: BroadcastQueue,
     arrival: u64,
     out_step: Vec<u64>,
     updates: u64,
@@ -455,7 +455,7 @@ impl PsServer {
             pushed_by: (0..slices)
                 .map(|s| vec![false; per_worker(s, workers)])
                 .collect(),
-            out: LinkQueues::new(scheduler, workers),
+            out: BroadcastQueue::new(scheduler, workers),
             arrival: 0,
             out_step: vec![0; slices],
             updates: 0,
