@@ -40,6 +40,12 @@ pub(crate) fn room_at<I>(backlogs: I, window: usize, now: Nanos) -> Nanos
 where
     I: IntoIterator<Item = Backlog> + Clone,
 {
+    let mut each = backlogs.clone().into_iter();
+    if let (Some(only), None) = (each.next(), each.next()) {
+        if let Some(t) = one_room_at(only, window, now) {
+            return t;
+        }
+    }
     let room = |t: Nanos| has_room(backlogs.clone(), window, t);
     let mut lo = now.saturating_add(1);
     if room(lo) {
@@ -87,6 +93,36 @@ where
         return hi;
     }
     first_with_room(lo, hi, room)
+}
+
+/// [`room_at`] for one serialiser (a host's usual egress), from its drain in closed form:
+/// `None` where the answer is not within a step of the estimate (then the general search
+/// decides), so what it returns is exact.
+fn one_room_at(b: Backlog, window: usize, now: Nanos) -> Option<Nanos> {
+    let bps = b
+        .bandwidth_bps
+        .filter(|&bps| bps > 0.0 && bps.is_finite())?;
+    if window == 0 {
+        return None;
+    }
+    let room = |t: Nanos| backlog_bytes(Some(bps), b.busy_until, t) < window;
+    let lo = now.saturating_add(1);
+    if room(lo) {
+        return Some(lo);
+    }
+    if b.busy_until <= lo {
+        return None;
+    }
+    // Room once at most `window - 1` bytes are left: `(window - 1) / rate` ns before idle.
+    let left_ns = (window - 1) as f64 / (bps * 1e-9 / 8.0);
+    let estimate = b.busy_until.saturating_sub(left_ns.max(0.0) as u64);
+    let t = estimate.clamp(lo.saturating_add(1), b.busy_until);
+    match (room(t - 1), room(t)) {
+        (false, true) => Some(t),
+        (false, false) if room(t + 1) => Some(t + 1),
+        (true, _) if t - 1 > lo && !room(t - 2) => Some(t - 1),
+        _ => None,
+    }
 }
 
 /// The first instant in `(lo, hi]` with room, given none at `lo` and room at `hi` (and
