@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
-use syncopate_core::net::NetworkProfile;
+use syncopate_core::net::{round_to_u64, NetworkProfile};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::wire::HEADER_LEN;
@@ -152,7 +152,7 @@ impl SimConfig {
     /// Bytes the network charges for a frame carrying `elems` scaled values: the header plus
     /// the full-size payload, `48 + elems * 4 / scale`.
     pub fn wire_bytes(&self, elems: usize) -> usize {
-        HEADER_LEN + (elems as f64 * 4.0 / self.scale).round() as usize
+        HEADER_LEN + round_to_u64(elems as f64 * 4.0 / self.scale) as usize
     }
 }
 

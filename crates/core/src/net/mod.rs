@@ -139,9 +139,9 @@ pub fn transmission_ns(bandwidth_bps: Option<f64>, bytes: usize) -> Nanos {
 }
 
 /// `x.round() as u64`, without the library call that `round` is on the x86-64 baseline (the
-/// send window and the serialisers ask for it several times per frame): the same value for
-/// every `x`, negative, huge and NaN included.
-fn round_to_u64(x: f64) -> u64 {
+/// send window and the serialisers ask for it several times per frame, a simulator once
+/// per frame): the same value for every `x`, negative, huge and NaN included.
+pub fn round_to_u64(x: f64) -> u64 {
     let whole = x as u64;
     // Exact: `x` less its integer part is representable.
     if x - whole as f64 >= 0.5 {
