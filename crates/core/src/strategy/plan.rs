@@ -359,7 +359,11 @@ impl SyncPlan {
             overlap,
             self.scheduler,
         );
-        Box::new(ring.with_direct_below(self.direct_share_elems))
+        let ring = ring.with_direct_below(self.direct_share_elems);
+        if self.strategy.mesh(self.workers) {
+            return Box::new(ring.over_mesh());
+        }
+        Box::new(ring)
     }
 
     /// The state machine of server `rank` for a model with these keys, starting from the
