@@ -18,12 +18,12 @@ pub const FRAME_ELEMS: usize = 1 << 20;
 /// bytes, take the time (`RingAllReduce::with_direct_below`; measured in docs/BENCHMARKS.md).
 pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
 
-/// Largest all-reduce job whose workers are linked in a full mesh rather than a ring only
-/// (from 3 workers on; with 2 the ring already links both). Over the mesh a small bucket
-/// shared whole goes from each worker straight to every other one, one hop instead of the
-/// ring's n-1, while large buckets still use only the ring neighbours. The limit is there
-/// because links (connections, heartbeats, buffers) grow as n^2 and a bucket's copies as
-/// n: past a handful of workers the bytes, not the hops, dominate anyway.
+/// Largest all-reduce job whose workers may be linked in a full mesh rather than a ring only
+/// (`SyncPlan::mesh`, from 3 workers on; with 2 the ring already links both). Over the mesh
+/// a small bucket shared whole goes from each worker straight to every other one, one hop
+/// instead of the ring's n-1, while large buckets still use only the ring neighbours. The
+/// limit is there because links (connections, heartbeats, buffers) grow as n^2 and a
+/// bucket's copies as n: past a handful of workers the bytes, not the hops, dominate anyway.
 pub const MESH_MAX_WORKERS: usize = 8;
 
 /// Largest frame of the chain strategies (64 KiB of values): a bucket streams along the chain
@@ -255,11 +255,12 @@ impl StrategyKind {
         }
     }
 
-    /// Whether its `workers` workers are linked in a full mesh (every worker to every other)
-    /// rather than to their ring neighbours only: the ring all-reduce strategies with 3 to
-    /// [`MESH_MAX_WORKERS`] workers, whose small buckets then go straight to every worker
+    /// Whether its `workers` workers can be linked in a full mesh (every worker to every
+    /// other) rather than to their ring neighbours only, where the plan asks for it
+    /// (`SyncPlan::mesh`): the ring all-reduce strategies with 3 to [`MESH_MAX_WORKERS`]
+    /// workers, whose small buckets then go straight to every worker
     /// (`RingAllReduce::over_mesh`).
-    pub fn mesh(self, workers: usize) -> bool {
+    pub fn can_mesh(self, workers: usize) -> bool {
         matches!(
             self,
             StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap
@@ -267,8 +268,8 @@ impl StrategyKind {
     }
 
     /// The ranks `rank` has links to: workers to every server and servers to every worker
-    /// (parameter servers), each worker to every other one ([`StrategyKind::mesh`]), or each
-    /// worker to its ring neighbours.
+    /// (parameter servers), or each worker to its ring neighbours (`SyncPlan::peers` adds the
+    /// full mesh where the plan asks for one).
     pub fn peers(self, workers: usize, servers: usize, rank: Rank) -> Vec<Rank> {
         if self.uses_servers() {
             return if rank < workers {
@@ -279,9 +280,6 @@ impl StrategyKind {
         }
         if workers < 2 {
             return Vec::new();
-        }
-        if self.mesh(workers) {
-            return (0..workers).filter(|&r| r != rank).collect();
         }
         let mut p = vec![(rank + workers - 1) % workers, (rank + 1) % workers];
         p.sort_unstable();
@@ -301,12 +299,13 @@ mod tests {
         }
         assert_eq!(StrategyKind::P3.peers(2, 2, 0), vec![2, 3]);
         assert_eq!(StrategyKind::Ps.peers(2, 2, 3), vec![0, 1]);
-        assert_eq!(StrategyKind::Allreduce.peers(4, 0, 0), vec![1, 2, 3]);
-        assert_eq!(StrategyKind::AllreduceNoOverlap.peers(3, 0, 1), vec![0, 2]);
-        let n = MESH_MAX_WORKERS + 1;
-        assert_eq!(StrategyKind::Allreduce.peers(n, 0, 0), vec![1, n - 1]);
-        assert_eq!(StrategyKind::RingReduce.peers(4, 0, 0), vec![1, 3]);
-        assert_eq!(StrategyKind::DlcpAllreduce.peers(4, 0, 0), vec![1, 3]);
+        assert_eq!(StrategyKind::Allreduce.peers(4, 0, 0), vec![1, 3]);
+        assert!(StrategyKind::Allreduce.can_mesh(3));
+        assert!(StrategyKind::AllreduceNoOverlap.can_mesh(MESH_MAX_WORKERS));
+        assert!(!StrategyKind::Allreduce.can_mesh(2));
+        assert!(!StrategyKind::Allreduce.can_mesh(MESH_MAX_WORKERS + 1));
+        assert!(!StrategyKind::RingReduce.can_mesh(4));
+        assert!(!StrategyKind::DlcpAllreduce.can_mesh(4));
         assert_eq!(StrategyKind::Allreduce.peers(2, 0, 1), vec![0]);
         assert!(StrategyKind::Allreduce.peers(1, 0, 0).is_empty());
     }

@@ -225,7 +225,7 @@ impl RingAllReduce {
 
     /// Sends the copies of buckets shared whole (see [`RingAllReduce::with_direct_below`])
     /// straight from each worker to every other one, one hop instead of n-1, where the
-    /// driver links every worker to every other ([`crate::strategy::StrategyKind::mesh`]):
+    /// driver links every worker to every other ([`crate::strategy::SyncPlan::mesh`]):
     /// each worker accepts a copy only from its origin's own link and forwards none. Larger
     /// buckets still use only the ring neighbours. With fewer than 3 workers the ring
     /// already is a mesh and nothing changes. Call before the first step.

@@ -324,6 +324,7 @@ proptest! {
         bucket in 1usize..100,
         frame in 1usize..40,
         direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
+        mesh: bool,
         scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
         credit_bytes in 4usize..200,
         packet in 1usize..12,
@@ -340,6 +341,7 @@ proptest! {
                 credit_bytes,
                 frame_elems: frame,
                 direct_share_elems: direct_below,
+                mesh,
                 dlcp: exact_dlcp(kind, packet.min(frame)),
                 ..SyncPlan::new(kind, n, if kind.uses_servers() { servers } else { 0 })
             };
@@ -865,7 +867,8 @@ fn rank_order_mean(step: u64, n: usize, key: usize, len: usize) -> Vec<f32> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// With 3 or 4 workers the all-reduce strategies link every worker to every other, and a
+    /// With 3 or 4 workers and [`SyncPlan::mesh`] the all-reduce strategies link every worker
+    /// to every other, and a
     /// small bucket's copy goes from each worker straight to each other one: per worker,
     /// step and bucket exactly n-1 frames, to n-1 distinct peers, all ring step 0 (none
     /// forwarded). On a ring (the endpoint built without the mesh, as for more workers than
@@ -887,10 +890,12 @@ proptest! {
             scheduler,
             bucket_bytes: 4 * bucket,
             direct_share_elems: 1000,
+            mesh: true,
             ..SyncPlan::new(kind, n, 0)
         };
         prop_assert!(plan.validate().is_ok());
-        prop_assert!(kind.mesh(n));
+        prop_assert!(plan.meshed());
+        prop_assert!(plan.sync_descriptor().ends_with("/mesh"));
         let log = SentLog::default();
         for r in 0..n {
             prop_assert_eq!(plan.peers(r), (0..n).filter(|&p| p != r).collect::<Vec<_>>());
