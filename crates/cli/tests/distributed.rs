@@ -112,13 +112,23 @@ fn run_ok(cmd: &mut Command) -> String {
 }
 
 /// `bench-comm` completes for ring all-reduce (busy polling and sleeping, back to back and
-/// barrier-timed) and the parameter server, and reports one row per size with the operations
-/// it timed; a barrier is refused for parameter servers.
+/// barrier-timed, over the ring and over a full mesh) and the parameter server, and reports
+/// one row per size with the operations it timed; a barrier is refused for parameter
+/// servers.
 #[test]
 fn bench_comm_measures_every_size() {
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 7] = [
         &["--strategy", "allreduce", "--workers", "3"],
         &["--strategy", "allreduce", "--workers", "3", "--barrier"],
+        &["--strategy", "allreduce", "--workers", "4", "--mesh"],
+        &[
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "4",
+            "--mesh",
+            "--barrier",
+        ],
         &["--strategy", "allreduce", "--workers", "2", "--frame-mac"],
         &[
             "--strategy",

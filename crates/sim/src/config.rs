@@ -64,6 +64,10 @@ pub struct SimConfig {
     /// rules and the report says how each ended.
     #[serde(default)]
     pub faults: FaultConfig,
+    /// Link the all-reduce workers in a full mesh and send small buckets straight to every
+    /// worker (`SyncPlan::mesh`; 3 to 8 workers, ring all-reduce only).
+    #[serde(default)]
+    pub mesh: bool,
 }
 
 impl SimConfig {
@@ -95,6 +99,7 @@ impl SimConfig {
             dlcp: plan.dlcp,
             autotune: plan.autotune,
             faults: FaultConfig::default(),
+            mesh: plan.mesh,
         }
     }
 
@@ -144,6 +149,7 @@ impl SimConfig {
             full_sync_every: self.full_sync_every,
             dlcp: self.dlcp,
             autotune: self.autotune,
+            mesh: self.mesh,
             ..full
         }
         .scaled(self.scale)

@@ -70,6 +70,11 @@ pub struct BenchArgs {
     /// (to measure what frame integrity costs).
     #[arg(long)]
     frame_mac: bool,
+    /// All-reduce with 3 to 8 workers: link every worker to every other and send a small
+    /// buffer (n copies within 128 KiB) straight to each, one hop instead of n-1 around the
+    /// ring; larger buffers still use the ring. Default: the ring only.
+    #[arg(long)]
+    mesh: bool,
 }
 
 impl BenchArgs {
@@ -92,6 +97,7 @@ impl BenchArgs {
                 bucket_bytes: usize::MAX,
                 frame_elems,
                 slice_params: frame_elems,
+                mesh: self.mesh,
                 ..SyncPlan::new(strategy, self.workers, servers)
             },
 

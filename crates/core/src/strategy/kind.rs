@@ -18,6 +18,14 @@ pub const FRAME_ELEMS: usize = 1 << 20;
 /// bytes, take the time (`RingAllReduce::with_direct_below`; measured in docs/BENCHMARKS.md).
 pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
 
+/// Largest all-reduce job whose workers may be linked in a full mesh rather than a ring only
+/// (`SyncPlan::mesh`, from 3 workers on; with 2 the ring already links both). Over the mesh
+/// a small bucket shared whole goes from each worker straight to every other one, one hop
+/// instead of the ring's n-1, while large buckets still use only the ring neighbours. The
+/// limit is there because links (connections, heartbeats, buffers) grow as n^2 and a
+/// bucket's copies as n: past a handful of workers the bytes, not the hops, dominate anyway.
+pub const MESH_MAX_WORKERS: usize = 8;
+
 /// Largest frame of the chain strategies (64 KiB of values): a bucket streams along the chain
 /// only when it is cut finer than the bucket, since one worker at a time holds a segment.
 pub const CHAIN_SEGMENT_ELEMS: usize = 16 << 10;
@@ -247,8 +255,21 @@ impl StrategyKind {
         }
     }
 
+    /// Whether its `workers` workers can be linked in a full mesh (every worker to every
+    /// other) rather than to their ring neighbours only, where the plan asks for it
+    /// (`SyncPlan::mesh`): the ring all-reduce strategies with 3 to [`MESH_MAX_WORKERS`]
+    /// workers, whose small buckets then go straight to every worker
+    /// (`RingAllReduce::over_mesh`).
+    pub fn can_mesh(self, workers: usize) -> bool {
+        matches!(
+            self,
+            StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap
+        ) && (3..=MESH_MAX_WORKERS).contains(&workers)
+    }
+
     /// The ranks `rank` has links to: workers to every server and servers to every worker
-    /// (parameter servers), or each worker to its ring neighbours.
+    /// (parameter servers), or each worker to its ring neighbours (`SyncPlan::peers` adds the
+    /// full mesh where the plan asks for one).
     pub fn peers(self, workers: usize, servers: usize, rank: Rank) -> Vec<Rank> {
         if self.uses_servers() {
             return if rank < workers {
@@ -279,6 +300,12 @@ mod tests {
         assert_eq!(StrategyKind::P3.peers(2, 2, 0), vec![2, 3]);
         assert_eq!(StrategyKind::Ps.peers(2, 2, 3), vec![0, 1]);
         assert_eq!(StrategyKind::Allreduce.peers(4, 0, 0), vec![1, 3]);
+        assert!(StrategyKind::Allreduce.can_mesh(3));
+        assert!(StrategyKind::AllreduceNoOverlap.can_mesh(MESH_MAX_WORKERS));
+        assert!(!StrategyKind::Allreduce.can_mesh(2));
+        assert!(!StrategyKind::Allreduce.can_mesh(MESH_MAX_WORKERS + 1));
+        assert!(!StrategyKind::RingReduce.can_mesh(4));
+        assert!(!StrategyKind::DlcpAllreduce.can_mesh(4));
         assert_eq!(StrategyKind::Allreduce.peers(2, 0, 1), vec![0]);
         assert!(StrategyKind::Allreduce.peers(1, 0, 0).is_empty());
     }

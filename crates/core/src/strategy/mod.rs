@@ -48,7 +48,7 @@ pub use chain::ChainPass;
 pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
 pub use kind::{
     Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
-    DIRECT_SHARE_ELEMS, FRAME_ELEMS, P3_SLICE_PARAMS,
+    DIRECT_SHARE_ELEMS, FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
 };
 pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
 pub use plan::{scale_count, PlanError, SyncPlan};

@@ -95,6 +95,14 @@ pub struct SyncPlan {
     /// Search the credit online from `credit_bytes` on (`--autotune`, credit scheduler only).
     #[serde(default)]
     pub autotune: bool,
+    /// Link every worker to every other and send small buckets' copies straight to each
+    /// (`--mesh`; ring all-reduce with 3 to [`super::MESH_MAX_WORKERS`] workers only, see
+    /// [`StrategyKind::can_mesh`]; ignored elsewhere). Off by default: one hop instead of
+    /// n-1 pays where hops cost network latency, but over loopback on a few cores each copy
+    /// then takes its own send and receive call, which costs more than the hops it saves
+    /// (docs/BENCHMARKS.md).
+    #[serde(default)]
+    pub mesh: bool,
 }
 
 fn default_chain_segment() -> usize {
@@ -129,6 +137,7 @@ impl SyncPlan {
             full_sync_every: 0,
             dlcp: DlcpOptions::default(),
             autotune: false,
+            mesh: false,
         }
     }
 
@@ -238,7 +247,16 @@ impl SyncPlan {
 
     /// The ranks `rank` needs a link to.
     pub fn peers(&self, rank: Rank) -> Vec<Rank> {
+        if self.meshed() {
+            return (0..self.workers).filter(|&r| r != rank).collect();
+        }
         self.strategy.peers(self.workers, self.servers, rank)
+    }
+
+    /// Whether the workers are linked in a full mesh: asked for ([`SyncPlan::mesh`]) and
+    /// possible ([`StrategyKind::can_mesh`]).
+    pub fn meshed(&self) -> bool {
+        self.mesh && self.strategy.can_mesh(self.workers)
     }
 
     /// What every process must agree on besides the model, for the handshake:
@@ -268,6 +286,9 @@ impl SyncPlan {
         }
         if self.autotune {
             d.push_str("/autotune");
+        }
+        if self.meshed() {
+            d.push_str("/mesh");
         }
         d
     }
@@ -359,7 +380,11 @@ impl SyncPlan {
             overlap,
             self.scheduler,
         );
-        Box::new(ring.with_direct_below(self.direct_share_elems))
+        let ring = ring.with_direct_below(self.direct_share_elems);
+        if self.meshed() {
+            return Box::new(ring.over_mesh());
+        }
+        Box::new(ring)
     }
 
     /// The state machine of server `rank` for a model with these keys, starting from the

@@ -6,6 +6,11 @@
 //! capacity, like PyTorch DDP's 25 MB buckets; a bucket is launched when all of its keys
 //! are in (with overlap) or when backward is done (without). Additions are always
 //! `local + received` in ring order, so every run gives the same bits.
+//!
+//! Small buckets are shared whole instead ([`RingAllReduce::with_direct_below`]): every
+//! worker's copy travels the ring, or, where the workers are linked in a full mesh
+//! ([`RingAllReduce::over_mesh`]), goes straight to every other worker in one hop; each
+//! worker then adds the n copies in rank order.
 
 use std::collections::VecDeque;
 
@@ -32,9 +37,12 @@ struct Bucket {
     direct: bool,
 }
 
-/// A frame waiting for the right-hand link.
+/// A frame waiting for its link (the right-hand one, but for small buckets' copies over a
+/// mesh).
 #[derive(Debug, Clone, Copy)]
 struct Send {
+    /// The rank it goes to.
+    to: Rank,
     bucket: usize,
     gather: bool,
     ring_step: u64,
@@ -86,7 +94,12 @@ pub struct RingAllReduce {
     /// step 0 are early, like frames of the next step).
     begun: bool,
     sends: Vec<Send>,
-    queue: Box<dyn Scheduler>,
+    /// Frames waiting, one queue per link: the right-hand link's only on a ring; on a mesh
+    /// one per rank (the own one unused).
+    queues: Vec<Box<dyn Scheduler>>,
+    scheduler: SchedulerKind,
+    /// Whether this worker has links to every other one (see [`RingAllReduce::over_mesh`]).
+    mesh: bool,
     events: VecDeque<WorkerEvent>,
     buckets_left: usize,
     /// StepDone is reported once every bucket is complete *and* every frame of the step has
@@ -162,7 +175,9 @@ impl RingAllReduce {
             begun: false,
             step: 0,
             sends: Vec::new(),
-            queue: new_scheduler(scheduler),
+            queues: vec![new_scheduler(scheduler)],
+            scheduler,
+            mesh: false,
             events: VecDeque::new(),
             buckets_left: 0,
             step_done: false,
@@ -208,6 +223,21 @@ impl RingAllReduce {
         self
     }
 
+    /// Sends the copies of buckets shared whole (see [`RingAllReduce::with_direct_below`])
+    /// straight from each worker to every other one, one hop instead of n-1, where the
+    /// driver links every worker to every other ([`crate::strategy::SyncPlan::mesh`]):
+    /// each worker accepts a copy only from its origin's own link and forwards none. Larger
+    /// buckets still use only the ring neighbours. With fewer than 3 workers the ring
+    /// already is a mesh and nothing changes. Call before the first step.
+    pub fn over_mesh(mut self) -> Self {
+        if self.n >= 3 && !self.mesh {
+            self.mesh = true;
+            let kind = self.scheduler;
+            self.queues = (0..self.n).map(|_| new_scheduler(kind)).collect();
+        }
+        self
+    }
+
     /// Number of buckets.
     pub fn buckets(&self) -> usize {
         self.buckets.len()
@@ -225,19 +255,24 @@ impl RingAllReduce {
         start..start + len
     }
 
-    /// Direct bucket `b`'s own copy is in: send it around the ring.
+    /// Direct bucket `b`'s own copy is in: send it around the ring, or over a mesh to every
+    /// other worker at once (in rank order from the right neighbour on).
     fn launch_direct(&mut self, b: usize) {
         let own = self.share_range(b, self.step, self.rank);
         let len = self.buckets[b].len;
         let st = &mut self.state[b];
         st.shares[own].copy_from_slice(&self.data[b]);
-        self.enqueue(Send {
-            bucket: b,
-            gather: true,
-            ring_step: 0,
-            offset: 0,
-            len,
-        });
+        let copies = if self.mesh { self.n - 1 } else { 1 };
+        for i in 1..=copies {
+            self.enqueue(Send {
+                to: (self.rank + i) % self.n,
+                bucket: b,
+                gather: true,
+                ring_step: 0,
+                offset: 0,
+                len,
+            });
+        }
         self.maybe_finish_direct(b);
     }
 
@@ -279,6 +314,24 @@ impl RingAllReduce {
         (self.rank + 1) % self.n
     }
 
+    /// The queue of the frames for `link`, if this worker sends on it.
+    fn queue_of(&self, link: Rank) -> Option<usize> {
+        if self.n == 1 || link >= self.n || link == self.rank {
+            None
+        } else if self.mesh {
+            Some(link)
+        } else if link == self.right() {
+            Some(0)
+        } else {
+            None
+        }
+    }
+
+    /// Whether no frame waits on any link.
+    fn nothing_queued(&self) -> bool {
+        self.queues.iter().all(|q| q.is_empty())
+    }
+
     fn chunk_index(&self, offset_from_rank: i64) -> usize {
         (self.rank as i64 + offset_from_rank).rem_euclid(self.n as i64) as usize
     }
@@ -311,7 +364,7 @@ impl RingAllReduce {
         self.buckets_left = self.buckets.len();
         self.step_done = false;
         debug_assert!(
-            self.queue.is_empty(),
+            self.nothing_queued(),
             "a step began with frames of the last one queued"
         );
         self.sends.clear();
@@ -319,8 +372,12 @@ impl RingAllReduce {
 
     fn enqueue(&mut self, s: Send) {
         let priority = self.buckets[s.bucket].layer as i64;
+        let Some(q) = self.queue_of(s.to) else {
+            debug_assert!(false, "a frame for rank {} has no link", s.to);
+            return;
+        };
         self.sends.push(s);
-        self.queue.push(Pending {
+        self.queues[q].push(Pending {
             item: self.sends.len() - 1,
             priority,
             sequence: s.offset as u64,
@@ -344,6 +401,7 @@ impl RingAllReduce {
         }
         for &(off, len) in &self.buckets[b].chunks[self.rank].clone() {
             self.enqueue(Send {
+                to: self.right(),
                 bucket: b,
                 gather: false,
                 ring_step: 0,
@@ -365,6 +423,7 @@ impl RingAllReduce {
         add_assign(&mut self.data[b][r.clone()], &self.incoming[b][r.clone()]);
         if (s as usize) + 2 < self.n {
             self.enqueue(Send {
+                to: self.right(),
                 bucket: b,
                 gather: false,
                 ring_step: s + 1,
@@ -375,6 +434,7 @@ impl RingAllReduce {
             // The last reduce step completes this chunk here: average it and start its gather.
             scale(&mut self.data[b][r], 1.0 / self.n as f32);
             self.enqueue(Send {
+                to: self.right(),
                 bucket: b,
                 gather: true,
                 ring_step: 0,
@@ -406,7 +466,7 @@ impl RingAllReduce {
     }
 
     fn maybe_step_done(&mut self) {
-        if !self.step_done && self.buckets_left == 0 && self.queue.is_empty() && self.lent == 0 {
+        if !self.step_done && self.buckets_left == 0 && self.nothing_queued() && self.lent == 0 {
             self.step_done = true;
             self.events.push_back(WorkerEvent::StepDone);
         }
@@ -416,7 +476,12 @@ impl RingAllReduce {
     /// the segment's index in it.
     fn check(&self, link: Rank, h: &Header) -> Result<(usize, usize), ProtocolError> {
         let err = |why: &str| ProtocolError::unexpected(link, h, why);
-        if link != self.left() || self.n == 1 {
+        let direct = self.buckets.get(h.key as usize).is_some_and(|b| b.direct);
+        if self.mesh && direct {
+            if link >= self.n || link == self.rank {
+                return Err(err("a small bucket's copy comes only from another worker"));
+            }
+        } else if link != self.left() || self.n == 1 {
             return Err(err("ring frames come only from the left neighbour"));
         }
         let gather = match h.kind {
@@ -479,6 +544,11 @@ impl RingAllReduce {
         {
             return Err(err("a small bucket travels whole, in Gather frames"));
         }
+        if self.mesh && h.sequence != 0 {
+            return Err(err(
+                "over a mesh a small bucket's copy comes straight from its origin, never forwarded",
+            ));
+        }
         let next_step = h.step == self.step + 1 || (!self.begun && h.step == self.step);
         if h.step != self.step && !next_step {
             return Err(err(&format!(
@@ -486,6 +556,8 @@ impl RingAllReduce {
                 self.step
             )));
         }
+        // On a ring, ring step s from the left neighbour is the copy of the rank s further
+        // left; over a mesh (ring step 0 only) the copy of the link's own rank.
         let origin = self.share_origin(link, h.sequence);
         if self.state[b].got_share[(h.step % 2) as usize][origin] {
             return Err(err("copy received twice"));
@@ -553,10 +625,11 @@ impl Endpoint for RingAllReduce {
     }
 
     fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
-        let link = self.right();
-        if !links.contains(&link) {
-            return None;
-        }
+        // The first of the offered links (in the driver's rotating order) with a frame.
+        let link = links
+            .iter()
+            .copied()
+            .find(|&l| self.queue_of(l).is_some_and(|q| !self.queues[q].is_empty()))?;
         let h = self.next_frame(link)?;
         out.extend_from_slice(&h.encode());
         self.lent += 1;
@@ -611,6 +684,7 @@ impl Endpoint for RingAllReduce {
             self.state[b].got_gather[segment] = true;
             if (s as usize) + 2 < self.n {
                 self.enqueue(Send {
+                    to: self.right(),
                     bucket: b,
                     gather: true,
                     ring_step: s + 1,
@@ -633,11 +707,13 @@ impl Endpoint for RingAllReduce {
 
 impl RingAllReduce {
     /// A copy of direct bucket `b` arrived as ring step `s`: pass it on unless the right
-    /// neighbour is the one it came from.
+    /// neighbour is the one it came from (over a mesh, every copy came from its origin and
+    /// goes no further).
     fn forward_share(&mut self, b: usize, s: u64) {
-        if (s as usize) + 2 < self.n {
+        if !self.mesh && (s as usize) + 2 < self.n {
             let len = self.buckets[b].len;
             self.enqueue(Send {
+                to: self.right(),
                 bucket: b,
                 gather: true,
                 ring_step: s + 1,
@@ -650,11 +726,10 @@ impl RingAllReduce {
     /// Takes the next queued frame for `link` and says what it carries (the payload is
     /// `data[key][offset..offset + length]`).
     fn next_frame(&mut self, link: Rank) -> Option<Header> {
-        if link != self.right() || self.n == 1 {
-            return None;
-        }
-        let p = self.queue.pop()?;
+        let q = self.queue_of(link)?;
+        let p = self.queues[q].pop()?;
         let s = self.sends[p.item];
+        debug_assert_eq!(s.to, link, "a frame queued for another link");
         let kind = if s.gather {
             FrameKind::Gather
         } else {

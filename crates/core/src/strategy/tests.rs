@@ -324,6 +324,7 @@ proptest! {
         bucket in 1usize..100,
         frame in 1usize..40,
         direct_below in prop::sample::select(vec![0usize, 10, 40, 1000]),
+        mesh: bool,
         scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
         credit_bytes in 4usize..200,
         packet in 1usize..12,
@@ -340,6 +341,7 @@ proptest! {
                 credit_bytes,
                 frame_elems: frame,
                 direct_share_elems: direct_below,
+                mesh,
                 dlcp: exact_dlcp(kind, packet.min(frame)),
                 ..SyncPlan::new(kind, n, if kind.uses_servers() { servers } else { 0 })
             };
@@ -767,4 +769,237 @@ fn a_replayed_early_ring_frame_is_refused() {
     deliver(&mut behind).expect("the first copy is kept for the step");
     let err = deliver(&mut behind).expect_err("the replay is refused");
     assert!(err.to_string().contains("twice"), "{err}");
+}
+
+/// Every frame a worker hands out, as `(from, to, header)`, in order.
+type SentLog = std::rc::Rc<std::cell::RefCell<Vec<(Rank, Rank, Header)>>>;
+
+/// A worker endpoint that notes the header and link of every frame it hands out.
+struct Recorder {
+    rank: Rank,
+    inner: Box<dyn WorkerSync>,
+    sent: SentLog,
+}
+
+impl Recorder {
+    fn note(&self, to: Rank, frame: &[u8]) {
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&frame[..HEADER_LEN]);
+        let h = Header::decode(&hb, DEFAULT_MAX_PAYLOAD).expect("a header");
+        self.sent.borrow_mut().push((self.rank, to, h));
+    }
+}
+
+impl Endpoint for Recorder {
+    fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
+        let start = out.len();
+        let sent = self.inner.poll_transmit(link, out);
+        if sent {
+            self.note(link, &out[start..]);
+        }
+        sent
+    }
+
+    fn poll_transmit_any(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        let start = out.len();
+        let to = self.inner.poll_transmit_any(links, out)?;
+        self.note(to, &out[start..]);
+        Some(to)
+    }
+
+    fn poll_transmit_lent(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Transmit> {
+        let start = out.len();
+        let t = self.inner.poll_transmit_lent(links, out)?;
+        let (Transmit::Copied(to) | Transmit::Lent(to, _)) = t;
+        self.note(to, &out[start..]);
+        Some(t)
+    }
+
+    fn lent_payload(&self, h: &Header) -> &[f32] {
+        self.inner.lent_payload(h)
+    }
+
+    fn handle_sent(&mut self, link: Rank, h: &Header) {
+        self.inner.handle_sent(link, h);
+    }
+
+    fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
+        self.inner.recv_slot(link, h)
+    }
+
+    fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
+        self.inner.handle_payload(link, h)
+    }
+}
+
+impl WorkerSync for Recorder {
+    fn start_at(&mut self, step: u64) {
+        self.inner.start_at(step);
+    }
+    fn begin_step(&mut self, step: u64) {
+        self.inner.begin_step(step);
+    }
+    fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
+        self.inner.handle_gradient(key, grad);
+    }
+    fn handle_backward_done(&mut self) {
+        self.inner.handle_backward_done();
+    }
+    fn poll_event(&mut self) -> Option<WorkerEvent> {
+        self.inner.poll_event()
+    }
+    fn take_values(&mut self, key: usize) -> Vec<f32> {
+        self.inner.take_values(key)
+    }
+}
+
+/// The mean gradient of `key` as the small-bucket exchange computes it: the workers' copies
+/// added in rank order, then scaled by 1/n (bit for bit).
+fn rank_order_mean(step: u64, n: usize, key: usize, len: usize) -> Vec<f32> {
+    let mut acc = grad(step, 0, key, len);
+    for w in 1..n {
+        crate::aggregate::add_assign(&mut acc, &grad(step, w, key, len));
+    }
+    crate::aggregate::scale(&mut acc, 1.0 / n as f32);
+    acc
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// With 3 or 4 workers and [`SyncPlan::mesh`] the all-reduce strategies link every worker
+    /// to every other, and a
+    /// small bucket's copy goes from each worker straight to each other one: per worker,
+    /// step and bucket exactly n-1 frames, to n-1 distinct peers, all ring step 0 (none
+    /// forwarded). On a ring (the endpoint built without the mesh, as for more workers than
+    /// [`MESH_MAX_WORKERS`]) the n-1 copies go to the right neighbour only, one per ring
+    /// step. Either way every worker ends each step with the same bits: the copies added in
+    /// rank order, then scaled.
+    #[test]
+    fn small_buckets_cross_a_mesh_in_one_hop(
+        n in 3usize..5,
+        mesh: bool,
+        overlap: bool,
+        sizes in prop::collection::vec(1usize..20, 1..5),
+        bucket in 1usize..40,
+        scheduler in prop::sample::select(SchedulerKind::ALL.to_vec()),
+        seed: u64,
+    ) {
+        let kind = if overlap { StrategyKind::Allreduce } else { StrategyKind::AllreduceNoOverlap };
+        let plan = SyncPlan {
+            scheduler,
+            bucket_bytes: 4 * bucket,
+            direct_share_elems: 1000,
+            mesh: true,
+            ..SyncPlan::new(kind, n, 0)
+        };
+        prop_assert!(plan.validate().is_ok());
+        prop_assert!(plan.meshed());
+        prop_assert!(plan.sync_descriptor().ends_with("/mesh"));
+        let log = SentLog::default();
+        for r in 0..n {
+            prop_assert_eq!(plan.peers(r), (0..n).filter(|&p| p != r).collect::<Vec<_>>());
+        }
+        let mut ws: Vec<Box<dyn WorkerSync>> = (0..n)
+            .map(|r| -> Box<dyn WorkerSync> {
+                let inner: Box<dyn WorkerSync> = if mesh {
+                    plan.worker_endpoint(r, keys(&sizes))
+                } else {
+                    Box::new(
+                        RingAllReduce::new(r, n, keys(&sizes), bucket, FRAME_ELEMS, overlap, scheduler)
+                            .with_direct_below(1000),
+                    )
+                };
+                Box::new(Recorder { rank: r, inner, sent: log.clone() })
+            })
+            .collect();
+        let steps = 3;
+        let results = drive(&mut ws, &mut [], &sizes, steps, seed);
+        for (step, per_worker) in results.iter().enumerate() {
+            for (key, &len) in sizes.iter().enumerate() {
+                let want = rank_order_mean(step as u64, n, key, len);
+                for (w, got) in per_worker.iter().enumerate() {
+                    prop_assert_eq!(&got[key], &want, "step {} worker {} key {}", step, w, key);
+                }
+            }
+        }
+        // Every bucket is small (n copies of at most 40 values fit 1000): group its frames.
+        let mut frames = std::collections::BTreeMap::<(Rank, u64, u32), Vec<(Rank, Header)>>::new();
+        for &(from, to, h) in log.borrow().iter() {
+            frames.entry((from, h.step, h.key)).or_default().push((to, h));
+        }
+        let buckets = frames.keys().map(|k| k.2).collect::<std::collections::BTreeSet<_>>().len();
+        prop_assert_eq!(frames.len(), n * steps as usize * buckets);
+        for ((from, step, b), sent) in &frames {
+            prop_assert_eq!(sent.len(), n - 1, "worker {} step {} bucket {}", from, step, b);
+            let mut tos: Vec<Rank> = sent.iter().map(|s| s.0).collect();
+            tos.sort_unstable();
+            tos.dedup();
+            let mut ring_steps: Vec<u64> = sent.iter().map(|s| s.1.sequence).collect();
+            ring_steps.sort_unstable();
+            prop_assert!(sent.iter().all(|(_, h)| h.kind == crate::wire::FrameKind::Gather));
+            if mesh {
+                prop_assert_eq!(tos, (0..n).filter(|r| r != from).collect::<Vec<_>>());
+                prop_assert!(ring_steps.iter().all(|&s| s == 0), "forwarded: {:?}", ring_steps);
+            } else {
+                prop_assert_eq!(tos, vec![(from + 1) % n]);
+                prop_assert_eq!(ring_steps, (0..n as u64 - 1).collect::<Vec<_>>());
+            }
+        }
+    }
+}
+
+/// Over a mesh, a small bucket's copy is accepted once, from any other worker's own link,
+/// as ring step 0 of this step or the next; anything else (from this worker's own rank or
+/// a rank outside the job, claiming to be forwarded, of another kind, size or step, a
+/// second time), and a large bucket's frame from anyone but the left neighbour, is a
+/// protocol error, never a panic.
+#[test]
+fn a_mesh_refuses_misplaced_copies() {
+    use crate::wire::FrameKind;
+    // Bucket 0 holds key 1 (500 values: reduced around the ring), bucket 1 key 0 (10
+    // values: 4 copies of 10 fit 100, shared whole).
+    let mut w = RingAllReduce::new(0, 4, keys(&[10, 500]), 10, 1000, true, SchedulerKind::Fifo)
+        .with_direct_below(100)
+        .over_mesh();
+    w.begin_step(0);
+    let copy = Header::data(FrameKind::Gather, 0, 1, 0, 10);
+    let refused = |w: &mut RingAllReduce, link: Rank, h: &Header, why: &str| {
+        let e = w.recv_slot(link, h).expect_err("refused").to_string();
+        assert!(
+            e.contains(why) && e.contains(&format!("rank {link}")),
+            "{e}"
+        );
+        let e = w.handle_payload(link, h).expect_err("refused").to_string();
+        assert!(e.contains(why), "{e}");
+    };
+    refused(&mut w, 0, &copy, "another worker");
+    refused(&mut w, 4, &copy, "another worker");
+    refused(&mut w, usize::MAX, &copy, "another worker");
+    let mut forwarded = copy;
+    forwarded.sequence = 1;
+    refused(&mut w, 3, &forwarded, "never forwarded");
+    forwarded.sequence = u64::MAX;
+    refused(&mut w, 3, &forwarded, "beyond the ring");
+    let mut reduce = copy;
+    reduce.kind = FrameKind::Reduce;
+    refused(&mut w, 2, &reduce, "whole");
+    let mut short = copy;
+    short.length = 9;
+    refused(&mut w, 2, &short, "whole");
+    let mut later = copy;
+    later.step = 2;
+    refused(&mut w, 2, &later, "wrong step");
+    // A large bucket's segment still comes only from the left neighbour (rank 3).
+    let segment = Header::data(FrameKind::Reduce, 0, 0, 375, 125);
+    refused(&mut w, 2, &segment, "left");
+    assert!(w.recv_slot(3, &segment).is_ok());
+    // The copy from rank 2, and one of the next step from rank 1, are accepted once each.
+    for (link, step) in [(2, 0), (1, 1)] {
+        let mut h = copy;
+        h.step = step;
+        w.recv_slot(link, &h).expect("accepted").fill(1.0);
+        w.handle_payload(link, &h).expect("accepted");
+        refused(&mut w, link, &h, "twice");
+    }
 }
