@@ -81,6 +81,12 @@ pub struct JobArgs {
     /// credit and every candidate go to summary.json and config.toml (`[autotune]`).
     #[arg(long)]
     pub autotune: bool,
+    /// All-reduce with 3 to 8 workers: link every worker to every other and send small
+    /// buckets (n copies within 128 KiB) straight to each, one hop instead of n-1 around the
+    /// ring; large buckets still go around the ring. Pays where a hop costs network latency
+    /// (2x at 100 us a link); over loopback on few cores it is slower (docs/BENCHMARKS.md).
+    #[arg(long)]
+    pub mesh: bool,
     /// Scale profile models down: every tensor, every bandwidth, slices, buckets, credit,
     /// send window and queues are multiplied by this factor (e.g. 1/16) while compute times
     /// stay, so the communication-to-computation ratio is the full-size model's at
@@ -237,6 +243,7 @@ impl JobArgs {
             credit_bytes: parse_size(&self.credit_bytes)?,
             bucket_bytes: (self.bucket_mb * 1e6) as usize,
             autotune: self.autotune,
+            mesh: self.mesh,
             ..defaults
         })?;
         self.dlcp.apply(plan)

@@ -45,6 +45,10 @@ pub struct SimulateArgs {
     /// report says what worker 0 chose and the mean step once it settled.
     #[arg(long)]
     pub autotune: bool,
+    /// All-reduce with 3 to 8 workers: a full mesh, small buckets straight to every worker
+    /// (as `launch --mesh`).
+    #[arg(long)]
+    pub mesh: bool,
     #[command(flatten)]
     pub stepwise: StepwiseArgs,
     #[command(flatten)]
@@ -159,6 +163,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 }
                 config.network = network.clone();
                 config.autotune = args.autotune;
+                config.mesh = args.mesh;
                 config.steps = args.steps;
                 config.batch = args.batch_size;
                 config.jitter = args.jitter;
