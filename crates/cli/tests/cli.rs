@@ -105,3 +105,25 @@ fn checkpoint_flags_that_cannot_work_are_refused_up_front() {
         );
     }
 }
+
+/// `--mesh` where it cannot apply (not a ring all-reduce, or 2 workers) is refused before any
+/// process starts, rather than silently ignored.
+#[test]
+fn mesh_where_it_cannot_apply_is_refused_up_front() {
+    for flags in [
+        ["--strategy", "p3", "--workers", "3"],
+        ["--strategy", "allreduce", "--workers", "2"],
+    ] {
+        let out = Command::new(EXE)
+            .args(["launch", "--model", "mlp", "--steps", "2", "--mesh"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}");
+        assert!(
+            err.contains("--mesh links the workers") && !err.contains("launching"),
+            "{flags:?}: {err}"
+        );
+    }
+}

@@ -15,6 +15,7 @@ use syncopate_core::sched::SchedulerKind;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::{
     Averaged, KeyLoss, LossStats, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+    MESH_MAX_WORKERS,
 };
 use syncopate_core::tune::TuneReport;
 use syncopate_runtime::auth::{AuthError, JobToken};
@@ -235,6 +236,13 @@ impl JobArgs {
     fn sync_plan(&self) -> Result<SyncPlan> {
         if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
             bail!("--bucket-mb must be positive");
+        }
+        if self.mesh && !self.strategy.can_mesh(self.workers) {
+            bail!(
+                "--mesh links the workers of a ring all-reduce in a full mesh: it needs \
+                 --strategy allreduce or allreduce-no-overlap and 3 to {MESH_MAX_WORKERS} workers \
+                 (with 2 the ring already links both)"
+            );
         }
         let defaults = SyncPlan::new(self.strategy, self.workers, self.servers);
         let plan = self.stepwise.apply(SyncPlan {

@@ -46,7 +46,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub autotune: bool,
     /// All-reduce with 3 to 8 workers: a full mesh, small buckets straight to every worker
-    /// (as `launch --mesh`).
+    /// (as `launch --mesh`); in a sweep, ignored for the strategies and worker counts it
+    /// does not apply to.
     #[arg(long)]
     pub mesh: bool,
     #[command(flatten)]
