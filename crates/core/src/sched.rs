@@ -254,17 +254,6 @@ impl LinkQueues {
         self.refresh(link);
     }
 
-    /// Queues `p` on every link.
-    pub fn push_all(&mut self, p: Pending) {
-        for link in 0..self.queues.len() {
-            self.queues[link].push(p);
-            self.heads[link] = self.queues[link].peek().map(|p| self.kind.order_key(&p));
-        }
-        for i in (1..self.leaves).rev() {
-            self.tree[i] = self.winner(self.tree[2 * i], self.tree[2 * i + 1]);
-        }
-    }
-
     /// The head of `link`'s queue (`None` if empty or no such link).
     pub fn peek(&self, link: usize) -> Option<Pending> {
         self.queues.get(link)?.peek()
@@ -279,10 +268,7 @@ impl LinkQueues {
 
     /// Whether every queue is empty.
     pub fn is_empty(&self) -> bool {
-        match self.tree.get(1) {
-            Some(&best) => self.heads.get(best).copied().flatten().is_none(),
-            None => self.heads.iter().all(Option::is_none),
-        }
+        self.most_urgent_of_all().is_none()
     }
 
     /// Among `links`, the one whose head goes first (ties to the lowest link; `None` when
@@ -435,7 +421,7 @@ mod tests {
         }
 
         /// The kept head keys and the tournament over them always say what the queues'
-        /// heads say: with items spread over 1 to 9 links (pushed to one link or to all),
+        /// heads say: with items spread over 1 to 9 links (pushed to one link or to each),
         /// pops interleaved, `most_urgent` over any subset of links picks the link a scan
         /// of those heads picks.
         #[test]
@@ -454,7 +440,7 @@ mod tests {
                 match op {
                     0 => prop_assert_eq!(q.pop(link), plain[link].pop()),
                     1 => {
-                        q.push_all(p);
+                        (0..links).for_each(|l| q.push(l, p));
                         plain.iter_mut().for_each(|s| s.push(p));
                     }
                     _ => {

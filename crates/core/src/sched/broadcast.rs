@@ -2,8 +2,8 @@
 //! one per worker for each updated slice), each link taking it in the scheduler's order at
 //! its own pace.
 //!
-//! It behaves exactly as a [`LinkQueues`](super::LinkQueues) whose every push is a
-//! `push_all` (tested against one), but holds each item once with a bit per link rather
+//! It behaves exactly as a [`LinkQueues`](super::LinkQueues) to whose every link each item
+//! is pushed (tested against one), but holds each item once with a bit per link rather
 //! than a copy in every link's heap: a server with a thousand workers then touches a few
 //! compact entries per frame instead of a heap per worker.
 
@@ -159,7 +159,7 @@ mod tests {
                 if op == 0 {
                     let p = Pending { item, priority, sequence: item as u64, arrival: arrival as u64 };
                     b.push_all(p);
-                    q.push_all(p);
+                    (0..links).for_each(|l| q.push(l, p));
                 } else {
                     // Pops favour low links, as a driver taking the most urgent link does.
                     let link = if op == 1 { link % links } else { link % links.min(3) };
