@@ -4,8 +4,9 @@
 //! bookkeeping, and its tests compare with offering every link.
 //!
 //! Servers: `PsServer` queues every updated slice for all `N` workers at once and picks the
-//! smallest `(order key, link)` over the queue heads: an O(N) scan per frame, O(N²) per
-//! slice, which dominates a 1,024-worker simulation. The workers served with a given reply
+//! smallest `(order key, link)` over the offered links' heads; its `BroadcastQueue` knows the
+//! winner over all links at once, but checks that the winner was offered, O(links offered),
+//! so offering all `N` links would cost O(N) per frame. The workers served with a given reply
 //! always form a prefix `0..next` (by induction: the most urgent reply `x` is at the head of
 //! link `next(x)` and of no lower link), so only the links `{next(x)}` can win.
 //!
