@@ -67,11 +67,11 @@ pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
 /// workers `0..N`, then servers (plain SGD from zeros: the simulator times, it does not train).
 pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Result<Vec<Role>, SimError> {
     let plan = cfg.plan();
-    let workers =
-        (0..plan.workers).map(|r| Ok(Role::Worker(plan.worker_endpoint(r, keys.to_vec()))));
+    let endpoints = plan.endpoints(keys.to_vec());
+    let workers = (0..plan.workers).map(|r| Ok(Role::Worker(endpoints.worker(r))));
     let servers = (plan.workers..plan.world_size()).map(|r| {
         let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
-        let server = plan.server_endpoint(r, keys.to_vec(), initial, ServerOptim::plain(0.01));
+        let server = endpoints.server(r, initial, ServerOptim::plain(0.01));
         server
             .map(Role::Server)
             .map_err(|e| SimError::Config(e.to_string()))

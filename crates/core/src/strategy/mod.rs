@@ -51,7 +51,7 @@ pub use kind::{
     DIRECT_SHARE_ELEMS, FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
 };
 pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
-pub use plan::{scale_count, PlanError, SyncPlan};
+pub use plan::{scale_count, Endpoints, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 pub use traffic::textbook_bytes_per_step;

@@ -341,50 +341,7 @@ impl SyncPlan {
 
     /// The state machine of worker `rank` for a model with these keys.
     pub fn worker_endpoint(&self, rank: Rank, keys: Vec<KeyInfo>) -> Box<dyn WorkerSync + Send> {
-        let overlap = self.strategy.overlaps();
-        if let Some(schedule) = self.chain_schedule() {
-            return Box::new(ChainPass::new(
-                rank,
-                schedule,
-                keys,
-                self.bucket_elems(),
-                self.chain_segment_elems.min(self.frame_elems),
-                overlap,
-                self.scheduler,
-            ));
-        }
-        if self.strategy.uses_servers() {
-            let reg = self.registry(keys);
-            let credit = self.credit_bytes;
-            if self.strategy == StrategyKind::Dlcp {
-                // DLCP orders its packets itself: the P3 worker underneath only has to hand
-                // over every slice at once.
-                let fifo = SchedulerKind::Fifo;
-                let ps = PsWorker::new(rank, self.workers, reg.clone(), overlap, fifo, credit);
-                let geo = Geometry::new(reg, self.dlcp.packet_elems);
-                return Box::new(DlcpWorker::new(ps, geo, rank, self.workers, self.dlcp));
-            }
-            let ps = PsWorker::new(rank, self.workers, reg, overlap, self.scheduler, credit);
-            return Box::new(ps);
-        }
-        if self.strategy == StrategyKind::DlcpAllreduce {
-            let bucket = self.bucket_elems();
-            return Box::new(DlcpRing::new(rank, self.workers, keys, bucket, self.dlcp));
-        }
-        let ring = RingAllReduce::new(
-            rank,
-            self.workers,
-            keys,
-            self.bucket_elems(),
-            self.frame_elems,
-            overlap,
-            self.scheduler,
-        );
-        let ring = ring.with_direct_below(self.direct_share_elems);
-        if self.meshed() {
-            return Box::new(ring.over_mesh());
-        }
-        Box::new(ring)
+        self.endpoints(keys).worker(rank)
     }
 
     /// The state machine of server `rank` for a model with these keys, starting from the
@@ -396,26 +353,110 @@ impl SyncPlan {
         initial: Vec<Vec<f32>>,
         optim: ServerOptim,
     ) -> Result<Box<dyn ServerSync + Send>, PlanError> {
+        self.endpoints(keys).server(rank, initial, optim)
+    }
+
+    /// The factory of every rank's state machine for a model with these keys, the keys cut
+    /// and placed once: the endpoints it builds share one registry (a simulator builds a
+    /// thousand workers, whose lookups then read one copy of it).
+    pub fn endpoints(&self, keys: Vec<KeyInfo>) -> Endpoints<'_> {
+        let reg = self.registry(keys.clone());
+        Endpoints {
+            plan: self,
+            keys,
+            reg,
+        }
+    }
+}
+
+/// Builds the endpoints of one plan for one model (see [`SyncPlan::endpoints`]).
+#[derive(Debug, Clone)]
+pub struct Endpoints<'a> {
+    plan: &'a SyncPlan,
+    keys: Vec<KeyInfo>,
+    reg: TensorRegistry,
+}
+
+impl Endpoints<'_> {
+    /// The state machine of worker `rank`.
+    pub fn worker(&self, rank: Rank) -> Box<dyn WorkerSync + Send> {
+        let plan = self.plan;
+        let overlap = plan.strategy.overlaps();
+        let keys = self.keys.clone();
+        if let Some(schedule) = plan.chain_schedule() {
+            return Box::new(ChainPass::new(
+                rank,
+                schedule,
+                keys,
+                plan.bucket_elems(),
+                plan.chain_segment_elems.min(plan.frame_elems),
+                overlap,
+                plan.scheduler,
+            ));
+        }
+        if plan.strategy.uses_servers() {
+            let reg = self.reg.clone();
+            let credit = plan.credit_bytes;
+            if plan.strategy == StrategyKind::Dlcp {
+                // DLCP orders its packets itself: the P3 worker underneath only has to hand
+                // over every slice at once.
+                let fifo = SchedulerKind::Fifo;
+                let ps = PsWorker::new(rank, plan.workers, reg.clone(), overlap, fifo, credit);
+                let geo = Geometry::new(reg, plan.dlcp.packet_elems);
+                return Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp));
+            }
+            let ps = PsWorker::new(rank, plan.workers, reg, overlap, plan.scheduler, credit);
+            return Box::new(ps);
+        }
+        if plan.strategy == StrategyKind::DlcpAllreduce {
+            let bucket = plan.bucket_elems();
+            return Box::new(DlcpRing::new(rank, plan.workers, keys, bucket, plan.dlcp));
+        }
+        let ring = RingAllReduce::new(
+            rank,
+            plan.workers,
+            keys,
+            plan.bucket_elems(),
+            plan.frame_elems,
+            overlap,
+            plan.scheduler,
+        );
+        let ring = ring.with_direct_below(plan.direct_share_elems);
+        if plan.meshed() {
+            return Box::new(ring.over_mesh());
+        }
+        Box::new(ring)
+    }
+
+    /// The state machine of server `rank`, starting from the `initial` values of every key
+    /// and applying `optim` to the averaged gradients.
+    pub fn server(
+        &self,
+        rank: Rank,
+        initial: Vec<Vec<f32>>,
+        optim: ServerOptim,
+    ) -> Result<Box<dyn ServerSync + Send>, PlanError> {
+        let plan = self.plan;
         let index = rank
-            .checked_sub(self.workers)
-            .filter(|&i| i < self.servers)
+            .checked_sub(plan.workers)
+            .filter(|&i| i < plan.servers)
             .ok_or(PlanError::NotAServer {
                 rank,
-                workers: self.workers,
-                world: self.world_size(),
+                workers: plan.workers,
+                world: plan.world_size(),
             })?;
-        let reg = self.registry(keys);
+        let reg = self.reg.clone();
         let ps = PsServer::new(
             index,
-            self.workers,
+            plan.workers,
             reg.clone(),
             initial,
             optim,
-            self.scheduler,
+            plan.scheduler,
         );
-        if self.strategy == StrategyKind::Dlcp {
-            let geo = Geometry::new(reg, self.dlcp.packet_elems);
-            let dlcp = DlcpServer::new(ps, geo, index, self.workers, self.dlcp);
+        if plan.strategy == StrategyKind::Dlcp {
+            let geo = Geometry::new(reg, plan.dlcp.packet_elems);
+            let dlcp = DlcpServer::new(ps, geo, index, plan.workers, plan.dlcp);
             return Ok(Box::new(dlcp));
         }
         Ok(Box::new(ps))
