@@ -41,6 +41,7 @@
 //! [`Action::Finished`] for good.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::strategy::{StrategyKind, WorkerEvent};
 use crate::tune::{CreditTuner, Knobs, TuneSpec};
@@ -211,8 +212,9 @@ pub struct StepPlan {
     pub forward_overlap: bool,
     /// Where the optimizer runs.
     pub optimizer: OptimizerPlace,
-    /// The keys each layer owns, layers numbered from the input.
-    pub layer_keys: Vec<Range<usize>>,
+    /// The keys each layer owns, layers numbered from the input (shared by the clones a
+    /// simulator gives each of its workers).
+    pub layer_keys: Arc<[Range<usize>]>,
     /// Evaluation points.
     pub eval: EvalSchedule,
     /// Checkpoint points.
@@ -234,7 +236,7 @@ impl StepPlan {
             steps,
             forward_overlap: strategy.forward_overlap(),
             optimizer: OptimizerPlace::of(strategy),
-            layer_keys,
+            layer_keys: layer_keys.into(),
             eval: EvalSchedule::default(),
             checkpoint: CheckpointSchedule::default(),
             first_step: 0,

@@ -39,9 +39,9 @@ impl Nic {
 
     /// Counters of both directions together.
     pub fn counters(&self) -> NetCounters {
-        let mut c = *self.egress.counters();
+        let mut c = self.egress.counters();
         if let Some(i) = &self.ingress {
-            c.add(i.counters());
+            c.add(&i.counters());
         }
         c
     }

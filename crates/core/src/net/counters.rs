@@ -5,13 +5,19 @@ use serde::{Deserialize, Serialize};
 
 use super::Nanos;
 
-/// Counters of a port (or of one flow through it, or a sum of several).
+/// Counters of a port (or of one flow through it, or a sum of several). The fields every
+/// transmission updates come first, so that they share a cache line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(C)]
 pub struct NetCounters {
     /// Transmissions serialised (retransmissions included).
     pub frames_sent: u64,
     /// Bytes serialised (retransmissions included).
     pub bytes_sent: u64,
+    /// Sum over transmissions of the time waited in the queue before serialising.
+    pub queueing_ns_total: u64,
+    /// The longest such wait.
+    pub queueing_ns_max: Nanos,
     /// Frames lost on a path (random loss).
     pub frames_lost: u64,
     /// Bytes lost on a path.
@@ -24,10 +30,6 @@ pub struct NetCounters {
     pub frames_dropped: u64,
     /// Bytes dropped by a queue.
     pub bytes_dropped: u64,
-    /// Sum over transmissions of the time waited in the queue before serialising.
-    pub queueing_ns_total: u64,
-    /// The longest such wait.
-    pub queueing_ns_max: Nanos,
 }
 
 impl NetCounters {

@@ -8,6 +8,7 @@ use super::{Decision, Fate, Nanos};
 
 /// The reorder buffer of one reliable flow through a port.
 #[derive(Debug, Clone, Default)]
+#[repr(C)]
 pub(crate) struct FlowSeq {
     /// Sequence number of the next frame offered.
     next_ticket: u64,

@@ -1,6 +1,7 @@
 //! The paths between two hosts, each its own queue, serialiser and loss process, and the
 //! choice of a path for a frame: per flow by hash (ECMP) or per frame (spraying).
 
+use super::counters::NetCounters;
 use super::loss::LossProcess;
 use super::profile::{NetworkProfile, PathSpec};
 use super::queue::FrameQueue;
@@ -23,6 +24,8 @@ pub(crate) struct Path<T> {
     pub work_until: Nanos,
     /// Bytes admitted so far (spraying's tie-break).
     pub bytes_offered: u64,
+    /// What went through this path (kept beside its state: counted at every dispatch).
+    pub counters: NetCounters,
 }
 
 impl<T> Path<T> {
@@ -39,6 +42,7 @@ impl<T> Path<T> {
             free_at: 0,
             work_until: 0,
             bytes_offered: 0,
+            counters: NetCounters::default(),
         }
     }
 
