@@ -9,6 +9,8 @@
 
 use std::collections::VecDeque;
 
+use early::EarlyPushes;
+
 use super::{
     encode_frame_from, frame_values, Endpoint, ProtocolError, Rank, ServerSync, Transmit,
     WorkerEvent, WorkerSync,
@@ -19,6 +21,14 @@ use crate::registry::{Slice, TensorRegistry};
 use crate::sched::{BroadcastQueue, LinkQueues, Pending, SchedulerKind};
 use crate::tune::Knobs;
 use crate::wire::{FrameKind, Header};
+
+mod early;
+
+/// Whether bit `link` of a per-worker bit set is set.
+fn pushed(bits: &[u64], link: usize) -> bool {
+    bits.get(link / 64)
+        .is_some_and(|w| w & (1 << (link % 64)) != 0)
+}
 
 fn pending_for(reg: &TensorRegistry, slice: usize, arrival: &mut u64) -> Pending {
     let s = reg.slices()[slice];
@@ -324,9 +334,6 @@ impl Endpoint for PsWorker {
     }
 }
 
-/// A push that began to arrive before its turn: its values, and whether all are in.
-type EarlyPush = (Vec<f32>, bool);
-
 /// One parameter-server shard: owns some slices, aggregates pushes, applies SGD, answers.
 pub struct PsServer {
     index: usize,
@@ -340,14 +347,12 @@ pub struct PsServer {
     velocity: Vec<Vec<f32>>,
     /// Running sum of the pushes of each key's owned slices (zero between steps).
     acc: Vec<Vec<f32>>,
-    /// One receive buffer per worker link, so a frame's slot stays put until it is complete
-    /// whatever other frames arrive meanwhile.
-    scratch: Vec<Vec<f32>>,
-    /// Per slice and worker: a push that began to arrive before its turn in the rank-order
-    /// sum, and whether all of it is in.
-    early: Vec<Vec<Option<EarlyPush>>>,
-    /// Buffers for early pushes, reused.
-    spare: Vec<Vec<f32>>,
+    /// One receive buffer per worker link, `scratch_len` values each, side by side, so a
+    /// frame's slot stays put until it is complete whatever other frames arrive meanwhile.
+    scratch: Vec<f32>,
+    scratch_len: usize,
+    /// Pushes that began to arrive before their turn in the rank-order sum.
+    early: EarlyPushes,
     /// Per slice: the worker whose push is added next.
     next_rank: Vec<usize>,
     /// Early pushes held now, and the most ever held at once (values), for the cost of
@@ -357,7 +362,8 @@ pub struct PsServer {
     latest_step: u64,
     pushes: Vec<usize>,
     slice_step: Vec<u64>,
-    pushed_by: Vec<Vec<bool>>,
+    /// Per slice, a bit per worker whose push of this step is in.
+    pushed_by: Vec<Vec<u64>>,
     /// Answers waiting for the workers (each updated slice for every worker).
     out: BroadcastQueue,
     arrival: u64,
@@ -441,11 +447,9 @@ impl PsServer {
             params,
             velocity: (0..keys).map(sized).collect(),
             acc: (0..keys).map(sized).collect(),
-            scratch: vec![vec![0.0; max_slice]; workers],
-            early: (0..slices)
-                .map(|s| vec![None; per_worker(s, workers)])
-                .collect(),
-            spare: Vec::new(),
+            scratch: vec![0.0; workers.saturating_mul(max_slice)],
+            scratch_len: max_slice,
+            early: EarlyPushes::new((0..slices).map(|s| per_worker(s, workers))),
             next_rank: vec![0; slices],
             early_values: 0,
             peak_early_values: 0,
@@ -453,7 +457,7 @@ impl PsServer {
             pushes: vec![0; slices],
             slice_step: vec![0; slices],
             pushed_by: (0..slices)
-                .map(|s| vec![false; per_worker(s, workers)])
+                .map(|s| vec![0; per_worker(s, workers).div_ceil(64)])
                 .collect(),
             out: BroadcastQueue::new(scheduler, workers),
             arrival: 0,
@@ -521,7 +525,7 @@ impl PsServer {
         if self.pushes[slice] == 0 && h.step < self.slice_step[slice] {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
-        if self.pushed_by[slice][link] {
+        if pushed(&self.pushed_by[slice], link) {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
@@ -588,17 +592,13 @@ impl PsServer {
     /// turn and whose turn has come.
     fn add_waiting_pushes(&mut self, slice: usize) {
         let s = self.reg.slices()[slice];
-        while let Some(slot) = self.early[slice].get_mut(self.next_rank[slice]) {
-            // A push still arriving stays where it is until it is all in.
-            if !matches!(slot, Some((_, true))) {
-                break;
-            }
-            let Some((buf, _)) = slot.take() else {
-                break;
-            };
-            add_assign(&mut self.acc[s.key][s.range()], &buf);
-            self.early_values -= buf.len();
-            self.spare.push(buf);
+        // A push still arriving stays where it is until it is all in.
+        while self.early.holds_complete(slice, self.next_rank[slice]) {
+            let link = self.next_rank[slice];
+            let values = self.early.values(slice, link);
+            add_assign(&mut self.acc[s.key][s.range()], values);
+            self.early_values -= values.len();
+            self.early.release(slice, link);
             self.next_rank[slice] += 1;
         }
     }
@@ -650,19 +650,15 @@ impl Endpoint for PsServer {
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
         let len = self.reg.slices()[slice].len;
-        if self.early[slice][link].is_none() && link == self.next_rank[slice] {
-            return Ok(&mut self.scratch[link][..len]);
+        if !self.early.holds(slice, link) && link == self.next_rank[slice] {
+            let start = link * self.scratch_len;
+            return Ok(&mut self.scratch[start..start + len]);
         }
         // Before its turn: into a buffer of its own, where it waits. A driver asks again for
         // the slot of a frame still arriving (its turn may come meanwhile), so the frame
         // keeps the buffer it was given.
-        let spare = &mut self.spare;
-        let (buf, _) = self.early[slice][link].get_or_insert_with(|| {
-            let mut buf = spare.pop().unwrap_or_default();
-            buf.resize(len, 0.0);
-            (buf, false)
-        });
-        Ok(buf.as_mut_slice())
+        (self.early.buffer(slice, link, len))
+            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such worker for this slice"))
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
@@ -670,34 +666,30 @@ impl Endpoint for PsServer {
         let s = self.reg.slices()[slice];
         let r = s.range();
         self.latest_step = self.latest_step.max(h.step);
-        match self.early[slice][link].as_mut() {
+        if self.early.complete(slice, link) {
+            self.early_values += s.len;
+            self.peak_early_values = self.peak_early_values.max(self.early_values);
+        } else if link == self.next_rank[slice] {
             // Read into the sum's own buffer: it was this push's turn when it began.
-            None if link == self.next_rank[slice] => {
-                add_assign(
-                    &mut self.acc[s.key][r.clone()],
-                    &self.scratch[link][..s.len],
-                );
-                self.next_rank[slice] += 1;
-            }
-            None => {
-                return Err(ProtocolError::unexpected(
-                    link,
-                    h,
-                    "payload handed over without its slot",
-                ))
-            }
-            Some((_, complete)) => {
-                *complete = true;
-                self.early_values += s.len;
-                self.peak_early_values = self.peak_early_values.max(self.early_values);
-            }
+            let start = link * self.scratch_len;
+            let pushed = &self.scratch[start..start + s.len];
+            add_assign(&mut self.acc[s.key][r.clone()], pushed);
+            self.next_rank[slice] += 1;
+        } else {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "payload handed over without its slot",
+            ));
         }
         self.add_waiting_pushes(slice);
         if self.pushes[slice] == 0 {
             self.slice_step[slice] = h.step;
         }
         self.pushes[slice] += 1;
-        self.pushed_by[slice][link] = true;
+        if let Some(word) = self.pushed_by[slice].get_mut(link / 64) {
+            *word |= 1 << (link % 64);
+        }
         if self.pushes[slice] == self.workers {
             let acc = &mut self.acc[s.key][r.clone()];
             scale(acc, 1.0 / self.workers as f32);
@@ -711,7 +703,7 @@ impl Endpoint for PsServer {
             acc.iter_mut().for_each(|a| *a = 0.0);
             self.next_rank[slice] = 0;
             self.pushes[slice] = 0;
-            self.pushed_by[slice].iter_mut().for_each(|b| *b = false);
+            self.pushed_by[slice].iter_mut().for_each(|w| *w = 0);
             self.out_step[slice] = h.step;
             self.slice_step[slice] = h.step + 1;
             self.updates += 1;
