@@ -70,6 +70,8 @@ impl Frontier {
 pub(crate) struct Outbox {
     first: Rank,
     owed: Vec<u32>,
+    /// The ranks of the servers owed a slice, ascending (kept as `owed` changes: asked for
+    /// at every frame, they change only when a server's count reaches or leaves 0).
     links: Vec<Rank>,
 }
 
@@ -86,7 +88,15 @@ impl Outbox {
     /// A key was handed over: `(server index, slices)` of each server owning part of it.
     pub fn handed(&mut self, owners: &[(usize, u32)]) {
         for &(server, slices) in owners {
-            self.owed[server] += slices;
+            let owed = &mut self.owed[server];
+            let was_owed = *owed > 0;
+            *owed += slices;
+            let rank = self.first + server;
+            if !was_owed && *owed > 0 {
+                if let Err(at) = self.links.binary_search(&rank) {
+                    self.links.insert(at, rank);
+                }
+            }
         }
     }
 
@@ -98,6 +108,9 @@ impl Outbox {
         {
             Some(owed) if *owed > 0 => {
                 *owed -= 1;
+                if *owed == 0 {
+                    self.links.retain(|&l| l != link);
+                }
                 Ok(())
             }
             _ => Err(format!("a slice went to rank {link}, which was owed none")),
@@ -105,10 +118,7 @@ impl Outbox {
     }
 
     /// The server links that may have a slice queued, ascending.
-    pub fn candidates(&mut self) -> &[Rank] {
-        self.links.clear();
-        let owed = self.owed.iter().enumerate().filter(|(_, &o)| o > 0);
-        self.links.extend(owed.map(|(s, _)| self.first + s));
+    pub fn candidates(&self) -> &[Rank] {
         &self.links
     }
 }
@@ -145,5 +155,11 @@ mod tests {
         assert_eq!(o.candidates(), &[6]);
         assert!(o.sent(5).unwrap_err().contains("rank 5"));
         assert!(o.sent(3).is_err());
+        o.handed(&[(1, 1), (2, 1), (0, 2)]);
+        assert_eq!(o.candidates(), &[4, 5, 6], "kept ascending");
+        o.sent(6).unwrap();
+        o.sent(6).unwrap();
+        o.sent(4).unwrap();
+        assert_eq!(o.candidates(), &[4, 5], "server 4 is still owed one");
     }
 }
