@@ -18,11 +18,13 @@ pub(crate) struct Nic {
 }
 
 impl Nic {
-    /// The NIC of host `host` under `profile`, its random streams from `seed`.
+    /// The NIC of host `host` under `profile`, its random streams from `seed` (the report
+    /// counts per host, so its ports keep no per-flow counters).
     pub fn new(profile: &NetworkProfile, seed: u64, host: u64) -> Self {
+        let ingress = || Port::ingress(profile, seed, host).without_flow_counters();
         Self {
-            egress: Port::egress(profile, seed, host),
-            ingress: profile.ingress.then(|| Port::ingress(profile, seed, host)),
+            egress: Port::egress(profile, seed, host).without_flow_counters(),
+            ingress: profile.ingress.then(ingress),
             wake_at: None,
             poll_at: [None; 2],
         }

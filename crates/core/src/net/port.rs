@@ -42,7 +42,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::counters::NetCounters;
-use super::flow_map::FlowMap;
+use super::flow_map::FlowTable;
 use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
@@ -74,29 +74,27 @@ struct Held {
     slot: usize,
 }
 
-/// Everything a port keeps per flow, in one place: a frame looks its flow up once when it
-/// enters and carries the slot from then on (per-flow hash lookups at every step were a
-/// fifth of a 1,024-worker simulation, most of it cache misses). Laid out from a cache
-/// line's start: what every frame updates (the counters' first fields, the reorder buffer's
-/// numbers) in the first two lines, the ingress gate after them.
+/// What a port reads and updates of a flow at every frame, in one cache line: a frame
+/// looks its flow up once when it enters and carries the slot from then on (per-flow hash
+/// lookups at every step were a fifth of a 1,024-worker simulation, most of it cache
+/// misses). The flow's counters and the frames waiting behind its gate are kept apart.
 #[derive(Debug, Clone, Default)]
 #[repr(C, align(64))]
 struct FlowState {
-    counters: NetCounters,
     /// The reorder buffer (reliable frames).
     order: FlowSeq,
-    /// Ingress only: the flow's frame in the port and those waiting behind it.
+    /// Ingress only: whether the flow's frame is in the port, and when the next may enter.
     gate: FlowGate,
 }
 
-/// An ingress flow's frame in the port and the frames waiting behind it.
+/// An ingress flow's frame in the port (the frames waiting behind it are in
+/// `Port::waiting`).
 #[derive(Debug, Clone, Default)]
 struct FlowGate {
     /// A frame of the flow is in the port, its fate not yet decided.
     busy: bool,
     /// When the last decided frame leaves the port: the next may not enter before.
     free_from: Nanos,
-    waiting: VecDeque<Held>,
 }
 
 /// One bottleneck direction of a host: a finite queue with a discipline and a serialiser
@@ -121,7 +119,12 @@ pub struct Port {
     ready: VecDeque<Decision>,
     /// Per flow (in order of first appearance) its state, and where each flow's is.
     flows: Vec<FlowState>,
-    slots: FlowMap<usize>,
+    slots: FlowTable,
+    /// Per flow, its counters (none if the driver does not ask for them).
+    flow_counters: Vec<NetCounters>,
+    count_flows: bool,
+    /// Ingress only: per flow, the frames waiting behind the one in the port.
+    waiting: Vec<VecDeque<Held>>,
     /// The latest `now` seen.
     clock: Nanos,
 }
@@ -176,7 +179,10 @@ impl Port {
             retransmit_order: 0,
             ready: VecDeque::new(),
             flows: Vec::new(),
-            slots: FlowMap::default(),
+            slots: FlowTable::default(),
+            flow_counters: Vec::new(),
+            count_flows: true,
+            waiting: Vec::new(),
             clock: 0,
         }
     }
@@ -226,7 +232,7 @@ impl Port {
         if self.one_per_flow {
             let gate = &mut flow.gate;
             if gate.busy {
-                gate.waiting.push_back(held);
+                self.waiting[slot].push_back(held);
                 return;
             }
             gate.busy = true;
@@ -272,18 +278,32 @@ impl Port {
         self.paths.iter().map(|p| p.counters).collect()
     }
 
-    /// Counters of one flow (`None` if nothing of it entered).
+    /// Counters of one flow (`None` if nothing of it entered, or the port was built
+    /// [`Port::without_flow_counters`]).
     pub fn flow_counters(&self, flow: u64) -> Option<&NetCounters> {
-        let slot = self.slots.get(&flow)?;
-        self.flows.get(*slot).map(|f| &f.counters)
+        self.flow_counters.get(self.slots.get(flow)?)
+    }
+
+    /// The same port keeping no per-flow counters (totals and per-path ones only), for a
+    /// driver that never reads them: counting per flow costs a cache line per frame where
+    /// a port carries a thousand flows.
+    pub fn without_flow_counters(mut self) -> Self {
+        self.count_flows = false;
+        self.flow_counters = Vec::new();
+        self
     }
 
     /// Where `flow`'s state is (made on its first frame).
     fn slot(&mut self, flow: u64) -> usize {
-        let next = self.flows.len();
-        let slot = *self.slots.entry(flow).or_insert(next);
-        if slot == next {
+        let slot = self.slots.slot(flow);
+        if slot == self.flows.len() {
             self.flows.push(FlowState::default());
+            if self.count_flows {
+                self.flow_counters.push(NetCounters::default());
+            }
+            if self.one_per_flow {
+                self.waiting.push(VecDeque::new());
+            }
         }
         slot
     }
@@ -441,7 +461,7 @@ impl Port {
             Fate::Delivered { at, .. } => at,
             Fate::Lost { .. } | Fate::Dropped => d.done,
         };
-        match gate.waiting.pop_front() {
+        match self.waiting.get_mut(slot).and_then(VecDeque::pop_front) {
             Some(next) => self.offer_later(left, next),
             None => {
                 gate.busy = false;
@@ -463,8 +483,8 @@ impl Port {
         if let Some(path) = self.paths.get_mut(i) {
             f(&mut path.counters);
         }
-        if let Some(flow) = self.flows.get_mut(slot) {
-            f(&mut flow.counters);
+        if let Some(counters) = self.flow_counters.get_mut(slot) {
+            f(counters);
         }
     }
 }

@@ -375,6 +375,14 @@ fn a_reliable_frame_dropped_by_a_full_queue_is_retransmitted() {
     assert_eq!((c.frames_dropped, c.frames_retransmitted), (1, 1));
     assert_eq!(port.flow_counters(2).map(|c| c.frames_dropped), Some(1));
     assert_eq!(port.flow_counters(0).map(|c| c.frames_dropped), Some(0));
+    // Without per-flow counters: the same fates and totals, no flow's counters.
+    let mut lean = Port::egress(&profile, 0, 0).without_flow_counters();
+    for token in 0..3 {
+        lean.enqueue(0, token, FrameMeta::reliable(1_500, token));
+    }
+    assert_eq!(run_all(&mut lean, Vec::new()), out);
+    assert_eq!(lean.counters(), c);
+    assert_eq!(lean.flow_counters(2), None);
 }
 
 fn multipath(paths: usize) -> NetworkProfile {
