@@ -652,8 +652,14 @@ impl<'a> Sim<'a> {
             }
             Role::Worker(ep) => {
                 let worker = (&mut self.trainers[to], &mut self.tensors[to]);
-                drain(ep.as_mut(), worker, &mut self.step_end, now);
-                self.drive(to, self.sends_on_delivery)
+                let any = drain(ep.as_mut(), worker, &mut self.step_end, now);
+                // A worker waits on its trainer as the last drive left it unless an event
+                // moved the trainer on or the frame may give it something to send (always
+                // asked, polling exhaustively).
+                if any || self.sends_on_delivery || self.polling == Polling::Exhaustive {
+                    self.drive(to, self.sends_on_delivery)?;
+                }
+                Ok(())
             }
         }
     }
