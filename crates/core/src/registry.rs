@@ -47,13 +47,20 @@ pub enum Placement {
 }
 
 /// Keys, their slices, and which server owns each slice. Immutable once built; clones share
-/// the tables (every endpoint of a simulated cluster holds one).
+/// the tables behind one pointer (every endpoint of a simulated cluster holds one, and reads
+/// them on every frame: one shared copy stays in cache).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorRegistry {
-    keys: Arc<[KeyInfo]>,
-    slices: Arc<[Slice]>,
-    key_slices: Arc<[std::ops::Range<usize>]>,
-    owner: Arc<[usize]>,
+    tables: Arc<Tables>,
+}
+
+/// What a [`TensorRegistry`] shares.
+#[derive(Debug, PartialEq, Eq)]
+struct Tables {
+    keys: Vec<KeyInfo>,
+    slices: Vec<Slice>,
+    key_slices: Vec<std::ops::Range<usize>>,
+    owner: Vec<usize>,
     servers: usize,
 }
 
@@ -103,56 +110,59 @@ impl TensorRegistry {
                 owner
             }
         };
-        Self {
-            keys: keys.into(),
-            slices: slices.into(),
-            key_slices: key_slices.into(),
-            owner: owner.into(),
+        let tables = Tables {
+            keys,
+            slices,
+            key_slices,
+            owner,
             servers,
+        };
+        Self {
+            tables: Arc::new(tables),
         }
     }
 
     /// Every key.
     pub fn keys(&self) -> &[KeyInfo] {
-        &self.keys
+        &self.tables.keys
     }
 
     /// Every slice, in key order then offset order.
     pub fn slices(&self) -> &[Slice] {
-        &self.slices
+        &self.tables.slices
     }
 
     /// Indices (into [`TensorRegistry::slices`]) of the slices of `key`.
     pub fn slices_of(&self, key: usize) -> std::ops::Range<usize> {
-        self.key_slices[key].clone()
+        self.tables.key_slices[key].clone()
     }
 
     /// The server owning slice `slice`.
     pub fn owner(&self, slice: usize) -> usize {
-        self.owner[slice]
+        self.tables.owner[slice]
     }
 
     /// Number of servers.
     pub fn servers(&self) -> usize {
-        self.servers
+        self.tables.servers
     }
 
     /// Finds the slice of `key` that starts at `offset` and has `len` elements.
     pub fn find_slice(&self, key: usize, offset: usize, len: usize) -> Option<usize> {
-        let range = self.key_slices.get(key)?.clone();
+        let range = self.tables.key_slices.get(key)?.clone();
         // Every slice of a key but the last has the first one's length: O(1), no search.
-        let stride = self.slices.get(range.start)?.len;
+        let stride = self.tables.slices.get(range.start)?.len;
         let i = range.start.checked_add(offset / stride)?;
-        let s = self.slices.get(i).filter(|_| range.contains(&i))?;
+        let s = self.tables.slices.get(i).filter(|_| range.contains(&i))?;
         (s.offset == offset && s.len == len).then_some(i)
     }
 
     /// Elements held by each server.
     pub fn server_loads(&self) -> Vec<usize> {
-        let mut load = vec![0; self.servers];
-        for (i, s) in self.slices.iter().enumerate() {
-            if self.servers > 0 {
-                load[self.owner[i]] += s.len;
+        let mut load = vec![0; self.tables.servers];
+        for (i, s) in self.tables.slices.iter().enumerate() {
+            if self.tables.servers > 0 {
+                load[self.tables.owner[i]] += s.len;
             }
         }
         load

@@ -58,29 +58,34 @@ fn slice_header(
 }
 
 /// The worker side of the parameter-server strategies (`ps`, `ps-no-overlap`, `p3`).
+///
+/// Laid out in the order it is used (`repr(C)`): what every received frame reads first, then
+/// what every sent frame reads, so that a simulator's thousand workers, each cold when its
+/// next frame comes, cost a few cache lines a frame rather than every line of the struct.
+#[repr(C)]
 pub struct PsWorker {
-    rank: Rank,
     workers: usize,
     reg: TensorRegistry,
-    overlap: bool,
-    kind: SchedulerKind,
+    step: u64,
+    keys_left: usize,
+    received: Vec<bool>,
+    params: Vec<Vec<f32>>,
+    slices_left: Vec<usize>,
+    events: VecDeque<WorkerEvent>,
     /// Bytes that may be pushed and not yet answered (credit scheduling only).
     credit: Option<usize>,
     in_flight: usize,
-    /// Order keys of the slices pushed and not yet answered (credit scheduling only).
-    in_flight_keys: std::collections::BTreeSet<(i64, u64, u64)>,
+    rank: Rank,
+    sequence: u64,
     arrival: u64,
-    step: u64,
-    grads: Vec<Vec<f32>>,
-    params: Vec<Vec<f32>>,
     /// Slices waiting for each server, by server index.
     queues: LinkQueues,
+    grads: Vec<Vec<f32>>,
+    /// Order keys of the slices pushed and not yet answered (credit scheduling only).
+    in_flight_keys: std::collections::BTreeSet<(i64, u64, u64)>,
     held: Vec<usize>,
-    received: Vec<bool>,
-    slices_left: Vec<usize>,
-    keys_left: usize,
-    events: VecDeque<WorkerEvent>,
-    sequence: u64,
+    kind: SchedulerKind,
+    overlap: bool,
 }
 
 impl PsWorker {
