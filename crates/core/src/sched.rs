@@ -191,9 +191,55 @@ impl Scheduler for PriorityQueue {
 
 /// A new scheduler of the given kind.
 pub fn new_scheduler(kind: SchedulerKind) -> Box<dyn Scheduler> {
-    match kind {
-        SchedulerKind::Fifo => Box::new(Fifo::default()),
-        SchedulerKind::Priority | SchedulerKind::Credit => Box::new(PriorityQueue::new(kind)),
+    Box::new(AnyScheduler::new(kind))
+}
+
+/// A scheduler of any kind held by value (no box, no virtual call): [`LinkQueues`] keeps one
+/// per link side by side, and a simulated worker reads one of its 32 at every frame.
+#[derive(Debug)]
+pub enum AnyScheduler {
+    /// [`SchedulerKind::Fifo`].
+    Fifo(Fifo),
+    /// The priority kinds.
+    Priority(PriorityQueue),
+}
+
+impl AnyScheduler {
+    /// An empty scheduler of the given kind.
+    pub fn new(kind: SchedulerKind) -> Self {
+        match kind {
+            SchedulerKind::Fifo => Self::Fifo(Fifo::default()),
+            SchedulerKind::Priority | SchedulerKind::Credit => {
+                Self::Priority(PriorityQueue::new(kind))
+            }
+        }
+    }
+}
+
+impl Scheduler for AnyScheduler {
+    fn push(&mut self, p: Pending) {
+        match self {
+            Self::Fifo(q) => q.push(p),
+            Self::Priority(q) => q.push(p),
+        }
+    }
+    fn pop(&mut self) -> Option<Pending> {
+        match self {
+            Self::Fifo(q) => q.pop(),
+            Self::Priority(q) => q.pop(),
+        }
+    }
+    fn peek(&self) -> Option<Pending> {
+        match self {
+            Self::Fifo(q) => q.peek(),
+            Self::Priority(q) => q.peek(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Self::Fifo(q) => q.len(),
+            Self::Priority(q) => q.len(),
+        }
     }
 }
 
@@ -209,7 +255,7 @@ const TREE_MIN_LINKS: usize = 16;
 /// per frame).
 pub struct LinkQueues {
     kind: SchedulerKind,
-    queues: Vec<Box<dyn Scheduler>>,
+    queues: Vec<AnyScheduler>,
     /// `heads[l]`: the order key of `queues[l]`'s head (`None` when it is empty).
     heads: Vec<Option<OrderKey>>,
     /// A tournament over the heads (empty below [`TREE_MIN_LINKS`] links): node `i` holds
@@ -241,7 +287,7 @@ impl LinkQueues {
         }
         Self {
             kind,
-            queues: (0..links).map(|_| new_scheduler(kind)).collect(),
+            queues: (0..links).map(|_| AnyScheduler::new(kind)).collect(),
             heads: vec![None; links],
             tree,
             leaves,
