@@ -117,11 +117,13 @@ impl Unfold {
 
 /// Unfolds `x` into `[C*K*K, B*OH*OW]`, zeros where the kernel overlaps the padding. Rows
 /// are filled in parallel.
+#[cfg(test)]
 pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
     im2col_samples(u, x, 0..u.batch)
 }
 
 /// [`im2col`] of the samples `samples` only: `[C*K*K, len*OH*OW]`.
+#[cfg(test)]
 pub fn im2col_samples(u: &Unfold, x: &[f32], samples: Range<usize>) -> Vec<f32> {
     let (oh, ow) = u.out_hw();
     let mut cols = vec![0f32; u.rows() * samples.len() * oh * ow];
