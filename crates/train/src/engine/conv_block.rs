@@ -31,7 +31,7 @@ const SCATTER_PATCH: usize = 16;
 
 /// Bytes of patches unfolded at a time: a part's patches and products stay in the core's
 /// L2 cache (1 MiB here) from the unfolding to the pooling.
-const PART_BYTES: usize = 256 << 10;
+const PART_BYTES: usize = 512 << 10;
 /// The geometry of one block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvShape {
@@ -637,40 +637,63 @@ fn transpose_into<T: Copy>(m: &[T], rows: usize, cols: usize, t: &mut [T]) {
 /// channels' planes (stores one position apart in every plane at once would hit the same
 /// cache set where a plane is 4 KiB).
 fn bias_relu_pool(s: &ConvShape, y: &[f32], bias: &[f32], out: &mut [f32], route: &mut [u32]) {
-    let (_, ow) = s.conv_hw();
-    let (_, wp) = s.padded_hw();
     let [_, o, ph, pw] = s.output_dims();
     let plane = ph * pw;
     let (mut best, mut from) = (vec![0f32; plane * o], vec![0u32; plane * o]);
-    let row = |p: usize| &y[p * o..][..o];
-    let outputs = best.chunks_exact_mut(o).zip(from.chunks_exact_mut(o));
-    for (at, (best, from)) in outputs.enumerate() {
-        let (py, px) = (at / pw, at % pw);
-        let window = if s.pool {
-            let top = 2 * py * ow + 2 * px;
-            let corner = 2 * (py * wp + px);
-            Window {
-                rows: [row(top), row(top + 1), row(top + ow), row(top + ow + 1)],
-                corner: corner as u32,
-                below: wp as u32,
-            }
-        } else {
-            let r = row(at);
-            Window {
-                rows: [r; 4],
-                corner: (py * wp + px) as u32,
-                below: 0,
-            }
-        };
-        pulp::Arch::new().dispatch(Emit {
-            window,
-            bias,
-            best,
-            from,
-        });
-    }
+    pulp::Arch::new().dispatch(Pool {
+        shape: s,
+        y,
+        bias,
+        best: &mut best,
+        from: &mut from,
+    });
     transpose_into(&best, plane, o, out);
     transpose_into(&from, plane, o, route);
+}
+
+/// The SIMD task of [`bias_relu_pool`] before the transpose: `best` and `from` are
+/// `[H'*W', O]`.
+struct Pool<'a> {
+    shape: &'a ConvShape,
+    y: &'a [f32],
+    bias: &'a [f32],
+    best: &'a mut [f32],
+    from: &'a mut [u32],
+}
+
+impl pulp::WithSimd for Pool<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let s = self.shape;
+        let (_, ow) = s.conv_hw();
+        let (_, wp) = s.padded_hw();
+        let [_, o, _, pw] = s.output_dims();
+        let row = |p: usize| &self.y[p * o..][..o];
+        let outputs = self
+            .best
+            .chunks_exact_mut(o)
+            .zip(self.from.chunks_exact_mut(o));
+        for (at, (best, from)) in outputs.enumerate() {
+            let (py, px) = (at / pw, at % pw);
+            let window = if s.pool {
+                let top = 2 * py * ow + 2 * px;
+                Window {
+                    rows: [row(top), row(top + 1), row(top + ow), row(top + ow + 1)],
+                    corner: (2 * (py * wp + px)) as u32,
+                    below: wp as u32,
+                }
+            } else {
+                Window {
+                    rows: [row(at); 4],
+                    corner: (py * wp + px) as u32,
+                    below: 0,
+                }
+            };
+            emit(window, self.bias, best, from);
+        }
+    }
 }
 
 /// The products of one pool window, every channel (four times the same row without the
@@ -681,35 +704,33 @@ struct Window<'a> {
     below: u32,
 }
 
-/// ReLU(max of a window + bias) and its route for every channel. Branch-free: which
-/// element wins a window is data, and mispredicted branches cost more than the arithmetic.
-struct Emit<'a> {
-    window: Window<'a>,
-    bias: &'a [f32],
-    best: &'a mut [f32],
-    from: &'a mut [u32],
-}
-
-impl pulp::WithSimd for Emit<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _: S) {
-        let [r0, r1, r2, r3] = self.window.rows;
-        let (corner, below) = (self.window.corner, self.window.below);
-        let values = r0.iter().zip(r1).zip(r2.iter().zip(r3)).zip(self.bias);
-        let outputs = self.best.iter_mut().zip(self.from.iter_mut());
-        for ((((&a, &b), (&c, &d)), &bo), (best, from)) in values.zip(outputs) {
-            let m = a.max(b).max(c.max(d));
-            // The first maximum in row-major window order, as burn's max-pool:
-            // k = 0..3 is the first of a, b, c, d equal to m.
-            let not = |v: f32| u32::from(v != m);
-            let k = not(a) * (1 + not(b) * (1 + not(c)));
-            let v = m + bo;
-            *best = v.max(0.0);
-            // All ones (CUT) unless v > 0.
-            *from = (corner + (k & 1) + (k >> 1) * below) | u32::from(v > 0.0).wrapping_sub(1);
-        }
+/// ReLU(max of a window + bias) and its route for every channel, vectorised over the
+/// channels.
+#[inline(always)]
+fn emit(window: Window, bias: &[f32], best: &mut [f32], from: &mut [u32]) {
+    let [r0, r1, r2, r3] = window.rows;
+    let (corner, below) = (window.corner, window.below);
+    let values = r0.iter().zip(r1).zip(r2.iter().zip(r3)).zip(bias);
+    for ((((&a, &b), (&c, &d)), &bo), (best, from)) in values.zip(best.iter_mut().zip(from)) {
+        let m = a.max(b).max(c.max(d));
+        // The first maximum in row-major window order, as burn's max-pool (selects, not
+        // branches: which element wins is data).
+        let at = if a == m {
+            0
+        } else if b == m {
+            1
+        } else if c == m {
+            below
+        } else {
+            below.wrapping_add(1)
+        };
+        let v = m + bo;
+        *best = v.max(0.0);
+        *from = if v > 0.0 {
+            corner.wrapping_add(at)
+        } else {
+            CUT
+        };
     }
 }
 
