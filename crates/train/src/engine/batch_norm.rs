@@ -24,8 +24,14 @@ pub struct BatchStats {
 }
 
 /// Training mode: normalises `z` (`[C, M]`) by its batch statistics, then scales by `gamma`
-/// and shifts by `beta`. Returns the output, what backward needs and the statistics.
-pub fn forward_train(z: &[f32], gamma: &[f32], beta: &[f32]) -> (Vec<f32>, BnSaved, BatchStats) {
+/// and shifts by `beta`, then applies ReLU with `relu` (in the same pass). Returns the
+/// output, what backward needs and the statistics.
+pub fn forward_train(
+    z: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    relu: bool,
+) -> (Vec<f32>, BnSaved, BatchStats) {
     let c = gamma.len();
     assert!(
         c > 0 && beta.len() == c && z.len().is_multiple_of(c),
@@ -46,7 +52,7 @@ pub fn forward_train(z: &[f32], gamma: &[f32], beta: &[f32]) -> (Vec<f32>, BnSav
             let (mean32, g, b) = (mean as f32, gamma[ch], beta[ch]);
             for ((x, o), &v) in xhat.iter_mut().zip(out.iter_mut()).zip(z) {
                 *x = (v - mean32) * inv_std;
-                *o = *x * g + b;
+                *o = activate(*x * g + b, relu);
             }
             (mean32, var as f32, inv_std)
         })
@@ -62,8 +68,29 @@ pub fn forward_train(z: &[f32], gamma: &[f32], beta: &[f32]) -> (Vec<f32>, BnSav
     (out, saved, batch)
 }
 
-/// Inference mode: normalises `z` (`[C, M]`) in place by running statistics.
-pub fn forward_eval(z: &mut [f32], gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32]) {
+/// `v`, through ReLU with `relu` (a loop invariant: the compiler takes it out of loops).
+#[inline(always)]
+fn activate(v: f32, relu: bool) -> f32 {
+    if relu {
+        v.max(0.0)
+    } else {
+        v
+    }
+}
+
+/// Running statistics of one batch norm, for inference.
+#[derive(Clone, Copy)]
+pub struct Running<'a> {
+    /// Running mean per channel.
+    pub mean: &'a [f32],
+    /// Running (unbiased) variance per channel.
+    pub var: &'a [f32],
+}
+
+/// Inference mode: normalises `z` (`[C, M]`) in place by running statistics, then applies
+/// ReLU with `relu`.
+pub fn forward_eval(z: &mut [f32], gamma: &[f32], beta: &[f32], running: Running, relu: bool) {
+    let Running { mean, var } = running;
     let c = gamma.len();
     assert!(
         c > 0 && [beta.len(), mean.len(), var.len()] == [c; 3] && z.len().is_multiple_of(c),
@@ -74,7 +101,7 @@ pub fn forward_eval(z: &mut [f32], gamma: &[f32], beta: &[f32], mean: &[f32], va
         let scale = gamma[ch] / (f64::from(var[ch]) + EPS).sqrt() as f32;
         let shift = beta[ch] - mean[ch] * scale;
         for v in z {
-            *v = *v * scale + shift;
+            *v = activate(*v * scale + shift, relu);
         }
     });
 }

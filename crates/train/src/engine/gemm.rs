@@ -6,7 +6,7 @@ use gemm::Parallelism;
 use super::unfold::{col2im_add, Unfold};
 
 /// A row-major matrix operand, or the transpose of one.
-struct Operand<'a> {
+pub(crate) struct Operand<'a> {
     data: &'a [f32],
     row_stride: isize,
     col_stride: isize,
@@ -14,7 +14,7 @@ struct Operand<'a> {
 
 impl<'a> Operand<'a> {
     /// `data` read as a row-major matrix with `cols` columns.
-    fn rows(data: &'a [f32], cols: usize) -> Self {
+    pub(crate) fn rows(data: &'a [f32], cols: usize) -> Self {
         Self {
             data,
             row_stride: cols as isize,
@@ -23,7 +23,7 @@ impl<'a> Operand<'a> {
     }
 
     /// The transpose of `data` read as a row-major matrix with `cols` columns.
-    fn columns(data: &'a [f32], cols: usize) -> Self {
+    pub(crate) fn columns(data: &'a [f32], cols: usize) -> Self {
         Self {
             data,
             row_stride: 1,
@@ -93,6 +93,11 @@ fn matmul(
     }
 }
 
+/// `dst[m, n] = lhs[m, k] x rhs[k, n]` into the row-major `dst`, on the calling thread.
+pub(crate) fn product(m: usize, n: usize, k: usize, lhs: Operand, rhs: Operand, dst: &mut [f32]) {
+    matmul(m, n, k, dst, n, false, lhs, rhs, false);
+}
+
 /// The three products of a convolution run as a GEMM over its column matrix
 /// `cols[rows, columns]` (see `unfold`), with a weight `[out_channels, rows]`, whole or a
 /// range of columns at a time (the output's and its gradient's `[O, columns]` buffers are
@@ -134,11 +139,6 @@ impl ConvGemm {
             Operand::rows(cols, width),
             self.parallel,
         );
-    }
-
-    /// The weight's gradient `dW = gY x cols^T` from the output's `gy[O, columns]`.
-    pub fn weight_grad(&self, gy: &[f32], cols: &[f32]) -> Vec<f32> {
-        self.weight_grad_part(gy, cols, 0)
     }
 
     /// The part of the weight's gradient that the columns `first..` of the range's `cols`

@@ -17,6 +17,13 @@ mod profile_engine;
 pub mod residual;
 mod unfold;
 
+/// Runs `f` on a pool of `threads` threads (tests of thread-count independence).
+#[cfg(test)]
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+    pool.expect("a thread pool").install(f)
+}
+
 pub use burn_engine::BurnEngine;
 pub use flat::{FlatView, LayerGrads};
 pub use profile_engine::ProfileEngine;

@@ -11,6 +11,7 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
+pub use super::batch_norm::Running;
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::gemm::ConvGemm;
 use rayon::prelude::*;
@@ -82,19 +83,19 @@ impl ConvBn {
     fn convolve(&self, weight: &[f32], x: &[f32]) -> Vec<f32> {
         let gemm = self.gemm(false);
         let parts = self.per_chunk(x, |samples, cols| {
-            let width = samples.len() * self.plane();
             let part = ConvGemm {
-                columns: width,
+                columns: samples.len() * self.plane(),
                 ..gemm
             };
-            (samples.start * self.plane(), part.forward(weight, cols))
+            part.forward(weight, cols)
         });
-        let columns = gemm.columns;
-        let mut y = vec![0f32; self.out_channels * columns];
-        for (first, part) in parts {
-            let width = part.len() / self.out_channels.max(1);
-            for (o, row) in part.chunks_exact(width.max(1)).enumerate() {
-                y[o * columns + first..][..width].copy_from_slice(row);
+        // The parts are consecutive columns: each output row is their rows in turn, so
+        // the output is written in order and never zeroed.
+        let mut y = Vec::with_capacity(self.out_channels * gemm.columns);
+        for o in 0..self.out_channels {
+            for part in &parts {
+                let width = part.len() / self.out_channels;
+                y.extend_from_slice(&part[o * width..][..width]);
             }
         }
         y
@@ -257,15 +258,6 @@ impl ResidualShape {
     }
 }
 
-/// Running statistics of one batch norm, for inference.
-#[derive(Clone, Copy)]
-pub struct Running<'a> {
-    /// Running mean per channel.
-    pub mean: &'a [f32],
-    /// Running (unbiased) variance per channel.
-    pub var: &'a [f32],
-}
-
 /// What a training forward pass keeps for the backward pass.
 pub struct ResidualSaved {
     shape: ResidualShape,
@@ -314,8 +306,9 @@ pub fn forward(
     assert_eq!(params.len(), shape.param_count(), "parameters of {shape:?}");
     let mut norms = Vec::new();
     let mut stats = Vec::new();
-    let mut conv = |i: usize, c: &ConvBn, x: &[f32]| {
-        let (y, kept) = conv_bn(c, x, &params[3 * i..3 * i + 3], running.map(|r| r[i]));
+    let mut conv = |i: usize, c: &ConvBn, x: &[f32], relu: bool| {
+        let params = &params[3 * i..3 * i + 3];
+        let (y, kept) = conv_bn(c, x, params, running.map(|r| r[i]), relu);
         if let Some((bn, batch)) = kept {
             norms.push(bn);
             stats.push(batch);
@@ -324,14 +317,12 @@ pub fn forward(
     };
     let (hidden, output) = match shape {
         ResidualShape::Stem(c) => {
-            let mut y = conv(0, c, input);
-            relu(&mut y);
+            let y = conv(0, c, input, true);
             (Vec::new(), y)
         }
         ResidualShape::Basic { first, second } => {
-            let mut hidden = conv(0, first, input);
-            relu(&mut hidden);
-            let mut y = conv(1, second, &hidden);
+            let hidden = conv(0, first, input, true);
+            let mut y = conv(1, second, &hidden, false);
             add_shortcut(first, second, input, &mut y);
             relu(&mut y);
             (hidden, y)
@@ -420,8 +411,9 @@ pub fn backward(
     }
 }
 
-/// Convolution then batch norm: the output `[O, B*OH*OW]` (channel-major) and, in training
-/// mode, the batch norm's saved values and batch statistics. The input is unfolded a few
+/// Convolution then batch norm (then ReLU with `relu`, in batch norm's pass): the output
+/// `[O, B*OH*OW]` (channel-major) and, in training mode, the batch norm's saved values and
+/// batch statistics. The input is unfolded a few
 /// samples at a time, so that each part of the column matrix is still in cache when the
 /// GEMM reads it.
 fn conv_bn(
@@ -429,6 +421,7 @@ fn conv_bn(
     x: &[f32],
     params: &[&[f32]],
     running: Option<Running>,
+    relu: bool,
 ) -> (Vec<f32>, Option<(BnSaved, BatchStats)>) {
     let (weight, gamma, beta) = (params[0], params[1], params[2]);
     assert_eq!(weight.len(), c.weight_len(), "weight of {c:?}");
@@ -439,11 +432,11 @@ fn conv_bn(
     let mut z = c.convolve(weight, x);
     match running {
         Some(r) => {
-            batch_norm::forward_eval(&mut z, gamma, beta, r.mean, r.var);
+            batch_norm::forward_eval(&mut z, gamma, beta, r, relu);
             (z, None)
         }
         None => {
-            let (y, bn, stats) = batch_norm::forward_train(&z, gamma, beta);
+            let (y, bn, stats) = batch_norm::forward_train(&z, gamma, beta, relu);
             (y, Some((bn, stats)))
         }
     }

@@ -117,11 +117,13 @@ impl Unfold {
 
 /// Unfolds `x` into `[C*K*K, B*OH*OW]`, zeros where the kernel overlaps the padding. Rows
 /// are filled in parallel.
+#[cfg(test)]
 pub fn im2col(u: &Unfold, x: &[f32]) -> Vec<f32> {
     im2col_samples(u, x, 0..u.batch)
 }
 
 /// [`im2col`] of the samples `samples` only: `[C*K*K, len*OH*OW]`.
+#[cfg(test)]
 pub fn im2col_samples(u: &Unfold, x: &[f32], samples: Range<usize>) -> Vec<f32> {
     let (oh, ow) = u.out_hw();
     let mut cols = vec![0f32; u.rows() * samples.len() * oh * ow];
@@ -156,6 +158,10 @@ pub fn im2col_into(u: &Unfold, x: &[f32], samples: Range<usize>, cols: &mut [f32
             let dst = &mut dst[j * oh * ow..][..oh * ow];
             dst[..y0 * ow].fill(0.0);
             dst[y1 * ow..].fill(0.0);
+            if u.stride == 1 && ow == u.width && y0 < y1 {
+                copy_shifted(u, (ki, kj), (x0, x1), (y0, y1), src, dst);
+                continue;
+            }
             for oy in y0..y1 {
                 let iy = oy * u.stride + ki - u.padding;
                 let line = &src[iy * u.width..][..u.width];
@@ -174,6 +180,30 @@ pub fn im2col_into(u: &Unfold, x: &[f32], samples: Range<usize>, cols: &mut [f32
             }
         }
     });
+}
+
+/// One tap's rows `y0..y1` of one sample's plane where the output keeps the image's width
+/// at stride 1: output position `i` reads input position `i + shift`, so the span from the
+/// first valid value to the last is one copy (one call instead of one per row), and the
+/// columns outside `x0..x1` that it filled from the neighbouring rows are zeroed after.
+fn copy_shifted(
+    u: &Unfold,
+    (ki, kj): (usize, usize),
+    (x0, x1): (usize, usize),
+    (y0, y1): (usize, usize),
+    src: &[f32],
+    dst: &mut [f32],
+) {
+    let w = u.width;
+    let (first, last) = (y0 * w + x0, (y1 - 1) * w + x1);
+    let from = (y0 + ki - u.padding) * w + x0 + kj - u.padding;
+    dst[first..last].copy_from_slice(&src[from..from + (last - first)]);
+    // Column by column (a strided loop, where a fill per row would be a call per row).
+    for col in (0..x0).chain(x1..w) {
+        for v in dst[y0 * w + col..y1 * w].iter_mut().step_by(w) {
+            *v = 0.0;
+        }
+    }
 }
 
 /// Folds `[C*K*K, B*OH*OW]` back onto the input's shape and layout, adding overlapping

@@ -109,6 +109,91 @@ fn lenet_blocks_match_burn() {
     check(conv2, 2);
 }
 
+/// Both backward methods (the routed scatter under the pool with long patches, dense GEMMs
+/// otherwise), with padding, odd sizes and a batch of several parts, give burn's results.
+#[test]
+fn both_backward_methods_match_burn_over_several_parts() {
+    let scatter = ConvShape {
+        batch: 5,
+        in_channels: 4,
+        height: 9,
+        width: 11,
+        out_channels: 6,
+        kernel: 3,
+        padding: 1,
+        pool: true,
+    };
+    assert!(scatter.scatters_gradients());
+    check(scatter, 3);
+    for dense in [
+        ConvShape {
+            pool: false,
+            ..scatter
+        },
+        ConvShape {
+            in_channels: 1,
+            ..scatter
+        },
+    ] {
+        assert!(!dense.scatters_gradients());
+        check(dense, 4);
+    }
+    let parts = ConvShape {
+        batch: 7,
+        in_channels: 32,
+        height: 13,
+        width: 13,
+        out_channels: 8,
+        ..scatter
+    };
+    assert!(parts.samples_per_part() < parts.batch);
+    check(parts, 5);
+    check(
+        ConvShape {
+            pool: false,
+            ..parts
+        },
+        6,
+    );
+}
+
+/// The parts of the batch and the output channels run side by side, yet every output and
+/// gradient is the same, bit for bit, on one thread as on three.
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let scatter = ConvShape {
+        batch: 9,
+        in_channels: 32,
+        height: 13,
+        width: 13,
+        out_channels: 16,
+        kernel: 3,
+        padding: 0,
+        pool: true,
+    };
+    for s in [
+        scatter,
+        ConvShape {
+            pool: false,
+            ..scatter
+        },
+    ] {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let x = values(s.input_len(), &mut rng);
+        let w = values(s.weight_len(), &mut rng);
+        let b = values(s.out_channels, &mut rng);
+        let g = values(s.output_dims().iter().product(), &mut rng);
+        let run = |threads: usize| {
+            super::super::on_threads(threads, || {
+                let (out, saved) = forward(&s, &x, &w, &b, true);
+                let grads = backward(&saved.unwrap(), &w, &g, true);
+                (out, grads.weight, grads.bias, grads.input)
+            })
+        };
+        assert!(run(1) == run(3), "{s:?}");
+    }
+}
+
 #[test]
 fn input_gradient_only_when_asked_and_forward_alone_keeps_nothing() {
     let s = ConvShape {

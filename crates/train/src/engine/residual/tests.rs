@@ -188,11 +188,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
     let g = values(shape.output_dims().iter().product(), &mut rng);
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        super::super::on_threads(threads, || {
             let fwd = forward(&shape, &x, &refs, None);
             let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
             (fwd.output, grads.params, grads.input)
