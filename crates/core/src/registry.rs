@@ -60,6 +60,8 @@ struct Tables {
     keys: Vec<KeyInfo>,
     slices: Vec<Slice>,
     key_slices: Vec<std::ops::Range<usize>>,
+    /// Where each key starts when every key's values lie end to end.
+    key_starts: Vec<usize>,
     owner: Vec<usize>,
     servers: usize,
 }
@@ -110,10 +112,19 @@ impl TensorRegistry {
                 owner
             }
         };
+        let key_starts = keys
+            .iter()
+            .scan(0usize, |next, k| {
+                let start = *next;
+                *next = next.saturating_add(k.numel);
+                Some(start)
+            })
+            .collect();
         let tables = Tables {
             keys,
             slices,
             key_slices,
+            key_starts,
             owner,
             servers,
         };
@@ -130,6 +141,20 @@ impl TensorRegistry {
     /// Every slice, in key order then offset order.
     pub fn slices(&self) -> &[Slice] {
         &self.tables.slices
+    }
+
+    /// Where `key`'s values start when every key's lie end to end, in key order (one flat
+    /// buffer of all of them holds `key` at `key_start(key)..key_start(key) + numel`).
+    pub fn key_start(&self, key: usize) -> usize {
+        self.tables.key_starts[key]
+    }
+
+    /// Values of every key together.
+    pub fn total_numel(&self) -> usize {
+        let keys = &self.tables.keys;
+        keys.last().map_or(0, |k| {
+            self.key_start(keys.len() - 1).saturating_add(k.numel)
+        })
     }
 
     /// Indices (into [`TensorRegistry::slices`]) of the slices of `key`.
@@ -212,7 +237,10 @@ mod tests {
                 }
                 prop_assert_eq!(next, n);
                 prop_assert_eq!(reg.find_slice(key, n, 1), None);
+                // Keys lie end to end in a flat buffer, in order.
+                prop_assert_eq!(reg.key_start(key), sizes[..key].iter().sum::<usize>());
             }
+            prop_assert_eq!(reg.total_numel(), sizes.iter().sum::<usize>());
             if servers > 0 {
                 prop_assert_eq!(reg.server_loads().iter().sum::<usize>(), sizes.iter().sum::<usize>());
             }

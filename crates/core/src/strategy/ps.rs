@@ -80,7 +80,8 @@ pub struct PsWorker {
     arrival: u64,
     /// Slices waiting for each server, by server index.
     queues: LinkQueues,
-    grads: Vec<Vec<f32>>,
+    /// Every key's gradient end to end ([`TensorRegistry::key_start`]).
+    grads: Vec<f32>,
     /// Order keys of the slices pushed and not yet answered (credit scheduling only).
     in_flight_keys: std::collections::BTreeSet<(i64, u64, u64)>,
     held: Vec<usize>,
@@ -113,7 +114,7 @@ impl PsWorker {
             in_flight_keys: Default::default(),
             arrival: 0,
             step: 0,
-            grads: reg.keys().iter().map(|k| vec![0.0; k.numel]).collect(),
+            grads: vec![0.0; reg.total_numel()],
             params: vec![Vec::new(); keys],
             queues: LinkQueues::new(scheduler, reg.servers()),
             held: Vec::new(),
@@ -124,6 +125,15 @@ impl PsWorker {
             sequence: 0,
             reg,
         }
+    }
+
+    /// The gradient values a push with header `h` carries.
+    fn pushed_values(&self, h: &Header) -> &[f32] {
+        let start = (self.reg.keys().get(h.key as usize))
+            .map(|_| self.reg.key_start(h.key as usize) + h.offset as usize);
+        start
+            .and_then(|s| self.grads.get(s..s + h.length as usize))
+            .unwrap_or(&[])
     }
 
     fn server_index(&self, link: Rank) -> Option<usize> {
@@ -159,7 +169,7 @@ impl PsWorker {
         let Some(h) = self.next_push(server) else {
             return false;
         };
-        encode_frame_from(out, &h, &self.grads);
+        crate::wire::encode_data_frame(out, &h, self.pushed_values(&h));
         true
     }
 
@@ -221,7 +231,9 @@ impl WorkerSync for PsWorker {
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
-        self.grads[key].copy_from_slice(grad);
+        let start = self.reg.key_start(key);
+        let numel = self.reg.keys()[key].numel;
+        self.grads[start..start + numel].copy_from_slice(grad);
         if self.overlap {
             self.release(key);
         } else {
@@ -268,7 +280,7 @@ impl Endpoint for PsWorker {
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
-        frame_values(&self.grads, h)
+        self.pushed_values(h)
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
