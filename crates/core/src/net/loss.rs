@@ -42,6 +42,11 @@ impl LossProcess {
         (0..packets).map(|_| self.lose_one(b) as u64).sum()
     }
 
+    /// Whether no frame is ever lost (no loss rate, no bursts).
+    pub fn never_loses(&self) -> bool {
+        self.good <= 0.0 && self.burst.is_none()
+    }
+
     /// The bytes a reliable transport sends again for a frame of `bytes` that lost `lost`
     /// packets: those packets (the last one perhaps short), or the whole frame when loss
     /// strikes whole frames.

@@ -127,6 +127,8 @@ pub struct Port {
     waiting: Vec<VecDeque<Held>>,
     /// The latest `now` seen.
     clock: Nanos,
+    /// Whether frames take the direct path ([`direct`]).
+    direct: bool,
 }
 
 impl Port {
@@ -168,7 +170,7 @@ impl Port {
                 Path::new(profile, spec, rng)
             })
             .collect();
-        Self {
+        let mut port = Self {
             paths,
             window: profile.buffer_bytes,
             rto_ns: profile.rto_ns,
@@ -184,7 +186,10 @@ impl Port {
             count_flows: true,
             waiting: Vec::new(),
             clock: 0,
-        }
+            direct: false,
+        };
+        port.direct = port.direct_path_applies(direction);
+        port
     }
 
     /// The offered work of every path, for the send window.
@@ -212,6 +217,10 @@ impl Port {
 
     /// Offers a frame identified by the driver's `token` at `now`.
     pub fn enqueue(&mut self, now: Nanos, token: u64, meta: FrameMeta) {
+        if self.direct {
+            self.enqueue_direct(now, token, meta);
+            return;
+        }
         self.advance(now);
         let slot = self.slot(meta.flow);
         let flow = &mut self.flows[slot];
@@ -489,5 +498,6 @@ impl Port {
     }
 }
 
+mod direct;
 #[cfg(test)]
 mod tests;

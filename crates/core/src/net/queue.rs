@@ -101,6 +101,11 @@ impl<T> FrameQueue<T> {
         Some(frame)
     }
 
+    /// Whether the queue serves in arrival order and refuses nothing (`fifo`, unbounded).
+    pub fn is_unbounded_fifo(&self) -> bool {
+        self.discipline == QueueDiscipline::Fifo && self.capacity.is_none()
+    }
+
     /// Whether no frame waits.
     pub fn is_empty(&self) -> bool {
         self.classes.iter().all(VecDeque::is_empty)
