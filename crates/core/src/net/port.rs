@@ -35,6 +35,9 @@
 //! decided when it is offered again. The driver calls [`Port::poll_fate`] after each
 //! [`Port::enqueue`] and again at [`Port::poll_timeout`].
 //!
+//! An egress port of one lossless path with an unbounded `fifo` queue decides each frame
+//! on offer by a shorter route (`direct.rs`), to the same bits.
+//!
 //! Counters are kept in total, per path and per flow ([`Port::flow_counters`]), so a driver
 //! with one port per host can still report per link: give each directed link its own
 //! `flow`.

@@ -1,8 +1,9 @@
 //! The direct path of a [`Port`]: one lossless path under `fifo` with an unbounded queue,
-//! the egress of every simulation without loss, paths or finite queues. There a frame's
-//! fate is known the moment it is offered, it can never be refused, lost or retransmitted,
-//! and frames leave in the order they came (so every flow stays in order by itself): the
-//! port computes the decision directly, without the queue, the loss draw or the reorder
+//! the egress of every simulation without loss, paths or finite queues, and of every
+//! emulated link of the runtime. There a frame's fate is known the moment it is offered, it
+//! can never be refused, lost or retransmitted, and frames leave in the order they came and
+//! arrive one constant latency later (so every flow stays in order by itself): the port
+//! computes the decision directly, without the queue, the loss draw or the reorder
 //! buffer the general path takes each frame through. The decisions, timings and counters
 //! are the general path's, bit for bit (`the_direct_path_decides_as_the_general_one`).
 
