@@ -44,16 +44,22 @@ command -v mpirun >/dev/null 2>&1 || { have_mpi=0; echo "compare-allreduce: no m
 have_iperf=1
 command -v iperf3 >/dev/null 2>&1 || { have_iperf=0; echo "compare-allreduce: no iperf3; the loopback stream is left out (scripts/install-reference.sh)" >&2; }
 
-# One iperf3 TCP stream over loopback for 3 s: prints its bandwidth in GB/s.
+# One iperf3 TCP stream over loopback for 3 s: prints its bandwidth in GB/s. With
+# `--bidir`, a stream each way at once (as a 2-rank ring sends and receives at once, the
+# two directions' copies sharing the cores): prints the mean of the two directions.
 loopback_stream() {
-  local port server bps
+  local port server bps bidir=${1:-}
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
   server=$!
   # The server may not be listening yet: the client retries until it connects.
   for _ in $(seq 1 50); do
-    if bps=$(iperf3 -c 127.0.0.1 -p "$port" -t 3 -J 2>/dev/null | /usr/bin/python3 -c \
-      'import json, sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])' 2>/dev/null); then
+    # shellcheck disable=SC2086
+    if bps=$(iperf3 -c 127.0.0.1 -p "$port" -t 3 $bidir -J 2>/dev/null | /usr/bin/python3 -c \
+      'import json, sys
+end = json.load(sys.stdin)["end"]
+each = [end[k]["bits_per_second"] for k in ("sum_received", "sum_received_bidir_reverse") if k in end]
+print(sum(each) / len(each))' 2>/dev/null); then
       break
     fi
     sleep 0.1
@@ -78,6 +84,9 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round/$rounds: one iperf3 stream over loopback" >&2
     gbps=$(loopback_stream || true)
     [ -n "$gbps" ] && echo "iperf3,$round,0,1,0,$gbps" >> "$raw"
+    echo "round $round/$rounds: an iperf3 stream each way over loopback" >&2
+    gbps=$(loopback_stream --bidir || true)
+    [ -n "$gbps" ] && echo "iperf3-bidir,$round,0,1,0,$gbps" >> "$raw"
   fi
   for n in $ranks; do
     # Every implementation twice: back to back at rank 0 (bench-comm's default), and each
@@ -129,7 +138,7 @@ lines = ["| ranks | size | " + " | ".join(
         "%s, %s | ours / it" % (names[i], modes[m]) for i, mm in refs if mm == m)
     for m in modes) + " |"]
 lines.append("|" + "---|" * (2 + len(modes) + 2 * len(refs)))
-for n, size in sorted({(k[1], k[2]) for k in bw if k[0] != "iperf3"}):
+for n, size in sorted({(k[1], k[2]) for k in bw if not k[0].startswith("iperf3")}):
     cells = [str(n), size_name(size)]
     for m in modes:
         ours = med(("syncopate-" + m, n, size))
@@ -142,20 +151,25 @@ for n, size in sorted({(k[1], k[2]) for k in bw if k[0] != "iperf3"}):
     lines.append("| " + " | ".join(cells) + " |")
 stream = med(("iperf3", 1, 0))
 bw.pop(("iperf3", 1, 0), None)
+both_ways = med(("iperf3-bidir", 1, 0))
+bw.pop(("iperf3-bidir", 1, 0), None)
 rounds = max((len(v) for v in bw.values()), default=0)
 text = "\n".join(lines) + (
     "\n\nBus bandwidth in GB/s, median of %d round(s). Back to back: rank 0 times its calls "
     "one after the other (bench-comm's default); barrier: each call starts after a barrier "
     "and takes the slowest rank's time (the references' own method, bench-comm --barrier). "
     "Each ratio compares like with like.\n" % rounds)
-if stream:
-    text += "\nOne iperf3 TCP stream over loopback: %.3f GB/s (median of the rounds)" % stream
-    largest = max((k[2] for k in bw if k[1] == 2), default=None)
+largest = max((k[2] for k in bw if k[1] == 2), default=None)
+for name, reference in (("One iperf3 TCP stream over loopback", stream),
+                        ("One iperf3 stream each way at once, per direction", both_ways)):
+    if not reference:
+        continue
+    text += "\n%s: %.3f GB/s (median of the rounds)" % (name, reference)
     for m in modes:
         ours = med(("syncopate-" + m, 2, largest)) if largest else None
         if ours:
             text += "; ours at %s with 2 ranks, %s: %.0f %% of it" % (
-                size_name(largest), modes[m], 100 * ours / stream)
+                size_name(largest), modes[m], 100 * ours / reference)
     text += ".\n"
 
 publish(text)
