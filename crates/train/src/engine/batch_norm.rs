@@ -1,15 +1,19 @@
-//! Batch normalisation over channel-major activations `[C, B*H*W]` (each channel's values
-//! contiguous), forward in training and inference mode, and backward. Statistics are
-//! accumulated in `f64` in a fixed order; channels run in parallel.
+//! Batch normalisation over activations in the padded channels-last layout of [`Grid`]
+//! (every pixel's channels contiguous), forward in training and inference mode, and
+//! backward. Statistics are summed in `f64`, each sample's sums on one thread and the
+//! samples' sums added in order, so results do not depend on the thread count. Outputs are
+//! zero at the layout's pads.
 
 use rayon::prelude::*;
+
+use super::grid::Grid;
 
 /// The epsilon added to the variance (PyTorch's default).
 pub const EPS: f64 = 1e-5;
 
 /// What the training forward keeps for the backward pass.
 pub struct BnSaved {
-    /// The normalised input `(z - mean) / sqrt(var + eps)`, `[C, M]`.
+    /// The normalised input `(z - mean) / sqrt(var + eps)`, zero at the pads.
     pub normalised: Vec<f32>,
     /// `1 / sqrt(var + eps)` per channel.
     pub inv_std: Vec<f32>,
@@ -19,53 +23,114 @@ pub struct BnSaved {
 pub struct BatchStats {
     /// Mean per channel.
     pub mean: Vec<f32>,
-    /// Biased variance per channel (divided by M).
+    /// Biased variance per channel (divided by the pixel count).
     pub var: Vec<f32>,
 }
 
-/// Training mode: normalises `z` (`[C, M]`) by its batch statistics, then scales by `gamma`
-/// and shifts by `beta`, then applies ReLU with `relu` (in the same pass). Returns the
-/// output, what backward needs and the statistics.
+/// Per channel, two sums over every pixel of `a` and `b` (grid layout; `b` may be `a`):
+/// `row(first, second, a_row, b_row)` adds one row of pixels' terms into `first` and
+/// `second` (`f32`, a row at a time: a short sum), which are then added up in `f64`.
+fn channel_sums(
+    grid: &Grid,
+    a: &[f32],
+    b: &[f32],
+    row: impl Fn(&mut [f32], &mut [f32], &[f32], &[f32]) + Sync,
+) -> (Vec<f64>, Vec<f64>) {
+    let c = grid.channels;
+    let per_sample: Vec<(Vec<f64>, Vec<f64>)> = grid
+        .samples(a)
+        .zip(grid.samples(b))
+        .map(|(sa, sb)| {
+            let (mut first, mut second) = (vec![0f64; c], vec![0f64; c]);
+            let (mut r1, mut r2) = (vec![0f32; c], vec![0f32; c]);
+            for (ra, rb) in grid.pixel_rows(sa).zip(grid.pixel_rows(sb)) {
+                r1.fill(0.0);
+                r2.fill(0.0);
+                row(&mut r1, &mut r2, ra, rb);
+                first
+                    .iter_mut()
+                    .zip(&r1)
+                    .for_each(|(s, v)| *s += f64::from(*v));
+                second
+                    .iter_mut()
+                    .zip(&r2)
+                    .for_each(|(s, v)| *s += f64::from(*v));
+            }
+            (first, second)
+        })
+        .collect();
+    let (mut first, mut second) = (vec![0f64; c], vec![0f64; c]);
+    for (f, s) in per_sample {
+        first.iter_mut().zip(f).for_each(|(a, v)| *a += v);
+        second.iter_mut().zip(s).for_each(|(a, v)| *a += v);
+    }
+    (first, second)
+}
+
+/// Training mode: normalises `z` by its batch statistics, then scales by `gamma` and
+/// shifts by `beta`, then applies ReLU with `relu` (in the same pass). Returns the output,
+/// what backward needs and the statistics.
 pub fn forward_train(
+    grid: &Grid,
     z: &[f32],
     gamma: &[f32],
     beta: &[f32],
     relu: bool,
 ) -> (Vec<f32>, BnSaved, BatchStats) {
-    let c = gamma.len();
+    let c = grid.channels;
     assert!(
-        c > 0 && beta.len() == c && z.len().is_multiple_of(c),
+        gamma.len() == c && beta.len() == c && z.len() == grid.len(),
         "batch norm shapes"
     );
-    let m = z.len() / c;
-    let mut normalised = vec![0f32; z.len()];
-    let mut out = vec![0f32; z.len()];
-    let stats: Vec<(f32, f32, f32)> = z
-        .par_chunks(m)
-        .zip(normalised.par_chunks_mut(m))
-        .zip(out.par_chunks_mut(m))
-        .enumerate()
-        .map(|(ch, ((z, xhat), out))| {
-            let mean = lane_sum(z, z, |v, _| (f64::from(v), 0.0)).0 / m as f64;
-            let var = lane_sum(z, z, |v, _| ((f64::from(v) - mean).powi(2), 0.0)).0 / m as f64;
-            let inv_std = (1.0 / (var + EPS).sqrt()) as f32;
-            let (mean32, g, b) = (mean as f32, gamma[ch], beta[ch]);
-            for ((x, o), &v) in xhat.iter_mut().zip(out.iter_mut()).zip(z) {
-                *x = (v - mean32) * inv_std;
-                *o = activate(*x * g + b, relu);
-            }
-            (mean32, var as f32, inv_std)
-        })
+    let m = grid.pixels() as f64;
+    let (sum, _) = channel_sums(grid, z, z, |s, _, z, _| {
+        for px in z.chunks_exact(c) {
+            s.iter_mut().zip(px).for_each(|(s, v)| *s += v);
+        }
+    });
+    let mean32: Vec<f32> = sum.iter().map(|s| (s / m) as f32).collect();
+    let (dev, _) = channel_sums(grid, z, z, |s, _, z, _| {
+        for px in z.chunks_exact(c) {
+            let terms = s.iter_mut().zip(px).zip(&mean32);
+            terms.for_each(|((s, v), mean)| *s += (v - mean) * (v - mean));
+        }
+    });
+    let var: Vec<f64> = dev.iter().map(|s| s / m).collect();
+    let inv_std: Vec<f32> = var
+        .iter()
+        .map(|v| (1.0 / (v + EPS).sqrt()) as f32)
         .collect();
-    let saved = BnSaved {
-        normalised,
-        inv_std: stats.iter().map(|s| s.2).collect(),
-    };
+    let (mut normalised, mut out) = (grid.zeros(), grid.zeros());
+    grid.samples_mut(&mut normalised)
+        .zip(grid.samples_mut(&mut out))
+        .zip(grid.samples(z))
+        .for_each(|((xhat, out), z)| {
+            let rows = grid.pixel_rows_mut(xhat).zip(grid.pixel_rows_mut(out));
+            for ((xhat, out), z) in rows.zip(grid.pixel_rows(z)) {
+                let pixels = xhat.chunks_exact_mut(c).zip(out.chunks_exact_mut(c));
+                for ((xhat, out), z) in pixels.zip(z.chunks_exact(c)) {
+                    let per_channel = mean32.iter().zip(&inv_std).zip(gamma.iter().zip(beta));
+                    let values = xhat.iter_mut().zip(out.iter_mut()).zip(z);
+                    for (((xhat, out), z), ((mean, inv), (g, b))) in values.zip(per_channel) {
+                        let x = (z - mean) * inv;
+                        *xhat = x;
+                        *out = activate(x * g + b, relu);
+                    }
+                }
+            }
+        });
     let batch = BatchStats {
-        mean: stats.iter().map(|s| s.0).collect(),
-        var: stats.iter().map(|s| s.1).collect(),
+        mean: mean32,
+        var: var.iter().map(|v| *v as f32).collect(),
     };
-    (out, saved, batch)
+    (
+        out,
+        BnSaved {
+            normalised,
+            inv_std,
+        },
+        batch,
+    )
 }
 
 /// `v`, through ReLU with `relu` (a loop invariant: the compiler takes it out of loops).
@@ -87,28 +152,42 @@ pub struct Running<'a> {
     pub var: &'a [f32],
 }
 
-/// Inference mode: normalises `z` (`[C, M]`) in place by running statistics, then applies
-/// ReLU with `relu`.
-pub fn forward_eval(z: &mut [f32], gamma: &[f32], beta: &[f32], running: Running, relu: bool) {
+/// Inference mode: normalises `z` in place by running statistics, then applies ReLU with
+/// `relu`; zeroes its pads.
+pub fn forward_eval(
+    grid: &Grid,
+    z: &mut [f32],
+    gamma: &[f32],
+    beta: &[f32],
+    running: Running,
+    relu: bool,
+) {
     let Running { mean, var } = running;
-    let c = gamma.len();
+    let c = grid.channels;
     assert!(
-        c > 0 && [beta.len(), mean.len(), var.len()] == [c; 3] && z.len().is_multiple_of(c),
+        [gamma.len(), beta.len(), mean.len(), var.len()] == [c; 4] && z.len() == grid.len(),
         "batch norm shapes"
     );
-    let m = z.len() / c;
-    z.par_chunks_mut(m).enumerate().for_each(|(ch, z)| {
-        let scale = gamma[ch] / (f64::from(var[ch]) + EPS).sqrt() as f32;
-        let shift = beta[ch] - mean[ch] * scale;
-        for v in z {
-            *v = activate(*v * scale + shift, relu);
+    let scale: Vec<f32> = (0..c)
+        .map(|ch| gamma[ch] / (f64::from(var[ch]) + EPS).sqrt() as f32)
+        .collect();
+    let shift: Vec<f32> = (0..c).map(|ch| beta[ch] - mean[ch] * scale[ch]).collect();
+    grid.samples_mut(z).for_each(|s| {
+        for row in grid.pixel_rows_mut(s) {
+            for px in row.chunks_exact_mut(c) {
+                let per_channel = scale.iter().zip(&shift);
+                for (v, (scale, shift)) in px.iter_mut().zip(per_channel) {
+                    *v = activate(*v * scale + shift, relu);
+                }
+            }
         }
     });
+    grid.zero_pads(z);
 }
 
 /// The gradients of a training-mode batch norm.
 pub struct BnGrads {
-    /// Of its input, `[C, M]`.
+    /// Of its input (zero at the pads).
     pub input: Vec<f32>,
     /// Of `gamma`.
     pub gamma: Vec<f32>,
@@ -116,59 +195,46 @@ pub struct BnGrads {
     pub beta: Vec<f32>,
 }
 
-/// Backward of [`forward_train`] given the output gradient `g` (`[C, M]`).
-pub fn backward(saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGrads {
-    let c = gamma.len();
+/// Backward of [`forward_train`] given the output gradient `g`.
+pub fn backward(grid: &Grid, saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGrads {
+    let c = grid.channels;
     assert!(
-        c > 0 && g.len() == saved.normalised.len() && saved.inv_std.len() == c,
+        gamma.len() == c && g.len() == grid.len() && saved.normalised.len() == g.len(),
         "batch norm gradient shapes"
     );
-    let m = g.len() / c;
-    let mut input = vec![0f32; g.len()];
-    let sums: Vec<(f32, f32)> = g
-        .par_chunks(m)
-        .zip(saved.normalised.par_chunks(m))
-        .zip(input.par_chunks_mut(m))
-        .enumerate()
-        .map(|(ch, ((g, xhat), dz))| {
-            let (dbeta, dgamma) =
-                lane_sum(g, xhat, |g, x| (f64::from(g), f64::from(g) * f64::from(x)));
-            let scale = gamma[ch] * saved.inv_std[ch];
-            let (mean_g, mean_gx) = ((dbeta / m as f64) as f32, (dgamma / m as f64) as f32);
-            for ((d, &g), &x) in dz.iter_mut().zip(g).zip(xhat) {
-                *d = scale * (g - mean_g - x * mean_gx);
+    let m = grid.pixels() as f64;
+    let (dbeta, dgamma) = channel_sums(grid, g, &saved.normalised, |sg, sgx, g, x| {
+        for (g, x) in g.chunks_exact(c).zip(x.chunks_exact(c)) {
+            let sums = sg.iter_mut().zip(sgx.iter_mut());
+            for ((sg, sgx), (g, x)) in sums.zip(g.iter().zip(x)) {
+                *sg += g;
+                *sgx += g * x;
             }
-            (dgamma as f32, dbeta as f32)
-        })
-        .collect();
+        }
+    });
+    let scale: Vec<f32> = (0..c).map(|ch| gamma[ch] * saved.inv_std[ch]).collect();
+    let mean_g: Vec<f32> = dbeta.iter().map(|s| (s / m) as f32).collect();
+    let mean_gx: Vec<f32> = dgamma.iter().map(|s| (s / m) as f32).collect();
+    let mut input = grid.zeros();
+    grid.samples_mut(&mut input)
+        .zip(grid.samples(g))
+        .zip(grid.samples(&saved.normalised))
+        .for_each(|((dz, g), xhat)| {
+            let rows = grid.pixel_rows_mut(dz).zip(grid.pixel_rows(g));
+            for ((dz, g), xhat) in rows.zip(grid.pixel_rows(xhat)) {
+                let pixels = dz.chunks_exact_mut(c).zip(g.chunks_exact(c));
+                for ((dz, g), xhat) in pixels.zip(xhat.chunks_exact(c)) {
+                    let per_channel = scale.iter().zip(mean_g.iter().zip(&mean_gx));
+                    let values = dz.iter_mut().zip(g.iter().zip(xhat));
+                    for ((dz, (g, x)), (scale, (mg, mgx))) in values.zip(per_channel) {
+                        *dz = scale * (g - mg - x * mgx);
+                    }
+                }
+            }
+        });
     BnGrads {
         input,
-        gamma: sums.iter().map(|s| s.0).collect(),
-        beta: sums.iter().map(|s| s.1).collect(),
+        gamma: dgamma.iter().map(|v| *v as f32).collect(),
+        beta: dbeta.iter().map(|v| *v as f32).collect(),
     }
-}
-
-/// Lanes of a [`lane_sum`]: independent running sums, so that the additions vectorise (one
-/// running sum is a chain of dependent additions, 4 cycles each).
-const LANES: usize = 8;
-
-/// The sums over `i` of `f(a[i], b[i])`'s two parts, in `f64`, over [`LANES`] interleaved
-/// running sums added up at the end: a fixed order, whatever the thread count.
-fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> (f64, f64)) -> (f64, f64) {
-    let (mut first, mut second) = ([0f64; LANES], [0f64; LANES]);
-    let (a_lanes, b_lanes) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (a_rest, b_rest) = (a_lanes.remainder(), b_lanes.remainder());
-    for (a, b) in a_lanes.zip(b_lanes) {
-        for i in 0..LANES {
-            let (x, y) = f(a[i], b[i]);
-            first[i] += x;
-            second[i] += y;
-        }
-    }
-    for (i, (&a, &b)) in a_rest.iter().zip(b_rest).enumerate() {
-        let (x, y) = f(a, b);
-        first[i] += x;
-        second[i] += y;
-    }
-    (first.iter().sum(), second.iter().sum())
 }
