@@ -14,6 +14,8 @@
 //! reads: every kernel row of every patch is `K*C` contiguous values, one row apart from
 //! the next patch's by `C` values, a matrix a GEMM reads as it is (`conv`).
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 /// The geometry of a batch of images in the padded layout.
@@ -59,6 +61,11 @@ impl Grid {
     /// Pixels (not positions) in the batch.
     pub fn pixels(&self) -> usize {
         self.batch * self.height * self.width
+    }
+
+    /// Dimensions `[B, C, H, W]`.
+    pub fn dims(&self) -> [usize; 4] {
+        [self.batch, self.channels, self.height, self.width]
     }
 
     /// A zeroed buffer.
@@ -155,6 +162,57 @@ impl Grid {
                 }
             });
         x
+    }
+}
+
+/// A batch of images in the grid layout: an activation handed from layer to layer (and
+/// kept for the backward pass) without being copied.
+#[derive(Clone, Debug)]
+pub struct GridImages {
+    /// The geometry.
+    pub grid: Grid,
+    /// The values, `grid.len()` of them.
+    pub values: Arc<Vec<f32>>,
+}
+
+impl GridImages {
+    /// The batch `[B, C, H, W]` (`dims`) of `x` in the grid layout.
+    pub fn of_planes(dims: [usize; 4], x: &[f32]) -> Self {
+        let [batch, channels, height, width] = dims;
+        let grid = Grid {
+            batch,
+            height,
+            width,
+            channels,
+        };
+        Self::new(grid, grid.grid_of(x))
+    }
+
+    /// `values` in the layout of `grid`.
+    ///
+    /// # Panics
+    /// When the length does not match (a caller's bug).
+    pub fn new(grid: Grid, values: Vec<f32>) -> Self {
+        assert_eq!(values.len(), grid.len(), "values of {grid:?}");
+        Self {
+            grid,
+            values: Arc::new(values),
+        }
+    }
+
+    /// Dimensions `[B, C, H, W]`.
+    pub fn dims(&self) -> [usize; 4] {
+        self.grid.dims()
+    }
+
+    /// The batch as `[B, C, H, W]`.
+    pub fn planes(&self) -> Vec<f32> {
+        self.grid.planes_of(&self.values)
+    }
+
+    /// The values, copied only where they are shared.
+    pub fn into_values(self) -> Vec<f32> {
+        Arc::try_unwrap(self.values).unwrap_or_else(|shared| shared.to_vec())
     }
 }
 

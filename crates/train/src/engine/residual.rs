@@ -11,6 +11,7 @@
 pub use super::batch_norm::Running;
 use super::batch_norm::{self, BatchStats, BnSaved};
 use super::grid::Grid;
+pub use super::grid::GridImages;
 pub use super::grid_conv::GridConv;
 
 /// One convolution without bias followed by batch norm.
@@ -109,6 +110,11 @@ impl ResidualShape {
         }
     }
 
+    /// Dimensions `[B, C, H, W]` of the layer's input.
+    pub fn input_dims(&self) -> [usize; 4] {
+        self.first().input.dims()
+    }
+
     /// Dimensions `[B, O, H', W']` of the layer's output.
     pub fn output_dims(&self) -> [usize; 4] {
         let g = self.last().output();
@@ -124,35 +130,39 @@ impl ResidualShape {
 /// What a training forward pass keeps for the backward pass.
 pub struct ResidualSaved {
     shape: ResidualShape,
-    /// The layer's input (grid layout).
-    input: Vec<f32>,
+    /// The layer's input.
+    input: GridImages,
     /// Per convolution, its batch norm's normalised values.
     norms: Vec<BnSaved>,
     /// A block's hidden activation after its ReLU (the second convolution's input).
     hidden: Vec<f32>,
     /// The layer's output after its ReLU.
-    output: Vec<f32>,
+    output: GridImages,
 }
 
 impl ResidualSaved {
     /// Dimensions `[B, C, H, W]` of the layer's input.
     pub fn input_dims(&self) -> [usize; 4] {
-        let g = self.shape.first().input;
-        [g.batch, g.channels, g.height, g.width]
+        self.shape.input_dims()
+    }
+
+    /// Dimensions `[B, O, H', W']` of the layer's output.
+    pub fn output_dims(&self) -> [usize; 4] {
+        self.shape.output_dims()
     }
 }
 
 /// The result of a forward pass.
 pub struct Forward {
-    /// The output, `[B, O, H', W']`.
-    pub output: Vec<f32>,
+    /// The output.
+    pub output: GridImages,
     /// What backward needs (training only).
     pub saved: Option<ResidualSaved>,
     /// Each batch norm's batch statistics (training only), for the running estimates.
     pub stats: Vec<BatchStats>,
 }
 
-/// Runs the layer on `input` (`[B, C, H, W]`) with its parameters in order: in training
+/// Runs the layer on `input` with its parameters in order: in training
 /// mode (`running` none: batch statistics, keeps what backward needs) or in inference mode
 /// with each batch norm's running statistics.
 ///
@@ -160,13 +170,14 @@ pub struct Forward {
 /// When a buffer's length does not match the shape (a caller's bug, not an input error).
 pub fn forward(
     shape: &ResidualShape,
-    input: &[f32],
+    input: &GridImages,
     params: &[&[f32]],
     running: Option<&[Running]>,
 ) -> Forward {
     assert!(shape.is_valid(), "invalid residual layer {shape:?}");
     assert_eq!(params.len(), shape.param_count(), "parameters of {shape:?}");
-    let x = shape.first().input.grid_of(input);
+    assert_eq!(input.grid, shape.first().input, "input of {shape:?}");
+    let x = &input.values;
     let mut norms = Vec::new();
     let mut stats = Vec::new();
     let mut conv = |i: usize, c: &ConvBn, x: &[f32], relu: bool| {
@@ -180,24 +191,24 @@ pub fn forward(
     };
     let (hidden, output) = match shape {
         ResidualShape::Stem(c) => {
-            let y = conv(0, c, &x, true);
+            let y = conv(0, c, x, true);
             (Vec::new(), y)
         }
         ResidualShape::Basic { first, second } => {
-            let hidden = conv(0, first, &x, true);
+            let hidden = conv(0, first, x, true);
             let mut y = conv(1, second, &hidden, false);
-            add_shortcut(first, &x, &mut y);
+            add_shortcut(first, x, &mut y);
             relu(&mut y);
             (hidden, y)
         }
     };
-    let out = shape.last().output().planes_of(&output);
-    let saved = running.is_none().then_some(ResidualSaved {
+    let out = GridImages::new(shape.last().output(), output);
+    let saved = running.is_none().then(|| ResidualSaved {
         shape: *shape,
-        input: x,
+        input: input.clone(),
         norms,
         hidden,
-        output,
+        output: out.clone(),
     });
     Forward {
         output: out,
@@ -210,12 +221,12 @@ pub fn forward(
 pub struct ResidualGrads {
     /// Per parameter tensor, in the layer's order.
     pub params: Vec<Vec<f32>>,
-    /// Of the input, `[B, C, H, W]`, when asked for.
-    pub input: Option<Vec<f32>>,
+    /// Of the input, when asked for.
+    pub input: Option<GridImages>,
 }
 
 /// The gradients of the layer whose training forward left `saved`, given its output's
-/// gradient (`[B, O, H', W']`) and the parameters it ran with; the input's gradient only
+/// gradient and the parameters it ran with; the input's gradient only
 /// with `need_input`.
 ///
 /// # Panics
@@ -223,21 +234,24 @@ pub struct ResidualGrads {
 pub fn backward(
     saved: &ResidualSaved,
     params: &[&[f32]],
-    output_grad: &[f32],
+    output_grad: GridImages,
     need_input: bool,
 ) -> ResidualGrads {
     let shape = &saved.shape;
-    assert_eq!(
-        output_grad.len(),
-        shape.output_dims().iter().product::<usize>(),
-        "output gradient"
-    );
+    assert_eq!(output_grad.grid, shape.last().output(), "output gradient");
     assert_eq!(params.len(), shape.param_count(), "parameters");
-    let mut g = shape.last().output().grid_of(output_grad);
-    relu_backward(&saved.output, &mut g);
+    let mut g = output_grad.into_values();
+    relu_backward(&saved.output.values, &mut g);
     let (params, input) = match *shape {
         ResidualShape::Stem(c) => {
-            let grads = conv_bn_backward(&c, &saved.input, &saved.norms[0], params, &g, need_input);
+            let grads = conv_bn_backward(
+                &c,
+                &saved.input.values,
+                &saved.norms[0],
+                params,
+                &g,
+                need_input,
+            );
             (vec![grads.weight, grads.gamma, grads.beta], grads.input)
         }
         ResidualShape::Basic { first, second } => {
@@ -245,7 +259,7 @@ pub fn backward(
             let second = conv_bn_backward(&second, &saved.hidden, &saved.norms[1], p2, &g, true);
             let mut hidden = second.input.unwrap_or_default();
             relu_backward(&saved.hidden, &mut hidden);
-            let x = &saved.input;
+            let x = &saved.input.values;
             let first = conv_bn_backward(&first, x, &saved.norms[0], params, &hidden, need_input);
             let input = first.input.map(|mut dx| {
                 shortcut_backward(&shape.first(), &g, &mut dx);
@@ -264,7 +278,7 @@ pub fn backward(
     };
     ResidualGrads {
         params,
-        input: input.map(|dx| shape.first().input.planes_of(&dx)),
+        input: input.map(|dx| GridImages::new(shape.first().input, dx)),
     }
 }
 

@@ -10,6 +10,29 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
+/// [`super::forward`] on `[B, C, H, W]` planes, its output as planes.
+fn forward(
+    shape: &ResidualShape,
+    x: &[f32],
+    params: &[&[f32]],
+    running: Option<&[Running]>,
+) -> (Vec<f32>, Forward) {
+    let input = GridImages::of_planes(shape.first().input.dims(), x);
+    let fwd = super::forward(shape, &input, params, running);
+    (fwd.output.planes(), fwd)
+}
+
+/// [`super::backward`] given the output's gradient as planes: the parameters' gradients
+/// and the input's as planes.
+fn backward(saved: &ResidualSaved, params: &[&[f32]], g: &[f32]) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let g = GridImages::of_planes(saved.shape.output_dims(), g);
+    let grads = super::backward(saved, params, g, true);
+    (
+        grads.params,
+        grads.input.map(|i| i.planes()).unwrap_or_default(),
+    )
+}
+
 fn values(n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
 }
@@ -126,15 +149,15 @@ fn check(shape: ResidualShape, seed: u64) {
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
     let g = values(shape.output_dims().iter().product(), &mut rng);
     // Training mode: output, batch statistics and every gradient.
-    let fwd = forward(&shape, &x, &refs, None);
-    let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
+    let (out, fwd) = forward(&shape, &x, &refs, None);
+    assert_eq!(fwd.stats.len(), shape.convs().len());
+    let (grad_params, grad_input) = backward(&fwd.saved.unwrap(), &refs, &g);
     let (r_out, r_params, r_input) = reference(&shape, &x, &params, &g, None);
-    assert_close("output", &fwd.output, &r_out, 1e-5);
-    for (i, (ours, theirs)) in grads.params.iter().zip(&r_params).enumerate() {
+    assert_close("output", &out, &r_out, 1e-5);
+    for (i, (ours, theirs)) in grad_params.iter().zip(&r_params).enumerate() {
         assert_close(&format!("parameter {i} gradient"), ours, theirs, 1e-4);
     }
-    assert_close("input gradient", &grads.input.unwrap(), &r_input, 1e-4);
-    assert_eq!(fwd.stats.len(), shape.convs().len());
+    assert_close("input gradient", &grad_input, &r_input, 1e-4);
     // Inference mode with running statistics.
     let running: Vec<(Vec<f32>, Vec<f32>)> = shape
         .convs()
@@ -152,10 +175,10 @@ fn check(shape: ResidualShape, seed: u64) {
         .iter()
         .map(|(mean, var)| Running { mean, var })
         .collect();
-    let eval = forward(&shape, &x, &refs, Some(&r));
+    let (eval_out, eval) = forward(&shape, &x, &refs, Some(&r));
     assert!(eval.saved.is_none() && eval.stats.is_empty());
     let (r_eval, _, _) = reference(&shape, &x, &params, &g, Some(&running));
-    assert_close("inference output", &eval.output, &r_eval, 1e-5);
+    assert_close("inference output", &eval_out, &r_eval, 1e-5);
 }
 
 #[test]
@@ -186,9 +209,9 @@ fn results_do_not_depend_on_the_thread_count() {
     let g = values(shape.output_dims().iter().product(), &mut rng);
     let run = |threads: usize| {
         super::super::on_threads(threads, || {
-            let fwd = forward(&shape, &x, &refs, None);
-            let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
-            (fwd.output, grads.params, grads.input)
+            let (out, fwd) = forward(&shape, &x, &refs, None);
+            let (params, input) = backward(&fwd.saved.unwrap(), &refs, &g);
+            (out, params, input)
         })
     };
     assert!(run(1) == run(3));
@@ -201,7 +224,7 @@ fn batch_statistics_are_the_batch_mean_and_biased_variance() {
     let x: Vec<f32> = (0..input_len(&shape)).map(|i| i as f32).collect();
     let params = [vec![1.0, 0.0, 0.0, 1.0], vec![1.0; 2], vec![0.0; 2]];
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
-    let fwd = forward(&shape, &x, &refs, None);
+    let (_, fwd) = forward(&shape, &x, &refs, None);
     for ch in 0..2 {
         let vals: Vec<f64> = (0..3)
             .flat_map(|b| (0..16).map(move |i| ((b * 2 + ch) * 16 + i) as f64))
