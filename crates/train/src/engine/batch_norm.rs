@@ -7,16 +7,24 @@
 use rayon::prelude::*;
 
 use super::grid::Grid;
+use super::pool;
 
 /// The epsilon added to the variance (PyTorch's default).
 pub const EPS: f64 = 1e-5;
 
 /// What the training forward keeps for the backward pass.
 pub struct BnSaved {
-    /// The normalised input `(z - mean) / sqrt(var + eps)`, zero at the pads.
+    /// The normalised input `(z - mean) / sqrt(var + eps)` (its pads unspecified).
     pub normalised: Vec<f32>,
     /// `1 / sqrt(var + eps)` per channel.
     pub inv_std: Vec<f32>,
+}
+
+impl Drop for BnSaved {
+    /// Gives the normalised values back to the pool.
+    fn drop(&mut self) {
+        pool::give_back(std::mem::take(&mut self.normalised));
+    }
 }
 
 /// The batch's own statistics, for the running estimates.
@@ -100,7 +108,7 @@ pub fn forward_train(
         .iter()
         .map(|v| (1.0 / (v + EPS).sqrt()) as f32)
         .collect();
-    let (mut normalised, mut out) = (grid.zeros(), grid.zeros());
+    let (mut normalised, mut out) = (grid.buffer(), grid.buffer());
     grid.samples_mut(&mut normalised)
         .zip(grid.samples_mut(&mut out))
         .zip(grid.samples(z))
@@ -119,6 +127,7 @@ pub fn forward_train(
                 }
             }
         });
+    grid.zero_pads(&mut out);
     let batch = BatchStats {
         mean: mean32,
         var: var.iter().map(|v| *v as f32).collect(),
@@ -215,7 +224,7 @@ pub fn backward(grid: &Grid, saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGra
     let scale: Vec<f32> = (0..c).map(|ch| gamma[ch] * saved.inv_std[ch]).collect();
     let mean_g: Vec<f32> = dbeta.iter().map(|s| (s / m) as f32).collect();
     let mean_gx: Vec<f32> = dgamma.iter().map(|s| (s / m) as f32).collect();
-    let mut input = grid.zeros();
+    let mut input = grid.buffer();
     grid.samples_mut(&mut input)
         .zip(grid.samples(g))
         .zip(grid.samples(&saved.normalised))
@@ -232,6 +241,7 @@ pub fn backward(grid: &Grid, saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGra
                 }
             }
         });
+    grid.zero_pads(&mut input);
     BnGrads {
         input,
         gamma: dgamma.iter().map(|v| *v as f32).collect(),

@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::pool;
+
 /// The geometry of a batch of images in the padded layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
@@ -71,6 +73,12 @@ impl Grid {
     /// A zeroed buffer.
     pub fn zeros(&self) -> Vec<f32> {
         vec![0f32; self.len()]
+    }
+
+    /// A buffer of [`Grid::len`] values from the pool, holding stale values: its user
+    /// writes every value it reads later (pads included, [`Grid::zero_pads`]).
+    pub fn buffer(&self) -> Vec<f32> {
+        pool::take(self.len())
     }
 
     /// The samples' parts of `v`, `sample() * channels` values each (row `y` of a sample
@@ -211,8 +219,18 @@ impl GridImages {
     }
 
     /// The values, copied only where they are shared.
-    pub fn into_values(self) -> Vec<f32> {
-        Arc::try_unwrap(self.values).unwrap_or_else(|shared| shared.to_vec())
+    pub fn into_values(mut self) -> Vec<f32> {
+        let values = std::mem::take(&mut self.values);
+        Arc::try_unwrap(values).unwrap_or_else(|shared| shared.to_vec())
+    }
+}
+
+impl Drop for GridImages {
+    /// Gives the values back to the pool when nothing else holds them.
+    fn drop(&mut self) {
+        if let Some(values) = Arc::get_mut(&mut self.values) {
+            pool::give_back(std::mem::take(values));
+        }
     }
 }
 

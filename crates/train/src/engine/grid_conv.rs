@@ -110,7 +110,8 @@ impl GridConv {
         (PATCH_VALUES / per.max(1)).clamp(1, self.input.batch)
     }
 
-    /// The output of input `x`; its pad values are unspecified.
+    /// The output of input `x` (in a buffer from the pool); its pad values are
+    /// unspecified.
     ///
     /// # Panics
     /// When a buffer's length does not match (a caller's bug).
@@ -125,7 +126,7 @@ impl GridConv {
             self.kernel,
             false,
         );
-        let mut y = self.output().zeros();
+        let mut y = self.output().buffer();
         if self.in_place() {
             self.forward_in_place(&w, x, &mut y);
         } else {
@@ -268,7 +269,7 @@ impl GridConv {
             .collect()
     }
 
-    /// The input's gradient (zero at its pads) given the output's `dz` (zero at its pads).
+    /// The input's gradient (zero at its pads; in a buffer from the pool) given the output's `dz` (zero at its pads).
     ///
     /// # Panics
     /// When a buffer's length does not match (a caller's bug).
@@ -276,7 +277,7 @@ impl GridConv {
         assert_eq!(weight.len(), self.weight_len(), "weight of {self:?}");
         assert_eq!(dz.len(), self.output().len(), "output gradient of {self:?}");
         let (o, c, k) = (self.out_channels, self.input.channels, self.kernel);
-        let mut dx = self.input.zeros();
+        let mut dx = self.input.buffer();
         if self.in_place() {
             let transposed = GridConv {
                 input: self.output(),
@@ -286,6 +287,7 @@ impl GridConv {
             let w = hwio(weight, o, c, k, true);
             transposed.forward_in_place(&w, dz, &mut dx);
         } else {
+            dx.fill(0.0);
             self.input_grad_folded(&oihw_to_ohwi(weight, o, c, k), dz, &mut dx);
         }
         self.input.zero_pads(&mut dx);

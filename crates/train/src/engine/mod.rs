@@ -15,6 +15,7 @@ mod flat;
 mod gemm;
 mod grid;
 mod grid_conv;
+mod pool;
 mod profile_engine;
 pub mod residual;
 

@@ -13,6 +13,7 @@ use super::batch_norm::{self, BatchStats, BnSaved};
 use super::grid::Grid;
 pub use super::grid::GridImages;
 pub use super::grid_conv::GridConv;
+use super::pool;
 
 /// One convolution without bias followed by batch norm.
 pub type ConvBn = GridConv;
@@ -140,6 +141,13 @@ pub struct ResidualSaved {
     output: GridImages,
 }
 
+impl Drop for ResidualSaved {
+    /// Gives the hidden activation back to the pool.
+    fn drop(&mut self) {
+        pool::give_back(std::mem::take(&mut self.hidden));
+    }
+}
+
 impl ResidualSaved {
     /// Dimensions `[B, C, H, W]` of the layer's input.
     pub fn input_dims(&self) -> [usize; 4] {
@@ -265,6 +273,7 @@ pub fn backward(
                 shortcut_backward(&shape.first(), &g, &mut dx);
                 dx
             });
+            pool::give_back(hidden);
             let grads = vec![
                 first.weight,
                 first.gamma,
@@ -276,6 +285,7 @@ pub fn backward(
             (grads, input)
         }
     };
+    pool::give_back(g);
     ResidualGrads {
         params,
         input: input.map(|dx| GridImages::new(shape.first().input, dx)),
@@ -307,6 +317,7 @@ fn conv_bn(
         }
         None => {
             let (y, bn, stats) = batch_norm::forward_train(&grid, &z, gamma, beta, relu);
+            pool::give_back(z);
             (y, Some((bn, stats)))
         }
     }
@@ -333,13 +344,15 @@ fn conv_bn_backward(
 ) -> ConvBnGrads {
     let (weight, gamma) = (params[0], params[1]);
     let grads = batch_norm::backward(&c.output(), bn, gamma, g);
-    let dz = &grads.input;
-    ConvBnGrads {
-        weight: c.weight_grad(x, dz),
+    let dz = grads.input;
+    let conv_grads = ConvBnGrads {
+        weight: c.weight_grad(x, &dz),
         gamma: grads.gamma,
         beta: grads.beta,
-        input: need_input.then(|| c.input_grad(weight, dz)),
-    }
+        input: need_input.then(|| c.input_grad(weight, &dz)),
+    };
+    pool::give_back(dz);
+    conv_grads
 }
 
 /// Adds the option-A shortcut of the block's input `x` to `y` (both grids): `x`
