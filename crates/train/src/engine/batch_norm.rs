@@ -14,16 +14,18 @@ pub const EPS: f64 = 1e-5;
 
 /// What the training forward keeps for the backward pass.
 pub struct BnSaved {
-    /// The normalised input `(z - mean) / sqrt(var + eps)` (its pads unspecified).
-    pub normalised: Vec<f32>,
+    /// The input `z` (its pads unspecified): the normalised values are recomputed from it.
+    pub input: Vec<f32>,
+    /// The batch mean per channel.
+    pub mean: Vec<f32>,
     /// `1 / sqrt(var + eps)` per channel.
     pub inv_std: Vec<f32>,
 }
 
 impl Drop for BnSaved {
-    /// Gives the normalised values back to the pool.
+    /// Gives the input back to the pool.
     fn drop(&mut self) {
-        pool::give_back(std::mem::take(&mut self.normalised));
+        pool::give_back(std::mem::take(&mut self.input));
     }
 }
 
@@ -75,15 +77,25 @@ fn channel_sums(
     (first, second)
 }
 
+/// What is added after the scale and shift: nothing, or a residual of the same grid.
+/// ReLU follows with `relu`.
+#[derive(Clone, Copy, Default)]
+pub struct Then<'a> {
+    /// Added before the ReLU (the identity shortcut of a basic block).
+    pub residual: Option<&'a [f32]>,
+    /// Whether ReLU follows.
+    pub relu: bool,
+}
+
 /// Training mode: normalises `z` by its batch statistics, then scales by `gamma` and
-/// shifts by `beta`, then applies ReLU with `relu` (in the same pass). Returns the output,
-/// what backward needs and the statistics.
+/// shifts by `beta`, then adds and applies what `then` says (in the same pass). Returns
+/// the output (zero at its pads), what backward needs (`z` itself) and the statistics.
 pub fn forward_train(
     grid: &Grid,
-    z: &[f32],
+    z: Vec<f32>,
     gamma: &[f32],
     beta: &[f32],
-    relu: bool,
+    then: Then,
 ) -> (Vec<f32>, BnSaved, BatchStats) {
     let c = grid.channels;
     assert!(
@@ -91,15 +103,15 @@ pub fn forward_train(
         "batch norm shapes"
     );
     let m = grid.pixels() as f64;
-    let (sum, _) = channel_sums(grid, z, z, |s, _, z, _| {
+    let (sum, _) = channel_sums(grid, &z, &z, |s, _, z, _| {
         for px in z.chunks_exact(c) {
             s.iter_mut().zip(px).for_each(|(s, v)| *s += v);
         }
     });
-    let mean32: Vec<f32> = sum.iter().map(|s| (s / m) as f32).collect();
-    let (dev, _) = channel_sums(grid, z, z, |s, _, z, _| {
+    let mean: Vec<f32> = sum.iter().map(|s| (s / m) as f32).collect();
+    let (dev, _) = channel_sums(grid, &z, &z, |s, _, z, _| {
         for px in z.chunks_exact(c) {
-            let terms = s.iter_mut().zip(px).zip(&mean32);
+            let terms = s.iter_mut().zip(px).zip(&mean);
             terms.for_each(|((s, v), mean)| *s += (v - mean) * (v - mean));
         }
     });
@@ -108,38 +120,46 @@ pub fn forward_train(
         .iter()
         .map(|v| (1.0 / (v + EPS).sqrt()) as f32)
         .collect();
-    let (mut normalised, mut out) = (grid.buffer(), grid.buffer());
-    grid.samples_mut(&mut normalised)
-        .zip(grid.samples_mut(&mut out))
-        .zip(grid.samples(z))
-        .for_each(|((xhat, out), z)| {
-            let rows = grid.pixel_rows_mut(xhat).zip(grid.pixel_rows_mut(out));
-            for ((xhat, out), z) in rows.zip(grid.pixel_rows(z)) {
-                let pixels = xhat.chunks_exact_mut(c).zip(out.chunks_exact_mut(c));
-                for ((xhat, out), z) in pixels.zip(z.chunks_exact(c)) {
-                    let per_channel = mean32.iter().zip(&inv_std).zip(gamma.iter().zip(beta));
-                    let values = xhat.iter_mut().zip(out.iter_mut()).zip(z);
-                    for (((xhat, out), z), ((mean, inv), (g, b))) in values.zip(per_channel) {
-                        let x = (z - mean) * inv;
-                        *xhat = x;
-                        *out = activate(x * g + b, relu);
+    // y = (z - mean) * inv_std * gamma + beta = z * scale + shift.
+    let scale: Vec<f32> = inv_std.iter().zip(gamma).map(|(i, g)| i * g).collect();
+    let shift: Vec<f32> = (0..c).map(|ch| beta[ch] - mean[ch] * scale[ch]).collect();
+    let mut out = grid.buffer();
+    apply(grid, &z, &mut out, (&scale, &shift), then);
+    let batch = BatchStats {
+        mean: mean.clone(),
+        var: var.iter().map(|v| *v as f32).collect(),
+    };
+    let saved = BnSaved {
+        input: z,
+        mean,
+        inv_std,
+    };
+    (out, saved, batch)
+}
+
+/// Writes `out = then(z * scale + shift)` per channel at every pixel, and zeroes `out`'s
+/// pads.
+fn apply(grid: &Grid, z: &[f32], out: &mut [f32], (scale, shift): (&[f32], &[f32]), then: Then) {
+    let c = grid.channels;
+    let residual = then.residual.unwrap_or(z);
+    grid.samples_mut(out)
+        .zip(grid.samples(z).zip(grid.samples(residual)))
+        .for_each(|(out, (z, r))| {
+            let rows = grid.pixel_rows_mut(out).zip(grid.pixel_rows(z));
+            for ((out, z), r) in rows.zip(grid.pixel_rows(r)) {
+                let pixels = out.chunks_exact_mut(c).zip(z.chunks_exact(c));
+                for ((out, z), r) in pixels.zip(r.chunks_exact(c)) {
+                    let per_channel = scale.iter().zip(shift);
+                    let values = out.iter_mut().zip(z.iter().zip(r));
+                    for ((out, (z, r)), (scale, shift)) in values.zip(per_channel) {
+                        let y = z * scale + shift;
+                        let y = if then.residual.is_some() { y + r } else { y };
+                        *out = activate(y, then.relu);
                     }
                 }
             }
         });
-    grid.zero_pads(&mut out);
-    let batch = BatchStats {
-        mean: mean32,
-        var: var.iter().map(|v| *v as f32).collect(),
-    };
-    (
-        out,
-        BnSaved {
-            normalised,
-            inv_std,
-        },
-        batch,
-    )
+    grid.zero_pads(out);
 }
 
 /// `v`, through ReLU with `relu` (a loop invariant: the compiler takes it out of loops).
@@ -161,16 +181,16 @@ pub struct Running<'a> {
     pub var: &'a [f32],
 }
 
-/// Inference mode: normalises `z` in place by running statistics, then applies ReLU with
-/// `relu`; zeroes its pads.
+/// Inference mode: normalises `z` by running statistics, then adds and applies what
+/// `then` says; returns the output (zero at its pads) and gives `z` back to the pool.
 pub fn forward_eval(
     grid: &Grid,
-    z: &mut [f32],
+    z: Vec<f32>,
     gamma: &[f32],
     beta: &[f32],
     running: Running,
-    relu: bool,
-) {
+    then: Then,
+) -> Vec<f32> {
     let Running { mean, var } = running;
     let c = grid.channels;
     assert!(
@@ -181,17 +201,10 @@ pub fn forward_eval(
         .map(|ch| gamma[ch] / (f64::from(var[ch]) + EPS).sqrt() as f32)
         .collect();
     let shift: Vec<f32> = (0..c).map(|ch| beta[ch] - mean[ch] * scale[ch]).collect();
-    grid.samples_mut(z).for_each(|s| {
-        for row in grid.pixel_rows_mut(s) {
-            for px in row.chunks_exact_mut(c) {
-                let per_channel = scale.iter().zip(&shift);
-                for (v, (scale, shift)) in px.iter_mut().zip(per_channel) {
-                    *v = activate(*v * scale + shift, relu);
-                }
-            }
-        }
-    });
-    grid.zero_pads(z);
+    let mut out = grid.buffer();
+    apply(grid, &z, &mut out, (&scale, &shift), then);
+    pool::give_back(z);
+    out
 }
 
 /// The gradients of a training-mode batch norm.
@@ -204,39 +217,50 @@ pub struct BnGrads {
     pub beta: Vec<f32>,
 }
 
-/// Backward of [`forward_train`] given the output gradient `g`.
+/// Backward of [`forward_train`] given the output gradient `g` (taken before the ReLU
+/// and the residual: the caller applies those).
 pub fn backward(grid: &Grid, saved: &BnSaved, gamma: &[f32], g: &[f32]) -> BnGrads {
     let c = grid.channels;
     assert!(
-        gamma.len() == c && g.len() == grid.len() && saved.normalised.len() == g.len(),
+        gamma.len() == c && g.len() == grid.len() && saved.input.len() == g.len(),
         "batch norm gradient shapes"
     );
     let m = grid.pixels() as f64;
-    let (dbeta, dgamma) = channel_sums(grid, g, &saved.normalised, |sg, sgx, g, x| {
-        for (g, x) in g.chunks_exact(c).zip(x.chunks_exact(c)) {
-            let sums = sg.iter_mut().zip(sgx.iter_mut());
-            for ((sg, sgx), (g, x)) in sums.zip(g.iter().zip(x)) {
+    let mean = &saved.mean;
+    // Sums of g and of g * (z - mean) (= g * xhat / inv_std).
+    let (dbeta, dgz) = channel_sums(grid, g, &saved.input, |sg, sgz, g, z| {
+        for (g, z) in g.chunks_exact(c).zip(z.chunks_exact(c)) {
+            let sums = sg.iter_mut().zip(sgz.iter_mut());
+            for ((sg, sgz), ((g, z), mean)) in sums.zip(g.iter().zip(z).zip(mean)) {
                 *sg += g;
-                *sgx += g * x;
+                *sgz += g * (z - mean);
             }
         }
     });
-    let scale: Vec<f32> = (0..c).map(|ch| gamma[ch] * saved.inv_std[ch]).collect();
-    let mean_g: Vec<f32> = dbeta.iter().map(|s| (s / m) as f32).collect();
-    let mean_gx: Vec<f32> = dgamma.iter().map(|s| (s / m) as f32).collect();
+    let dgamma: Vec<f64> = (0..c)
+        .map(|ch| dgz[ch] * f64::from(saved.inv_std[ch]))
+        .collect();
+    // dz = k * (g - mean_g - xhat * mean_gx), xhat = (z - mean) * inv: a * g + b * z + d.
+    let mut coef = (vec![0f32; c], vec![0f32; c], vec![0f32; c]);
+    for ch in 0..c {
+        let (inv, k) = (saved.inv_std[ch], gamma[ch] * saved.inv_std[ch]);
+        let (mean_g, mean_gx) = ((dbeta[ch] / m) as f32, (dgamma[ch] / m) as f32);
+        coef.0[ch] = k;
+        coef.1[ch] = -k * mean_gx * inv;
+        coef.2[ch] = -k * mean_g + k * mean_gx * inv * mean[ch];
+    }
     let mut input = grid.buffer();
     grid.samples_mut(&mut input)
-        .zip(grid.samples(g))
-        .zip(grid.samples(&saved.normalised))
-        .for_each(|((dz, g), xhat)| {
+        .zip(grid.samples(g).zip(grid.samples(&saved.input)))
+        .for_each(|(dz, (g, z))| {
             let rows = grid.pixel_rows_mut(dz).zip(grid.pixel_rows(g));
-            for ((dz, g), xhat) in rows.zip(grid.pixel_rows(xhat)) {
+            for ((dz, g), z) in rows.zip(grid.pixel_rows(z)) {
                 let pixels = dz.chunks_exact_mut(c).zip(g.chunks_exact(c));
-                for ((dz, g), xhat) in pixels.zip(xhat.chunks_exact(c)) {
-                    let per_channel = scale.iter().zip(mean_g.iter().zip(&mean_gx));
-                    let values = dz.iter_mut().zip(g.iter().zip(xhat));
-                    for ((dz, (g, x)), (scale, (mg, mgx))) in values.zip(per_channel) {
-                        *dz = scale * (g - mg - x * mgx);
+                for ((dz, g), z) in pixels.zip(z.chunks_exact(c)) {
+                    let per_channel = coef.0.iter().zip(coef.1.iter().zip(&coef.2));
+                    let values = dz.iter_mut().zip(g.iter().zip(z));
+                    for ((dz, (g, z)), (a, (b, d))) in values.zip(per_channel) {
+                        *dz = a * g + b * z + d;
                     }
                 }
             }

@@ -9,11 +9,12 @@
 //! channel. Every sum runs in a fixed order, so results do not depend on the thread count.
 
 pub use super::batch_norm::Running;
-use super::batch_norm::{self, BatchStats, BnSaved};
+use super::batch_norm::{self, BatchStats, BnSaved, Then};
 use super::grid::Grid;
 pub use super::grid::GridImages;
 pub use super::grid_conv::GridConv;
 use super::pool;
+use rayon::prelude::*;
 
 /// One convolution without bias followed by batch norm.
 pub type ConvBn = GridConv;
@@ -188,9 +189,9 @@ pub fn forward(
     let x = &input.values;
     let mut norms = Vec::new();
     let mut stats = Vec::new();
-    let mut conv = |i: usize, c: &ConvBn, x: &[f32], relu: bool| {
+    let mut conv = |i: usize, c: &ConvBn, x: &[f32], then: Then| {
         let params = &params[3 * i..3 * i + 3];
-        let (y, kept) = conv_bn(c, x, params, running.map(|r| r[i]), relu);
+        let (y, kept) = conv_bn(c, x, params, running.map(|r| r[i]), then);
         if let Some((bn, batch)) = kept {
             norms.push(bn);
             stats.push(batch);
@@ -199,14 +200,23 @@ pub fn forward(
     };
     let (hidden, output) = match shape {
         ResidualShape::Stem(c) => {
-            let y = conv(0, c, x, true);
+            let y = conv(0, c, x, RELU);
             (Vec::new(), y)
         }
         ResidualShape::Basic { first, second } => {
-            let hidden = conv(0, first, x, true);
-            let mut y = conv(1, second, &hidden, false);
-            add_shortcut(first, x, &mut y);
-            relu(&mut y);
+            let hidden = conv(0, first, x, RELU);
+            let y = if identity(first) {
+                let then = Then {
+                    residual: Some(x),
+                    relu: true,
+                };
+                conv(1, second, &hidden, then)
+            } else {
+                let mut y = conv(1, second, &hidden, Then::default());
+                add_shortcut(first, x, &mut y);
+                relu(&mut y);
+                y
+            };
             (hidden, y)
         }
     };
@@ -292,7 +302,19 @@ pub fn backward(
     }
 }
 
-/// Convolution then batch norm (then ReLU with `relu`, in batch norm's pass): the output
+/// Batch norm's epilogue of the stem and of a block's first convolution.
+const RELU: Then = Then {
+    residual: None,
+    relu: true,
+};
+
+/// Whether the block's shortcut is its input as it is (stride 1, as many channels out as
+/// in): then batch norm adds it in its own pass.
+fn identity(first: &ConvBn) -> bool {
+    first.stride == 1 && first.out_channels == first.input.channels
+}
+
+/// Convolution then batch norm (then what `then` says, in batch norm's pass): the output
 /// (grid layout, zero at the pads) and, in training mode, the batch norm's saved values
 /// and batch statistics.
 fn conv_bn(
@@ -300,7 +322,7 @@ fn conv_bn(
     x: &[f32],
     params: &[&[f32]],
     running: Option<Running>,
-    relu: bool,
+    then: Then,
 ) -> (Vec<f32>, Option<(BnSaved, BatchStats)>) {
     let (weight, gamma, beta) = (params[0], params[1], params[2]);
     assert_eq!(weight.len(), c.weight_len(), "weight of {c:?}");
@@ -308,16 +330,15 @@ fn conv_bn(
         gamma.len() == c.out_channels && beta.len() == c.out_channels,
         "batch norm of {c:?}"
     );
-    let mut z = c.forward(weight, x);
+    let z = c.forward(weight, x);
     let grid = c.output();
     match running {
-        Some(r) => {
-            batch_norm::forward_eval(&grid, &mut z, gamma, beta, r, relu);
-            (z, None)
-        }
+        Some(r) => (
+            batch_norm::forward_eval(&grid, z, gamma, beta, r, then),
+            None,
+        ),
         None => {
-            let (y, bn, stats) = batch_norm::forward_train(&grid, &z, gamma, beta, relu);
-            pool::give_back(z);
+            let (y, bn, stats) = batch_norm::forward_train(&grid, z, gamma, beta, then);
             (y, Some((bn, stats)))
         }
     }
@@ -357,54 +378,71 @@ fn conv_bn_backward(
 
 /// Adds the option-A shortcut of the block's input `x` to `y` (both grids): `x`
 /// subsampled by the stride, its channels centred among the output's (`(O - C) / 2` zero
-/// channels before them).
+/// channels before them). Samples in parallel.
 fn add_shortcut(first: &ConvBn, x: &[f32], y: &mut [f32]) {
-    for_each_shortcut_pixel(first, |src, dst, len| {
-        y[dst..][..len]
-            .iter_mut()
-            .zip(&x[src..][..len])
-            .for_each(|(o, v)| *o += v);
+    let (inp, out) = (first.input, first.output());
+    let c = inp.channels;
+    out.samples_mut(y).zip(inp.samples(x)).for_each(|(y, x)| {
+        for (src, dst) in shortcut_pixels(first) {
+            let add = y[dst..][..c].iter_mut().zip(&x[src..][..c]);
+            add.for_each(|(o, v)| *o += v);
+        }
     });
 }
 
 /// Adds the input's gradient through the shortcut, from the output's `g`, to `dx`.
 fn shortcut_backward(first: &ConvBn, g: &[f32], dx: &mut [f32]) {
-    for_each_shortcut_pixel(first, |src, dst, len| {
-        dx[src..][..len]
-            .iter_mut()
-            .zip(&g[dst..][..len])
-            .for_each(|(d, v)| *d += v);
+    if identity(first) {
+        dx.par_chunks_mut(PASS_CHUNK)
+            .zip(g.par_chunks(PASS_CHUNK))
+            .for_each(|(dx, g)| dx.iter_mut().zip(g).for_each(|(d, v)| *d += v));
+        return;
+    }
+    let (inp, out) = (first.input, first.output());
+    let c = inp.channels;
+    inp.samples_mut(dx).zip(out.samples(g)).for_each(|(dx, g)| {
+        for (src, dst) in shortcut_pixels(first) {
+            let add = dx[src..][..c].iter_mut().zip(&g[dst..][..c]);
+            add.for_each(|(d, v)| *d += v);
+        }
     });
 }
 
-/// Calls `f(input offset, output offset, channels)` for every output pixel the shortcut
-/// connects: the output's channels from `(O - C) / 2` on pair with the input pixel's.
-fn for_each_shortcut_pixel(first: &ConvBn, mut f: impl FnMut(usize, usize, usize)) {
+/// For every output pixel of one sample, the offsets (within the samples' parts, see
+/// [`Grid::samples`]) of the input pixel the shortcut connects it to and of the output's
+/// channel `(O - C) / 2`.
+fn shortcut_pixels(first: &ConvBn) -> impl Iterator<Item = (usize, usize)> {
     let (inp, out) = (first.input, first.output());
-    let (c, s) = (inp.channels, first.stride);
-    let before = (out.channels - c) / 2;
-    for b in 0..out.batch {
-        for oy in 0..out.height {
-            for ox in 0..out.width {
-                let src = inp.lead() + b * inp.sample() + s * (oy * inp.row() + ox);
-                let dst = out.lead() + b * out.sample() + oy * out.row() + ox;
-                f(src * c, dst * out.channels + before, c);
-            }
-        }
-    }
+    let (c, o, s) = (inp.channels, out.channels, first.stride);
+    let before = (o - c) / 2;
+    (0..out.height).flat_map(move |oy| {
+        (0..out.width).map(move |ox| {
+            let src = s * (oy * inp.row() + ox) * c;
+            let dst = (oy * out.row() + ox) * o + before;
+            (src, dst)
+        })
+    })
 }
+
+/// Values per task of the element-wise passes.
+const PASS_CHUNK: usize = 1 << 14;
 
 /// ReLU in place.
 fn relu(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x = x.max(0.0));
+    v.par_chunks_mut(PASS_CHUNK)
+        .for_each(|v| v.iter_mut().for_each(|x| *x = x.max(0.0)));
 }
 
 /// Zeroes the gradient where ReLU's output was zero.
 fn relu_backward(output: &[f32], g: &mut [f32]) {
-    for (g, &y) in g.iter_mut().zip(output) {
-        // A select, not a branch: it vectorises.
-        *g = if y > 0.0 { *g } else { 0.0 };
-    }
+    g.par_chunks_mut(PASS_CHUNK)
+        .zip(output.par_chunks(PASS_CHUNK))
+        .for_each(|(g, output)| {
+            for (g, &y) in g.iter_mut().zip(output) {
+                // A select, not a branch: it vectorises.
+                *g = if y > 0.0 { *g } else { 0.0 };
+            }
+        });
 }
 
 #[cfg(test)]
