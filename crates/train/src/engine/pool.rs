@@ -8,8 +8,9 @@ use std::sync::Mutex;
 /// Buffers given back and not yet taken again.
 static KEPT: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
-/// At most this many buffers are kept (the activations of a few layers).
-const MAX_KEPT: usize = 48;
+/// At most this many buffers are kept: more than a training step uses (with 48, the
+/// first block of a stage in the backward pass found none of its size and allocated).
+const MAX_KEPT: usize = 256;
 
 /// A buffer of `len` values, their contents unspecified: the smallest kept one that holds
 /// them (a new one if none does).
