@@ -9,9 +9,10 @@
 //!   unfolded. The input's gradient is the same convolution of the output's gradient with
 //!   the kernel flipped and its channels swapped; the weight's gradient is
 //!   `dW_ki[O, K*C] = dZ^T x X_ki`, both read in place too;
-//! - other convolutions (strided) gather their patches, `K` runs of `K*C` contiguous
-//!   values each, a few samples at a time, and fold the patches' gradient back the same
-//!   way.
+//! - other convolutions (strided), and those with many channels on small images, gather
+//!   the patches of their pixels (`K` runs of `K*C` contiguous values each, a few samples
+//!   at a time; pad positions are not computed), and strided ones fold the patches'
+//!   gradient back the same way.
 //!
 //! The batch is split into tasks of a fixed size (from the shapes only), run side by side,
 //! each GEMM on one thread; partial weight gradients are added in the tasks' order, so
@@ -29,6 +30,14 @@ const TASK_VALUES: usize = 32 << 10;
 
 /// Patch values one gathering task holds.
 const PATCH_VALUES: usize = 128 << 10;
+
+/// Channels (the wider side) from which a convolution that could read its patches in
+/// place gathers them instead in its forward pass and its input gradient: with 64
+/// (ResNet-20's stage 3, 8x8 images) a step took 117.0-124.9 ms against 119.6-132.9 ms
+/// in place (2 threads, four alternating rounds); with 32 (stage 2 as well) 121.9-125.0
+/// ms. Weight gradients always read in place where they can (gathered, stage 3's
+/// backward pass was slower).
+const GATHER_CHANNELS: usize = 64;
 
 /// A convolution from one grid to another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +91,16 @@ impl GridConv {
         self.stride == 1 && self.kernel == 2 * self.padding + 1
     }
 
+    /// Whether the forward pass (and the input gradient's) reads patches in place, else
+    /// gathers them, pixels only. In place, every pad position's product is computed too
+    /// (the pad column and row: 6 % of a 32x32 image's positions, 27 % of an 8x8 one's);
+    /// gathering costs a copy of every patch, small beside the products where channels
+    /// are many (see [`GATHER_CHANNELS`]).
+    fn reads_in_place(&self) -> bool {
+        let widest = self.input.channels.max(self.out_channels);
+        self.in_place() && widest < GATHER_CHANNELS
+    }
+
     /// Values in one kernel row of a patch: `K*C`.
     fn run(&self) -> usize {
         self.kernel * self.input.channels
@@ -127,12 +146,17 @@ impl GridConv {
             false,
         );
         let mut y = self.output().buffer();
-        if self.in_place() {
-            self.forward_in_place(&w, x, &mut y);
-        } else {
-            self.forward_gathered(&w, x, &mut y);
-        }
+        self.forward_into(&w, x, &mut y);
         y
+    }
+
+    /// Writes the output of input `x` into `y` (pads unspecified); `w` is `[K, K, C, O]`.
+    fn forward_into(&self, w: &[f32], x: &[f32], y: &mut [f32]) {
+        if self.reads_in_place() {
+            self.forward_in_place(w, x, y);
+        } else {
+            self.forward_gathered(w, x, y);
+        }
     }
 
     /// [`GridConv::forward`] reading patches in place; `w` is `[K, K, C, O]`.
@@ -153,36 +177,43 @@ impl GridConv {
             });
     }
 
-    /// [`GridConv::forward`] over gathered patches; `w` is `[K, K, C, O]`.
+    /// [`GridConv::forward`] over gathered patches of the pixels only (no pad position's
+    /// product is computed), their outputs then copied to their positions; `w` is
+    /// `[K, K, C, O]`.
     fn forward_gathered(&self, w: &[f32], x: &[f32], y: &mut [f32]) {
         let (o, pl, out) = (self.out_channels, self.patch_len(), self.output());
         let per = self.task_samples() * out.sample() * o;
         y[out.lead() * o..(out.lead() + out.span()) * o]
             .par_chunks_mut(per)
             .enumerate()
-            .for_each_init(Vec::new, |patches, (i, dst)| {
-                let n = dst.len() / o;
-                let first = i * self.task_samples();
-                patches.resize(n * pl, 0.0);
-                self.gather(x, first..first + n / out.sample(), patches);
-                let lhs = Operand::rows(patches, pl);
-                product_into((n, o, pl), lhs, Operand::rows(w, o), dst, o, false);
-            });
+            .for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(patches, products), (i, dst)| {
+                    let count = dst.len() / (out.sample() * o);
+                    let first = i * self.task_samples();
+                    let n = count * out.height * out.width;
+                    patches.resize(n * pl, 0.0);
+                    products.resize(n * o, 0.0);
+                    self.gather(x, first..first + count, patches);
+                    let lhs = Operand::rows(patches, pl);
+                    product_into((n, o, pl), lhs, Operand::rows(w, o), products, o, false);
+                    let pixels = pixel_positions(&out, count).zip(products.chunks_exact(o));
+                    for (p, v) in pixels {
+                        dst[p * o..][..o].copy_from_slice(v);
+                    }
+                },
+            );
     }
 
-    /// Writes the patches of every output position of `samples` (pad positions' rows are
-    /// zero), one row of [`GridConv::patch_len`] values each.
+    /// Writes the patches of every output pixel of `samples`, one row of
+    /// [`GridConv::patch_len`] values each.
     fn gather(&self, x: &[f32], samples: Range<usize>, patches: &mut [f32]) {
         let (inp, out) = (&self.input, self.output());
         let (c, run, s) = (inp.channels, self.run(), self.stride);
         let mut rows = patches.chunks_exact_mut(self.patch_len());
         for b in samples {
-            for (p, row) in (0..out.sample()).zip(rows.by_ref()) {
+            for (p, row) in pixel_positions(&out, 1).zip(rows.by_ref()) {
                 let (oy, ox) = (p / out.row(), p % out.row());
-                if oy >= out.height || ox >= out.width {
-                    row.fill(0.0);
-                    continue;
-                }
                 let base = inp.lead() + b * inp.sample() + s * (oy * inp.row() + ox);
                 for (ki, dst) in row.chunks_exact_mut(run).enumerate() {
                     dst.copy_from_slice(&x[self.run_start(base, ki) * c..][..run]);
@@ -252,11 +283,14 @@ impl GridConv {
         tasks
             .into_par_iter()
             .map(|samples| {
-                let n = samples.len() * out.sample();
+                let n = samples.len() * out.height * out.width;
                 let mut patches = vec![0f32; n * pl];
                 self.gather(x, samples.clone(), &mut patches);
                 let at = (out.lead() + samples.start * out.sample()) * o;
-                let lhs = Operand::columns(&dz[at..][..n * o], o);
+                let dz = &dz[at..];
+                let pixels = pixel_positions(&out, samples.len());
+                let dz: Vec<f32> = pixels.flat_map(|p| &dz[p * o..][..o]).copied().collect();
+                let lhs = Operand::columns(&dz, o);
                 let mut dw = vec![0f32; o * pl];
                 product_into(
                     (o, pl, n),
@@ -287,7 +321,7 @@ impl GridConv {
                 ..*self
             };
             let w = hwio(weight, o, c, k, true);
-            transposed.forward_in_place(&w, dz, &mut dx);
+            transposed.forward_into(&w, dz, &mut dx);
         } else {
             dx.fill(0.0);
             self.input_grad_folded(&oihw_to_ohwi(weight, o, c, k), dz, &mut dx);
@@ -349,6 +383,16 @@ impl GridConv {
             }
         }
     }
+}
+
+/// The positions of the pixels of `count` samples of `grid`, counted from the first one's
+/// first pixel, in order.
+fn pixel_positions(grid: &Grid, count: usize) -> impl Iterator<Item = usize> + '_ {
+    (0..count * grid.height).flat_map(move |r| {
+        let (b, y) = (r / grid.height, r % grid.height);
+        let start = b * grid.sample() + y * grid.row();
+        start..start + grid.width
+    })
 }
 
 /// The weight `[O, C, K, K]` as `[K, K, C, O]` (the matrix a patch row multiplies), or with

@@ -186,6 +186,9 @@ fn resnet20_layers_match_burn() {
     check(ResidualShape::stem([2, 3, 8, 8], 16, 3, 1, 1), 1);
     check(ResidualShape::basic([2, 16, 8, 8], 16, 1), 2);
     check(ResidualShape::basic([2, 16, 8, 8], 32, 2), 3);
+    // 64 channels: stride-1 convolutions gather their pixels' patches.
+    check(ResidualShape::basic([3, 64, 8, 8], 64, 1), 6);
+    check(ResidualShape::basic([3, 32, 8, 8], 64, 2), 7);
 }
 
 /// Batches big enough to be split in several tasks: the tasks' outputs and partial weight
