@@ -18,7 +18,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use super::batch_norm;
 use super::conv_block::{self, ConvSaved, ConvShape};
 use super::flat::{FlatView, LayerGrads};
-use super::residual::{self, ResidualSaved, ResidualShape, Running};
+use super::residual::{self, GridImages, ResidualSaved, ResidualShape, Running};
 use super::{BackwardMode, LayerwiseEngine, OnLayer, StepOutput};
 use crate::data::Batch;
 use crate::error::{Result, TrainError};
@@ -32,6 +32,9 @@ const BN_MOMENTUM: f32 = 0.1;
 enum Act {
     Image(Tensor<4>),
     Flat(Tensor<2>),
+    /// An image batch in our kernels' layout, handed from one of them to the next as it is
+    /// (made a tensor by [`Act::materialise`] where a burn op needs it).
+    Grid(GridImages),
 }
 
 impl Act {
@@ -39,6 +42,7 @@ impl Act {
         match self {
             Act::Image(t) => Act::Image(t.detach().require_grad()),
             Act::Flat(t) => Act::Flat(t.detach().require_grad()),
+            Act::Grid(g) => Act::Grid(g),
         }
     }
 
@@ -46,6 +50,7 @@ impl Act {
         match self {
             Act::Image(t) => t.grad(grads).map(Act::Image),
             Act::Flat(t) => t.grad(grads).map(Act::Flat),
+            Act::Grid(_) => None,
         }
     }
 
@@ -60,13 +65,28 @@ impl Act {
         }
     }
 
-    fn into_flat(self) -> Tensor<2> {
+    fn into_flat(self) -> Result<Tensor<2>> {
         match self {
-            Act::Flat(t) => t,
+            Act::Flat(t) => Ok(t),
             Act::Image(t) => {
                 let [b, c, h, w] = t.dims();
-                t.reshape([b, c * h * w])
+                Ok(t.reshape([b, c * h * w]))
             }
+            Act::Grid(_) => Err(TrainError::Backend(
+                "an activation in our kernels' layout reached a burn op".into(),
+            )),
+        }
+    }
+
+    /// The activation as a burn tensor on `device` (a copy where it is in our kernels'
+    /// layout).
+    fn materialise(self, device: &Device) -> Act {
+        match self {
+            Act::Grid(g) => Act::Image(Tensor::<4>::from_data(
+                TensorData::new(g.planes(), g.dims()),
+                device,
+            )),
+            other => other,
         }
     }
 
@@ -75,6 +95,9 @@ impl Act {
             Act::Image(t) => Ok(t),
             Act::Flat(_) => Err(TrainError::Model(format!(
                 "layer {layer} needs an image input"
+            ))),
+            Act::Grid(_) => Err(TrainError::Backend(format!(
+                "layer {layer}: an activation in our kernels' layout reached a burn op"
             ))),
         }
     }
@@ -304,7 +327,7 @@ impl BurnEngine {
                 out_features,
                 relu: with_relu,
             } => {
-                let x = input.into_flat();
+                let x = input.into_flat()?;
                 let w = params[0].clone().reshape([in_features, out_features]);
                 let y = linear(x, w, Some(params[1].clone()));
                 Ok(Act::Flat(if with_relu { relu(y) } else { y }))
@@ -367,10 +390,11 @@ impl BurnEngine {
     /// convolution without pool, or a basic block; never the last layer (whose output feeds
     /// the loss).
     fn our_kernel(&self, layer: usize, input: &Act) -> Result<Option<Kernel>> {
-        let Act::Image(x) = input else {
-            return Ok(None);
+        let dims = match input {
+            Act::Image(x) => x.dims(),
+            Act::Grid(g) => g.dims(),
+            Act::Flat(_) => return Ok(None),
         };
-        let dims = x.dims();
         let [batch, channels, height, width] = dims;
         let expected = match self.spec.layers[layer].op {
             LayerOp::Conv { in_channels, .. } | LayerOp::BasicBlock { in_channels, .. } => {
@@ -444,15 +468,25 @@ impl BurnEngine {
         device: &Device,
         train: bool,
     ) -> Result<(Act, Option<Saved>)> {
-        let x = host_values(input.into_image(&self.spec.layers[layer].name)?)?;
+        let name = self.spec.layers[layer].name.clone();
         let params = self.layer_params(layer)?;
         let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
-        let (out, dims, saved) = match kernel {
+        match kernel {
             Kernel::Conv(shape) => {
+                let x = host_values(input.materialise(device).into_image(&name)?)?;
                 let (out, saved) = conv_block::forward(shape, &x, views[0], views[1], train);
-                (out, shape.output_dims(), saved.map(Saved::Conv))
+                let dims = shape.output_dims();
+                let out = Tensor::<4>::from_data(TensorData::new(out, dims), device);
+                Ok((Act::Image(out), saved.map(Saved::Conv)))
             }
             Kernel::Residual(shape) => {
+                let x = match input {
+                    Act::Grid(g) => g,
+                    other => {
+                        let x = host_values(other.into_image(&name)?)?;
+                        GridImages::of_planes(shape.input_dims(), &x)
+                    }
+                };
                 let stats = &self.bn[layer];
                 let running: Vec<Running> = stats
                     .iter()
@@ -467,15 +501,9 @@ impl BurnEngine {
                 for (stats, batch) in self.bn[layer].iter_mut().zip(&fwd.stats) {
                     stats.update(&batch.mean, &batch.var, n);
                 }
-                (
-                    fwd.output,
-                    shape.output_dims(),
-                    fwd.saved.map(Saved::Residual),
-                )
+                Ok((Act::Grid(fwd.output), fwd.saved.map(Saved::Residual)))
             }
-        };
-        let out = Tensor::<4>::from_data(TensorData::new(out, dims), device);
-        Ok((Act::Image(out), saved))
+        }
     }
 
     /// The values of layer `layer`'s parameters.
@@ -494,33 +522,33 @@ impl BurnEngine {
         saved: &Saved,
         output_grad: Act,
     ) -> Result<(LayerGrads, Option<Act>)> {
-        let g = match output_grad {
-            Act::Image(g) => host_values(g)?,
-            Act::Flat(g) => host_values(g)?,
-        };
         let params = self.layer_params(layer)?;
         let need_input = layer > 0;
-        let (grads, input, dims) = match saved {
+        let (grads, input) = match saved {
             Saved::Conv(saved) => {
+                let g = match output_grad {
+                    Act::Image(g) => host_values(g)?,
+                    Act::Flat(g) => host_values(g)?,
+                    Act::Grid(g) => g.planes(),
+                };
                 let grads = conv_block::backward(saved, &params[0], &g, need_input);
-                (
-                    vec![grads.weight, grads.bias],
-                    grads.input,
-                    saved.input_dims(),
-                )
+                let input = grads.input.map(|gx| {
+                    let data = TensorData::new(gx, saved.input_dims());
+                    Act::Image(Tensor::<4>::from_data(data, &self.inner_device))
+                });
+                (vec![grads.weight, grads.bias], input)
             }
             Saved::Residual(saved) => {
+                let g = match output_grad {
+                    Act::Grid(g) => g,
+                    Act::Image(g) => GridImages::of_planes(saved.output_dims(), &host_values(g)?),
+                    Act::Flat(g) => GridImages::of_planes(saved.output_dims(), &host_values(g)?),
+                };
                 let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
-                let grads = residual::backward(saved, &views, &g, need_input);
-                (grads.params, grads.input, saved.input_dims())
+                let grads = residual::backward(saved, &views, g, need_input);
+                (grads.params, grads.input.map(Act::Grid))
             }
         };
-        let input = input.map(|gx| {
-            Act::Image(Tensor::<4>::from_data(
-                TensorData::new(gx, dims),
-                &self.inner_device,
-            ))
-        });
         let keys = self.layer_keys[layer].clone();
         let grads = LayerGrads {
             grads: keys
@@ -675,7 +703,7 @@ impl LayerwiseEngine for BurnEngine {
         }
         pass.saved.push(None);
         let input = if layer > 0 && self.mode == BackwardMode::Segmented {
-            let leaf = input.detach_leaf();
+            let leaf = input.materialise(&self.device).detach_leaf();
             pass.inputs.push(Some(leaf.clone()));
             leaf
         } else {
@@ -706,7 +734,8 @@ impl LayerwiseEngine for BurnEngine {
             .next_input
             .take()
             .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?
-            .into_flat();
+            .materialise(&self.device)
+            .into_flat()?;
         let (loss, correct) = self.loss_and_accuracy(logits, &pass.labels)?;
         let out = StepOutput {
             loss: scalar(loss.clone())?,
@@ -755,6 +784,7 @@ impl LayerwiseEngine for BurnEngine {
                             g_up = g_input;
                             continue;
                         }
+                        let g = g.materialise(&self.inner_device);
                         pass.outputs[layer].clone().weighted_sum(g)?.backward()
                     };
                     let layer_grads = self.param_grads(layer, &grads)?;
@@ -811,9 +841,13 @@ impl LayerwiseEngine for BurnEngine {
                 .iter()
                 .map(|p| p.clone().inner())
                 .collect();
-            act = self.apply(layer, act, &params, Mode::Eval)?;
+            let input = act.materialise(&self.inner_device);
+            act = self.apply(layer, input, &params, Mode::Eval)?;
         }
-        let (loss, correct) = self.loss_and_accuracy(act.into_flat(), &batch.labels)?;
+        let (loss, correct) = self.loss_and_accuracy(
+            act.materialise(&self.inner_device).into_flat()?,
+            &batch.labels,
+        )?;
         Ok(StepOutput {
             loss: scalar(loss)?,
             correct,

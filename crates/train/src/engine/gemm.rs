@@ -3,8 +3,6 @@
 
 use gemm::Parallelism;
 
-use super::unfold::{col2im_add, Unfold};
-
 /// A row-major matrix operand, or the transpose of one.
 pub(crate) struct Operand<'a> {
     data: &'a [f32],
@@ -28,6 +26,16 @@ impl<'a> Operand<'a> {
             data,
             row_stride: 1,
             col_stride: cols as isize,
+        }
+    }
+
+    /// `data` read as a matrix whose element `(i, j)` is `data[i * row_stride + j *
+    /// col_stride]` (rows may overlap: a convolution's patches read in place).
+    pub(crate) fn strided(data: &'a [f32], row_stride: usize, col_stride: usize) -> Self {
+        Self {
+            data,
+            row_stride: row_stride as isize,
+            col_stride: col_stride as isize,
         }
     }
 
@@ -98,127 +106,16 @@ pub(crate) fn product(m: usize, n: usize, k: usize, lhs: Operand, rhs: Operand, 
     matmul(m, n, k, dst, n, false, lhs, rhs, false);
 }
 
-/// The three products of a convolution run as a GEMM over its column matrix
-/// `cols[rows, columns]` (see `unfold`), with a weight `[out_channels, rows]`, whole or a
-/// range of columns at a time (the output's and its gradient's `[O, columns]` buffers are
-/// whole; the column matrix holds only the range's columns).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ConvGemm {
-    /// Output channels.
-    pub out_channels: usize,
-    /// Rows of the column matrix (input channels x kernel taps).
-    pub rows: usize,
-    /// Columns of the column matrix (samples x output positions).
-    pub columns: usize,
-    /// Whether one product may use every thread (false where the caller already runs
-    /// products side by side, one per thread).
-    pub parallel: bool,
-}
-
-impl ConvGemm {
-    /// The output `Y[O, columns] = W x cols`.
-    pub fn forward(&self, weight: &[f32], cols: &[f32]) -> Vec<f32> {
-        let mut y = vec![0f32; self.out_channels * self.columns];
-        self.forward_columns(weight, cols, &mut y, 0);
-        y
-    }
-
-    /// Writes the output's columns `first..` from the range's column matrix `cols`.
-    pub fn forward_columns(&self, weight: &[f32], cols: &[f32], y: &mut [f32], first: usize) {
-        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let width = cols.len() / rows;
-        let lhs = Operand::rows(weight, rows);
-        matmul(
-            o,
-            width,
-            rows,
-            &mut y[first..],
-            n,
-            false,
-            lhs,
-            Operand::rows(cols, width),
-            self.parallel,
-        );
-    }
-
-    /// The part of the weight's gradient that the columns `first..` of the range's `cols`
-    /// give, as a weight-shaped matrix of its own. Computed as its transpose
-    /// `cols x gY^T`, whose long operand is the left one: 1.2x faster for ResNet-20's
-    /// backward pass than `gY x cols^T` (the right operand's packing dominated).
-    pub fn weight_grad_part(&self, gy: &[f32], cols: &[f32], first: usize) -> Vec<f32> {
-        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let width = cols.len() / rows;
-        // dW^T[rows, O] = cols x gY^T: the long operand as the left one.
-        let mut dwt = vec![0f32; rows * o];
-        let rhs = Operand {
-            data: &gy[first..],
-            row_stride: 1,
-            col_stride: n as isize,
-        };
-        matmul(
-            rows,
-            o,
-            width,
-            &mut dwt,
-            o,
-            false,
-            Operand::rows(cols, width),
-            rhs,
-            self.parallel,
-        );
-        let mut dw = vec![0f32; o * rows];
-        for (r, row) in dwt.chunks_exact(o).enumerate() {
-            for (oi, v) in row.iter().enumerate() {
-                dw[oi * rows + r] = *v;
-            }
-        }
-        dw
-    }
-
-    /// The input's gradient for the unfolding `u`, given the output's `gy[O, columns]`:
-    /// the column matrix's gradient `W^T x gY`, a part of the batch at a time
-    /// ([`Unfold::chunks`]) into one buffer that stays in cache, each part folded back onto
-    /// the input (col2im) at once.
-    pub fn input_grad(&self, u: &Unfold, weight: &[f32], gy: &[f32]) -> Vec<f32> {
-        let (oh, ow) = u.out_hw();
-        let mut dx = vec![0f32; u.input_len()];
-        let mut dcols = vec![0f32; u.chunk_len()];
-        for samples in u.chunks() {
-            let width = samples.len() * oh * ow;
-            let dcols = &mut dcols[..self.rows * width];
-            self.cols_grad_columns(weight, gy, samples.start * oh * ow, width, dcols);
-            col2im_add(u, dcols, samples, &mut dx);
-        }
-        dx
-    }
-
-    /// Writes into `dcols` the gradient of the range's column matrix, columns
-    /// `first..first + width` (every element of `dcols` is written).
-    pub fn cols_grad_columns(
-        &self,
-        weight: &[f32],
-        gy: &[f32],
-        first: usize,
-        width: usize,
-        dcols: &mut [f32],
-    ) {
-        let (o, rows, n) = (self.out_channels, self.rows, self.columns);
-        let rhs = Operand {
-            data: &gy[first..],
-            row_stride: n as isize,
-            col_stride: 1,
-        };
-        let lhs = Operand::columns(weight, rows);
-        matmul(
-            rows,
-            width,
-            o,
-            &mut dcols[..rows * width],
-            width,
-            false,
-            lhs,
-            rhs,
-            self.parallel,
-        );
-    }
+/// `dst[m, n] = lhs[m, k] x rhs[k, n]`, or `dst += lhs x rhs` with `accumulate`, into the
+/// row-major `dst` with `dst_stride` values between its rows, on the calling thread.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product_into(
+    (m, n, k): (usize, usize, usize),
+    lhs: Operand,
+    rhs: Operand,
+    dst: &mut [f32],
+    dst_stride: usize,
+    accumulate: bool,
+) {
+    matmul(m, n, k, dst, dst_stride, accumulate, lhs, rhs, false);
 }

@@ -13,9 +13,11 @@ mod burn_engine;
 pub mod conv_block;
 mod flat;
 mod gemm;
+mod grid;
+mod grid_conv;
+mod pool;
 mod profile_engine;
 pub mod residual;
-mod unfold;
 
 /// Runs `f` on a pool of `threads` threads (tests of thread-count independence).
 #[cfg(test)]

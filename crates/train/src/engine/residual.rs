@@ -3,145 +3,21 @@
 //! et al.'s basic block (two 3x3 convolutions with batch norm, the first possibly strided,
 //! and an option-A shortcut: the input subsampled and zero-padded to the new channels).
 //!
-//! Between layers images are `[B, C, H, W]`; inside a layer they stay channel-major
-//! `[C, B, H, W]`, the layout in which a convolution's GEMM `W x cols` leaves them and in
-//! which batch norm reads each channel as one run. Every sum runs in a fixed order, so
-//! results do not depend on the thread count.
-
-use std::ops::Range;
-use std::sync::Mutex;
+//! Between layers images are `[B, C, H, W]`; inside a layer they stay in the padded
+//! channels-last layout of [`Grid`], where convolutions read their patches in place
+//! ([`GridConv`]) and batch norm, ReLU and the shortcut work pixel by pixel over every
+//! channel. Every sum runs in a fixed order, so results do not depend on the thread count.
 
 pub use super::batch_norm::Running;
-use super::batch_norm::{self, BatchStats, BnSaved};
-use super::gemm::ConvGemm;
+use super::batch_norm::{self, BatchStats, BnSaved, Then};
+use super::grid::Grid;
+pub use super::grid::GridImages;
+pub use super::grid_conv::GridConv;
+use super::pool;
 use rayon::prelude::*;
 
-use super::unfold::{im2col_into, Layout, Unfold};
-
 /// One convolution without bias followed by batch norm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvBn {
-    /// The convolution's input geometry, kernel, stride, padding and input layout.
-    pub unfold: Unfold,
-    /// Output channels.
-    pub out_channels: usize,
-}
-
-impl ConvBn {
-    /// Output positions per sample.
-    fn plane(&self) -> usize {
-        let (h, w) = self.unfold.out_hw();
-        h * w
-    }
-
-    /// The ranges of samples unfolded at a time ([`Unfold::chunks`]).
-    fn chunks(&self) -> impl Iterator<Item = Range<usize>> {
-        self.unfold.chunks()
-    }
-
-    /// Values in the largest part of the column matrix.
-    fn chunk_len(&self) -> usize {
-        self.unfold.chunk_len()
-    }
-
-    /// The convolution as GEMMs; `parallel`: whether one product may use every thread.
-    fn gemm(&self, parallel: bool) -> ConvGemm {
-        ConvGemm {
-            out_channels: self.out_channels,
-            rows: self.unfold.rows(),
-            columns: self.unfold.columns(),
-            parallel,
-        }
-    }
-
-    /// Runs `f(samples, cols)` on every part of the batch ([`ConvBn::chunks`]) with that
-    /// part of `x` unfolded, the parts side by side on the threads (each unfolding into a
-    /// column matrix of its own, each product on one thread: small products do not split
-    /// well), and returns the results in the parts' order, so that what the caller sums
-    /// from them does not depend on the thread count.
-    fn per_chunk<T: Send>(
-        &self,
-        x: &[f32],
-        f: impl Fn(Range<usize>, &[f32]) -> T + Sync,
-    ) -> Vec<T> {
-        let chunks: Vec<Range<usize>> = self.chunks().collect();
-        chunks
-            .into_par_iter()
-            .map(|samples| {
-                let mut buffer = take_buffer(self.chunk_len());
-                let cols = &mut buffer[..self.unfold.rows() * samples.len() * self.plane()];
-                im2col_into(&self.unfold, x, samples.clone(), cols);
-                let out = f(samples, cols);
-                give_back(buffer);
-                out
-            })
-            .collect()
-    }
-
-    /// The convolution's output `[O, B*OH*OW]` (channel-major) of input `x`, the batch's
-    /// parts computed side by side.
-    fn convolve(&self, weight: &[f32], x: &[f32]) -> Vec<f32> {
-        let gemm = self.gemm(false);
-        let parts = self.per_chunk(x, |samples, cols| {
-            let part = ConvGemm {
-                columns: samples.len() * self.plane(),
-                ..gemm
-            };
-            part.forward(weight, cols)
-        });
-        // The parts are consecutive columns: each output row is their rows in turn, so
-        // the output is written in order and never zeroed.
-        let mut y = Vec::with_capacity(self.out_channels * gemm.columns);
-        for o in 0..self.out_channels {
-            for part in &parts {
-                let width = part.len() / self.out_channels;
-                y.extend_from_slice(&part[o * width..][..width]);
-            }
-        }
-        y
-    }
-
-    /// Values in the weight `[O, C, K, K]`.
-    pub fn weight_len(&self) -> usize {
-        self.out_channels * self.unfold.rows()
-    }
-
-    /// For a stride-1 convolution whose output keeps the input's size: the convolution
-    /// that carries its output's gradient (`[O, B, H, W]`, channel-major) back to its input
-    /// (see [`transposed_input_grad`]); `None` for other convolutions.
-    fn transposed(&self) -> Option<ConvBn> {
-        let u = &self.unfold;
-        (u.stride == 1 && 2 * u.padding + 1 == u.kernel).then_some(ConvBn {
-            unfold: Unfold {
-                channels: self.out_channels,
-                layout: Layout::ChannelMajor,
-                ..*u
-            },
-            out_channels: u.channels,
-        })
-    }
-}
-
-/// Column-matrix buffers kept between calls: a fresh one for every part of every
-/// convolution was zeroed each time.
-static BUFFERS: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
-
-/// A buffer of at least `len` values (contents unspecified: every user overwrites it).
-fn take_buffer(len: usize) -> Vec<f32> {
-    let kept = BUFFERS.lock().ok().and_then(|mut b| b.pop());
-    let mut buffer = kept.unwrap_or_default();
-    if buffer.len() < len {
-        buffer.resize(len, 0.0);
-    }
-    buffer
-}
-
-/// Returns a buffer from [`take_buffer`] for reuse.
-fn give_back(buffer: Vec<f32>) {
-    if let Ok(mut kept) = BUFFERS.lock() {
-        kept.push(buffer);
-    }
-}
+pub type ConvBn = GridConv;
 
 /// A layer these kernels run, with the geometry of its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +28,7 @@ pub enum ResidualShape {
     Basic {
         /// The first convolution (3x3, padding 1, the block's stride), on the input.
         first: ConvBn,
-        /// The second (3x3, stride 1, padding 1), on the first's channel-major output.
+        /// The second (3x3, stride 1, padding 1), on the first's output.
         second: ConvBn,
     },
 }
@@ -168,63 +44,49 @@ impl ResidualShape {
     ) -> Self {
         let [batch, channels, height, width] = input;
         Self::Stem(ConvBn {
-            unfold: Unfold {
+            input: Grid {
                 batch,
-                channels,
                 height,
                 width,
-                kernel,
-                stride,
-                padding,
-                layout: Layout::SampleMajor,
+                channels,
             },
             out_channels,
+            kernel,
+            stride,
+            padding,
         })
     }
 
     /// A basic block with `out_channels` and `stride` on `[B, C, H, W]` inputs.
     pub fn basic(input: [usize; 4], out_channels: usize, stride: usize) -> Self {
         let [batch, channels, height, width] = input;
-        let first = Unfold {
-            batch,
-            channels,
-            height,
-            width,
+        let first = ConvBn {
+            input: Grid {
+                batch,
+                height,
+                width,
+                channels,
+            },
+            out_channels,
             kernel: 3,
             stride,
             padding: 1,
-            layout: Layout::SampleMajor,
         };
-        let (h, w) = first.out_hw();
-        let second = Unfold {
-            channels: out_channels,
-            height: h,
-            width: w,
+        let second = ConvBn {
+            input: first.output(),
             stride: 1,
-            layout: Layout::ChannelMajor,
             ..first
         };
-        Self::Basic {
-            first: ConvBn {
-                unfold: first,
-                out_channels,
-            },
-            second: ConvBn {
-                unfold: second,
-                out_channels,
-            },
-        }
+        Self::Basic { first, second }
     }
 
-    /// Whether the kernels can run this layer: non-empty, the kernels fit, and a block's
-    /// shortcut can pad its input's channels up to its output's.
+    /// Whether the kernels can run this layer: non-empty, the kernels fit, padding at most
+    /// 1, and a block's shortcut can pad its input's channels up to its output's.
     pub fn is_valid(&self) -> bool {
         match self {
-            Self::Stem(c) => c.unfold.is_valid() && c.out_channels > 0,
+            Self::Stem(c) => c.is_valid(),
             Self::Basic { first, second } => {
-                first.unfold.is_valid()
-                    && second.unfold.is_valid()
-                    && first.out_channels >= first.unfold.channels
+                first.is_valid() && second.is_valid() && first.out_channels >= first.input.channels
             }
         }
     }
@@ -237,6 +99,11 @@ impl ResidualShape {
         }
     }
 
+    /// The first convolution (whose input is the layer's).
+    fn first(&self) -> ConvBn {
+        self.convs()[0]
+    }
+
     /// The last convolution (whose output is the layer's).
     fn last(&self) -> ConvBn {
         match *self {
@@ -245,11 +112,15 @@ impl ResidualShape {
         }
     }
 
+    /// Dimensions `[B, C, H, W]` of the layer's input.
+    pub fn input_dims(&self) -> [usize; 4] {
+        self.first().input.dims()
+    }
+
     /// Dimensions `[B, O, H', W']` of the layer's output.
     pub fn output_dims(&self) -> [usize; 4] {
-        let c = self.last();
-        let (h, w) = c.unfold.out_hw();
-        [c.unfold.batch, c.out_channels, h, w]
+        let g = self.last().output();
+        [g.batch, g.channels, g.height, g.width]
     }
 
     /// Parameter tensors the layer takes (weight, gamma, beta per convolution).
@@ -261,36 +132,46 @@ impl ResidualShape {
 /// What a training forward pass keeps for the backward pass.
 pub struct ResidualSaved {
     shape: ResidualShape,
-    /// The layer's input (the first convolution unfolds it again in backward).
-    input: Vec<f32>,
+    /// The layer's input.
+    input: GridImages,
     /// Per convolution, its batch norm's normalised values.
     norms: Vec<BnSaved>,
-    /// A block's hidden activation after its ReLU (channel-major; the second convolution's
-    /// input).
+    /// A block's hidden activation after its ReLU (the second convolution's input).
     hidden: Vec<f32>,
-    /// The layer's output after its ReLU (channel-major).
-    output: Vec<f32>,
+    /// The layer's output after its ReLU.
+    output: GridImages,
+}
+
+impl Drop for ResidualSaved {
+    /// Gives the hidden activation back to the pool.
+    fn drop(&mut self) {
+        pool::give_back(std::mem::take(&mut self.hidden));
+    }
 }
 
 impl ResidualSaved {
     /// Dimensions `[B, C, H, W]` of the layer's input.
     pub fn input_dims(&self) -> [usize; 4] {
-        let u = self.shape.convs()[0].unfold;
-        [u.batch, u.channels, u.height, u.width]
+        self.shape.input_dims()
+    }
+
+    /// Dimensions `[B, O, H', W']` of the layer's output.
+    pub fn output_dims(&self) -> [usize; 4] {
+        self.shape.output_dims()
     }
 }
 
 /// The result of a forward pass.
 pub struct Forward {
-    /// The output, `[B, O, H', W']`.
-    pub output: Vec<f32>,
+    /// The output.
+    pub output: GridImages,
     /// What backward needs (training only).
     pub saved: Option<ResidualSaved>,
     /// Each batch norm's batch statistics (training only), for the running estimates.
     pub stats: Vec<BatchStats>,
 }
 
-/// Runs the layer on `input` (`[B, C, H, W]`) with its parameters in order: in training
+/// Runs the layer on `input` with its parameters in order: in training
 /// mode (`running` none: batch statistics, keeps what backward needs) or in inference mode
 /// with each batch norm's running statistics.
 ///
@@ -298,17 +179,19 @@ pub struct Forward {
 /// When a buffer's length does not match the shape (a caller's bug, not an input error).
 pub fn forward(
     shape: &ResidualShape,
-    input: &[f32],
+    input: &GridImages,
     params: &[&[f32]],
     running: Option<&[Running]>,
 ) -> Forward {
     assert!(shape.is_valid(), "invalid residual layer {shape:?}");
     assert_eq!(params.len(), shape.param_count(), "parameters of {shape:?}");
+    assert_eq!(input.grid, shape.first().input, "input of {shape:?}");
+    let x = &input.values;
     let mut norms = Vec::new();
     let mut stats = Vec::new();
-    let mut conv = |i: usize, c: &ConvBn, x: &[f32], relu: bool| {
+    let mut conv = |i: usize, c: &ConvBn, x: &[f32], then: Then| {
         let params = &params[3 * i..3 * i + 3];
-        let (y, kept) = conv_bn(c, x, params, running.map(|r| r[i]), relu);
+        let (y, kept) = conv_bn(c, x, params, running.map(|r| r[i]), then);
         if let Some((bn, batch)) = kept {
             norms.push(bn);
             stats.push(batch);
@@ -317,25 +200,33 @@ pub fn forward(
     };
     let (hidden, output) = match shape {
         ResidualShape::Stem(c) => {
-            let y = conv(0, c, input, true);
+            let y = conv(0, c, x, RELU);
             (Vec::new(), y)
         }
         ResidualShape::Basic { first, second } => {
-            let hidden = conv(0, first, input, true);
-            let mut y = conv(1, second, &hidden, false);
-            add_shortcut(first, second, input, &mut y);
-            relu(&mut y);
+            let hidden = conv(0, first, x, RELU);
+            let y = if identity(first) {
+                let then = Then {
+                    residual: Some(x),
+                    relu: true,
+                };
+                conv(1, second, &hidden, then)
+            } else {
+                let mut y = conv(1, second, &hidden, Then::default());
+                add_shortcut(first, x, &mut y);
+                relu(&mut y);
+                y
+            };
             (hidden, y)
         }
     };
-    let [b, o, h, w] = shape.output_dims();
-    let out = swap_outer(&output, o, b, h * w);
+    let out = GridImages::new(shape.last().output(), output);
     let saved = running.is_none().then(|| ResidualSaved {
         shape: *shape,
-        input: input.to_vec(),
+        input: input.clone(),
         norms,
         hidden,
-        output,
+        output: out.clone(),
     });
     Forward {
         output: out,
@@ -348,12 +239,12 @@ pub fn forward(
 pub struct ResidualGrads {
     /// Per parameter tensor, in the layer's order.
     pub params: Vec<Vec<f32>>,
-    /// Of the input, `[B, C, H, W]`, when asked for.
-    pub input: Option<Vec<f32>>,
+    /// Of the input, when asked for.
+    pub input: Option<GridImages>,
 }
 
 /// The gradients of the layer whose training forward left `saved`, given its output's
-/// gradient (`[B, O, H', W']`) and the parameters it ran with; the input's gradient only
+/// gradient and the parameters it ran with; the input's gradient only
 /// with `need_input`.
 ///
 /// # Panics
@@ -361,67 +252,77 @@ pub struct ResidualGrads {
 pub fn backward(
     saved: &ResidualSaved,
     params: &[&[f32]],
-    output_grad: &[f32],
+    output_grad: GridImages,
     need_input: bool,
 ) -> ResidualGrads {
     let shape = &saved.shape;
-    let [b, o, h, w] = shape.output_dims();
-    assert_eq!(output_grad.len(), saved.output.len(), "output gradient");
+    assert_eq!(output_grad.grid, shape.last().output(), "output gradient");
     assert_eq!(params.len(), shape.param_count(), "parameters");
-    let mut g = swap_outer(output_grad, b, o, h * w);
-    relu_backward(&saved.output, &mut g);
-    match *shape {
+    let mut g = output_grad.into_values();
+    relu_backward(&saved.output.values, &mut g);
+    let (params, input) = match *shape {
         ResidualShape::Stem(c) => {
-            let grads = conv_bn_backward(&c, &saved.input, &saved.norms[0], params, &g, need_input);
-            ResidualGrads {
-                params: vec![grads.weight, grads.gamma, grads.beta],
-                input: grads.input,
-            }
+            let grads = conv_bn_backward(
+                &c,
+                &saved.input.values,
+                &saved.norms[0],
+                params,
+                &g,
+                need_input,
+            );
+            (vec![grads.weight, grads.gamma, grads.beta], grads.input)
         }
         ResidualShape::Basic { first, second } => {
-            let shortcut = need_input.then(|| shortcut_backward(&first, &second, &g));
             let p2 = &params[3..6];
             let second = conv_bn_backward(&second, &saved.hidden, &saved.norms[1], p2, &g, true);
             let mut hidden = second.input.unwrap_or_default();
             relu_backward(&saved.hidden, &mut hidden);
-            let first = conv_bn_backward(
-                &first,
-                &saved.input,
-                &saved.norms[0],
-                params,
-                &hidden,
-                need_input,
-            );
-            let input = first.input.zip(shortcut).map(|(mut dx, s)| {
-                dx.iter_mut().zip(s).for_each(|(d, s)| *d += s);
+            let x = &saved.input.values;
+            let first = conv_bn_backward(&first, x, &saved.norms[0], params, &hidden, need_input);
+            let input = first.input.map(|mut dx| {
+                shortcut_backward(&shape.first(), &g, &mut dx);
                 dx
             });
-            ResidualGrads {
-                params: vec![
-                    first.weight,
-                    first.gamma,
-                    first.beta,
-                    second.weight,
-                    second.gamma,
-                    second.beta,
-                ],
-                input,
-            }
+            pool::give_back(hidden);
+            let grads = vec![
+                first.weight,
+                first.gamma,
+                first.beta,
+                second.weight,
+                second.gamma,
+                second.beta,
+            ];
+            (grads, input)
         }
+    };
+    pool::give_back(g);
+    ResidualGrads {
+        params,
+        input: input.map(|dx| GridImages::new(shape.first().input, dx)),
     }
 }
 
-/// Convolution then batch norm (then ReLU with `relu`, in batch norm's pass): the output
-/// `[O, B*OH*OW]` (channel-major) and, in training mode, the batch norm's saved values and
-/// batch statistics. The input is unfolded a few
-/// samples at a time, so that each part of the column matrix is still in cache when the
-/// GEMM reads it.
+/// Batch norm's epilogue of the stem and of a block's first convolution.
+const RELU: Then = Then {
+    residual: None,
+    relu: true,
+};
+
+/// Whether the block's shortcut is its input as it is (stride 1, as many channels out as
+/// in): then batch norm adds it in its own pass.
+fn identity(first: &ConvBn) -> bool {
+    first.stride == 1 && first.out_channels == first.input.channels
+}
+
+/// Convolution then batch norm (then what `then` says, in batch norm's pass): the output
+/// (grid layout, zero at the pads) and, in training mode, the batch norm's saved values
+/// and batch statistics.
 fn conv_bn(
     c: &ConvBn,
     x: &[f32],
     params: &[&[f32]],
     running: Option<Running>,
-    relu: bool,
+    then: Then,
 ) -> (Vec<f32>, Option<(BnSaved, BatchStats)>) {
     let (weight, gamma, beta) = (params[0], params[1], params[2]);
     assert_eq!(weight.len(), c.weight_len(), "weight of {c:?}");
@@ -429,14 +330,15 @@ fn conv_bn(
         gamma.len() == c.out_channels && beta.len() == c.out_channels,
         "batch norm of {c:?}"
     );
-    let mut z = c.convolve(weight, x);
+    let z = c.forward(weight, x);
+    let grid = c.output();
     match running {
-        Some(r) => {
-            batch_norm::forward_eval(&mut z, gamma, beta, r, relu);
-            (z, None)
-        }
+        Some(r) => (
+            batch_norm::forward_eval(&grid, z, gamma, beta, r, then),
+            None,
+        ),
         None => {
-            let (y, bn, stats) = batch_norm::forward_train(&z, gamma, beta, relu);
+            let (y, bn, stats) = batch_norm::forward_train(&grid, z, gamma, beta, then);
             (y, Some((bn, stats)))
         }
     }
@@ -447,13 +349,12 @@ struct ConvBnGrads {
     weight: Vec<f32>,
     gamma: Vec<f32>,
     beta: Vec<f32>,
-    /// In the convolution's input layout, when asked for.
+    /// In the grid layout, when asked for.
     input: Option<Vec<f32>>,
 }
 
 /// Backward of [`conv_bn`] on input `x` given the gradient `g` of its output and its
-/// parameters (weight, gamma, beta first in `params`). The input is unfolded again, a few
-/// samples at a time, as in the forward pass.
+/// parameters (weight, gamma, beta first in `params`).
 fn conv_bn_backward(
     c: &ConvBn,
     x: &[f32],
@@ -463,133 +364,85 @@ fn conv_bn_backward(
     need_input: bool,
 ) -> ConvBnGrads {
     let (weight, gamma) = (params[0], params[1]);
-    let grads = batch_norm::backward(bn, gamma, g);
-    let dz = &grads.input;
-    let gemm = c.gemm(false);
-    let partial_weight_grads = c.per_chunk(x, |samples, cols| {
-        gemm.weight_grad_part(dz, cols, samples.start * c.plane())
-    });
-    let mut dw = vec![0f32; c.weight_len()];
-    for part in partial_weight_grads {
-        dw.iter_mut().zip(part).for_each(|(d, p)| *d += p);
-    }
-    let dx = need_input.then(|| match c.transposed() {
-        Some(t) => transposed_input_grad(c, &t, weight, dz),
-        None => c.gemm(true).input_grad(&c.unfold, weight, dz),
-    });
-    ConvBnGrads {
-        weight: dw,
+    let grads = batch_norm::backward(&c.output(), bn, gamma, g);
+    let dz = grads.input;
+    let conv_grads = ConvBnGrads {
+        weight: c.weight_grad(x, &dz),
         gamma: grads.gamma,
         beta: grads.beta,
-        input: dx,
-    }
+        input: need_input.then(|| c.input_grad(weight, &dz)),
+    };
+    pool::give_back(dz);
+    conv_grads
 }
 
-/// The input's gradient of a stride-1 convolution that keeps the image's size, given its
-/// output's gradient `dz` (`[O, B, H, W]`): the convolution of `dz` with the kernel
-/// transposed (input and output channels swapped) and flipped, run as the forward is (one
-/// GEMM with a deep inner dimension per part of the batch) instead of a shallow GEMM into
-/// a column matrix that col2im folds back. `t` is [`ConvBn::transposed`]'s convolution.
-fn transposed_input_grad(c: &ConvBn, t: &ConvBn, weight: &[f32], dz: &[f32]) -> Vec<f32> {
-    let (o, ch, k) = (c.out_channels, c.unfold.channels, c.unfold.kernel);
-    let taps = k * k;
-    let mut flipped = vec![0f32; weight.len()];
-    for oi in 0..o {
-        for ci in 0..ch {
-            let src = &weight[(oi * ch + ci) * taps..][..taps];
-            let dst = &mut flipped[(ci * o + oi) * taps..][..taps];
-            dst.iter_mut()
-                .zip(src.iter().rev())
-                .for_each(|(d, s)| *d = *s);
-        }
-    }
-    let dx = t.convolve(&flipped, dz);
-    match c.unfold.layout {
-        Layout::ChannelMajor => dx,
-        Layout::SampleMajor => {
-            let u = &c.unfold;
-            swap_outer(&dx, ch, u.batch, u.height * u.width)
-        }
-    }
-}
-
-/// Adds the option-A shortcut of the block's input `x` (`[B, C, H, W]`) to `y`
-/// (`[O, B, OH, OW]`): `x` subsampled by the stride, its channels centred among the
-/// output's (`(O - C) / 2` zero channels before them).
-fn add_shortcut(first: &ConvBn, second: &ConvBn, x: &[f32], y: &mut [f32]) {
-    let stride = first.unfold.stride;
-    for_each_shortcut_row(first, second, |src, dst, len| {
-        let out = &mut y[dst..][..len];
-        if stride == 1 {
-            out.iter_mut()
-                .zip(&x[src..][..len])
-                .for_each(|(o, v)| *o += v);
-        } else {
-            let line = x[src..].iter().step_by(stride);
-            out.iter_mut().zip(line).for_each(|(o, v)| *o += v);
+/// Adds the option-A shortcut of the block's input `x` to `y` (both grids): `x`
+/// subsampled by the stride, its channels centred among the output's (`(O - C) / 2` zero
+/// channels before them). Samples in parallel.
+fn add_shortcut(first: &ConvBn, x: &[f32], y: &mut [f32]) {
+    let (inp, out) = (first.input, first.output());
+    let c = inp.channels;
+    out.samples_mut(y).zip(inp.samples(x)).for_each(|(y, x)| {
+        for (src, dst) in shortcut_pixels(first) {
+            let add = y[dst..][..c].iter_mut().zip(&x[src..][..c]);
+            add.for_each(|(o, v)| *o += v);
         }
     });
 }
 
-/// The input's gradient through the shortcut, `[B, C, H, W]`, from the output's `g`.
-fn shortcut_backward(first: &ConvBn, second: &ConvBn, g: &[f32]) -> Vec<f32> {
-    let mut dx = vec![0f32; first.unfold.input_len()];
-    let stride = first.unfold.stride;
-    for_each_shortcut_row(first, second, |src, dst, len| {
-        let from = &g[dst..][..len];
-        if stride == 1 {
-            dx[src..][..len]
-                .iter_mut()
-                .zip(from)
-                .for_each(|(d, v)| *d += v);
-        } else {
-            let line = dx[src..].iter_mut().step_by(stride);
-            line.zip(from).for_each(|(d, v)| *d += v);
+/// Adds the input's gradient through the shortcut, from the output's `g`, to `dx`.
+fn shortcut_backward(first: &ConvBn, g: &[f32], dx: &mut [f32]) {
+    if identity(first) {
+        dx.par_chunks_mut(PASS_CHUNK)
+            .zip(g.par_chunks(PASS_CHUNK))
+            .for_each(|(dx, g)| dx.iter_mut().zip(g).for_each(|(d, v)| *d += v));
+        return;
+    }
+    let (inp, out) = (first.input, first.output());
+    let c = inp.channels;
+    inp.samples_mut(dx).zip(out.samples(g)).for_each(|(dx, g)| {
+        for (src, dst) in shortcut_pixels(first) {
+            let add = dx[src..][..c].iter_mut().zip(&g[dst..][..c]);
+            add.for_each(|(d, v)| *d += v);
         }
     });
-    dx
 }
 
-/// Calls `f(input start, output start, length)` for every output row the shortcut
-/// connects: output values `dst..dst + len` pair with the input's `src + i * stride`.
-fn for_each_shortcut_row(first: &ConvBn, second: &ConvBn, mut f: impl FnMut(usize, usize, usize)) {
-    let u = &first.unfold;
-    let (oh, ow) = (second.unfold.height, second.unfold.width);
-    let before = (first.out_channels - u.channels) / 2;
-    for c in 0..u.channels {
-        for b in 0..u.batch {
-            let src = (b * u.channels + c) * u.height * u.width;
-            let dst = ((c + before) * u.batch + b) * oh * ow;
-            for oy in 0..oh {
-                f(src + oy * u.stride * u.width, dst + oy * ow, ow);
-            }
-        }
-    }
+/// For every output pixel of one sample, the offsets (within the samples' parts, see
+/// [`Grid::samples`]) of the input pixel the shortcut connects it to and of the output's
+/// channel `(O - C) / 2`.
+fn shortcut_pixels(first: &ConvBn) -> impl Iterator<Item = (usize, usize)> {
+    let (inp, out) = (first.input, first.output());
+    let (c, o, s) = (inp.channels, out.channels, first.stride);
+    let before = (o - c) / 2;
+    (0..out.height).flat_map(move |oy| {
+        (0..out.width).map(move |ox| {
+            let src = s * (oy * inp.row() + ox) * c;
+            let dst = (oy * out.row() + ox) * o + before;
+            (src, dst)
+        })
+    })
 }
+
+/// Values per task of the element-wise passes.
+const PASS_CHUNK: usize = 1 << 14;
 
 /// ReLU in place.
 fn relu(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x = x.max(0.0));
+    v.par_chunks_mut(PASS_CHUNK)
+        .for_each(|v| v.iter_mut().for_each(|x| *x = x.max(0.0)));
 }
 
 /// Zeroes the gradient where ReLU's output was zero.
 fn relu_backward(output: &[f32], g: &mut [f32]) {
-    for (g, &y) in g.iter_mut().zip(output) {
-        // A select, not a branch: it vectorises.
-        *g = if y > 0.0 { *g } else { 0.0 };
-    }
-}
-
-/// `[A, B, P]` to `[B, A, P]`: swaps the two outer dimensions of planes of `p` values
-/// (written in the output's order, so nothing is zeroed first).
-fn swap_outer(src: &[f32], a: usize, b: usize, p: usize) -> Vec<f32> {
-    let mut dst = Vec::with_capacity(src.len());
-    for bi in 0..b {
-        for ai in 0..a {
-            dst.extend_from_slice(&src[(ai * b + bi) * p..][..p]);
-        }
-    }
-    dst
+    g.par_chunks_mut(PASS_CHUNK)
+        .zip(output.par_chunks(PASS_CHUNK))
+        .for_each(|(g, output)| {
+            for (g, &y) in g.iter_mut().zip(output) {
+                // A select, not a branch: it vectorises.
+                *g = if y > 0.0 { *g } else { 0.0 };
+            }
+        });
 }
 
 #[cfg(test)]

@@ -10,6 +10,29 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
+/// [`super::forward`] on `[B, C, H, W]` planes, its output as planes.
+fn forward(
+    shape: &ResidualShape,
+    x: &[f32],
+    params: &[&[f32]],
+    running: Option<&[Running]>,
+) -> (Vec<f32>, Forward) {
+    let input = GridImages::of_planes(shape.first().input.dims(), x);
+    let fwd = super::forward(shape, &input, params, running);
+    (fwd.output.planes(), fwd)
+}
+
+/// [`super::backward`] given the output's gradient as planes: the parameters' gradients
+/// and the input's as planes.
+fn backward(saved: &ResidualSaved, params: &[&[f32]], g: &[f32]) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let g = GridImages::of_planes(saved.shape.output_dims(), g);
+    let grads = super::backward(saved, params, g, true);
+    (
+        grads.params,
+        grads.input.map(|i| i.planes()).unwrap_or_default(),
+    )
+}
+
 fn values(n: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
 }
@@ -30,11 +53,10 @@ fn burn_conv_bn(
     p: &[Tensor<1>],
     running: Option<(&[f32], &[f32])>,
 ) -> Tensor<4> {
-    let u = &c.unfold;
     let w = p[0]
         .clone()
-        .reshape([c.out_channels, u.channels, u.kernel, u.kernel]);
-    let options = ConvOptions::new([u.stride; 2], [u.padding; 2], [1, 1], 1);
+        .reshape([c.out_channels, c.input.channels, c.kernel, c.kernel]);
+    let options = ConvOptions::new([c.stride; 2], [c.padding; 2], [1, 1], 1);
     let z = conv2d(x, w, None, options);
     match running {
         None => batch_norm_train(z, p[1].clone(), p[2].clone(), batch_norm::EPS).output,
@@ -64,7 +86,7 @@ fn reference(
 ) -> (Vec<f32>, Vec<Vec<f32>>, Vec<f32>) {
     let dev = Device::flex().autodiff();
     let convs = shape.convs();
-    let u = convs[0].unfold;
+    let u = convs[0].input;
     let xt = leaf(x, [u.batch, u.channels, u.height, u.width], &dev);
     let pt: Vec<Tensor<1>> = params.iter().map(|p| leaf(p, [p.len()], &dev)).collect();
     let stats = |i: usize| running.map(|r| (&r[i].0[..], &r[i].1[..]));
@@ -73,7 +95,7 @@ fn reference(
         ResidualShape::Basic { first, second } => {
             let h = burn_relu(burn_conv_bn(first, xt.clone(), &pt[0..3], stats(0)));
             let y = burn_conv_bn(second, h, &pt[3..6], stats(1));
-            let s = u.stride;
+            let s = convs[0].stride;
             let sub = avg_pool2d(xt.clone(), AvgPoolOptions::new([1, 1]).with_stride([s, s]));
             let [b, _, h, w] = sub.dims();
             let extra = first.out_channels - u.channels;
@@ -87,6 +109,11 @@ fn reference(
     let grads = (y * gt).sum().backward();
     let gp = pt.iter().map(|p| host(p.grad(&grads).unwrap())).collect();
     (out, gp, host(xt.grad(&grads).unwrap()))
+}
+
+fn input_len(shape: &ResidualShape) -> usize {
+    let g = shape.first().input;
+    g.pixels() * g.channels
 }
 
 fn assert_close(what: &str, ours: &[f32], theirs: &[f32], tolerance: f32) {
@@ -117,20 +144,20 @@ fn random_params(shape: &ResidualShape, rng: &mut rand_chacha::ChaCha8Rng) -> Ve
 
 fn check(shape: ResidualShape, seed: u64) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let x = values(shape.convs()[0].unfold.input_len(), &mut rng);
+    let x = values(input_len(&shape), &mut rng);
     let params = random_params(&shape, &mut rng);
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
     let g = values(shape.output_dims().iter().product(), &mut rng);
     // Training mode: output, batch statistics and every gradient.
-    let fwd = forward(&shape, &x, &refs, None);
-    let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
+    let (out, fwd) = forward(&shape, &x, &refs, None);
+    assert_eq!(fwd.stats.len(), shape.convs().len());
+    let (grad_params, grad_input) = backward(&fwd.saved.unwrap(), &refs, &g);
     let (r_out, r_params, r_input) = reference(&shape, &x, &params, &g, None);
-    assert_close("output", &fwd.output, &r_out, 1e-5);
-    for (i, (ours, theirs)) in grads.params.iter().zip(&r_params).enumerate() {
+    assert_close("output", &out, &r_out, 1e-5);
+    for (i, (ours, theirs)) in grad_params.iter().zip(&r_params).enumerate() {
         assert_close(&format!("parameter {i} gradient"), ours, theirs, 1e-4);
     }
-    assert_close("input gradient", &grads.input.unwrap(), &r_input, 1e-4);
-    assert_eq!(fwd.stats.len(), shape.convs().len());
+    assert_close("input gradient", &grad_input, &r_input, 1e-4);
     // Inference mode with running statistics.
     let running: Vec<(Vec<f32>, Vec<f32>)> = shape
         .convs()
@@ -148,10 +175,10 @@ fn check(shape: ResidualShape, seed: u64) {
         .iter()
         .map(|(mean, var)| Running { mean, var })
         .collect();
-    let eval = forward(&shape, &x, &refs, Some(&r));
+    let (eval_out, eval) = forward(&shape, &x, &refs, Some(&r));
     assert!(eval.saved.is_none() && eval.stats.is_empty());
     let (r_eval, _, _) = reference(&shape, &x, &params, &g, Some(&running));
-    assert_close("inference output", &eval.output, &r_eval, 1e-5);
+    assert_close("inference output", &eval_out, &r_eval, 1e-5);
 }
 
 #[test]
@@ -159,22 +186,18 @@ fn resnet20_layers_match_burn() {
     check(ResidualShape::stem([2, 3, 8, 8], 16, 3, 1, 1), 1);
     check(ResidualShape::basic([2, 16, 8, 8], 16, 1), 2);
     check(ResidualShape::basic([2, 16, 8, 8], 32, 2), 3);
+    // 64 channels: stride-1 convolutions gather their pixels' patches.
+    check(ResidualShape::basic([3, 64, 8, 8], 64, 1), 6);
+    check(ResidualShape::basic([3, 32, 8, 8], 64, 2), 7);
 }
 
-/// Batches big enough to be unfolded in several parts (3 and 2 here): the parts' outputs
-/// and partial weight gradients add up to burn's results, stride 1 (the input's gradient
-/// as a transposed convolution) and stride 2 (folded back by col2im).
+/// Batches big enough to be split in several tasks: the tasks' outputs and partial weight
+/// gradients add up to burn's results, stride 1 (patches read in place, the input's
+/// gradient as a transposed convolution) and stride 2 (gathered patches, folded back).
 #[test]
-fn batches_unfolded_in_parts_match_burn() {
-    let same = ResidualShape::basic([7, 16, 32, 32], 16, 1);
-    let strided = ResidualShape::basic([20, 16, 32, 32], 32, 2);
-    for (shape, parts) in [(same, 3), (strided, 2)] {
-        let ResidualShape::Basic { first, .. } = shape else {
-            unreachable!()
-        };
-        assert_eq!(first.chunks().count(), parts, "{shape:?}");
-        check(shape, 4);
-    }
+fn batches_split_in_tasks_match_burn() {
+    check(ResidualShape::basic([7, 16, 32, 32], 16, 1), 4);
+    check(ResidualShape::basic([20, 16, 32, 32], 32, 2), 4);
 }
 
 /// The batch's parts run side by side, yet every output and gradient is the same, bit for
@@ -183,15 +206,15 @@ fn batches_unfolded_in_parts_match_burn() {
 fn results_do_not_depend_on_the_thread_count() {
     let shape = ResidualShape::basic([7, 16, 32, 32], 16, 1);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-    let x = values(shape.convs()[0].unfold.input_len(), &mut rng);
+    let x = values(input_len(&shape), &mut rng);
     let params = random_params(&shape, &mut rng);
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
     let g = values(shape.output_dims().iter().product(), &mut rng);
     let run = |threads: usize| {
         super::super::on_threads(threads, || {
-            let fwd = forward(&shape, &x, &refs, None);
-            let grads = backward(&fwd.saved.unwrap(), &refs, &g, true);
-            (fwd.output, grads.params, grads.input)
+            let (out, fwd) = forward(&shape, &x, &refs, None);
+            let (params, input) = backward(&fwd.saved.unwrap(), &refs, &g);
+            (out, params, input)
         })
     };
     assert!(run(1) == run(3));
@@ -201,12 +224,10 @@ fn results_do_not_depend_on_the_thread_count() {
 fn batch_statistics_are_the_batch_mean_and_biased_variance() {
     let shape = ResidualShape::stem([3, 2, 4, 4], 2, 1, 1, 0);
     // A 1x1 convolution with an identity weight: the statistics are the input's own.
-    let x: Vec<f32> = (0..shape.convs()[0].unfold.input_len())
-        .map(|i| i as f32)
-        .collect();
+    let x: Vec<f32> = (0..input_len(&shape)).map(|i| i as f32).collect();
     let params = [vec![1.0, 0.0, 0.0, 1.0], vec![1.0; 2], vec![0.0; 2]];
     let refs: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
-    let fwd = forward(&shape, &x, &refs, None);
+    let (_, fwd) = forward(&shape, &x, &refs, None);
     for ch in 0..2 {
         let vals: Vec<f64> = (0..3)
             .flat_map(|b| (0..16).map(move |i| ((b * 2 + ch) * 16 + i) as f64))
