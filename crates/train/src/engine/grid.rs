@@ -65,6 +65,17 @@ impl Grid {
         self.batch * self.height * self.width
     }
 
+    /// The geometry of a batch of dimensions `[B, C, H, W]`.
+    pub fn of_dims(dims: [usize; 4]) -> Self {
+        let [batch, channels, height, width] = dims;
+        Self {
+            batch,
+            height,
+            width,
+            channels,
+        }
+    }
+
     /// Dimensions `[B, C, H, W]`.
     pub fn dims(&self) -> [usize; 4] {
         [self.batch, self.channels, self.height, self.width]
@@ -186,13 +197,7 @@ pub struct GridImages {
 impl GridImages {
     /// The batch `[B, C, H, W]` (`dims`) of `x` in the grid layout.
     pub fn of_planes(dims: [usize; 4], x: &[f32]) -> Self {
-        let [batch, channels, height, width] = dims;
-        let grid = Grid {
-            batch,
-            height,
-            width,
-            channels,
-        };
+        let grid = Grid::of_dims(dims);
         Self::new(grid, grid.grid_of(x))
     }
 

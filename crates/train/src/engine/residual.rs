@@ -42,14 +42,8 @@ impl ResidualShape {
         stride: usize,
         padding: usize,
     ) -> Self {
-        let [batch, channels, height, width] = input;
         Self::Stem(ConvBn {
-            input: Grid {
-                batch,
-                height,
-                width,
-                channels,
-            },
+            input: Grid::of_dims(input),
             out_channels,
             kernel,
             stride,
@@ -59,14 +53,8 @@ impl ResidualShape {
 
     /// A basic block with `out_channels` and `stride` on `[B, C, H, W]` inputs.
     pub fn basic(input: [usize; 4], out_channels: usize, stride: usize) -> Self {
-        let [batch, channels, height, width] = input;
         let first = ConvBn {
-            input: Grid {
-                batch,
-                height,
-                width,
-                channels,
-            },
+            input: Grid::of_dims(input),
             out_channels,
             kernel: 3,
             stride,
