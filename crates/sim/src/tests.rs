@@ -95,9 +95,9 @@ fn ps_step_time_matches_the_closed_form_to_the_nanosecond() {
 }
 
 /// A small bucket (4 copies of 1,000 values, shared whole) with 4 workers, no compute, 1
-/// Gbit/s and 100 us of latency: around the ring each copy takes 3 hops, one after the
-/// other (3(T + L), T a frame's serialisation); over the mesh every worker serialises its 3
-/// copies back to back and each lands one latency later (3T + L).
+/// Gbit/s and 100 us of latency: on the ring the workers exchange copies with a neighbour
+/// in two rounds (2(T + L), T a frame's serialisation: 2 frames each); over the mesh every
+/// worker serialises its 3 copies back to back and each lands one latency later (3T + L).
 #[test]
 fn small_buckets_cross_a_mesh_in_one_hop() {
     let (n, latency) = (4usize, 100_000u64);
@@ -108,14 +108,15 @@ fn small_buckets_cross_a_mesh_in_one_hop() {
         (c.steps, c.mesh) = (2, mesh);
         assert_eq!(c.plan().meshed(), mesh);
         let r = run(&profile, &c);
-        let per_worker = 3 * (48 + 4000) * 2u64;
+        let frames = if mesh { 3 } else { 2 };
+        let per_worker = frames * (48 + 4000) * 2u64;
         assert!(r
             .traffic
             .iter()
             .all(|t| t.bytes_sent == per_worker && t.bytes_received == per_worker));
         r.step_end_ns
     };
-    let ring = 3 * (t + latency);
+    let ring = 2 * (t + latency);
     assert_eq!(step(false), vec![ring, 2 * ring]);
     let mesh = 3 * t + latency;
     assert_eq!(step(true), vec![mesh, 2 * mesh]);

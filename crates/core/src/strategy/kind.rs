@@ -15,7 +15,8 @@ pub const FRAME_ELEMS: usize = 1 << 20;
 /// Buckets whose n copies hold at most this many values together (128 KiB: a 64 KiB bucket
 /// with 2 workers, 32 KiB with 4) are shared whole around the ring rather than reduced and
 /// gathered: n-1 hops instead of 2(n-1), for n/2 times the bytes, which pays where hops, not
-/// bytes, take the time (`RingAllReduce::with_direct_below`; measured in docs/BENCHMARKS.md).
+/// bytes, take the time (`RingAllReduce::with_direct_below`; with 4 workers two rounds of
+/// recursive doubling between ring neighbours instead; measured in docs/BENCHMARKS.md).
 pub const DIRECT_SHARE_ELEMS: usize = 32 << 10;
 
 /// Largest all-reduce job whose workers may be linked in a full mesh rather than a ring only

@@ -10,7 +10,9 @@
 //! Small buckets are shared whole instead ([`RingAllReduce::with_direct_below`]): every
 //! worker's copy travels the ring, or, where the workers are linked in a full mesh
 //! ([`RingAllReduce::over_mesh`]), goes straight to every other worker in one hop; each
-//! worker then adds the n copies in rank order.
+//! worker then adds the n copies in rank order. With 4 workers on a ring, small buckets are
+//! exchanged in two rounds of recursive doubling instead, whose partners are both ring
+//! neighbours (see [`RingAllReduce::pairwise`]).
 
 use std::collections::VecDeque;
 
@@ -70,6 +72,8 @@ struct BucketState {
     got_share: [Vec<bool>; 2],
     /// Direct buckets, per step parity: copies of other ranks arrived.
     shares_in: [usize; 2],
+    /// Pairwise buckets: whether this step's pair sum has been formed and queued.
+    pair_sent: bool,
 }
 
 /// The ring all-reduce strategy of one worker (`allreduce`, `allreduce-no-overlap`).
@@ -208,8 +212,9 @@ impl RingAllReduce {
     /// of the 2(n-1) of reduce-scatter plus all-gather, for n-1 times the bucket's bytes
     /// instead of 2(n-1)/n), and every worker adds the n copies in rank order, so all get the
     /// same bits. For small buckets the hops, not the bytes, take the time. A bucket shared
-    /// whole travels in one frame, so only buckets of at most a segment qualify. Call before
-    /// the first step.
+    /// whole travels in one frame, so only buckets of at most a segment qualify. With 4
+    /// workers on a ring they are exchanged by recursive doubling instead (2 hops; see
+    /// [`RingAllReduce::pairwise`]). Call before the first step.
     pub fn with_direct_below(mut self, elems: usize) -> Self {
         let n = self.n;
         for (b, st) in self.buckets.iter_mut().zip(&mut self.state) {
@@ -219,8 +224,29 @@ impl RingAllReduce {
                 st.got_share = [vec![false; n], vec![false; n]];
             }
         }
+        if self.pairwise() && self.buckets.iter().any(|b| b.direct) {
+            // The second round goes to the left neighbour: one queue per link.
+            let kind = self.scheduler;
+            self.queues = (0..n).map(|_| new_scheduler(kind)).collect();
+        }
         self.reset_state();
         self
+    }
+
+    /// Whether small buckets are exchanged by recursive doubling rather than sent around:
+    /// with 4 workers on a ring, both rounds' partners are ring neighbours (rank `r ^ 1`,
+    /// then `r ^ 3`: 0-1 and 2-3, then 0-3 and 1-2), so every worker sends and receives 2
+    /// copies in 2 hops instead of 3 in 3. Both ends of a round add the same two sums (in
+    /// either order: addition is commutative), so every worker ends with
+    /// `((g0 + g1) + (g2 + g3)) / 4`, the same bits. Over a mesh the copies go in one hop
+    /// instead (see [`RingAllReduce::over_mesh`]).
+    fn pairwise(&self) -> bool {
+        self.n == 4 && !self.mesh
+    }
+
+    /// The partner of round `round` (0 or 1) of a pairwise exchange.
+    fn partner(&self, round: u64) -> Rank {
+        self.rank ^ ((2 << round) - 1)
     }
 
     /// Sends the copies of buckets shared whole (see [`RingAllReduce::with_direct_below`])
@@ -258,10 +284,23 @@ impl RingAllReduce {
     /// Direct bucket `b`'s own copy is in: send it around the ring, or over a mesh to every
     /// other worker at once (in rank order from the right neighbour on).
     fn launch_direct(&mut self, b: usize) {
-        let own = self.share_range(b, self.step, self.rank);
+        let slot = if self.pairwise() { 0 } else { self.rank };
+        let own = self.share_range(b, self.step, slot);
         let len = self.buckets[b].len;
         let st = &mut self.state[b];
         st.shares[own].copy_from_slice(&self.data[b]);
+        if self.pairwise() {
+            self.enqueue(Send {
+                to: self.partner(0),
+                bucket: b,
+                gather: true,
+                ring_step: 0,
+                offset: 0,
+                len,
+            });
+            self.advance_pairwise(b);
+            return;
+        }
         let copies = if self.mesh { self.n - 1 } else { 1 };
         for i in 1..=copies {
             self.enqueue(Send {
@@ -294,9 +333,53 @@ impl RingAllReduce {
         self.finish_bucket(b);
     }
 
+    /// Pairwise bucket `b` (see [`RingAllReduce::pairwise`]) has its own copy in: once the
+    /// first round's copy is in, queue the pair's sum to the second partner; once the
+    /// second's is in too, the mean. Each step's slots in `shares`: the own copy (sent in
+    /// round 0), round 0's copy, the pair's sum (sent in round 1), round 1's copy.
+    fn advance_pairwise(&mut self, b: usize) {
+        let parity = (self.step % 2) as usize;
+        let len = self.buckets[b].len;
+        let st = &mut self.state[b];
+        if !st.launched || st.done {
+            return;
+        }
+        let base = parity * self.n * len;
+        let slots = &mut st.shares[base..base + 4 * len];
+        if !st.pair_sent {
+            if !st.got_share[parity][1] {
+                return;
+            }
+            let (received, pair) = slots.split_at_mut(2 * len);
+            add_into(&mut pair[..len], &received[..len], &received[len..]);
+            st.pair_sent = true;
+            self.enqueue(Send {
+                to: self.partner(1),
+                bucket: b,
+                gather: true,
+                ring_step: 1,
+                offset: 0,
+                len,
+            });
+        }
+        let st = &mut self.state[b];
+        if !st.got_share[parity][3] {
+            return;
+        }
+        let slots = &st.shares[base..base + 4 * len];
+        let out = &mut self.data[b];
+        add_into(out, &slots[2 * len..3 * len], &slots[3 * len..]);
+        scale(out, 1.0 / self.n as f32);
+        self.finish_bucket(b);
+    }
+
     /// The values a frame we send carries: a segment of a bucket, or a direct bucket's copy.
     fn payload(&self, h: &Header) -> &[f32] {
         match self.buckets.get(h.key as usize) {
+            Some(bucket) if bucket.direct && self.pairwise() => {
+                let r = self.share_range(h.key as usize, h.step, 2 * h.sequence as usize);
+                &self.state[h.key as usize].shares[r]
+            }
             Some(bucket) if bucket.direct => {
                 let origin = self.share_origin(self.rank, h.sequence);
                 let r = self.share_range(h.key as usize, h.step, origin);
@@ -318,7 +401,7 @@ impl RingAllReduce {
     fn queue_of(&self, link: Rank) -> Option<usize> {
         if self.n == 1 || link >= self.n || link == self.rank {
             None
-        } else if self.mesh {
+        } else if self.queues.len() == self.n {
             Some(link)
         } else if link == self.right() {
             Some(0)
@@ -351,6 +434,7 @@ impl RingAllReduce {
             st.received = 0;
             st.expected = if n == 1 { 0 } else { reduce + gather };
             st.early.clear();
+            st.pair_sent = false;
             st.got_reduce.fill(false);
             st.got_gather.fill(false);
             if b.direct {
@@ -481,6 +565,8 @@ impl RingAllReduce {
             if link >= self.n || link == self.rank {
                 return Err(err("a small bucket's copy comes only from another worker"));
             }
+        } else if direct && self.pairwise() {
+            // Each round's partner is checked with the round (`check_share`).
         } else if link != self.left() || self.n == 1 {
             return Err(err("ring frames come only from the left neighbour"));
         }
@@ -549,6 +635,16 @@ impl RingAllReduce {
                 "over a mesh a small bucket's copy comes straight from its origin, never forwarded",
             ));
         }
+        if self.pairwise() {
+            if h.sequence > 1 {
+                return Err(err("a small bucket is exchanged in two rounds only"));
+            }
+            if link != self.partner(h.sequence) {
+                return Err(err(
+                    "an exchange round's copy comes only from that round's partner",
+                ));
+            }
+        }
         let next_step = h.step == self.step + 1 || (!self.begun && h.step == self.step);
         if h.step != self.step && !next_step {
             return Err(err(&format!(
@@ -557,8 +653,13 @@ impl RingAllReduce {
             )));
         }
         // On a ring, ring step s from the left neighbour is the copy of the rank s further
-        // left; over a mesh (ring step 0 only) the copy of the link's own rank.
-        let origin = self.share_origin(link, h.sequence);
+        // left; over a mesh (ring step 0 only) the copy of the link's own rank; in a
+        // pairwise exchange, round s's copy has slot 2s + 1 (see `advance_pairwise`).
+        let origin = if self.pairwise() {
+            2 * h.sequence as usize + 1
+        } else {
+            self.share_origin(link, h.sequence)
+        };
         if self.state[b].got_share[(h.step % 2) as usize][origin] {
             return Err(err("copy received twice"));
         }
@@ -662,6 +763,13 @@ impl Endpoint for RingAllReduce {
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let (b, segment) = self.check(link, h)?;
         let (off, len, s) = (h.offset as usize, h.length as usize, h.sequence);
+        if self.buckets[b].direct && self.pairwise() {
+            self.state[b].got_share[(h.step % 2) as usize][segment] = true;
+            if h.step == self.step && self.begun {
+                self.advance_pairwise(b);
+            }
+            return Ok(());
+        }
         if self.buckets[b].direct {
             let parity = (h.step % 2) as usize;
             let st = &mut self.state[b];
@@ -748,4 +856,10 @@ impl RingAllReduce {
         self.sequence += 1;
         Some(h)
     }
+}
+
+/// `out = a + b`.
+fn add_into(out: &mut [f32], a: &[f32], b: &[f32]) {
+    out.copy_from_slice(a);
+    add_assign(out, b);
 }

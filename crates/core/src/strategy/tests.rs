@@ -864,6 +864,20 @@ fn rank_order_mean(step: u64, n: usize, key: usize, len: usize) -> Vec<f32> {
     acc
 }
 
+/// The mean gradient of `key` as 4 workers' pairwise exchange computes it:
+/// `((g0 + g1) + (g2 + g3)) / 4`, bit for bit.
+fn pairwise_mean(step: u64, key: usize, len: usize) -> Vec<f32> {
+    let pair = |a: usize| {
+        let mut acc = grad(step, a, key, len);
+        crate::aggregate::add_assign(&mut acc, &grad(step, a + 1, key, len));
+        acc
+    };
+    let mut acc = pair(0);
+    crate::aggregate::add_assign(&mut acc, &pair(2));
+    crate::aggregate::scale(&mut acc, 0.25);
+    acc
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
@@ -873,8 +887,10 @@ proptest! {
     /// step and bucket exactly n-1 frames, to n-1 distinct peers, all ring step 0 (none
     /// forwarded). On a ring (the endpoint built without the mesh, as for more workers than
     /// [`MESH_MAX_WORKERS`]) the n-1 copies go to the right neighbour only, one per ring
-    /// step. Either way every worker ends each step with the same bits: the copies added in
-    /// rank order, then scaled.
+    /// step, and every worker ends each step with the same bits: the copies added in rank
+    /// order, then scaled; but 4 workers on a ring exchange 2 copies each, round 0 with rank
+    /// `r ^ 1` and round 1 with rank `r ^ 3` (both ring neighbours), and end with
+    /// `((g0 + g1) + (g2 + g3)) / 4`.
     #[test]
     fn small_buckets_cross_a_mesh_in_one_hop(
         n in 3usize..5,
@@ -917,7 +933,11 @@ proptest! {
         let results = drive(&mut ws, &mut [], &sizes, steps, seed);
         for (step, per_worker) in results.iter().enumerate() {
             for (key, &len) in sizes.iter().enumerate() {
-                let want = rank_order_mean(step as u64, n, key, len);
+                let want = if n == 4 && !mesh {
+                    pairwise_mean(step as u64, key, len)
+                } else {
+                    rank_order_mean(step as u64, n, key, len)
+                };
                 for (w, got) in per_worker.iter().enumerate() {
                     prop_assert_eq!(&got[key], &want, "step {} worker {} key {}", step, w, key);
                 }
@@ -931,7 +951,8 @@ proptest! {
         let buckets = frames.keys().map(|k| k.2).collect::<std::collections::BTreeSet<_>>().len();
         prop_assert_eq!(frames.len(), n * steps as usize * buckets);
         for ((from, step, b), sent) in &frames {
-            prop_assert_eq!(sent.len(), n - 1, "worker {} step {} bucket {}", from, step, b);
+            let copies = if n == 4 && !mesh { 2 } else { n - 1 };
+            prop_assert_eq!(sent.len(), copies, "worker {} step {} bucket {}", from, step, b);
             let mut tos: Vec<Rank> = sent.iter().map(|s| s.0).collect();
             tos.sort_unstable();
             tos.dedup();
@@ -941,11 +962,47 @@ proptest! {
             if mesh {
                 prop_assert_eq!(tos, (0..n).filter(|r| r != from).collect::<Vec<_>>());
                 prop_assert!(ring_steps.iter().all(|&s| s == 0), "forwarded: {:?}", ring_steps);
+            } else if n == 4 {
+                let mut partners: Vec<(u64, Rank)> = sent.iter().map(|(to, h)| (h.sequence, *to)).collect();
+                partners.sort_unstable();
+                prop_assert_eq!(partners, vec![(0, from ^ 1), (1, from ^ 3)]);
             } else {
                 prop_assert_eq!(tos, vec![(from + 1) % n]);
                 prop_assert_eq!(ring_steps, (0..n as u64 - 1).collect::<Vec<_>>());
             }
         }
+    }
+}
+
+/// In 4 workers' pairwise exchange a small bucket's copy is accepted once per round, from
+/// that round's partner only (rank 1 takes round 0 from rank 0 and round 1 from rank 2);
+/// a third round, the other partner, the far rank or a second copy is a protocol error.
+#[test]
+fn a_pairwise_exchange_refuses_misplaced_copies() {
+    use crate::wire::FrameKind;
+    let mut w = RingAllReduce::new(1, 4, keys(&[10]), 10, 1000, true, SchedulerKind::Fifo)
+        .with_direct_below(100);
+    w.begin_step(0);
+    let round = |s: u64| {
+        let mut h = Header::data(FrameKind::Gather, 0, 0, 0, 10);
+        h.sequence = s;
+        h
+    };
+    let refused = |w: &mut RingAllReduce, link: Rank, h: &Header, why: &str| {
+        let e = w.recv_slot(link, h).expect_err("refused").to_string();
+        assert!(
+            e.contains(why) && e.contains(&format!("rank {link}")),
+            "{e}"
+        );
+    };
+    refused(&mut w, 2, &round(0), "partner");
+    refused(&mut w, 3, &round(0), "partner");
+    refused(&mut w, 0, &round(1), "partner");
+    refused(&mut w, 0, &round(2), "two rounds");
+    for (link, s) in [(0, 0), (2, 1)] {
+        w.recv_slot(link, &round(s)).expect("accepted").fill(1.0);
+        w.handle_payload(link, &round(s)).expect("accepted");
+        refused(&mut w, link, &round(s), "twice");
     }
 }
 
