@@ -393,6 +393,37 @@ pub struct PsServer {
     updated_in_step: std::collections::BTreeMap<u64, usize>,
     /// Steps all of whose owned slices are updated, not yet polled.
     completed: std::collections::VecDeque<u64>,
+    /// The frame whose slot [`Endpoint::recv_slot`] handed out last, and its slice.
+    last_slot: Option<LastSlot>,
+}
+
+/// A push a server handed out a slot for: what of its header names the slice, and the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LastSlot {
+    link: Rank,
+    kind: FrameKind,
+    key: u32,
+    offset: u32,
+    length: u32,
+    slice: usize,
+}
+
+impl LastSlot {
+    fn of(link: Rank, h: &Header, slice: usize) -> Self {
+        Self {
+            link,
+            kind: h.kind,
+            key: h.key,
+            offset: h.offset,
+            length: h.length,
+            slice,
+        }
+    }
+
+    /// Whether a frame from `link` with header `h` names the same slice.
+    fn is(&self, link: Rank, h: &Header) -> bool {
+        *self == Self::of(link, h, self.slice)
+    }
 }
 
 /// Optimizer settings a server applies.
@@ -484,6 +515,7 @@ impl PsServer {
             owned_slices: (0..slices).filter(|&s| reg.owner(s) == index).count(),
             updated_in_step: Default::default(),
             completed: Default::default(),
+            last_slot: None,
             reg,
         }
     }
@@ -499,7 +531,28 @@ impl PsServer {
         }
     }
 
+    /// The slice a push from `link` with header `h` carries, if this server takes it now.
     fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        let slice = self.owned_slice(link, h)?;
+        self.check_turn(link, h, slice)?;
+        Ok(slice)
+    }
+
+    /// [`PsServer::check`] for the payload of the frame whose slot was last handed out:
+    /// the slice found then (what a header says never changes), the step checked again
+    /// (other pushes may have come in since).
+    fn check_payload(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        match self.last_slot {
+            Some(last) if last.is(link, h) => {
+                self.check_turn(link, h, last.slice)?;
+                Ok(last.slice)
+            }
+            _ => self.check(link, h),
+        }
+    }
+
+    /// The slice of this server's that a push from `link` with header `h` names.
+    fn owned_slice(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
         if link >= self.workers {
             return Err(ProtocolError::unexpected(
                 link,
@@ -525,6 +578,13 @@ impl PsServer {
                 "slice owned by another server",
             ));
         }
+        Ok(slice)
+    }
+
+    /// Whether a push of `slice` from `link` with header `h` fits the slice's step and is
+    /// the link's first of it.
+    #[inline(always)]
+    fn check_turn(&self, link: Rank, h: &Header, slice: usize) -> Result<(), ProtocolError> {
         if self.pushes[slice] > 0 && h.step != self.slice_step[slice] {
             return Err(ProtocolError::unexpected(
                 link,
@@ -549,7 +609,7 @@ impl PsServer {
                 "pushed twice in one step",
             ));
         }
-        Ok(slice)
+        Ok(())
     }
 }
 
@@ -666,6 +726,7 @@ impl Endpoint for PsServer {
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
+        self.last_slot = Some(LastSlot::of(link, h, slice));
         let len = self.reg.slices()[slice].len;
         if !self.early.holds(slice, link) && link == self.next_rank[slice] {
             let start = link * self.scratch_len;
@@ -679,7 +740,7 @@ impl Endpoint for PsServer {
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
-        let slice = self.check(link, h)?;
+        let slice = self.check_payload(link, h)?;
         let s = self.reg.slices()[slice];
         let r = s.range();
         self.latest_step = self.latest_step.max(h.step);
