@@ -370,21 +370,16 @@ pub struct PsServer {
     scratch_len: usize,
     /// Pushes that began to arrive before their turn in the rank-order sum.
     early: EarlyPushes,
-    /// Per slice: the worker whose push is added next.
-    next_rank: Vec<usize>,
     /// Early pushes held now, and the most ever held at once (values), for the cost of
     /// summing in rank order.
     early_values: usize,
     peak_early_values: usize,
     latest_step: u64,
-    pushes: Vec<usize>,
-    slice_step: Vec<u64>,
-    /// Per slice, a bit per worker whose push of this step is in.
-    pushed_by: Vec<Vec<u64>>,
+    /// Per slice, how its pushes stand (one cache line each: a push reads all of it).
+    slices: Vec<SliceState>,
     /// Answers waiting for the workers (each updated slice for every worker).
     out: BroadcastQueue,
     arrival: u64,
-    out_step: Vec<u64>,
     updates: u64,
     sequence: u64,
     /// Slices this server owns.
@@ -395,6 +390,22 @@ pub struct PsServer {
     completed: std::collections::VecDeque<u64>,
     /// The frame whose slot [`Endpoint::recv_slot`] handed out last, and its slice.
     last_slot: Option<LastSlot>,
+}
+
+/// Where a server's slice stands.
+#[derive(Debug, Clone, Default)]
+#[repr(align(64))]
+struct SliceState {
+    /// Pushes of this step in.
+    pushes: usize,
+    /// The step of the pushes in (once one is), or the next step expected.
+    step: u64,
+    /// The worker whose push is added next.
+    next_rank: usize,
+    /// The step of the values last updated (what the answers carry).
+    out_step: u64,
+    /// A bit per worker whose push of this step is in.
+    pushed_by: Vec<u64>,
 }
 
 /// A push a server handed out a slot for: what of its header names the slice, and the slice.
@@ -498,18 +509,17 @@ impl PsServer {
             scratch: vec![0.0; workers.saturating_mul(max_slice)],
             scratch_len: max_slice,
             early: EarlyPushes::new((0..slices).map(|s| per_worker(s, workers))),
-            next_rank: vec![0; slices],
             early_values: 0,
             peak_early_values: 0,
             latest_step: 0,
-            pushes: vec![0; slices],
-            slice_step: vec![0; slices],
-            pushed_by: (0..slices)
-                .map(|s| vec![0; per_worker(s, workers).div_ceil(64)])
+            slices: (0..slices)
+                .map(|s| SliceState {
+                    pushed_by: vec![0; per_worker(s, workers).div_ceil(64)],
+                    ..SliceState::default()
+                })
                 .collect(),
             out: BroadcastQueue::new(scheduler, workers),
             arrival: 0,
-            out_step: vec![0; slices],
             updates: 0,
             sequence: 0,
             owned_slices: (0..slices).filter(|&s| reg.owner(s) == index).count(),
@@ -585,24 +595,22 @@ impl PsServer {
     /// the link's first of it.
     #[inline(always)]
     fn check_turn(&self, link: Rank, h: &Header, slice: usize) -> Result<(), ProtocolError> {
-        if self.pushes[slice] > 0 && h.step != self.slice_step[slice] {
+        let state = &self.slices[slice];
+        if state.pushes > 0 && h.step != state.step {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
-                &format!(
-                    "step differs from the other workers' step {}",
-                    self.slice_step[slice]
-                ),
+                &format!("step differs from the other workers' step {}", state.step),
             ));
         }
         if h.step == u64::MAX {
             // The slice's next step would not be representable.
             return Err(ProtocolError::unexpected(link, h, "step out of range"));
         }
-        if self.pushes[slice] == 0 && h.step < self.slice_step[slice] {
+        if state.pushes == 0 && h.step < state.step {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
-        if pushed(&self.pushed_by[slice], link) {
+        if pushed(&state.pushed_by, link) {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
@@ -634,7 +642,7 @@ impl ServerSync for PsServer {
         }
         self.params = params;
         self.velocity = velocity;
-        self.slice_step.fill(first_step);
+        self.slices.iter_mut().for_each(|s| s.step = first_step);
         self.latest_step = first_step;
         Ok(())
     }
@@ -670,13 +678,16 @@ impl PsServer {
     fn add_waiting_pushes(&mut self, slice: usize) {
         let s = self.reg.slices()[slice];
         // A push still arriving stays where it is until it is all in.
-        while self.early.holds_complete(slice, self.next_rank[slice]) {
-            let link = self.next_rank[slice];
+        while self
+            .early
+            .holds_complete(slice, self.slices[slice].next_rank)
+        {
+            let link = self.slices[slice].next_rank;
             let values = self.early.values(slice, link);
             add_assign(&mut self.acc[s.key][s.range()], values);
             self.early_values -= values.len();
             self.early.release(slice, link);
-            self.next_rank[slice] += 1;
+            self.slices[slice].next_rank += 1;
         }
     }
 
@@ -685,7 +696,7 @@ impl PsServer {
     fn next_answer(&mut self, link: Rank) -> Option<Header> {
         let p = self.out.pop(link)?;
         let s = self.reg.slices()[p.item];
-        let step = self.out_step[p.item];
+        let step = self.slices[p.item].out_step;
         let h = slice_header(FrameKind::Params, step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
         Some(h)
@@ -728,7 +739,7 @@ impl Endpoint for PsServer {
         let slice = self.check(link, h)?;
         self.last_slot = Some(LastSlot::of(link, h, slice));
         let len = self.reg.slices()[slice].len;
-        if !self.early.holds(slice, link) && link == self.next_rank[slice] {
+        if !self.early.holds(slice, link) && link == self.slices[slice].next_rank {
             let start = link * self.scratch_len;
             return Ok(&mut self.scratch[start..start + len]);
         }
@@ -747,12 +758,12 @@ impl Endpoint for PsServer {
         if self.early.complete(slice, link) {
             self.early_values += s.len;
             self.peak_early_values = self.peak_early_values.max(self.early_values);
-        } else if link == self.next_rank[slice] {
+        } else if link == self.slices[slice].next_rank {
             // Read into the sum's own buffer: it was this push's turn when it began.
             let start = link * self.scratch_len;
             let pushed = &self.scratch[start..start + s.len];
             add_assign(&mut self.acc[s.key][r.clone()], pushed);
-            self.next_rank[slice] += 1;
+            self.slices[slice].next_rank += 1;
         } else {
             return Err(ProtocolError::unexpected(
                 link,
@@ -761,14 +772,15 @@ impl Endpoint for PsServer {
             ));
         }
         self.add_waiting_pushes(slice);
-        if self.pushes[slice] == 0 {
-            self.slice_step[slice] = h.step;
+        let state = &mut self.slices[slice];
+        if state.pushes == 0 {
+            state.step = h.step;
         }
-        self.pushes[slice] += 1;
-        if let Some(word) = self.pushed_by[slice].get_mut(link / 64) {
+        state.pushes += 1;
+        if let Some(word) = state.pushed_by.get_mut(link / 64) {
             *word |= 1 << (link % 64);
         }
-        if self.pushes[slice] == self.workers {
+        if state.pushes == self.workers {
             let acc = &mut self.acc[s.key][r.clone()];
             scale(acc, 1.0 / self.workers as f32);
             let lr = self.schedule.lr_at(self.base_lr, h.step);
@@ -779,11 +791,12 @@ impl Endpoint for PsServer {
                 &mut self.velocity[s.key][r],
             );
             acc.iter_mut().for_each(|a| *a = 0.0);
-            self.next_rank[slice] = 0;
-            self.pushes[slice] = 0;
-            self.pushed_by[slice].iter_mut().for_each(|w| *w = 0);
-            self.out_step[slice] = h.step;
-            self.slice_step[slice] = h.step + 1;
+            let state = &mut self.slices[slice];
+            state.next_rank = 0;
+            state.pushes = 0;
+            state.pushed_by.iter_mut().for_each(|w| *w = 0);
+            state.out_step = h.step;
+            state.step = h.step + 1;
             self.updates += 1;
             self.count_update(h.step);
             let p = pending_for(&self.reg, slice, &mut self.arrival);
