@@ -35,13 +35,16 @@ pub(crate) enum Polling {
     Exhaustive,
 }
 
+/// Laid out in the order of use (`repr(C)`, from a cache line's start): a delivery reads the
+/// role and counts the bytes, a sender reads its links and then its NIC.
+#[repr(C, align(64))]
 struct Host {
     role: Role,
+    traffic: HostTraffic,
     /// The peers, twice over, so that a rotation is a sub-slice.
     links: Vec<Rank>,
     rotation: usize,
     nic: Nic,
-    traffic: HostTraffic,
 }
 
 struct InFlight {
