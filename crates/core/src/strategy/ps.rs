@@ -69,8 +69,9 @@ pub struct PsWorker {
     step: u64,
     keys_left: usize,
     received: Vec<bool>,
-    params: Vec<Vec<f32>>,
-    slices_left: Vec<usize>,
+    /// Per key, its fresh values and the slices still to come (side by side: an answer
+    /// reads both).
+    keys: Vec<KeyState>,
     events: VecDeque<WorkerEvent>,
     /// Bytes that may be pushed and not yet answered (credit scheduling only).
     credit: Option<usize>,
@@ -115,11 +116,10 @@ impl PsWorker {
             arrival: 0,
             step: 0,
             grads: vec![0.0; reg.total_numel()],
-            params: vec![Vec::new(); keys],
+            keys: vec![KeyState::default(); keys],
             queues: LinkQueues::new(scheduler, reg.servers()),
             held: Vec::new(),
             received: vec![false; slices],
-            slices_left: vec![0; keys],
             keys_left: 0,
             events: VecDeque::new(),
             sequence: 0,
@@ -215,9 +215,10 @@ impl WorkerSync for PsWorker {
         self.keys_left = 0;
         for key in 0..self.reg.keys().len() {
             let n = self.reg.slices_of(key).len();
-            self.slices_left[key] = n;
-            if self.params[key].len() != self.reg.keys()[key].numel {
-                self.params[key] = vec![0.0; self.reg.keys()[key].numel];
+            let state = &mut self.keys[key];
+            state.slices_left = n;
+            if state.params.len() != self.reg.keys()[key].numel {
+                state.params = vec![0.0; self.reg.keys()[key].numel];
             }
             if n == 0 {
                 self.events.push_back(WorkerEvent::ParamsReady(key));
@@ -252,7 +253,7 @@ impl WorkerSync for PsWorker {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        std::mem::take(&mut self.params[key])
+        std::mem::take(&mut self.keys[key].params)
     }
 }
 
@@ -317,7 +318,8 @@ impl Endpoint for PsWorker {
         }
         let s = self.reg.slices()[slice];
         // The key's buffer is made at the step's start and handed out once complete.
-        self.params[s.key]
+        self.keys[s.key]
+            .params
             .get_mut(s.range())
             .ok_or_else(|| ProtocolError::unexpected(link, h, "parameters outside a step"))
     }
@@ -339,8 +341,8 @@ impl Endpoint for PsWorker {
             self.in_flight_keys.remove(&key);
         }
         let key = h.key as usize;
-        self.slices_left[key] -= 1;
-        if self.slices_left[key] == 0 {
+        self.keys[key].slices_left -= 1;
+        if self.keys[key].slices_left == 0 {
             self.events.push_back(WorkerEvent::ParamsReady(key));
             self.keys_left -= 1;
             if self.keys_left == 0 {
@@ -349,6 +351,15 @@ impl Endpoint for PsWorker {
         }
         Ok(())
     }
+}
+
+/// A worker's key: its fresh values (made at the step's start, handed out once complete)
+/// and how many of its slices are still to come.
+#[derive(Debug, Clone, Default)]
+#[repr(align(32))]
+struct KeyState {
+    params: Vec<f32>,
+    slices_left: usize,
 }
 
 /// One parameter-server shard: owns some slices, aggregates pushes, applies SGD, answers.
