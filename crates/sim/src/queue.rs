@@ -170,7 +170,9 @@ impl EventQueue {
             if let Some(b) = self.first_occupied() {
                 let node = self.unlink_head(b);
                 self.last = node.time;
-                self.admit_far();
+                if self.far_due() {
+                    self.admit_far();
+                }
                 return Some((node.time, node.event));
             }
             // The window is empty: it moves to the earliest far event.
@@ -184,7 +186,15 @@ impl EventQueue {
         (self.last & !((1u64 << WIDTH_BITS) - 1)).saturating_add(SPAN)
     }
 
+    /// Whether the window now reaches the earliest far event (rarely: out of line, the
+    /// heap's pop would make every pop save and restore its registers).
+    fn far_due(&self) -> bool {
+        let end = self.window_end();
+        self.far.peek().is_some_and(|f| f.time < end)
+    }
+
     /// Files the far events the window now reaches into their buckets.
+    #[inline(never)]
     fn admit_far(&mut self) {
         let end = self.window_end();
         while self.far.peek().is_some_and(|f| f.time < end) {
