@@ -554,7 +554,9 @@ impl<'a> Sim<'a> {
 
     /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
     /// egress arrives at the receiver's ingress (when modelled) or is delivered; a frame
-    /// through the ingress is delivered. Arms a poll for the port's next due time.
+    /// through the ingress is delivered. Arms a poll for the port's next due time. Inlined
+    /// (with [`Sim::decided`]) into `fill`, which calls it once per frame sent.
+    #[inline(always)]
     fn collect(&mut self, h: Rank, ingress: bool) -> Result<(), SimError> {
         let now = self.now;
         while let Some(d) = self.hosts[h]
@@ -576,6 +578,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Acts on one decided frame of host `h`'s egress or ingress port.
+    #[inline(always)]
     fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
         let slot = d.token as usize;
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
