@@ -122,21 +122,17 @@ pub struct Percentiles {
     pub max_s: f64,
 }
 
-/// One worker's per-tensor completion times: per key the hand-over instant, and the
-/// histograms of the run and of the interval since the last [`TensorTimes::take_interval`].
+/// One worker's keys handed over and not yet back: per key, the hand-over instant.
 #[derive(Debug, Clone, Default)]
-pub struct TensorTimes {
+pub struct HandOvers {
     handed: Vec<Option<u64>>,
-    run: Histogram,
-    interval: Histogram,
 }
 
-impl TensorTimes {
-    /// Times for a model of `keys` keys.
+impl HandOvers {
+    /// Hand-overs for a model of `keys` keys.
     pub fn new(keys: usize) -> Self {
         Self {
             handed: vec![None; keys],
-            ..Self::default()
         }
     }
 
@@ -147,11 +143,41 @@ impl TensorTimes {
         }
     }
 
+    /// `key`'s synchronised values are in at `now_ns`: how long it took (`None` unless it
+    /// was handed over and not completed since).
+    pub fn completed(&mut self, key: usize, now_ns: u64) -> Option<u64> {
+        let start = self.handed.get_mut(key).and_then(Option::take)?;
+        Some(now_ns.saturating_sub(start))
+    }
+}
+
+/// One worker's per-tensor completion times: its hand-overs, and the histograms of the run
+/// and of the interval since the last [`TensorTimes::take_interval`].
+#[derive(Debug, Clone, Default)]
+pub struct TensorTimes {
+    handed: HandOvers,
+    run: Histogram,
+    interval: Histogram,
+}
+
+impl TensorTimes {
+    /// Times for a model of `keys` keys.
+    pub fn new(keys: usize) -> Self {
+        Self {
+            handed: HandOvers::new(keys),
+            ..Self::default()
+        }
+    }
+
+    /// `key` was handed to the strategy at `now_ns`.
+    pub fn handed(&mut self, key: usize, now_ns: u64) {
+        self.handed.handed(key, now_ns);
+    }
+
     /// `key`'s synchronised values are in at `now_ns` (ignored unless it was handed over
     /// and not completed since).
     pub fn completed(&mut self, key: usize, now_ns: u64) {
-        if let Some(start) = self.handed.get_mut(key).and_then(Option::take) {
-            let ns = now_ns.saturating_sub(start);
+        if let Some(ns) = self.handed.completed(key, now_ns) {
             self.run.record(ns);
             self.interval.record(ns);
         }

@@ -342,9 +342,10 @@ impl LinkQueues {
         self.heads.get(best).copied().flatten().map(|_| best)
     }
 
-    /// Of links `a` and `b`, the one whose head goes first (an empty or absent head last).
+    /// Of links `a` and `b` (`a < b`), the one whose head goes first (an empty or absent
+    /// head last; equal heads to `a`). Compared by reference: a head is 32 bytes.
     fn winner(&self, a: usize, b: usize) -> usize {
-        let key = |l: usize| self.heads.get(l).copied().flatten().map(|k| (k, l));
+        let key = |l: usize| self.heads.get(l).and_then(Option::as_ref);
         match (key(a), key(b)) {
             (Some(ka), Some(kb)) if kb < ka => b,
             (None, Some(_)) => b,

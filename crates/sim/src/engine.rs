@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::rc::Rc;
 
-use syncopate_core::latency::{Histogram, TensorTimes};
+use syncopate_core::latency::{HandOvers, Histogram};
 use syncopate_core::net::{Decision, Fate, FrameMeta, NetCounters};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
@@ -35,13 +35,16 @@ pub(crate) enum Polling {
     Exhaustive,
 }
 
+/// Laid out in the order of use (`repr(C)`, from a cache line's start): a delivery reads the
+/// role and counts the bytes, a sender reads its links and then its NIC.
+#[repr(C, align(64))]
 struct Host {
     role: Role,
+    traffic: HostTraffic,
     /// The peers, twice over, so that a rotation is a sub-slice.
     links: Vec<Rank>,
     rotation: usize,
     nic: Nic,
-    traffic: HostTraffic,
 }
 
 struct InFlight {
@@ -68,8 +71,11 @@ pub(crate) struct Sim<'a> {
     hosts: Vec<Host>,
     /// Each worker's step sequencer (core's, as the runtime's workers run it).
     trainers: Vec<StepSequencer>,
-    /// Each worker's per-tensor completion times.
-    tensors: Vec<TensorTimes>,
+    /// Each worker's keys handed over and not yet back.
+    tensors: Vec<HandOvers>,
+    /// Every worker's per-tensor completion times (one histogram: the report shows them
+    /// all together, and one stays in cache where a thousand would not).
+    completion: Histogram,
     jitter: Vec<Jitter>,
     /// Each worker's compute factor (stragglers above 1).
     slowdown: Vec<f64>,
@@ -115,19 +121,31 @@ fn frame_name(h: &Header, from: Rank, to: Rank) -> String {
     format!("{:?} key {} @{} {from}->{to}", h.kind, h.key, h.offset)
 }
 
-/// Hands the endpoint's events to its trainer; records when steps complete. Returns whether
-/// there was any.
+/// What [`drain`] records a worker's events in: its trainer and hand-overs, the run's
+/// completion times and step ends.
+type Records<'s> = (
+    &'s mut StepSequencer,
+    &'s mut HandOvers,
+    &'s mut Histogram,
+    &'s mut [u64],
+);
+
+/// Hands the endpoint's events to its trainer; records when tensors and steps complete.
+/// Returns whether there was any. Inlined into its three callers (once per delivery to a
+/// worker): the call cost more than the work when there is no event.
+#[inline(always)]
 fn drain(
     ep: &mut dyn WorkerSync,
-    (trainer, tensors): (&mut StepSequencer, &mut TensorTimes),
-    step_end: &mut [u64],
+    (trainer, tensors, completion, step_end): Records,
     now: u64,
 ) -> bool {
     let mut any = false;
     while let Some(ev) = ep.poll_event() {
         any = true;
         if let WorkerEvent::ParamsReady(key) | WorkerEvent::GradReady(key) = ev {
-            tensors.completed(key, now);
+            if let Some(ns) = tensors.completed(key, now) {
+                completion.record(ns);
+            }
         }
         trainer.handle_event(ev);
         if ev == WorkerEvent::StepDone {
@@ -189,7 +207,8 @@ impl<'a> Sim<'a> {
             checks_replies: !cfg.strategy.loss_tolerant(),
             hosts,
             trainers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
-            tensors: (0..n).map(|_| TensorTimes::new(keys.len())).collect(),
+            tensors: (0..n).map(|_| HandOvers::new(keys.len())).collect(),
+            completion: Histogram::default(),
             jitter: (0..n)
                 .map(|w| Jitter::new(cfg.seed, w as u64, cfg.jitter))
                 .collect(),
@@ -245,7 +264,7 @@ impl<'a> Sim<'a> {
                 Event::NicReady(h) => {
                     self.hosts[h].nic.wake_at = None;
                     if h < self.cfg.workers {
-                        self.drive(h, true)?;
+                        self.send(h)?;
                     } else {
                         self.fill(h)?;
                     }
@@ -306,8 +325,14 @@ impl<'a> Sim<'a> {
     }
 
     /// Whether the frame in `slot` reaches its receiver (faults may stop it); one that does
-    /// not is freed.
+    /// not is freed. Inlined: without faults (every frame of most runs) it is one test.
+    #[inline]
     fn admitted(&mut self, slot: usize) -> bool {
+        self.lives.is_none() || self.survives_faults(slot)
+    }
+
+    /// [`Sim::admitted`] with faults on.
+    fn survives_faults(&mut self, slot: usize) -> bool {
         let now = self.now;
         let Some(lives) = self.lives.as_deref_mut() else {
             return true;
@@ -336,78 +361,102 @@ impl<'a> Sim<'a> {
     /// it may have some (`poll`: it may already, e.g. a frame was just delivered to a ring
     /// worker), until its endpoint has no more events (transmitting can end a ring step).
     fn drive(&mut self, w: usize, poll: bool) -> Result<(), SimError> {
-        let mut may_send = poll || self.polling == Polling::Exhaustive;
-        let profile = self.profile;
+        let may_send = self.run_trainer(w)?;
+        if may_send || poll || self.polling == Polling::Exhaustive {
+            self.send(w)?;
+        }
+        Ok(())
+    }
+
+    /// Offers worker `w`'s NIC frames; as long as that gives its trainer events, runs the
+    /// trainer again and, if it may have more to send, offers again. Between events every
+    /// trainer waits (each [`Sim::drive`] leaves it so), so this is `drive(w, true)` without
+    /// asking a waiting trainer for an action first: all a reopened send window needs.
+    fn send(&mut self, w: usize) -> Result<(), SimError> {
         loop {
-            let Role::Worker(ep) = &mut self.hosts[w].role else {
-                return Err(self.internal(format!("rank {w} is not a worker")));
-            };
-            let trainer = &mut self.trainers[w];
-            loop {
-                let action = trainer.poll_action();
-                may_send |= matches!(
-                    action,
-                    Action::Begin(_) | Action::HandOver(_) | Action::BackwardDone
-                );
-                match action {
-                    Action::Wait | Action::Finished => break,
-                    Action::Begin(step) => ep.begin_step(step),
-                    Action::Retune(knobs) => {
-                        ep.retune(knobs);
-                        may_send = true;
-                    }
-                    Action::StepEnd(_) => trainer.handle_step_end(self.now),
-                    Action::Forward(layer) | Action::Backward(layer) => {
-                        let l = &profile.layers[layer];
-                        let backward = matches!(action, Action::Backward(_));
-                        let ns = self.jitter[w].apply(if backward {
-                            l.backward_ns
-                        } else {
-                            l.forward_ns
-                        });
-                        let ns = (ns as f64 * self.slowdown[w]).round() as u64;
-                        let (now, step) = (self.now, trainer.step());
-                        self.queue.push(now + ns, Event::ComputeDone(w));
-                        let what = if backward { "backward" } else { "forward" };
-                        let name = || format!("{what} {}", l.name);
-                        self.tracer
-                            .record(step, w, Lane::Compute, (now, now + ns), name);
-                        continue;
-                    }
-                    Action::HandOver(layer) => {
-                        for key in self.layer_keys[layer].clone() {
-                            self.tensors[w].handed(key, self.now);
-                            ep.handle_gradient(key, &self.grad[..self.keys[key].numel]);
-                            if let Some(outbox) = self.outboxes.get_mut(w) {
-                                outbox.handed(&self.key_owners[key]);
-                            }
-                        }
-                    }
-                    // Data, loss, optimizer and evaluation take no modelled time (and
-                    // simulated models have no buffers to relay).
-                    Action::LoadBatch(_)
-                    | Action::SyncBuffers(_)
-                    | Action::Loss
-                    | Action::OptimizeLayer(_)
-                    | Action::Optimize
-                    | Action::Evaluate { .. }
-                    | Action::Checkpoint(_) => continue,
-                    Action::BackwardDone => ep.handle_backward_done(),
-                }
-                let worker = (&mut *trainer, &mut self.tensors[w]);
-                drain(ep.as_mut(), worker, &mut self.step_end, self.now);
-            }
-            if !std::mem::take(&mut may_send) {
-                return Ok(());
-            }
             self.fill(w)?;
             let Role::Worker(ep) = &mut self.hosts[w].role else {
                 return Ok(());
             };
-            let worker = (&mut self.trainers[w], &mut self.tensors[w]);
-            if !drain(ep.as_mut(), worker, &mut self.step_end, self.now) {
+            let worker = (
+                &mut self.trainers[w],
+                &mut self.tensors[w],
+                &mut self.completion,
+                &mut self.step_end[..],
+            );
+            if !drain(ep.as_mut(), worker, self.now) || !self.run_trainer(w)? {
                 return Ok(());
             }
+        }
+    }
+
+    /// Runs worker `w`'s trainer until it computes or waits; returns whether any of its
+    /// actions may have given the endpoint something to send.
+    fn run_trainer(&mut self, w: usize) -> Result<bool, SimError> {
+        let mut may_send = false;
+        let profile = self.profile;
+        let Role::Worker(ep) = &mut self.hosts[w].role else {
+            return Err(self.internal(format!("rank {w} is not a worker")));
+        };
+        let trainer = &mut self.trainers[w];
+        loop {
+            let action = trainer.poll_action();
+            may_send |= matches!(
+                action,
+                Action::Begin(_) | Action::HandOver(_) | Action::BackwardDone
+            );
+            match action {
+                Action::Wait | Action::Finished => return Ok(may_send),
+                Action::Begin(step) => ep.begin_step(step),
+                Action::Retune(knobs) => {
+                    ep.retune(knobs);
+                    may_send = true;
+                }
+                Action::StepEnd(_) => trainer.handle_step_end(self.now),
+                Action::Forward(layer) | Action::Backward(layer) => {
+                    let l = &profile.layers[layer];
+                    let backward = matches!(action, Action::Backward(_));
+                    let ns = self.jitter[w].apply(if backward {
+                        l.backward_ns
+                    } else {
+                        l.forward_ns
+                    });
+                    let ns = (ns as f64 * self.slowdown[w]).round() as u64;
+                    let (now, step) = (self.now, trainer.step());
+                    self.queue.push(now + ns, Event::ComputeDone(w));
+                    let what = if backward { "backward" } else { "forward" };
+                    let name = || format!("{what} {}", l.name);
+                    self.tracer
+                        .record(step, w, Lane::Compute, (now, now + ns), name);
+                    continue;
+                }
+                Action::HandOver(layer) => {
+                    for key in self.layer_keys[layer].clone() {
+                        self.tensors[w].handed(key, self.now);
+                        ep.handle_gradient(key, &self.grad[..self.keys[key].numel]);
+                        if let Some(outbox) = self.outboxes.get_mut(w) {
+                            outbox.handed(&self.key_owners[key]);
+                        }
+                    }
+                }
+                // Data, loss, optimizer and evaluation take no modelled time (and
+                // simulated models have no buffers to relay).
+                Action::LoadBatch(_)
+                | Action::SyncBuffers(_)
+                | Action::Loss
+                | Action::OptimizeLayer(_)
+                | Action::Optimize
+                | Action::Evaluate { .. }
+                | Action::Checkpoint(_) => continue,
+                Action::BackwardDone => ep.handle_backward_done(),
+            }
+            let worker = (
+                &mut *trainer,
+                &mut self.tensors[w],
+                &mut self.completion,
+                &mut self.step_end[..],
+            );
+            drain(ep.as_mut(), worker, self.now);
         }
     }
 
@@ -505,7 +554,9 @@ impl<'a> Sim<'a> {
 
     /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
     /// egress arrives at the receiver's ingress (when modelled) or is delivered; a frame
-    /// through the ingress is delivered. Arms a poll for the port's next due time.
+    /// through the ingress is delivered. Arms a poll for the port's next due time. Inlined
+    /// (with [`Sim::decided`]) into `fill`, which calls it once per frame sent.
+    #[inline(always)]
     fn collect(&mut self, h: Rank, ingress: bool) -> Result<(), SimError> {
         let now = self.now;
         while let Some(d) = self.hosts[h]
@@ -527,6 +578,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Acts on one decided frame of host `h`'s egress or ingress port.
+    #[inline(always)]
     fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
         let slot = d.token as usize;
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
@@ -651,8 +703,13 @@ impl<'a> Sim<'a> {
                 }
             }
             Role::Worker(ep) => {
-                let worker = (&mut self.trainers[to], &mut self.tensors[to]);
-                let any = drain(ep.as_mut(), worker, &mut self.step_end, now);
+                let worker = (
+                    &mut self.trainers[to],
+                    &mut self.tensors[to],
+                    &mut self.completion,
+                    &mut self.step_end[..],
+                );
+                let any = drain(ep.as_mut(), worker, now);
                 // A worker waits on its trainer as the last drive left it unless an event
                 // moved the trainer on or the frame may give it something to send (always
                 // asked, polling exhaustively).
@@ -775,14 +832,7 @@ impl<'a> Sim<'a> {
             network,
             dlcp,
             realised_loss_per_key: key_loss.iter().map(KeyLoss::realised_loss).collect(),
-            tensor_completion: self
-                .tensors
-                .iter()
-                .fold(Histogram::default(), |mut all, t| {
-                    all.merge(t.run());
-                    all
-                })
-                .summary(),
+            tensor_completion: self.completion.summary(),
             autotune: self
                 .trainers
                 .first()

@@ -4,17 +4,19 @@
 
 use syncopate_core::net::{Nanos, NetCounters, NetworkProfile, Port};
 
-/// One host's NIC.
+/// One host's NIC: the driver's wake-up times first, then the ports (`repr(C)`: a reopened
+/// send window reads its wake-up and the egress port together).
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub(crate) struct Nic {
-    /// Egress: frames serialise one after another per path, then travel the latency.
-    pub egress: Port,
-    /// Ingress: arriving frames queue and serialise again at the receiver (when modelled).
-    pub ingress: Option<Port>,
     /// A wake-up is scheduled at this time (to refill the window).
     pub wake_at: Option<u64>,
     /// A poll of the egress (index 0) or ingress (1) port is scheduled at this time.
     pub poll_at: [Option<Nanos>; 2],
+    /// Egress: frames serialise one after another per path, then travel the latency.
+    pub egress: Port,
+    /// Ingress: arriving frames queue and serialise again at the receiver (when modelled).
+    pub ingress: Option<Port>,
 }
 
 impl Nic {

@@ -53,11 +53,15 @@ const SPAN: u64 = (BUCKETS as u64) << WIDTH_BITS;
 /// The end of a bucket's list, or of the free list.
 const NIL: usize = usize::MAX;
 
-/// An event waiting in the window, linked into its bucket's list (or the free list).
+/// An event waiting in the window, linked into its bucket's list (or the free list): 32
+/// bytes on a 32-byte boundary, so reading one reads one cache line. It needs no insertion
+/// sequence: events of equal time are filed in the order they were pushed (see
+/// [`EventQueue::file`]), so a list in time order, equal times in filing order, is in
+/// (time, sequence) order.
 #[derive(Debug, Clone, Copy)]
+#[repr(align(32))]
 struct Node {
     time: u64,
-    seq: u64,
     event: Event,
     next: usize,
 }
@@ -95,7 +99,7 @@ pub(crate) struct EventQueue {
     /// The time of the last event popped: nothing is earlier, and the window starts at its
     /// bucket.
     last: u64,
-    /// Insertion order of the next event.
+    /// Insertion order of the next event beyond the window (those in it need none).
     seq: u64,
     nodes: Vec<Node>,
     /// The first free node.
@@ -107,6 +111,9 @@ pub(crate) struct EventQueue {
     words: u64,
     /// Events at or after the window's end.
     far: BinaryHeap<Far>,
+    /// The node last filed inside a bucket's list (not at either end), while it is in the
+    /// window (`NIL` once popped): a walk along that list starts there when it can.
+    cursor: usize,
 }
 
 impl Default for EventQueue {
@@ -126,6 +133,7 @@ impl Default for EventQueue {
             occupied: [0; WORDS],
             words: 0,
             far: BinaryHeap::new(),
+            cursor: NIL,
         }
     }
 }
@@ -137,16 +145,23 @@ fn bucket_of(t: u64) -> usize {
 
 impl EventQueue {
     /// Schedules `event` at `time_ns`; a time before the last popped one counts as that one.
+    #[inline]
     pub fn push(&mut self, time_ns: u64, event: Event) {
         debug_assert!(time_ns >= self.last, "event scheduled in the past");
         let time = time_ns.max(self.last);
+        if time < self.window_end() {
+            self.file(time, event);
+        } else {
+            self.push_far(time, event);
+        }
+    }
+
+    /// Queues an event beyond the window in the heap.
+    #[inline(never)]
+    fn push_far(&mut self, time: u64, event: Event) {
         let seq = self.seq;
         self.seq = seq.wrapping_add(1);
-        if time < self.window_end() {
-            self.file(time, seq, event);
-        } else {
-            self.far.push(Far { time, seq, event });
-        }
+        self.far.push(Far { time, seq, event });
     }
 
     /// The earliest event (first scheduled among equal times).
@@ -155,7 +170,9 @@ impl EventQueue {
             if let Some(b) = self.first_occupied() {
                 let node = self.unlink_head(b);
                 self.last = node.time;
-                self.admit_far();
+                if self.far_due() {
+                    self.admit_far();
+                }
                 return Some((node.time, node.event));
             }
             // The window is empty: it moves to the earliest far event.
@@ -169,21 +186,32 @@ impl EventQueue {
         (self.last & !((1u64 << WIDTH_BITS) - 1)).saturating_add(SPAN)
     }
 
+    /// Whether the window now reaches the earliest far event (rarely: out of line, the
+    /// heap's pop would make every pop save and restore its registers).
+    fn far_due(&self) -> bool {
+        let end = self.window_end();
+        self.far.peek().is_some_and(|f| f.time < end)
+    }
+
     /// Files the far events the window now reaches into their buckets.
+    #[inline(never)]
     fn admit_far(&mut self) {
         let end = self.window_end();
         while self.far.peek().is_some_and(|f| f.time < end) {
             if let Some(f) = self.far.pop() {
-                self.file(f.time, f.seq, f.event);
+                self.file(f.time, f.event);
             }
         }
     }
 
-    /// Links an event of the window into its bucket's list, in (time, sequence) order.
-    fn file(&mut self, time: u64, seq: u64, event: Event) {
+    /// Links an event of the window into its bucket's list, after every event of its time
+    /// or earlier. That is (time, sequence) order because events of one time are filed in
+    /// sequence order: one pushed at a time already in the window is filed at once, after
+    /// every earlier push of that time (a far one was admitted as soon as the window reached
+    /// it, in heap order, before anything could be pushed at its time directly).
+    fn file(&mut self, time: u64, event: Event) {
         let node = Node {
             time,
-            seq,
             event,
             next: NIL,
         };
@@ -198,28 +226,41 @@ impl EventQueue {
         };
         let b = bucket_of(time);
         let bucket = self.buckets[b];
-        let key = (time, seq);
         if bucket.head == NIL {
             self.buckets[b] = Bucket { head: n, tail: n };
             self.occupied[b / 64] |= 1 << (b % 64);
             self.words |= 1 << (b / 64);
-        } else if (self.nodes[bucket.tail].time, self.nodes[bucket.tail].seq) < key {
+        } else if self.nodes[bucket.tail].time <= time {
             self.nodes[bucket.tail].next = n;
             self.buckets[b].tail = n;
-        } else if key < (self.nodes[bucket.head].time, self.nodes[bucket.head].seq) {
+        } else if time < self.nodes[bucket.head].time {
             self.nodes[n].next = bucket.head;
             self.buckets[b].head = n;
         } else {
-            let mut prev = bucket.head;
+            let mut prev = self.walk_start(b, time);
             loop {
                 let next = self.nodes[prev].next;
-                if next == NIL || key < (self.nodes[next].time, self.nodes[next].seq) {
+                if next == NIL || time < self.nodes[next].time {
                     break;
                 }
                 prev = next;
             }
             self.nodes[n].next = self.nodes[prev].next;
             self.nodes[prev].next = n;
+            self.cursor = n;
+        }
+    }
+
+    /// Where to start looking for the place of an event at `time` in bucket `b`'s list:
+    /// the node last filed inside a list if it is in this one and not later, else the
+    /// head. A bucket can hold a thousand events of one instant (every worker's, in
+    /// lockstep), and the events filed inside it then come in time order: from its head,
+    /// each would walk past all of them.
+    fn walk_start(&self, b: usize, time: u64) -> usize {
+        let c = self.cursor;
+        match self.nodes.get(c) {
+            Some(node) if bucket_of(node.time) == b && node.time <= time => c,
+            _ => self.buckets[b].head,
         }
     }
 
@@ -248,6 +289,9 @@ impl EventQueue {
     /// Takes bucket `b`'s first event.
     fn unlink_head(&mut self, b: usize) -> Node {
         let n = self.buckets[b].head;
+        if n == self.cursor {
+            self.cursor = NIL;
+        }
         let node = self.nodes[n];
         self.buckets[b].head = node.next;
         if node.next == NIL {

@@ -69,8 +69,9 @@ pub struct PsWorker {
     step: u64,
     keys_left: usize,
     received: Vec<bool>,
-    params: Vec<Vec<f32>>,
-    slices_left: Vec<usize>,
+    /// Per key, its fresh values and the slices still to come (side by side: an answer
+    /// reads both).
+    keys: Vec<KeyState>,
     events: VecDeque<WorkerEvent>,
     /// Bytes that may be pushed and not yet answered (credit scheduling only).
     credit: Option<usize>,
@@ -115,11 +116,10 @@ impl PsWorker {
             arrival: 0,
             step: 0,
             grads: vec![0.0; reg.total_numel()],
-            params: vec![Vec::new(); keys],
+            keys: vec![KeyState::default(); keys],
             queues: LinkQueues::new(scheduler, reg.servers()),
             held: Vec::new(),
             received: vec![false; slices],
-            slices_left: vec![0; keys],
             keys_left: 0,
             events: VecDeque::new(),
             sequence: 0,
@@ -215,9 +215,10 @@ impl WorkerSync for PsWorker {
         self.keys_left = 0;
         for key in 0..self.reg.keys().len() {
             let n = self.reg.slices_of(key).len();
-            self.slices_left[key] = n;
-            if self.params[key].len() != self.reg.keys()[key].numel {
-                self.params[key] = vec![0.0; self.reg.keys()[key].numel];
+            let state = &mut self.keys[key];
+            state.slices_left = n;
+            if state.params.len() != self.reg.keys()[key].numel {
+                state.params = vec![0.0; self.reg.keys()[key].numel];
             }
             if n == 0 {
                 self.events.push_back(WorkerEvent::ParamsReady(key));
@@ -252,7 +253,7 @@ impl WorkerSync for PsWorker {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        std::mem::take(&mut self.params[key])
+        std::mem::take(&mut self.keys[key].params)
     }
 }
 
@@ -317,7 +318,8 @@ impl Endpoint for PsWorker {
         }
         let s = self.reg.slices()[slice];
         // The key's buffer is made at the step's start and handed out once complete.
-        self.params[s.key]
+        self.keys[s.key]
+            .params
             .get_mut(s.range())
             .ok_or_else(|| ProtocolError::unexpected(link, h, "parameters outside a step"))
     }
@@ -339,8 +341,8 @@ impl Endpoint for PsWorker {
             self.in_flight_keys.remove(&key);
         }
         let key = h.key as usize;
-        self.slices_left[key] -= 1;
-        if self.slices_left[key] == 0 {
+        self.keys[key].slices_left -= 1;
+        if self.keys[key].slices_left == 0 {
             self.events.push_back(WorkerEvent::ParamsReady(key));
             self.keys_left -= 1;
             if self.keys_left == 0 {
@@ -349,6 +351,15 @@ impl Endpoint for PsWorker {
         }
         Ok(())
     }
+}
+
+/// A worker's key: its fresh values (made at the step's start, handed out once complete)
+/// and how many of its slices are still to come.
+#[derive(Debug, Clone, Default)]
+#[repr(align(32))]
+struct KeyState {
+    params: Vec<f32>,
+    slices_left: usize,
 }
 
 /// One parameter-server shard: owns some slices, aggregates pushes, applies SGD, answers.
@@ -370,21 +381,16 @@ pub struct PsServer {
     scratch_len: usize,
     /// Pushes that began to arrive before their turn in the rank-order sum.
     early: EarlyPushes,
-    /// Per slice: the worker whose push is added next.
-    next_rank: Vec<usize>,
     /// Early pushes held now, and the most ever held at once (values), for the cost of
     /// summing in rank order.
     early_values: usize,
     peak_early_values: usize,
     latest_step: u64,
-    pushes: Vec<usize>,
-    slice_step: Vec<u64>,
-    /// Per slice, a bit per worker whose push of this step is in.
-    pushed_by: Vec<Vec<u64>>,
+    /// Per slice, how its pushes stand (one cache line each: a push reads all of it).
+    slices: Vec<SliceState>,
     /// Answers waiting for the workers (each updated slice for every worker).
     out: BroadcastQueue,
     arrival: u64,
-    out_step: Vec<u64>,
     updates: u64,
     sequence: u64,
     /// Slices this server owns.
@@ -393,6 +399,53 @@ pub struct PsServer {
     updated_in_step: std::collections::BTreeMap<u64, usize>,
     /// Steps all of whose owned slices are updated, not yet polled.
     completed: std::collections::VecDeque<u64>,
+    /// The frame whose slot [`Endpoint::recv_slot`] handed out last, and its slice.
+    last_slot: Option<LastSlot>,
+}
+
+/// Where a server's slice stands.
+#[derive(Debug, Clone, Default)]
+#[repr(align(64))]
+struct SliceState {
+    /// Pushes of this step in.
+    pushes: usize,
+    /// The step of the pushes in (once one is), or the next step expected.
+    step: u64,
+    /// The worker whose push is added next.
+    next_rank: usize,
+    /// The step of the values last updated (what the answers carry).
+    out_step: u64,
+    /// A bit per worker whose push of this step is in.
+    pushed_by: Vec<u64>,
+}
+
+/// A push a server handed out a slot for: what of its header names the slice, and the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LastSlot {
+    link: Rank,
+    kind: FrameKind,
+    key: u32,
+    offset: u32,
+    length: u32,
+    slice: usize,
+}
+
+impl LastSlot {
+    fn of(link: Rank, h: &Header, slice: usize) -> Self {
+        Self {
+            link,
+            kind: h.kind,
+            key: h.key,
+            offset: h.offset,
+            length: h.length,
+            slice,
+        }
+    }
+
+    /// Whether a frame from `link` with header `h` names the same slice.
+    fn is(&self, link: Rank, h: &Header) -> bool {
+        *self == Self::of(link, h, self.slice)
+    }
 }
 
 /// Optimizer settings a server applies.
@@ -467,23 +520,23 @@ impl PsServer {
             scratch: vec![0.0; workers.saturating_mul(max_slice)],
             scratch_len: max_slice,
             early: EarlyPushes::new((0..slices).map(|s| per_worker(s, workers))),
-            next_rank: vec![0; slices],
             early_values: 0,
             peak_early_values: 0,
             latest_step: 0,
-            pushes: vec![0; slices],
-            slice_step: vec![0; slices],
-            pushed_by: (0..slices)
-                .map(|s| vec![0; per_worker(s, workers).div_ceil(64)])
+            slices: (0..slices)
+                .map(|s| SliceState {
+                    pushed_by: vec![0; per_worker(s, workers).div_ceil(64)],
+                    ..SliceState::default()
+                })
                 .collect(),
             out: BroadcastQueue::new(scheduler, workers),
             arrival: 0,
-            out_step: vec![0; slices],
             updates: 0,
             sequence: 0,
             owned_slices: (0..slices).filter(|&s| reg.owner(s) == index).count(),
             updated_in_step: Default::default(),
             completed: Default::default(),
+            last_slot: None,
             reg,
         }
     }
@@ -499,7 +552,28 @@ impl PsServer {
         }
     }
 
+    /// The slice a push from `link` with header `h` carries, if this server takes it now.
     fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        let slice = self.owned_slice(link, h)?;
+        self.check_turn(link, h, slice)?;
+        Ok(slice)
+    }
+
+    /// [`PsServer::check`] for the payload of the frame whose slot was last handed out:
+    /// the slice found then (what a header says never changes), the step checked again
+    /// (other pushes may have come in since).
+    fn check_payload(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
+        match self.last_slot {
+            Some(last) if last.is(link, h) => {
+                self.check_turn(link, h, last.slice)?;
+                Ok(last.slice)
+            }
+            _ => self.check(link, h),
+        }
+    }
+
+    /// The slice of this server's that a push from `link` with header `h` names.
+    fn owned_slice(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
         if link >= self.workers {
             return Err(ProtocolError::unexpected(
                 link,
@@ -525,31 +599,36 @@ impl PsServer {
                 "slice owned by another server",
             ));
         }
-        if self.pushes[slice] > 0 && h.step != self.slice_step[slice] {
+        Ok(slice)
+    }
+
+    /// Whether a push of `slice` from `link` with header `h` fits the slice's step and is
+    /// the link's first of it.
+    #[inline(always)]
+    fn check_turn(&self, link: Rank, h: &Header, slice: usize) -> Result<(), ProtocolError> {
+        let state = &self.slices[slice];
+        if state.pushes > 0 && h.step != state.step {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
-                &format!(
-                    "step differs from the other workers' step {}",
-                    self.slice_step[slice]
-                ),
+                &format!("step differs from the other workers' step {}", state.step),
             ));
         }
         if h.step == u64::MAX {
             // The slice's next step would not be representable.
             return Err(ProtocolError::unexpected(link, h, "step out of range"));
         }
-        if self.pushes[slice] == 0 && h.step < self.slice_step[slice] {
+        if state.pushes == 0 && h.step < state.step {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
-        if pushed(&self.pushed_by[slice], link) {
+        if pushed(&state.pushed_by, link) {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
                 "pushed twice in one step",
             ));
         }
-        Ok(slice)
+        Ok(())
     }
 }
 
@@ -574,7 +653,7 @@ impl ServerSync for PsServer {
         }
         self.params = params;
         self.velocity = velocity;
-        self.slice_step.fill(first_step);
+        self.slices.iter_mut().for_each(|s| s.step = first_step);
         self.latest_step = first_step;
         Ok(())
     }
@@ -610,13 +689,16 @@ impl PsServer {
     fn add_waiting_pushes(&mut self, slice: usize) {
         let s = self.reg.slices()[slice];
         // A push still arriving stays where it is until it is all in.
-        while self.early.holds_complete(slice, self.next_rank[slice]) {
-            let link = self.next_rank[slice];
+        while self
+            .early
+            .holds_complete(slice, self.slices[slice].next_rank)
+        {
+            let link = self.slices[slice].next_rank;
             let values = self.early.values(slice, link);
             add_assign(&mut self.acc[s.key][s.range()], values);
             self.early_values -= values.len();
             self.early.release(slice, link);
-            self.next_rank[slice] += 1;
+            self.slices[slice].next_rank += 1;
         }
     }
 
@@ -625,7 +707,7 @@ impl PsServer {
     fn next_answer(&mut self, link: Rank) -> Option<Header> {
         let p = self.out.pop(link)?;
         let s = self.reg.slices()[p.item];
-        let step = self.out_step[p.item];
+        let step = self.slices[p.item].out_step;
         let h = slice_header(FrameKind::Params, step, &s, &p, self.rank, self.sequence);
         self.sequence += 1;
         Some(h)
@@ -666,8 +748,9 @@ impl Endpoint for PsServer {
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         let slice = self.check(link, h)?;
+        self.last_slot = Some(LastSlot::of(link, h, slice));
         let len = self.reg.slices()[slice].len;
-        if !self.early.holds(slice, link) && link == self.next_rank[slice] {
+        if !self.early.holds(slice, link) && link == self.slices[slice].next_rank {
             let start = link * self.scratch_len;
             return Ok(&mut self.scratch[start..start + len]);
         }
@@ -679,19 +762,19 @@ impl Endpoint for PsServer {
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
-        let slice = self.check(link, h)?;
+        let slice = self.check_payload(link, h)?;
         let s = self.reg.slices()[slice];
         let r = s.range();
         self.latest_step = self.latest_step.max(h.step);
         if self.early.complete(slice, link) {
             self.early_values += s.len;
             self.peak_early_values = self.peak_early_values.max(self.early_values);
-        } else if link == self.next_rank[slice] {
+        } else if link == self.slices[slice].next_rank {
             // Read into the sum's own buffer: it was this push's turn when it began.
             let start = link * self.scratch_len;
             let pushed = &self.scratch[start..start + s.len];
             add_assign(&mut self.acc[s.key][r.clone()], pushed);
-            self.next_rank[slice] += 1;
+            self.slices[slice].next_rank += 1;
         } else {
             return Err(ProtocolError::unexpected(
                 link,
@@ -700,14 +783,15 @@ impl Endpoint for PsServer {
             ));
         }
         self.add_waiting_pushes(slice);
-        if self.pushes[slice] == 0 {
-            self.slice_step[slice] = h.step;
+        let state = &mut self.slices[slice];
+        if state.pushes == 0 {
+            state.step = h.step;
         }
-        self.pushes[slice] += 1;
-        if let Some(word) = self.pushed_by[slice].get_mut(link / 64) {
+        state.pushes += 1;
+        if let Some(word) = state.pushed_by.get_mut(link / 64) {
             *word |= 1 << (link % 64);
         }
-        if self.pushes[slice] == self.workers {
+        if state.pushes == self.workers {
             let acc = &mut self.acc[s.key][r.clone()];
             scale(acc, 1.0 / self.workers as f32);
             let lr = self.schedule.lr_at(self.base_lr, h.step);
@@ -718,11 +802,12 @@ impl Endpoint for PsServer {
                 &mut self.velocity[s.key][r],
             );
             acc.iter_mut().for_each(|a| *a = 0.0);
-            self.next_rank[slice] = 0;
-            self.pushes[slice] = 0;
-            self.pushed_by[slice].iter_mut().for_each(|w| *w = 0);
-            self.out_step[slice] = h.step;
-            self.slice_step[slice] = h.step + 1;
+            let state = &mut self.slices[slice];
+            state.next_rank = 0;
+            state.pushes = 0;
+            state.pushed_by.iter_mut().for_each(|w| *w = 0);
+            state.out_step = h.step;
+            state.step = h.step + 1;
             self.updates += 1;
             self.count_update(h.step);
             let p = pending_for(&self.reg, slice, &mut self.arrival);
