@@ -10,9 +10,12 @@
  *                  `syncopate bench-comm` does (default: a barrier before each call)
  *
  * For each size: fills the send buffer, runs warm-up all-reduces (10, or 2 from 16 MiB up;
- * the sum is checked once), estimates the time of one call from the warm-up's second half, then times max(min-iters, min-time / estimate) calls
- * (at most 10000), each started right after an MPI_Barrier. An iteration's time is the
- * slowest rank's. Prints to stdout, CSV, one line per size after a header line:
+ * the sum is checked once), estimates the time of one call from the warm-up's second half,
+ * then times max(min-iters, min-time / estimate) calls (at most 10000), each started right
+ * after an MPI_Barrier. An iteration's time is the slowest rank's. Every call reduces in
+ * place (MPI_IN_PLACE) a buffer just filled from the send buffer, outside the clock: the
+ * method of the Gloo reference (torch's in-place all_reduce after copy_) and of
+ * `syncopate bench-comm` (the input written into the strategy's buffer first). Prints to stdout, CSV, one line per size after a header line:
  *   size_bytes,ranks,median_s,busbw_GBps
  * where busbw_GBps = 2*(ranks-1)/ranks * size_bytes / median_s / 1e9 (the nccl-tests
  * "bus bandwidth" of an all-reduce: the bytes each rank sends and receives in a ring).
@@ -26,6 +29,12 @@
 
 #define MAX_SIZES 64
 #define MAX_ITERS 10000
+
+/* Fills `recv` from `send`, then sums it in place across the ranks. */
+static void reduce_in_place(const float *send, float *recv, int count) {
+    memcpy(recv, send, sizeof(float) * (size_t)count);
+    MPI_Allreduce(MPI_IN_PLACE, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -129,11 +138,11 @@ int main(int argc, char **argv) {
         /* The second half of the warm-up estimates the time of one call. */
         const int warm = bytes >= (16LL << 20) ? 2 : 10;
         for (int w = 0; w < warm / 2; w++)
-            MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            reduce_in_place(send, recv, count);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int w = warm / 2; w < warm; w++)
-            MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            reduce_in_place(send, recv, count);
         double est = (MPI_Wtime() - t0) / (warm - warm / 2);
         long long bad = 0;
         for (int i = 0; i < count; i++) {
@@ -157,9 +166,10 @@ int main(int argc, char **argv) {
         MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
 
         for (int it = 0; it < iters; it++) {
+            memcpy(recv, send, (size_t)bytes);
             if (!back_to_back) MPI_Barrier(MPI_COMM_WORLD);
             double a = MPI_Wtime();
-            MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             times[it] = MPI_Wtime() - a;
         }
         /* Barrier-timed: a call's time is the slowest rank's; back to back: rank 0's own. */

@@ -34,6 +34,11 @@ enum Command {
     /// List the built-in models with their layers, keys and parameter counts.
     Models(cmd::models::ModelsArgs),
     /// Benchmark the transport: ring all-reduce bus bandwidth or PS push/pull per size.
+    ///
+    /// The ring all-reduce (allreduce, allreduce-no-overlap) is timed in place, as torch's
+    /// `all_reduce` and MPI's `MPI_IN_PLACE` are: each operation's input is written into the
+    /// strategy's own buffer before the clock starts. The other strategies copy it in on
+    /// the clock.
     BenchComm(cmd::bench::BenchArgs),
     /// Run a study: a matrix of jobs (models x strategies x bandwidths x workers x seeds)
     /// one after another, resumable, then its report (results.csv, report.html).

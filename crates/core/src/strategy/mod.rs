@@ -125,6 +125,19 @@ pub trait WorkerSync: Endpoint {
     fn begin_step(&mut self, step: u64);
     /// Backward produced `key`'s gradient (copied in; the caller keeps its buffer).
     fn handle_gradient(&mut self, key: usize, grad: &[f32]);
+    /// The buffer this strategy synchronises `key`'s gradient in, for a caller that writes
+    /// the gradient there itself and then calls [`WorkerSync::handle_gradient_in_place`]
+    /// instead of [`WorkerSync::handle_gradient`] (an in-place all-reduce: the copy is the
+    /// caller's). Free to write before the key's gradient of the step is handed over, once
+    /// the previous step is done. `None` (the default) where the strategy has no such
+    /// buffer: then the gradient must be handed over with [`WorkerSync::handle_gradient`].
+    fn gradient_slot(&mut self, _key: usize) -> Option<&mut [f32]> {
+        None
+    }
+    /// `key`'s gradient has been written into [`WorkerSync::gradient_slot`]: as
+    /// [`WorkerSync::handle_gradient`] without the copy. Only for strategies that gave a
+    /// slot; the default does nothing.
+    fn handle_gradient_in_place(&mut self, _key: usize) {}
     /// Backward has finished (no-overlap strategies start communicating only now).
     fn handle_backward_done(&mut self);
     /// The next event for the training loop.

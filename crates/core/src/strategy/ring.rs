@@ -691,6 +691,17 @@ impl WorkerSync for RingAllReduce {
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
         let (b, off) = self.key_place[key];
         self.data[b][off..off + grad.len()].copy_from_slice(grad);
+        self.handle_gradient_in_place(key);
+    }
+
+    fn gradient_slot(&mut self, key: usize) -> Option<&mut [f32]> {
+        let &(b, off) = self.key_place.get(key)?;
+        let len = self.keys[key].numel;
+        self.data.get_mut(b)?.get_mut(off..off + len)
+    }
+
+    fn handle_gradient_in_place(&mut self, key: usize) {
+        let b = self.key_place[key].0;
         self.state[b].missing_keys -= 1;
         if self.overlap && self.state[b].missing_keys == 0 {
             self.launch(b);

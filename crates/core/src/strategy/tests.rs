@@ -112,7 +112,8 @@ fn grad(step: u64, worker: usize, key: usize, n: usize) -> Vec<f32> {
 
 /// Runs `steps` synchronous steps of a worker strategy plus optional servers, delivering
 /// frames in a seeded random order; each worker starts its next step as soon as it has
-/// finished the last one, as a real worker does. Returns each worker's `take_values` per
+/// finished the last one, as a real worker does, and hands each gradient over as a copy
+/// or, now and then, written into the strategy's own buffer. Returns each worker's `take_values` per
 /// step and key.
 fn drive(
     workers: &mut [Box<dyn WorkerSync>],
@@ -151,7 +152,18 @@ fn drive(
                 if step[w] < steps {
                     if let Some(key) = to_hand[w].first().copied() {
                         to_hand[w].remove(0);
-                        workers[w].handle_gradient(key, &grad(step[w], w, key, sizes[key]));
+                        let g = grad(step[w], w, key, sizes[key]);
+                        // Now and then written in place, where the strategy offers its buffer.
+                        let slot = match rng.gen_bool(0.5) {
+                            true => workers[w].gradient_slot(key),
+                            false => None,
+                        };
+                        let in_place = slot.map(|slot| slot.copy_from_slice(&g)).is_some();
+                        if in_place {
+                            workers[w].handle_gradient_in_place(key);
+                        } else {
+                            workers[w].handle_gradient(key, &g);
+                        }
                         if to_hand[w].is_empty() {
                             workers[w].handle_backward_done();
                         }
