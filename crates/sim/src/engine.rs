@@ -484,9 +484,15 @@ impl<'a> Sim<'a> {
                     ep.poll_transmit_any(self.outboxes[h].candidates(), &mut buf)
                 }
                 Role::Worker(ep) => {
+                    // The order moves on with each frame sent, not with each poll: lean
+                    // and exhaustive polling, which poll in vain unequally often, keep the
+                    // same order (it matters where frames wait for two links at once).
                     let turn = host.rotation % n;
-                    host.rotation = host.rotation.wrapping_add(1);
-                    ep.poll_transmit_any(&host.links[turn..turn + n], &mut buf)
+                    let to = ep.poll_transmit_any(&host.links[turn..turn + n], &mut buf);
+                    if to.is_some() {
+                        host.rotation = host.rotation.wrapping_add(1);
+                    }
+                    to
                 }
                 Role::Server(ep) => match self.polling {
                     Polling::Lean => {
