@@ -54,6 +54,12 @@ impl<T> Path<T> {
     /// Accounts work of `bytes` admitted at `now`.
     pub fn admit_work(&mut self, now: Nanos, bytes: usize) {
         let tx = self.transmission_ns(bytes);
+        self.admit_timed_work(now, bytes, tx);
+    }
+
+    /// [`Path::admit_work`] given the `tx` ns the bytes take on this path (a caller that
+    /// needs them too computes them once).
+    pub fn admit_timed_work(&mut self, now: Nanos, bytes: usize, tx: Nanos) {
         self.work_until = self.work_until.max(now).saturating_add(tx);
         self.bytes_offered = self.bytes_offered.saturating_add(bytes as u64);
     }

@@ -277,7 +277,12 @@ impl Port {
 
     /// As [`Port::poll_fate`], with the timing of the frame's last transmission.
     pub fn poll_decision(&mut self, now: Nanos) -> Option<Decision> {
-        self.advance(now);
+        if self.direct {
+            // Nothing is ever due later on the direct path: every frame is decided on offer.
+            self.clock = self.clock.max(now);
+        } else {
+            self.advance(now);
+        }
         self.ready.pop_front()
     }
 
@@ -285,6 +290,9 @@ impl Port {
     pub fn poll_timeout(&self) -> Option<Nanos> {
         if !self.ready.is_empty() {
             return Some(self.clock);
+        }
+        if self.direct {
+            return None;
         }
         let retransmit = self.retransmits.keys().next().map(|&(t, _)| t);
         let dispatch = self.next_dispatch().map(|(t, _)| t);
