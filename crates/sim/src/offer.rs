@@ -21,6 +21,9 @@ pub(crate) struct Frontier {
     /// `(step, key, offset)` of an updated slice and the next worker to get it.
     replies: Vec<((u64, u32, u32), usize)>,
     links: Vec<usize>,
+    /// Where in `replies` the last reply sent was: a server hands one reply to worker
+    /// after worker, so the next is nearly always there (looked at before a scan).
+    last: usize,
 }
 
 impl Frontier {
@@ -50,9 +53,10 @@ impl Frontier {
         link: usize,
         workers: usize,
     ) -> Result<(), String> {
-        let Some(i) = self.replies.iter().position(|r| r.0 == slice) else {
+        let Some(i) = self.find(slice) else {
             return Err(format!("reply {slice:?} to {link} was never queued"));
         };
+        self.last = i;
         let next = &mut self.replies[i].1;
         if *next != link {
             return Err(format!("reply {slice:?} went to {link}, expected {next}"));
@@ -62,6 +66,16 @@ impl Frontier {
             self.replies.remove(i);
         }
         Ok(())
+    }
+
+    /// Where the reply for `slice` is in `replies`: where the last one sent was, or else
+    /// wherever a scan finds it (the same place: a slice is updated once a step, so it is
+    /// in `replies` at most once).
+    fn find(&self, slice: (u64, u32, u32)) -> Option<usize> {
+        match self.replies.get(self.last) {
+            Some(r) if r.0 == slice => Some(self.last),
+            _ => self.replies.iter().position(|r| r.0 == slice),
+        }
     }
 }
 
