@@ -601,12 +601,13 @@ impl<'a> Sim<'a> {
             self.queue.push(at, Event::Deliver(slot));
             return Ok(());
         }
-        let (from, to, header) = (f.from, f.to, f.header);
         // First bit at the receiver: the start plus the path's latency.
         f.recv_start = d.start + at.saturating_sub(d.done);
+        // The header stays in its slot (not copied per frame for a trace seldom taken).
+        let (from, to, header) = (f.from, f.to, &f.header);
         self.tracer
             .record(header.step, from, Lane::Send, (d.start, d.done), || {
-                frame_name(&header, from, to)
+                frame_name(header, from, to)
             });
         let arrive = self.cfg.network.ingress;
         self.queue.push(
@@ -644,28 +645,28 @@ impl<'a> Sim<'a> {
         if !self.admitted(slot) {
             return Ok(());
         }
-        let Some(f) = self.frames.get_mut(slot).and_then(Option::take) else {
+        // Read where it lies (a frame is a hundred bytes: not copied out to be read once).
+        let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        self.free_slots.push(slot);
-        let (now, to, h) = (self.now, f.to, f.header);
+        let (now, from, to, h) = (self.now, f.from, f.to, &f.header);
         self.hosts[to].traffic.bytes_received += f.bytes as u64;
         self.tracer
             .record(h.step, to, Lane::Receive, (f.recv_start, now), || {
-                frame_name(&h, f.from, to)
+                frame_name(h, from, to)
             });
         let ep: &mut dyn Endpoint = match &mut self.hosts[to].role {
             Role::Worker(w) => w.as_mut(),
             Role::Server(s) => s.as_mut(),
         };
         let payload = f.buf.get(HEADER_LEN..).unwrap_or_default();
-        let result = match ep.recv_slot(f.from, &h).map(f32_bytes_mut) {
+        let result = match ep.recv_slot(from, h).map(f32_bytes_mut) {
             Ok(dst) if dst.len() == payload.len() => {
                 dst.copy_from_slice(payload);
-                ep.handle_payload(f.from, &h)
+                ep.handle_payload(from, h)
             }
             Ok(dst) => Err(ProtocolError::Unexpected {
-                from: f.from,
+                from,
                 reason: format!(
                     "{}-byte slot for a {}-byte payload",
                     dst.len(),
@@ -674,11 +675,14 @@ impl<'a> Sim<'a> {
             }),
             Err(e) => Err(e),
         };
-        self.pool.push(f.buf);
+        let h = (h.step, h.key, h.offset);
+        self.pool.push(std::mem::take(&mut f.buf));
+        self.frames[slot] = None;
+        self.free_slots.push(slot);
         result.map_err(|source| SimError::Protocol {
             time_ns: now,
             host: to,
-            from: f.from,
+            from,
             source,
         })?;
         match &mut self.hosts[to].role {
@@ -690,7 +694,7 @@ impl<'a> Sim<'a> {
                     self.fill(to)
                 } else if updates == self.updates[i] + 1 {
                     self.updates[i] = updates;
-                    self.frontiers[i].updated((h.step, h.key, h.offset));
+                    self.frontiers[i].updated(h);
                     self.fill(to)
                 } else if updates != self.updates[i] {
                     Err(self.internal(format!(
