@@ -737,17 +737,28 @@ impl<'a> Sim<'a> {
     }
 
     /// Queues a [`Event::Timeout`] for host `h`'s endpoint timer unless one is queued for it.
+    /// Inlined into the event loop (once per event; the timer seldom changes).
+    #[inline(always)]
     fn arm_timer(&mut self, h: usize) {
         let ep: &dyn Endpoint = match &self.hosts[h].role {
             Role::Worker(w) => w.as_ref(),
             Role::Server(s) => s.as_ref(),
         };
         let at = ep.poll_timeout();
-        if at != self.timers[h] {
-            self.timers[h] = at;
-            if let Some(at) = at {
-                self.queue.push(at.max(self.now), Event::Timeout(h));
-            }
+        let Some(armed) = self.timers.get_mut(h) else {
+            return;
+        };
+        if at != *armed {
+            *armed = at;
+            self.queue_timeout(h, at);
+        }
+    }
+
+    /// Queues a [`Event::Timeout`] at `at` for host `h` (if any).
+    #[cold]
+    fn queue_timeout(&mut self, h: usize, at: Option<u64>) {
+        if let Some(at) = at {
+            self.queue.push(at.max(self.now), Event::Timeout(h));
         }
     }
 
