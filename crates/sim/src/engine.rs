@@ -98,6 +98,9 @@ pub(crate) struct Sim<'a> {
     tracer: Tracer,
     /// Per host: the endpoint timer a [`Event::Timeout`] is queued for.
     timers: Vec<Option<u64>>,
+    /// The last frame's `(elements, wire bytes)`: frames of one slice size follow one
+    /// another, and [`SimConfig::wire_bytes`] divides and rounds.
+    last_wire: (usize, usize),
     /// The processes' lives, with faults on (`None`: no faults, no liveness rules).
     lives: Option<Box<life::Lives>>,
 }
@@ -236,6 +239,7 @@ impl<'a> Sim<'a> {
             step_end: vec![0; cfg.steps as usize],
             tracer: Tracer::new(cfg.trace_steps.clone()),
             timers: vec![None; cfg.workers + cfg.servers],
+            last_wire: (0, cfg.wire_bytes(0)),
         })
     }
 
@@ -521,7 +525,7 @@ impl<'a> Sim<'a> {
             if let Err(what) = checked {
                 return Err(self.internal(format!("rank {h}: {what}")));
             }
-            let bytes = self.cfg.wire_bytes(header.length as usize);
+            let bytes = self.wire_bytes(header.length as usize);
             let frame = InFlight {
                 from: h,
                 to,
@@ -550,6 +554,15 @@ impl<'a> Sim<'a> {
             (host.nic.egress).enqueue(now, slot as u64, meta);
             self.collect(h, false)?;
         }
+    }
+
+    /// [`SimConfig::wire_bytes`] of `elems`, from the last frame's when it had as many.
+    #[inline]
+    fn wire_bytes(&mut self, elems: usize) -> usize {
+        if self.last_wire.0 != elems {
+            self.last_wire = (elems, self.cfg.wire_bytes(elems));
+        }
+        self.last_wire.1
     }
 
     /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
