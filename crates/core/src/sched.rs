@@ -322,9 +322,21 @@ impl LinkQueues {
     /// of integers when the overall winner is among them (a driver offering every link, or
     /// every link that can win); otherwise a scan of their heads.
     pub fn most_urgent(&self, links: impl Iterator<Item = usize> + Clone) -> Option<usize> {
+        let offered = |best: usize| links.clone().any(|l| l == best);
+        self.most_urgent_offered(links.clone(), offered)
+    }
+
+    /// [`LinkQueues::most_urgent`], told by `offered` whether a link is among `links` (for
+    /// a caller that knows faster than a walk along them, as a scan of a slice of ranks is
+    /// faster than mapping each to its link).
+    pub fn most_urgent_offered(
+        &self,
+        links: impl Iterator<Item = usize>,
+        offered: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
         if !self.tree.is_empty() {
             let best = self.most_urgent_of_all()?;
-            if links.clone().any(|l| l == best) {
+            if offered(best) {
                 return Some(best);
             }
         }
@@ -342,35 +354,49 @@ impl LinkQueues {
         self.heads.get(best).copied().flatten().map(|_| best)
     }
 
-    /// Of links `a` and `b` (`a < b`), the one whose head goes first (an empty or absent
-    /// head last; equal heads to `a`). Compared by reference: a head is 32 bytes.
-    fn winner(&self, a: usize, b: usize) -> usize {
-        let key = |l: usize| self.heads.get(l).and_then(Option::as_ref);
-        match (key(a), key(b)) {
-            (Some(ka), Some(kb)) if kb < ka => b,
-            (None, Some(_)) => b,
-            _ => a,
-        }
-    }
-
     /// Link `link`'s head changed: its key, then the tournament up from its leaf, as far as
     /// a node's winner changes or is `link` itself (a node won by another, unchanged link
-    /// leaves everything above it as it was).
+    /// leaves everything above it as it was). Each node on the way is the winner of the
+    /// child on the path, just settled (its head in hand), and of the sibling, unchanged:
+    /// one node and one head read per level.
     fn refresh(&mut self, link: usize) {
         let head = self.queues[link].peek().map(|p| self.kind.order_key(&p));
         self.heads[link] = head;
         if self.tree.is_empty() {
             return;
         }
-        let mut i = (self.leaves + link) / 2;
-        while i >= 1 {
-            let winner = self.winner(self.tree[2 * i], self.tree[2 * i + 1]);
-            if winner == self.tree[i] && winner != link {
+        let (heads, tree) = (&self.heads, &mut self.tree);
+        let (mut node, mut cur, mut cur_head) = (self.leaves + link, link, head.as_ref());
+        while node > 1 {
+            let other = tree[node ^ 1];
+            let other_head = heads.get(other).and_then(Option::as_ref);
+            // Left against right: equal heads (and two empty ones) to the left.
+            let other_wins = if node % 2 == 0 {
+                beats(other_head, cur_head)
+            } else {
+                !beats(cur_head, other_head)
+            };
+            let winner = if other_wins { other } else { cur };
+            node /= 2;
+            if winner == tree[node] && winner != link {
                 break;
             }
-            self.tree[i] = winner;
-            i /= 2;
+            tree[node] = winner;
+            if other_wins {
+                (cur, cur_head) = (other, other_head);
+            }
         }
+    }
+}
+
+/// Whether the right-hand head goes before the left-hand one in the tournament: it is
+/// smaller, or only it is there.
+#[inline(always)]
+fn beats(right: Option<&OrderKey>, left: Option<&OrderKey>) -> bool {
+    match (left, right) {
+        (Some(l), Some(r)) => r < l,
+        (None, Some(_)) => true,
+        _ => false,
     }
 }
 
@@ -504,6 +530,8 @@ mod tests {
                 prop_assert_eq!(q.most_urgent(0..links), scan(&all));
                 prop_assert_eq!(q.most_urgent_of_all(), scan(&all));
                 prop_assert_eq!(q.most_urgent(offered.iter().copied()), scan(&offered));
+                let by_test = q.most_urgent_offered(offered.iter().copied(), |l| offered.contains(&l));
+                prop_assert_eq!(by_test, scan(&offered));
                 prop_assert_eq!(q.is_empty(), plain.iter().all(|s| s.is_empty()));
             }
         }

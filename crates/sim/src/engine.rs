@@ -98,6 +98,9 @@ pub(crate) struct Sim<'a> {
     tracer: Tracer,
     /// Per host: the endpoint timer a [`Event::Timeout`] is queued for.
     timers: Vec<Option<u64>>,
+    /// The last frame's `(elements, wire bytes)`: frames of one slice size follow one
+    /// another, and [`SimConfig::wire_bytes`] divides and rounds.
+    last_wire: (usize, usize),
     /// The processes' lives, with faults on (`None`: no faults, no liveness rules).
     lives: Option<Box<life::Lives>>,
 }
@@ -236,6 +239,7 @@ impl<'a> Sim<'a> {
             step_end: vec![0; cfg.steps as usize],
             tracer: Tracer::new(cfg.trace_steps.clone()),
             timers: vec![None; cfg.workers + cfg.servers],
+            last_wire: (0, cfg.wire_bytes(0)),
         })
     }
 
@@ -527,7 +531,7 @@ impl<'a> Sim<'a> {
             if let Err(what) = checked {
                 return Err(self.internal(format!("rank {h}: {what}")));
             }
-            let bytes = self.cfg.wire_bytes(header.length as usize);
+            let bytes = self.wire_bytes(header.length as usize);
             let frame = InFlight {
                 from: h,
                 to,
@@ -556,6 +560,15 @@ impl<'a> Sim<'a> {
             (host.nic.egress).enqueue(now, slot as u64, meta);
             self.collect(h, false)?;
         }
+    }
+
+    /// [`SimConfig::wire_bytes`] of `elems`, from the last frame's when it had as many.
+    #[inline]
+    fn wire_bytes(&mut self, elems: usize) -> usize {
+        if self.last_wire.0 != elems {
+            self.last_wire = (elems, self.cfg.wire_bytes(elems));
+        }
+        self.last_wire.1
     }
 
     /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
@@ -607,12 +620,13 @@ impl<'a> Sim<'a> {
             self.queue.push(at, Event::Deliver(slot));
             return Ok(());
         }
-        let (from, to, header) = (f.from, f.to, f.header);
         // First bit at the receiver: the start plus the path's latency.
         f.recv_start = d.start + at.saturating_sub(d.done);
+        // The header stays in its slot (not copied per frame for a trace seldom taken).
+        let (from, to, header) = (f.from, f.to, &f.header);
         self.tracer
             .record(header.step, from, Lane::Send, (d.start, d.done), || {
-                frame_name(&header, from, to)
+                frame_name(header, from, to)
             });
         let arrive = self.cfg.network.ingress;
         self.queue.push(
@@ -650,28 +664,28 @@ impl<'a> Sim<'a> {
         if !self.admitted(slot) {
             return Ok(());
         }
-        let Some(f) = self.frames.get_mut(slot).and_then(Option::take) else {
+        // Read where it lies (a frame is a hundred bytes: not copied out to be read once).
+        let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        self.free_slots.push(slot);
-        let (now, to, h) = (self.now, f.to, f.header);
+        let (now, from, to, h) = (self.now, f.from, f.to, &f.header);
         self.hosts[to].traffic.bytes_received += f.bytes as u64;
         self.tracer
             .record(h.step, to, Lane::Receive, (f.recv_start, now), || {
-                frame_name(&h, f.from, to)
+                frame_name(h, from, to)
             });
         let ep: &mut dyn Endpoint = match &mut self.hosts[to].role {
             Role::Worker(w) => w.as_mut(),
             Role::Server(s) => s.as_mut(),
         };
         let payload = f.buf.get(HEADER_LEN..).unwrap_or_default();
-        let result = match ep.recv_slot(f.from, &h).map(f32_bytes_mut) {
+        let result = match ep.recv_slot(from, h).map(f32_bytes_mut) {
             Ok(dst) if dst.len() == payload.len() => {
                 dst.copy_from_slice(payload);
-                ep.handle_payload(f.from, &h)
+                ep.handle_payload(from, h)
             }
             Ok(dst) => Err(ProtocolError::Unexpected {
-                from: f.from,
+                from,
                 reason: format!(
                     "{}-byte slot for a {}-byte payload",
                     dst.len(),
@@ -680,11 +694,14 @@ impl<'a> Sim<'a> {
             }),
             Err(e) => Err(e),
         };
-        self.pool.push(f.buf);
+        let h = (h.step, h.key, h.offset);
+        self.pool.push(std::mem::take(&mut f.buf));
+        self.frames[slot] = None;
+        self.free_slots.push(slot);
         result.map_err(|source| SimError::Protocol {
             time_ns: now,
             host: to,
-            from: f.from,
+            from,
             source,
         })?;
         match &mut self.hosts[to].role {
@@ -696,7 +713,7 @@ impl<'a> Sim<'a> {
                     self.fill(to)
                 } else if updates == self.updates[i] + 1 {
                     self.updates[i] = updates;
-                    self.frontiers[i].updated((h.step, h.key, h.offset));
+                    self.frontiers[i].updated(h);
                     self.fill(to)
                 } else if updates != self.updates[i] {
                     Err(self.internal(format!(
@@ -739,17 +756,28 @@ impl<'a> Sim<'a> {
     }
 
     /// Queues a [`Event::Timeout`] for host `h`'s endpoint timer unless one is queued for it.
+    /// Inlined into the event loop (once per event; the timer seldom changes).
+    #[inline(always)]
     fn arm_timer(&mut self, h: usize) {
         let ep: &dyn Endpoint = match &self.hosts[h].role {
             Role::Worker(w) => w.as_ref(),
             Role::Server(s) => s.as_ref(),
         };
         let at = ep.poll_timeout();
-        if at != self.timers[h] {
-            self.timers[h] = at;
-            if let Some(at) = at {
-                self.queue.push(at.max(self.now), Event::Timeout(h));
-            }
+        let Some(armed) = self.timers.get_mut(h) else {
+            return;
+        };
+        if at != *armed {
+            *armed = at;
+            self.queue_timeout(h, at);
+        }
+    }
+
+    /// Queues a [`Event::Timeout`] at `at` for host `h` (if any).
+    #[cold]
+    fn queue_timeout(&mut self, h: usize, at: Option<u64>) {
+        if let Some(at) = at {
+            self.queue.push(at.max(self.now), Event::Timeout(h));
         }
     }
 

@@ -18,15 +18,21 @@ use syncopate_core::strategy::Rank;
 /// Replies one server still has to hand out, and how far each has got.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Frontier {
-    /// `(step, key, offset)` of an updated slice and the next worker to get it.
-    replies: Vec<((u64, u32, u32), usize)>,
+    /// `(step, key, offset)` of each updated slice still being handed out.
+    replies: Vec<(u64, u32, u32)>,
+    /// The next worker to get each reply (side by side with `replies`: they are the
+    /// candidates, asked for at every frame, so kept as they change rather than gathered).
     links: Vec<usize>,
+    /// Where in `replies` the last reply sent was: a server hands one reply to worker
+    /// after worker, so the next is nearly always there (looked at before a scan).
+    last: usize,
 }
 
 impl Frontier {
     /// The slice `(step, key, offset)` was updated: it is queued for every worker.
     pub fn updated(&mut self, slice: (u64, u32, u32)) {
-        self.replies.push((slice, 0));
+        self.replies.push(slice);
+        self.links.push(0);
     }
 
     /// Whether every reply has been handed out.
@@ -36,9 +42,7 @@ impl Frontier {
 
     /// The links whose queue heads can be the most urgent (one per reply still being handed
     /// out, so possibly repeated: the choice among them does not depend on order or repeats).
-    pub fn candidates(&mut self) -> &[usize] {
-        self.links.clear();
-        self.links.extend(self.replies.iter().map(|r| r.1));
+    pub fn candidates(&self) -> &[usize] {
         &self.links
     }
 
@@ -50,18 +54,32 @@ impl Frontier {
         link: usize,
         workers: usize,
     ) -> Result<(), String> {
-        let Some(i) = self.replies.iter().position(|r| r.0 == slice) else {
+        let Some(i) = self.find(slice) else {
             return Err(format!("reply {slice:?} to {link} was never queued"));
         };
-        let next = &mut self.replies[i].1;
+        self.last = i;
+        let Some(next) = self.links.get_mut(i) else {
+            return Err(format!("reply {slice:?} has no next worker"));
+        };
         if *next != link {
             return Err(format!("reply {slice:?} went to {link}, expected {next}"));
         }
         *next += 1;
         if *next == workers {
             self.replies.remove(i);
+            self.links.remove(i);
         }
         Ok(())
+    }
+
+    /// Where the reply for `slice` is in `replies`: where the last one sent was, or else
+    /// wherever a scan finds it (the same place: a slice is updated once a step, so it is
+    /// in `replies` at most once).
+    fn find(&self, slice: (u64, u32, u32)) -> Option<usize> {
+        match self.replies.get(self.last) {
+            Some(&r) if r == slice => Some(self.last),
+            _ => self.replies.iter().position(|&r| r == slice),
+        }
     }
 }
 

@@ -9,23 +9,28 @@ use super::rng::{hash, SplitMix64};
 use super::window::Backlog;
 use super::{transmission_ns, FrameMeta, Nanos};
 
-/// One path as a port sees it.
+/// One path as a port sees it. Laid out in the order of use (`repr(C)`, from a cache
+/// line's start): the send window reads `work_until`, a frame updates the serialiser's
+/// times and the counters' first fields on that line, and reads its rate and latency on
+/// the next; the queue and the loss process come after (a frame on the direct path of a
+/// simulated host touches two lines, not four).
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub(crate) struct Path<T> {
+    /// When everything admitted so far would be serialised, back to back.
+    pub work_until: Nanos,
+    /// When the serialiser finishes the frame it has started.
+    pub free_at: Nanos,
+    /// Bytes admitted so far (spraying's tie-break).
+    pub bytes_offered: u64,
+    /// What went through this path (kept beside its state: counted at every dispatch).
+    pub counters: NetCounters,
     /// Bandwidth, latency and loss.
     pub spec: PathSpec,
     /// Frames waiting for (or in) serialisation.
     pub queue: FrameQueue<T>,
     /// Decides losses.
     pub loss: LossProcess,
-    /// When the serialiser finishes the frame it has started.
-    pub free_at: Nanos,
-    /// When everything admitted so far would be serialised, back to back.
-    pub work_until: Nanos,
-    /// Bytes admitted so far (spraying's tie-break).
-    pub bytes_offered: u64,
-    /// What went through this path (kept beside its state: counted at every dispatch).
-    pub counters: NetCounters,
 }
 
 impl<T> Path<T> {
@@ -54,6 +59,12 @@ impl<T> Path<T> {
     /// Accounts work of `bytes` admitted at `now`.
     pub fn admit_work(&mut self, now: Nanos, bytes: usize) {
         let tx = self.transmission_ns(bytes);
+        self.admit_timed_work(now, bytes, tx);
+    }
+
+    /// [`Path::admit_work`] given the `tx` ns the bytes take on this path (a caller that
+    /// needs them too computes them once).
+    pub fn admit_timed_work(&mut self, now: Nanos, bytes: usize, tx: Nanos) {
         self.work_until = self.work_until.max(now).saturating_add(tx);
         self.bytes_offered = self.bytes_offered.saturating_add(bytes as u64);
     }

@@ -50,7 +50,7 @@ use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
 use super::rng::{hash, SplitMix64};
-use super::window::{self, Backlog};
+use super::window::{self, Backlog, OnePath};
 use super::{Decision, Fate, FrameMeta, Nanos};
 
 /// Which side of a host a port models (part of its random streams' derivation).
@@ -132,6 +132,8 @@ pub struct Port {
     clock: Nanos,
     /// Whether frames take the direct path ([`direct`]).
     direct: bool,
+    /// The send window in closed form, where the port has one path of a valid rate.
+    one_path: Option<OnePath>,
 }
 
 impl Port {
@@ -190,8 +192,13 @@ impl Port {
             waiting: Vec::new(),
             clock: 0,
             direct: false,
+            one_path: None,
         };
         port.direct = port.direct_path_applies(direction);
+        port.one_path = match port.paths.as_slice() {
+            [only] => OnePath::new(only.spec.bandwidth_bps, port.window),
+            _ => None,
+        };
         port
     }
 
@@ -204,12 +211,18 @@ impl Port {
     /// frame at `now`, i.e. the port holds fewer unserialised bytes than the window (always,
     /// without a bandwidth). A retransmission counts once it is offered again.
     pub fn has_room(&self, now: Nanos) -> bool {
+        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
+            return one.has_room(only.work_until, now);
+        }
         window::has_room(self.backlogs(), self.window, now)
     }
 
-    /// The first instant `>= now + 1` at which [`Port::has_room`] holds (exact, computed
-    /// by bisection).
+    /// The first instant `>= now + 1` at which [`Port::has_room`] holds (exact: in closed
+    /// form for one path, else searched from the backlogs' drain).
     pub fn room_at(&self, now: Nanos) -> Nanos {
+        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
+            return one.room_at(only.work_until, now);
+        }
         window::room_at(self.backlogs(), self.window, now)
     }
 
@@ -264,7 +277,12 @@ impl Port {
 
     /// As [`Port::poll_fate`], with the timing of the frame's last transmission.
     pub fn poll_decision(&mut self, now: Nanos) -> Option<Decision> {
-        self.advance(now);
+        if self.direct {
+            // Nothing is ever due later on the direct path: every frame is decided on offer.
+            self.clock = self.clock.max(now);
+        } else {
+            self.advance(now);
+        }
         self.ready.pop_front()
     }
 
@@ -272,6 +290,9 @@ impl Port {
     pub fn poll_timeout(&self) -> Option<Nanos> {
         if !self.ready.is_empty() {
             return Some(self.clock);
+        }
+        if self.direct {
+            return None;
         }
         let retransmit = self.retransmits.keys().next().map(|&(t, _)| t);
         let dispatch = self.next_dispatch().map(|(t, _)| t);

@@ -119,8 +119,10 @@ pub struct PathProfile {
     pub loss_burst: Option<BurstLoss>,
 }
 
-/// One path with every value resolved.
+/// One path with every value resolved (`repr(C)`: the rate and latency, which every
+/// frame reads, first).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
 pub struct PathSpec {
     /// Bits per second (`None`: unlimited).
     pub bandwidth_bps: Option<f64>,

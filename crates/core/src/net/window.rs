@@ -95,6 +95,54 @@ where
     first_with_room(lo, hi, room)
 }
 
+/// The send window of a port with one serialiser, decided by one comparison: the backlog
+/// depends only on the gap `busy_until - now` and never shrinks as the gap grows, so there
+/// is a largest gap with room, found once. [`has_room`] and [`room_at`] to the bit
+/// (`one_path_matches_the_general_window`), for a rate the profile allows (or none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OnePath {
+    /// The largest gap (ns) with room (`None`: no room ever, a window of 0).
+    max_gap: Option<Nanos>,
+}
+
+impl OnePath {
+    /// The window of `window` bytes over one serialiser of `bandwidth_bps`; `None` for a
+    /// rate that is not finite and positive (the general search decides those).
+    pub(crate) fn new(bandwidth_bps: Option<f64>, window: usize) -> Option<Self> {
+        if bandwidth_bps.is_some_and(|bps| !(bps > 0.0 && bps.is_finite())) {
+            return None;
+        }
+        let room = |gap: Nanos| backlog_bytes(bandwidth_bps, gap, 0) < window;
+        let max_gap = if !room(0) {
+            None
+        } else if room(Nanos::MAX) {
+            Some(Nanos::MAX)
+        } else {
+            // Room at 0, none at MAX: the last gap with room is one before the first without.
+            Some(first_with_room(0, Nanos::MAX, |gap| !room(gap)) - 1)
+        };
+        Some(Self { max_gap })
+    }
+
+    /// [`has_room`] for the serialiser busy until `busy_until`.
+    #[inline]
+    pub(crate) fn has_room(self, busy_until: Nanos, now: Nanos) -> bool {
+        self.max_gap
+            .is_some_and(|max| busy_until.saturating_sub(now) <= max)
+    }
+
+    /// [`room_at`] for the serialiser busy until `busy_until`: where the gap first falls to
+    /// the largest with room (never: when the serialiser is idle).
+    #[inline]
+    pub(crate) fn room_at(self, busy_until: Nanos, now: Nanos) -> Nanos {
+        let lo = now.saturating_add(1);
+        match self.max_gap {
+            Some(max) => busy_until.saturating_sub(max).max(lo),
+            None => busy_until.max(lo),
+        }
+    }
+}
+
 /// [`room_at`] for one serialiser (a host's usual egress), from its drain in closed form:
 /// `None` where the answer is not within a step of the estimate (then the general search
 /// decides), so what it returns is exact.
@@ -249,6 +297,38 @@ mod tests {
                 prop_assert!(!has_room(backlogs.iter().copied(), window, t - 1));
             }
         }
+    }
+
+    proptest! {
+        /// The closed form of one serialiser decides as the general check and search, for
+        /// any rate the profile allows (or none), any window (0 included), at any time.
+        #[test]
+        fn one_path_matches_the_general_window(
+            bps in prop::option::of(prop_oneof![1e-3f64..1e3, 1e5f64..4e11, 1e12f64..1e300]),
+            busy in prop_oneof![0u64..50_000_000, any::<u64>()],
+            window in prop_oneof![0usize..4, 0usize..2_000_000, any::<usize>()],
+            now in prop_oneof![0u64..50_000_000, any::<u64>()],
+        ) {
+            let b = [Backlog { bandwidth_bps: bps, busy_until: busy }];
+            let one = OnePath::new(bps, window).expect("a positive finite rate or none");
+            prop_assert_eq!(one.has_room(busy, now), has_room(b, window, now));
+            prop_assert_eq!(one.room_at(busy, now), room_at(b, window, now));
+            // Near the instant the window reopens, where rounding decides.
+            let t = room_at(b, window, now);
+            for at in [t.saturating_sub(2), t.saturating_sub(1), t, t.saturating_add(1)] {
+                prop_assert_eq!(one.has_room(busy, at), has_room(b, window, at));
+                prop_assert_eq!(one.room_at(busy, at), room_at(b, window, at));
+            }
+        }
+    }
+
+    /// A rate the profile does not allow is left to the general search.
+    #[test]
+    fn one_path_declines_rates_that_are_not_positive_and_finite() {
+        for bps in [0.0, -1.0, f64::INFINITY, f64::NAN] {
+            assert_eq!(OnePath::new(Some(bps), 1000), None, "{bps}");
+        }
+        assert!(OnePath::new(None, 0).is_some());
     }
 
     /// The simulator's former test: the window reopens exactly when the backlog drops below it.

@@ -175,7 +175,10 @@ impl PsWorker {
 
     /// The server, among those behind `links`, whose queue head is the most urgent.
     fn most_urgent_server(&self, links: &[Rank]) -> Option<usize> {
-        (self.queues).most_urgent(links.iter().filter_map(|&l| self.server_index(l)))
+        let servers = links.iter().filter_map(|&l| self.server_index(l));
+        // Server `s` is offered iff its rank is: a scan of the ranks, nothing mapped.
+        let offered = |s: usize| links.contains(&(self.workers + s));
+        (self.queues).most_urgent_offered(servers, offered)
     }
 
     /// Takes the head of server `server`'s queue if the credit allows and says what it

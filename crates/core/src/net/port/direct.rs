@@ -31,8 +31,8 @@ impl Port {
             return;
         };
         let bytes = meta.bytes;
-        path.admit_work(now, bytes);
         let tx = path.transmission_ns(bytes);
+        path.admit_timed_work(now, bytes, tx);
         let start = path.free_at.max(now);
         let done = start.saturating_add(tx);
         path.free_at = done;
