@@ -24,10 +24,16 @@ use crate::wire::{FrameKind, Header};
 
 mod early;
 
-/// Whether bit `link` of a per-worker bit set is set.
-fn pushed(bits: &[u64], link: usize) -> bool {
-    bits.get(link / 64)
-        .is_some_and(|w| w & (1 << (link % 64)) != 0)
+/// Whether bit `i` of a bit set is set.
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+/// Sets bit `i` of a bit set (made large enough by its owner).
+fn set_bit(bits: &mut [u64], i: usize) {
+    if let Some(word) = bits.get_mut(i / 64) {
+        *word |= 1 << (i % 64);
+    }
 }
 
 fn pending_for(reg: &TensorRegistry, slice: usize, arrival: &mut u64) -> Pending {
@@ -68,7 +74,9 @@ pub struct PsWorker {
     reg: TensorRegistry,
     step: u64,
     keys_left: usize,
-    received: Vec<bool>,
+    /// One bit per slice: its answer of this step is in (a bit set, so that 1,024 simulated
+    /// workers' sets stay in the cache).
+    received: Vec<u64>,
     /// Per key, its fresh values and the slices still to come (side by side: an answer
     /// reads both).
     keys: Vec<KeyState>,
@@ -119,7 +127,7 @@ impl PsWorker {
             keys: vec![KeyState::default(); keys],
             queues: LinkQueues::new(scheduler, reg.servers()),
             held: Vec::new(),
-            received: vec![false; slices],
+            received: vec![0; slices.div_ceil(64)],
             keys_left: 0,
             events: VecDeque::new(),
             sequence: 0,
@@ -214,7 +222,7 @@ impl WorkerSync for PsWorker {
     fn begin_step(&mut self, step: u64) {
         self.step = step;
         self.held.clear();
-        self.received.iter_mut().for_each(|r| *r = false);
+        self.received.fill(0);
         self.keys_left = 0;
         for key in 0..self.reg.keys().len() {
             let n = self.reg.slices_of(key).len();
@@ -316,7 +324,7 @@ impl Endpoint for PsWorker {
                 "slice owned by another server",
             ));
         }
-        if self.received[slice] {
+        if bit(&self.received, slice) {
             return Err(ProtocolError::unexpected(link, h, "slice received twice"));
         }
         let s = self.reg.slices()[slice];
@@ -332,7 +340,7 @@ impl Endpoint for PsWorker {
             .reg
             .find_slice(h.key as usize, h.offset as usize, h.length as usize)
             .ok_or_else(|| ProtocolError::unexpected(link, h, "no such slice"))?;
-        self.received[slice] = true;
+        set_bit(&mut self.received, slice);
         if self.credit.is_some() {
             self.in_flight = self.in_flight.saturating_sub(h.length as usize * 4);
             let s = self.reg.slices()[slice];
@@ -624,7 +632,7 @@ impl PsServer {
         if state.pushes == 0 && h.step < state.step {
             return Err(ProtocolError::unexpected(link, h, "step already completed"));
         }
-        if pushed(&state.pushed_by, link) {
+        if bit(&state.pushed_by, link) {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
@@ -791,9 +799,7 @@ impl Endpoint for PsServer {
             state.step = h.step;
         }
         state.pushes += 1;
-        if let Some(word) = state.pushed_by.get_mut(link / 64) {
-            *word |= 1 << (link % 64);
-        }
+        set_bit(&mut state.pushed_by, link);
         if state.pushes == self.workers {
             let acc = &mut self.acc[s.key][r.clone()];
             scale(acc, 1.0 / self.workers as f32);

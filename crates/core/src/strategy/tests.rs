@@ -435,6 +435,30 @@ fn wrong_frames_are_refused_with_the_sender_named() {
         .contains("left"));
 }
 
+/// A worker takes each slice's answer once per step, across its bit set's words (100
+/// slices: two words), and takes them all again the next step.
+#[test]
+fn a_worker_refuses_an_answer_twice_in_a_step() {
+    let reg = TensorRegistry::new(keys(&[400]), 4, 1, Placement::KeysByBytes);
+    let mut worker = PsWorker::new(0, 1, reg, true, SchedulerKind::Fifo, 0);
+    let answer =
+        |step, slice: u32| Header::data(crate::wire::FrameKind::Params, step, 0, slice * 4, 4);
+    for step in 0..2 {
+        worker.begin_step(step);
+        for slice in [0, 63, 64, 99] {
+            worker.recv_slot(1, &answer(step, slice)).unwrap();
+            worker.handle_payload(1, &answer(step, slice)).unwrap();
+        }
+        for slice in [0, 63, 64, 99] {
+            let e = worker.recv_slot(1, &answer(step, slice)).unwrap_err();
+            assert!(e.to_string().contains("twice"), "{e}");
+        }
+        for slice in [1, 62, 65, 98] {
+            worker.recv_slot(1, &answer(step, slice)).unwrap();
+        }
+    }
+}
+
 /// Found by the `endpoint_frames` fuzz target: header fields at the top of their range are
 /// refused, not overflowed (a ring step of `u64::MAX`, a push for step `u64::MAX`).
 #[test]
