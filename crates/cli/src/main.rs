@@ -54,6 +54,69 @@ enum Command {
     BenchCommProcess(cmd::bench::BenchArgs),
 }
 
+/// Lets only the simulator have transparent huge pages. Its state (tens of MiB for 1,024
+/// workers, read at random, one cache miss after another) costs a TLB miss per cache miss
+/// on 4 KiB pages. Every other command keeps 4 KiB pages, on which a training process's
+/// resident memory neither grows by 10 MiB nor moves in 2 MiB steps (docs/BENCHMARKS.md,
+/// "Found: the allocator's huge pages, not a leak"). The allocator asks for huge pages; a
+/// process that disabled them does not get them. This runs before `main`, before the
+/// allocator maps its first arena (whose first pages would otherwise be huge: 3 MiB more
+/// for every process), from an `.init_array` entry, to which glibc passes `argc` and `argv`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod huge_pages {
+    use std::ffi::{c_char, c_int, CStr};
+
+    extern "C" fn for_simulate_only(
+        argc: c_int,
+        argv: *const *const c_char,
+        _envp: *const *const c_char,
+    ) {
+        let command = (argc > 1 && !argv.is_null())
+            // SAFETY: glibc passes the program's `argc` NUL-terminated arguments in `argv`.
+            .then(|| unsafe { CStr::from_ptr(*argv.add(1)) });
+        if command != Some(c"simulate") {
+            // Before `main` there is nowhere to report a failure; it would only leave the
+            // kernel's default (memory, not correctness).
+            let _ = rustix::thread::disable_transparent_huge_pages(true);
+        }
+    }
+
+    /// Priority 101, the first after the C runtime's own: before the allocator's
+    /// constructor.
+    #[used]
+    #[link_section = ".init_array.00101"]
+    static RUN_BEFORE_MAIN: extern "C" fn(c_int, *const *const c_char, *const *const c_char) =
+        for_simulate_only;
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use rustix::thread::{disable_transparent_huge_pages, transparent_huge_pages_are_disabled};
+
+        fn run_with(args: &[&CStr]) {
+            let argv: Vec<*const c_char> = args.iter().map(|a| a.as_ptr()).collect();
+            for_simulate_only(args.len() as c_int, argv.as_ptr(), std::ptr::null());
+        }
+
+        #[test]
+        fn only_simulate_keeps_huge_pages() {
+            // This test binary carries the same entry, run before its `main` with its own
+            // first argument (a test filter, if any) taken for the command.
+            let first = std::env::args().nth(1);
+            let pre_main = first.as_deref() != Some("simulate");
+            assert_eq!(transparent_huge_pages_are_disabled().unwrap(), pre_main);
+            disable_transparent_huge_pages(false).unwrap();
+            run_with(&[c"syncopate", c"simulate", c"--workers", c"4"]);
+            assert!(!transparent_huge_pages_are_disabled().unwrap());
+            run_with(&[c"syncopate", c"train"]);
+            assert!(transparent_huge_pages_are_disabled().unwrap());
+            disable_transparent_huge_pages(false).unwrap();
+            run_with(&[c"syncopate"]);
+            assert!(transparent_huge_pages_are_disabled().unwrap());
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
