@@ -81,10 +81,10 @@ mod huge_pages {
         }
     }
 
-    /// Priority 101, the first after the C runtime's own: before the allocator's
-    /// constructor.
+    /// Priority 100: before the allocator's constructor, whichever compiler built it (gcc
+    /// gives it no priority, clang 101), and after the standard library's own (99).
     #[used]
-    #[link_section = ".init_array.00101"]
+    #[link_section = ".init_array.00100"]
     static RUN_BEFORE_MAIN: extern "C" fn(c_int, *const *const c_char, *const *const c_char) =
         for_simulate_only;
 
