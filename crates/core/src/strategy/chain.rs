@@ -586,9 +586,7 @@ impl Endpoint for ChainPass {
             return None;
         }
         let (h, _, _) = self.next_frame()?;
-        out.extend_from_slice(&h.encode());
-        self.lent.lend();
-        Some(Transmit::Lent(self.right(), h))
+        Some(self.lent.lend(out, self.right(), h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {

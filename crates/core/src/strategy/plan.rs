@@ -40,11 +40,11 @@ pub enum PlanError {
         /// Processes in the job, one past the last server rank.
         world: usize,
     },
-    /// A step-wise averaging setting given to another strategy.
-    #[error("{0} applies to --strategy stepwise only (this job runs {1})")]
+    /// A step-wise averaging setting (the plan's field) given to another strategy.
+    #[error("{0} applies to the stepwise strategy only (this job runs {1})")]
     StepwiseOnly(&'static str, &'static str),
     /// A DLCP setting given to another strategy.
-    #[error("the DLCP settings (--loss-bound, --packet-bytes, --loss-fill, --pull-loss-bound, --dlcp-*) apply to --strategy dlcp and dlcp-allreduce only (this job runs {0})")]
+    #[error("the DLCP settings (loss bound, packet size, loss fill, pull loss bound, priority, drop quantile, spraying) apply to the dlcp and dlcp-allreduce strategies only (this job runs {0})")]
     DlcpOnly(&'static str),
     /// A DLCP setting out of range.
     #[error("{0}")]
@@ -196,10 +196,10 @@ impl SyncPlan {
         }
         if !self.strategy.info().stepwise_settings {
             if self.full_sync_every > 0 {
-                return Err(PlanError::StepwiseOnly("--full-sync-every", name));
+                return Err(PlanError::StepwiseOnly("full_sync_every", name));
             }
             if self.stepwise_head != StepwiseHead::default() {
-                return Err(PlanError::StepwiseOnly("--stepwise-head", name));
+                return Err(PlanError::StepwiseOnly("stepwise_head", name));
             }
         }
         Ok(())

@@ -749,9 +749,7 @@ impl Endpoint for RingAllReduce {
             .copied()
             .find(|&l| self.queue_of(l).is_some_and(|q| !self.queues[q].is_empty()))?;
         let h = self.next_frame(link)?;
-        out.extend_from_slice(&h.encode());
-        self.lent.lend();
-        Some(Transmit::Lent(link, h))
+        Some(self.lent.lend(out, link, h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {

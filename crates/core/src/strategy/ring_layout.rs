@@ -5,8 +5,9 @@
 use std::ops::Range;
 
 use super::bucket::Buckets;
-use super::Rank;
+use super::{Rank, Transmit};
 use crate::registry::KeyInfo;
+use crate::wire::Header;
 
 /// The left-hand neighbour of `rank` on a ring of `n` (frames come from it).
 pub(crate) fn left_of(rank: Rank, n: usize) -> Rank {
@@ -79,15 +80,18 @@ impl KeySlots {
     }
 }
 
-/// Frames handed out as [`super::Transmit::Lent`] whose last byte is not yet written: the
+/// Frames handed out as [`Transmit::Lent`] whose last byte is not yet written: the
 /// values they are read from must not change, so a step is not done before none is left.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LentFrames(usize);
 
 impl LentFrames {
-    /// A frame was lent.
-    pub fn lend(&mut self) {
+    /// Lends the frame with header `h` on `link`: its header goes into `out`, its values
+    /// stay where they are until the driver has written them (`handle_sent`).
+    pub fn lend(&mut self, out: &mut Vec<u8>, link: Rank, h: Header) -> Transmit {
+        out.extend_from_slice(&h.encode());
         self.0 += 1;
+        Transmit::Lent(link, h)
     }
 
     /// A lent frame was written (`handle_sent`).
@@ -104,6 +108,7 @@ impl LentFrames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::FrameKind;
 
     #[test]
     fn neighbours_and_slots() {
@@ -120,7 +125,9 @@ mod tests {
         assert_eq!(slots.values(&data, 1), &[0.0, 1.0, 2.0, 3.0]);
         assert!(slots.values(&data, 2).is_empty());
         let mut lent = LentFrames::default();
-        lent.lend();
+        let (mut out, h) = (Vec::new(), Header::data(FrameKind::Gather, 0, 0, 0, 0));
+        assert!(matches!(lent.lend(&mut out, 1, h), Transmit::Lent(1, _)));
+        assert_eq!(out, h.encode());
         assert!(!lent.none());
         lent.returned();
         lent.returned();

@@ -707,9 +707,7 @@ impl Endpoint for DlcpRing {
             self.maybe_step_done();
             return Some(Transmit::Copied(self.right));
         }
-        self.lent.lend();
-        out.extend_from_slice(&h.encode());
-        Some(Transmit::Lent(self.right, h))
+        Some(self.lent.lend(out, self.right, h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
