@@ -14,7 +14,8 @@
 //!    synchronisation, [`Action::Begin`] (ring neighbours may send this step's frames as soon
 //!    as they are ahead, so the step begins before the forward).
 //! 2. [`Action::Forward`] layer by layer, then [`Action::Loss`]. With forward overlap
-//!    (parameter servers with overlap, P3) layer `k` waits only until every key of layer `k`
+//!    ([`StrategyKind::forward_overlap`]: parameter servers with overlap, P3, DLCP,
+//!    step-wise averaging) layer `k` waits only until every key of layer `k`
 //!    has its fresh value ([`WorkerEvent::ParamsReady`]); the step then begins once the last
 //!    step's [`WorkerEvent::StepDone`] is in.
 //! 3. [`Action::Backward`] from the last layer to the first; after each layer, where the
