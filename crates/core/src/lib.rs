@@ -14,6 +14,7 @@ pub mod net;
 pub mod optim;
 pub mod profile;
 pub mod registry;
+pub mod scale;
 pub mod sched;
 pub mod step;
 pub mod strategy;

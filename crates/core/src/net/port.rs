@@ -432,29 +432,22 @@ impl Port {
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
         self.count(held.slot, i, |c| c.sent(bytes, queued));
-        if lost_packets > 0 {
+        let fate = if lost_packets > 0 {
             self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
                 held.wire_bytes = resend;
                 self.retransmit(done, held, i);
                 return;
             }
-            let fate = Fate::Lost { path: i };
-            let d = Decision {
-                token: held.token,
-                fate,
-                start,
-                done,
-            };
-            self.decided(&held, d);
-            return;
-        }
-        let fate = Fate::Delivered {
-            at,
-            retransmissions: held.retransmissions,
-            path: i,
+            Fate::Lost { path: i }
+        } else {
+            held.offered = start;
+            Fate::Delivered {
+                at,
+                retransmissions: held.retransmissions,
+                path: i,
+            }
         };
-        held.offered = start;
         let d = Decision {
             token: held.token,
             fate,

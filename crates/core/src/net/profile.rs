@@ -337,7 +337,7 @@ impl NetworkProfile {
     /// byte), so frames take the time their full-size frames take; times and loss rates
     /// stay.
     pub fn scaled(mut self, factor: f64) -> Self {
-        let bytes = |n: usize| crate::strategy::scale_count(n, factor);
+        let bytes = |n: usize| crate::scale::scale_count(n, factor);
         self.bandwidth_bps = self.bandwidth_bps.map(|b| b * factor);
         for path in &mut self.path {
             path.bandwidth_bps = path.bandwidth_bps.map(|b| b * factor);

@@ -41,6 +41,12 @@ impl Buckets {
         }
         out
     }
+
+    /// Each bucket's keys with their offsets in it, in fill order.
+    pub fn keys_at(&self) -> Vec<Vec<(usize, usize)>> {
+        let at = |ks: &Vec<usize>| ks.iter().map(|&k| (k, self.place[k].1)).collect();
+        self.keys.iter().map(at).collect()
+    }
 }
 
 /// `start..end` cut into frames of at most `frame` values: `(offset, len)` pairs.

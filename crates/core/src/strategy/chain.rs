@@ -23,6 +23,7 @@ use std::ops::Range;
 
 use super::bucket::{cut, Buckets};
 use super::mixing::{ChainRound, ChainSchedule};
+use super::ring_layout::{left_of, right_of, KeySlots, LentFrames};
 use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
@@ -68,8 +69,7 @@ pub struct ChainPass {
     n: usize,
     schedule: ChainSchedule,
     overlap: bool,
-    keys: Vec<KeyInfo>,
-    key_place: Vec<(usize, usize)>,
+    slots: KeySlots,
     buckets: Vec<Bucket>,
     segments: Vec<Segment>,
     /// Own values, then running sums, then the adopted values, per bucket.
@@ -92,7 +92,7 @@ pub struct ChainPass {
     sends: Vec<(usize, bool)>,
     queue: Box<dyn Scheduler>,
     arrivals: u64,
-    lent: usize,
+    lent: LentFrames,
     /// An acknowledgement of this step ready to send to the left.
     ack_due: bool,
     /// Whether this step's acknowledgement has been handed out.
@@ -116,7 +116,7 @@ impl ChainPass {
         scheduler: SchedulerKind,
     ) -> Self {
         let n = schedule.workers();
-        let (buckets, segments, key_place) = cut_buckets(&keys, bucket_elems, segment_elems);
+        let (buckets, segments, slots) = cut_buckets(&keys, bucket_elems, segment_elems);
         let lens: Vec<usize> = buckets
             .iter()
             .map(|b| b.keys.iter().map(|&k| keys[k].numel).sum())
@@ -128,7 +128,7 @@ impl ChainPass {
             n,
             schedule,
             overlap,
-            key_place,
+            slots,
             data: zeros(),
             incoming: [zeros(), zeros()],
             got_sum: [vec![false; segs], vec![false; segs]],
@@ -145,13 +145,12 @@ impl ChainPass {
             sends: Vec::new(),
             queue: new_scheduler(scheduler),
             arrivals: 0,
-            lent: 0,
+            lent: LentFrames::default(),
             ack_due: false,
             ack_sent: false,
             acked: false,
             step_done: false,
             events: VecDeque::new(),
-            keys,
             buckets,
             segments,
         };
@@ -165,11 +164,11 @@ impl ChainPass {
     }
 
     fn left(&self) -> Rank {
-        (self.rank + self.n - 1) % self.n
+        left_of(self.rank, self.n)
     }
 
     fn right(&self) -> Rank {
-        (self.rank + 1) % self.n
+        right_of(self.rank, self.n)
     }
 
     fn last(&self) -> bool {
@@ -324,7 +323,7 @@ impl ChainPass {
 
     fn maybe_step_done(&mut self) {
         let all_sent =
-            self.queue.is_empty() && self.lent == 0 && (self.ack_sent || !self.owes_ack());
+            self.queue.is_empty() && self.lent.none() && (self.ack_sent || !self.owes_ack());
         let acked = self.acked || !self.needs_ack() || self.segments.is_empty();
         let all_launched = self.launched.iter().all(|&l| l);
         if self.begun
@@ -457,13 +456,14 @@ impl ChainPass {
 }
 
 /// Cuts `keys` into buckets (as every ring strategy fills them) and the buckets into
-/// segments; returns them with each key's `(bucket, offset)`.
+/// segments; returns them with each key's slot.
 fn cut_buckets(
     keys: &[KeyInfo],
     bucket_elems: usize,
     segment_elems: usize,
-) -> (Vec<Bucket>, Vec<Segment>, Vec<(usize, usize)>) {
+) -> (Vec<Bucket>, Vec<Segment>, KeySlots) {
     let fill = Buckets::fill(keys, bucket_elems);
+    let slots = KeySlots::new(keys, &fill);
     let mut segments = Vec::new();
     let mut out = Vec::new();
     for (b, (bucket_keys, &len)) in fill.keys.into_iter().zip(&fill.lens).enumerate() {
@@ -495,7 +495,7 @@ fn cut_buckets(
             segments: first..segments.len(),
         });
     }
-    (out, segments, fill.place)
+    (out, segments, slots)
 }
 
 impl WorkerSync for ChainPass {
@@ -511,10 +511,10 @@ impl WorkerSync for ChainPass {
     }
 
     fn handle_gradient(&mut self, key: usize, values: &[f32]) {
-        let Some(&(b, off)) = self.key_place.get(key) else {
+        let (Some((b, off)), Some(len)) = (self.slots.place(key), self.slots.len(key)) else {
             return;
         };
-        let n = values.len().min(self.keys[key].numel);
+        let n = values.len().min(len);
         self.data[b][off..off + n].copy_from_slice(&values[..n]);
         self.missing_keys[b] = self.missing_keys[b].saturating_sub(1);
         if self.overlap && self.missing_keys[b] == 0 {
@@ -536,8 +536,7 @@ impl WorkerSync for ChainPass {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        let (b, off) = self.key_place[key];
-        self.data[b][off..off + self.keys[key].numel].to_vec()
+        self.slots.values(&self.data, key).to_vec()
     }
 }
 
@@ -587,9 +586,7 @@ impl Endpoint for ChainPass {
             return None;
         }
         let (h, _, _) = self.next_frame()?;
-        out.extend_from_slice(&h.encode());
-        self.lent += 1;
-        Some(Transmit::Lent(self.right(), h))
+        Some(self.lent.lend(out, self.right(), h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
@@ -603,7 +600,7 @@ impl Endpoint for ChainPass {
     }
 
     fn handle_sent(&mut self, _link: Rank, h: &Header) {
-        self.lent = self.lent.saturating_sub(1);
+        self.lent.returned();
         if let Some(segment) = self.segment_of(h).filter(|_| h.step == self.step) {
             self.frame_gone(segment, h.kind == FrameKind::Gather);
         }

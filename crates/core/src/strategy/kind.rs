@@ -80,6 +80,148 @@ pub enum Averaged {
     Weights,
 }
 
+/// Which endpoints a strategy's job is made of, and so which ranks are linked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// Workers and parameter servers: every worker linked to every server.
+    ParameterServers,
+    /// Workers only, each linked to its ring neighbours (the all-reduce strategies; a full
+    /// mesh where the strategy allows one, see [`StrategyInfo::mesh`]).
+    Ring,
+    /// Workers only, passing values along the ring's chain ([`super::ChainPass`]).
+    Chain,
+}
+
+/// Everything that follows from the strategy alone: one row per strategy, read by the
+/// [`StrategyKind`] methods, the plan and the factory of endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrategyInfo {
+    /// The name used on the command line and in the handshake.
+    pub name: &'static str,
+    /// One line on what it does, for listings such as `--help`.
+    pub description: &'static str,
+    /// What it averages across the workers.
+    pub averages: Averaged,
+    /// Whether it sends loss-tolerant frames and completes without some of them (DLCP).
+    pub loss_tolerant: bool,
+    /// Which endpoints its job is made of.
+    pub topology: Topology,
+    /// Whether communication overlaps backward.
+    pub overlaps: bool,
+    /// Whether its workers may be linked in a full mesh (see [`StrategyKind::can_mesh`]).
+    pub mesh: bool,
+    /// Whether the step-wise averaging settings (chain head, full syncs) apply to it.
+    pub stepwise_settings: bool,
+    /// The scheduler used when none is asked for.
+    pub scheduler: SchedulerKind,
+    /// Parameter-server slice size in parameters when none is asked for.
+    pub slice_params: usize,
+    /// All-reduce bucket capacity in bytes when none is asked for.
+    pub bucket_bytes: usize,
+    /// The credit scheduler's credit in bytes when none is asked for.
+    pub credit_bytes: usize,
+    /// How its parameter-server slices are placed on the servers.
+    pub placement: Placement,
+}
+
+impl StrategyInfo {
+    /// The row every other row starts from: an exact, overlapping ring all-reduce with the
+    /// default sizes. Rows spell out what they change.
+    const BASE: StrategyInfo = StrategyInfo {
+        name: "",
+        description: "",
+        averages: Averaged::Gradients,
+        loss_tolerant: false,
+        topology: Topology::Ring,
+        overlaps: true,
+        mesh: false,
+        stepwise_settings: false,
+        scheduler: SchedulerKind::Fifo,
+        slice_params: FRAME_ELEMS,
+        bucket_bytes: DEFAULT_BUCKET_BYTES,
+        credit_bytes: DEFAULT_CREDIT_BYTES,
+        placement: Placement::KeysByBytes,
+    };
+}
+
+const PS: StrategyInfo = StrategyInfo {
+    name: "ps",
+    description: "sharded parameter server, each layer pushed as soon as backward produces it",
+    topology: Topology::ParameterServers,
+    ..StrategyInfo::BASE
+};
+
+const PS_NO_OVERLAP: StrategyInfo = StrategyInfo {
+    name: "ps-no-overlap",
+    description: "parameter server, everything pushed after the whole backward (baseline)",
+    topology: Topology::ParameterServers,
+    overlaps: false,
+    ..StrategyInfo::BASE
+};
+
+const ALLREDUCE: StrategyInfo = StrategyInfo {
+    name: "allreduce",
+    description: "ring all-reduce over gradient buckets launched as backward fills them (DDP)",
+    mesh: true,
+    ..StrategyInfo::BASE
+};
+
+const ALLREDUCE_NO_OVERLAP: StrategyInfo = StrategyInfo {
+    name: "allreduce-no-overlap",
+    description: "ring all-reduce after the whole backward (baseline)",
+    overlaps: false,
+    mesh: true,
+    ..StrategyInfo::BASE
+};
+
+const P3: StrategyInfo = StrategyInfo {
+    name: "p3",
+    description: "P3: slices round robin over the servers, priority by layer, preemption at \
+                  slice boundaries, next forward layer by layer",
+    topology: Topology::ParameterServers,
+    scheduler: SchedulerKind::Priority,
+    slice_params: P3_SLICE_PARAMS,
+    placement: Placement::SlicesRoundRobin,
+    ..StrategyInfo::BASE
+};
+
+const RING_REDUCE: StrategyInfo = StrategyInfo {
+    name: "ring-reduce",
+    description: "ring reduce: gradient sums along the ring to a root, its average back around \
+                  (exact, ~2M bytes per worker)",
+    topology: Topology::Chain,
+    ..StrategyInfo::BASE
+};
+
+const STEPWISE: StrategyInfo = StrategyInfo {
+    name: "stepwise",
+    description: "step-wise averaging (approximate): after its own optimizer step each worker \
+                  adopts the mean of the weights before it on the chain, no second pass (~M bytes)",
+    averages: Averaged::Weights,
+    topology: Topology::Chain,
+    stepwise_settings: true,
+    ..StrategyInfo::BASE
+};
+
+const DLCP: StrategyInfo = StrategyInfo {
+    name: "dlcp",
+    description: "DLCP (approximate): P3 with loss-tolerant packet pushes complete at a loss \
+                  bound, packet priority and priority dropping by layer and gradient \
+                  magnitude, per-packet paths",
+    loss_tolerant: true,
+    ..P3
+};
+
+const DLCP_ALLREDUCE: StrategyInfo = StrategyInfo {
+    name: "dlcp-allreduce",
+    description: "DLCP over ring all-reduce (approximate): loss-tolerant reduce-scatter packets \
+                  complete at a loss bound, lost contributions missing from the sum; packet \
+                  priority, priority dropping, per-packet paths",
+    loss_tolerant: true,
+    scheduler: SchedulerKind::Priority,
+    ..StrategyInfo::BASE
+};
+
 impl StrategyKind {
     /// Every strategy.
     pub const ALL: [StrategyKind; 9] = [
@@ -94,6 +236,21 @@ impl StrategyKind {
         StrategyKind::DlcpAllreduce,
     ];
 
+    /// The strategy's row: everything that follows from the strategy alone.
+    pub const fn info(self) -> &'static StrategyInfo {
+        match self {
+            StrategyKind::Ps => &PS,
+            StrategyKind::PsNoOverlap => &PS_NO_OVERLAP,
+            StrategyKind::Allreduce => &ALLREDUCE,
+            StrategyKind::AllreduceNoOverlap => &ALLREDUCE_NO_OVERLAP,
+            StrategyKind::P3 => &P3,
+            StrategyKind::RingReduce => &RING_REDUCE,
+            StrategyKind::Stepwise => &STEPWISE,
+            StrategyKind::Dlcp => &DLCP,
+            StrategyKind::DlcpAllreduce => &DLCP_ALLREDUCE,
+        }
+    }
+
     /// The strategy named `name` (as [`StrategyKind::name`] writes it).
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|s| s.name() == name)
@@ -101,83 +258,36 @@ impl StrategyKind {
 
     /// The name used on the command line and in the handshake.
     pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::Ps => "ps",
-            StrategyKind::PsNoOverlap => "ps-no-overlap",
-            StrategyKind::Allreduce => "allreduce",
-            StrategyKind::AllreduceNoOverlap => "allreduce-no-overlap",
-            StrategyKind::P3 => "p3",
-            StrategyKind::RingReduce => "ring-reduce",
-            StrategyKind::Stepwise => "stepwise",
-            StrategyKind::Dlcp => "dlcp",
-            StrategyKind::DlcpAllreduce => "dlcp-allreduce",
-        }
+        self.info().name
     }
 
     /// One line on what it does, for listings such as `--help`.
     pub fn description(self) -> &'static str {
-        match self {
-            StrategyKind::Ps => {
-                "sharded parameter server, each layer pushed as soon as backward produces it"
-            }
-            StrategyKind::PsNoOverlap => {
-                "parameter server, everything pushed after the whole backward (baseline)"
-            }
-            StrategyKind::Allreduce => {
-                "ring all-reduce over gradient buckets launched as backward fills them (DDP)"
-            }
-            StrategyKind::AllreduceNoOverlap => {
-                "ring all-reduce after the whole backward (baseline)"
-            }
-            StrategyKind::P3 => {
-                "P3: slices round robin over the servers, priority by layer, preemption at \
-                 slice boundaries, next forward layer by layer"
-            }
-            StrategyKind::RingReduce => {
-                "ring reduce: gradient sums along the ring to a root, its average back around \
-                 (exact, ~2M bytes per worker)"
-            }
-            StrategyKind::Stepwise => {
-                "step-wise averaging (approximate): after its own optimizer step each worker \
-                 adopts the mean of the weights before it on the chain, no second pass (~M bytes)"
-            }
-            StrategyKind::Dlcp => {
-                "DLCP (approximate): P3 with loss-tolerant packet pushes complete at a loss \
-                 bound, packet priority and priority dropping by layer and gradient \
-                 magnitude, per-packet paths"
-            }
-            StrategyKind::DlcpAllreduce => {
-                "DLCP over ring all-reduce (approximate): loss-tolerant reduce-scatter packets \
-                 complete at a loss bound, lost contributions missing from the sum; packet \
-                 priority, priority dropping, per-packet paths"
-            }
-        }
+        self.info().description
     }
 
     /// [`StrategyKind::description`] followed by the defaults it runs with:
     /// `... [scheduler priority, slices of 40000 parameters]`.
     pub fn summary(self) -> String {
+        let info = self.info();
+        let bucket_mb = info.bucket_bytes as f64 / 1e6;
         let size = if self.uses_servers() {
-            format!("slices of {} parameters", self.default_slice_params())
-        } else if self.loss_tolerant() {
+            format!("slices of {} parameters", info.slice_params)
+        } else if info.loss_tolerant {
             format!(
-                "buckets of {} MB, packets of {} KiB",
-                DEFAULT_BUCKET_BYTES as f64 / 1e6,
+                "buckets of {bucket_mb} MB, packets of {} KiB",
                 super::dlcp::DEFAULT_PACKET_ELEMS * 4 / 1024
             )
         } else {
-            format!("buckets of {} MB", DEFAULT_BUCKET_BYTES as f64 / 1e6)
+            format!("buckets of {bucket_mb} MB")
         };
-        let scheduler = self.default_scheduler().name();
-        format!("{} [scheduler {scheduler}, {size}]", self.description())
+        let scheduler = info.scheduler.name();
+        format!("{} [scheduler {scheduler}, {size}]", info.description)
     }
 
     /// What it averages across the workers.
     pub fn averages(self) -> Averaged {
-        match self {
-            StrategyKind::Stepwise => Averaged::Weights,
-            _ => Averaged::Gradients,
-        }
+        self.info().averages
     }
 
     /// Whether every worker ends each step with exactly the values of single-process
@@ -190,35 +300,28 @@ impl StrategyKind {
     /// Whether it sends loss-tolerant frames and completes without some of them (exact
     /// only with `--loss-bound 0`).
     pub fn loss_tolerant(self) -> bool {
-        matches!(self, StrategyKind::Dlcp | StrategyKind::DlcpAllreduce)
+        self.info().loss_tolerant
+    }
+
+    /// Which endpoints its job is made of.
+    pub fn topology(self) -> Topology {
+        self.info().topology
     }
 
     /// Whether its workers pass values along the ring's chain ([`super::ChainPass`]).
     pub fn chain(self) -> bool {
-        matches!(self, StrategyKind::RingReduce | StrategyKind::Stepwise)
+        self.topology() == Topology::Chain
     }
 
     /// Whether it needs parameter servers.
     pub fn uses_servers(self) -> bool {
-        matches!(
-            self,
-            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 | StrategyKind::Dlcp
-        )
+        self.topology() == Topology::ParameterServers
     }
 
     /// Whether communication overlaps backward (and, for parameter servers, the next
     /// forward: layer `k` runs as soon as its parameters are back).
     pub fn overlaps(self) -> bool {
-        matches!(
-            self,
-            StrategyKind::Ps
-                | StrategyKind::Allreduce
-                | StrategyKind::P3
-                | StrategyKind::RingReduce
-                | StrategyKind::Stepwise
-                | StrategyKind::Dlcp
-                | StrategyKind::DlcpAllreduce
-        )
+        self.info().overlaps
     }
 
     /// Whether the next forward overlaps this step's synchronisation: layer `k` of the next
@@ -231,29 +334,28 @@ impl StrategyKind {
 
     /// The scheduler used when none is asked for.
     pub fn default_scheduler(self) -> SchedulerKind {
-        match self {
-            StrategyKind::P3 | StrategyKind::Dlcp | StrategyKind::DlcpAllreduce => {
-                SchedulerKind::Priority
-            }
-            _ => SchedulerKind::Fifo,
-        }
+        self.info().scheduler
     }
 
     /// Parameters per slice when none is asked for (before any `--scale`).
     pub fn default_slice_params(self) -> usize {
-        match self {
-            StrategyKind::P3 | StrategyKind::Dlcp => P3_SLICE_PARAMS,
-            _ => FRAME_ELEMS,
-        }
+        self.info().slice_params
+    }
+
+    /// All-reduce bucket capacity in bytes when none is asked for (before any `--scale`).
+    pub fn default_bucket_bytes(self) -> usize {
+        self.info().bucket_bytes
+    }
+
+    /// The credit scheduler's credit in bytes when none is asked for (before any `--scale`).
+    pub fn default_credit_bytes(self) -> usize {
+        self.info().credit_bytes
     }
 
     /// How its parameter-server slices are placed on the servers: P3 round robin, the
     /// other strategies balanced by bytes (MXNet's KVStore).
     pub fn placement(self) -> Placement {
-        match self {
-            StrategyKind::P3 | StrategyKind::Dlcp => Placement::SlicesRoundRobin,
-            _ => Placement::KeysByBytes,
-        }
+        self.info().placement
     }
 
     /// Whether its `workers` workers can be linked in a full mesh (every worker to every
@@ -262,30 +364,18 @@ impl StrategyKind {
     /// workers, whose small buckets then go straight to every worker
     /// (`RingAllReduce::over_mesh`).
     pub fn can_mesh(self, workers: usize) -> bool {
-        matches!(
-            self,
-            StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap
-        ) && (3..=MESH_MAX_WORKERS).contains(&workers)
+        self.info().mesh && (3..=MESH_MAX_WORKERS).contains(&workers)
     }
 
     /// The ranks `rank` has links to: workers to every server and servers to every worker
     /// (parameter servers), or each worker to its ring neighbours (`SyncPlan::peers` adds the
     /// full mesh where the plan asks for one).
     pub fn peers(self, workers: usize, servers: usize, rank: Rank) -> Vec<Rank> {
-        if self.uses_servers() {
-            return if rank < workers {
-                (workers..workers + servers).collect()
-            } else {
-                (0..workers).collect()
-            };
+        match self.topology() {
+            Topology::ParameterServers if rank < workers => (workers..workers + servers).collect(),
+            Topology::ParameterServers => (0..workers).collect(),
+            Topology::Ring | Topology::Chain => super::ring_layout::neighbours(workers, rank),
         }
-        if workers < 2 {
-            return Vec::new();
-        }
-        let mut p = vec![(rank + workers - 1) % workers, (rank + 1) % workers];
-        p.sort_unstable();
-        p.dedup();
-        p
     }
 }
 
@@ -309,5 +399,41 @@ mod tests {
         assert!(!StrategyKind::DlcpAllreduce.can_mesh(4));
         assert_eq!(StrategyKind::Allreduce.peers(2, 0, 1), vec![0]);
         assert!(StrategyKind::Allreduce.peers(1, 0, 0).is_empty());
+    }
+
+    #[test]
+    fn the_table_says_what_each_strategy_is() {
+        use StrategyKind::*;
+        let which = |has: fn(StrategyKind) -> bool| -> Vec<StrategyKind> {
+            StrategyKind::ALL.into_iter().filter(|&s| has(s)).collect()
+        };
+        fn approximate(s: StrategyKind) -> bool {
+            matches!(s, Stepwise | Dlcp | DlcpAllreduce)
+        }
+        assert_eq!(which(StrategyKind::exact), which(|s| !approximate(s)));
+        assert_eq!(
+            which(StrategyKind::forward_overlap),
+            [Ps, P3, Stepwise, Dlcp]
+        );
+        assert_eq!(
+            which(StrategyKind::uses_servers),
+            [Ps, PsNoOverlap, P3, Dlcp]
+        );
+        assert_eq!(which(StrategyKind::chain), [RingReduce, Stepwise]);
+        for s in StrategyKind::ALL {
+            let info = s.info();
+            assert_eq!(info.bucket_bytes, DEFAULT_BUCKET_BYTES, "{}", info.name);
+            assert_eq!(info.credit_bytes, DEFAULT_CREDIT_BYTES, "{}", info.name);
+            let p3_like = matches!(s, P3 | Dlcp);
+            assert_eq!(info.placement == Placement::SlicesRoundRobin, p3_like);
+            assert_eq!(info.slice_params == P3_SLICE_PARAMS, p3_like);
+        }
+        assert_eq!(
+            StrategyKind::Dlcp.summary(),
+            format!(
+                "{} [scheduler priority, slices of 40000 parameters]",
+                DLCP.description
+            )
+        );
     }
 }

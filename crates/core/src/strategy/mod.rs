@@ -40,6 +40,7 @@ mod mixing;
 mod plan;
 mod ps;
 mod ring;
+mod ring_layout;
 #[cfg(test)]
 mod tests;
 mod traffic;
@@ -47,14 +48,18 @@ mod traffic;
 pub use chain::ChainPass;
 pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
 pub use kind::{
-    Averaged, StrategyKind, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
-    DIRECT_SHARE_ELEMS, FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
+    Averaged, StrategyInfo, StrategyKind, Topology, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES,
+    DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
 };
 pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
-pub use plan::{scale_count, Endpoints, PlanError, SyncPlan};
+pub use plan::{Endpoints, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
 pub use traffic::textbook_bytes_per_step;
+
+/// Re-exported from [`crate::scale`], where it moved so that `net` need not reach into
+/// `strategy`.
+pub use crate::scale::scale_count;
 
 use crate::tune::Knobs;
 use crate::wire::{Header, WireError};

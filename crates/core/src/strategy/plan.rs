@@ -5,15 +5,13 @@
 use serde::{Deserialize, Serialize};
 
 use super::dlcp::Geometry;
-use super::kind::{
-    CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS,
-    FRAME_ELEMS,
-};
+use super::kind::{CHAIN_SEGMENT_ELEMS, DIRECT_SHARE_ELEMS, FRAME_ELEMS};
 use super::{
     ChainPass, ChainSchedule, DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, PsServer, PsWorker,
     Rank, RingAllReduce, ServerOptim, ServerSync, StepwiseHead, StrategyKind, WorkerSync,
 };
 use crate::registry::{KeyInfo, TensorRegistry};
+use crate::scale::scale_count;
 use crate::sched::SchedulerKind;
 use crate::tune::TuneSpec;
 
@@ -42,11 +40,11 @@ pub enum PlanError {
         /// Processes in the job, one past the last server rank.
         world: usize,
     },
-    /// A step-wise averaging setting given to another strategy.
-    #[error("{0} applies to --strategy stepwise only (this job runs {1})")]
+    /// A step-wise averaging setting (the plan's field) given to another strategy.
+    #[error("{0} applies to the stepwise strategy only (this job runs {1})")]
     StepwiseOnly(&'static str, &'static str),
     /// A DLCP setting given to another strategy.
-    #[error("the DLCP settings (--loss-bound, --packet-bytes, --loss-fill, --pull-loss-bound, --dlcp-*) apply to --strategy dlcp and dlcp-allreduce only (this job runs {0})")]
+    #[error("the DLCP settings (loss bound, packet size, loss fill, pull loss bound, priority, drop quantile, spraying) apply to the dlcp and dlcp-allreduce strategies only (this job runs {0})")]
     DlcpOnly(&'static str),
     /// A DLCP setting out of range.
     #[error("{0}")]
@@ -109,16 +107,6 @@ fn default_chain_segment() -> usize {
     CHAIN_SEGMENT_ELEMS
 }
 
-/// What a full-size count `n` (elements or bytes) becomes at scale `factor`: rounded up, at
-/// least 1 unless `n` is 0.
-pub fn scale_count(n: usize, factor: f64) -> usize {
-    if n == 0 {
-        0
-    } else {
-        ((n as f64 * factor).ceil() as usize).max(1)
-    }
-}
-
 impl SyncPlan {
     /// `strategy` on `workers` workers and `servers` servers with the strategy's defaults.
     pub fn new(strategy: StrategyKind, workers: usize, servers: usize) -> Self {
@@ -128,8 +116,8 @@ impl SyncPlan {
             workers,
             servers,
             slice_params: strategy.default_slice_params(),
-            bucket_bytes: DEFAULT_BUCKET_BYTES,
-            credit_bytes: DEFAULT_CREDIT_BYTES,
+            bucket_bytes: strategy.default_bucket_bytes(),
+            credit_bytes: strategy.default_credit_bytes(),
             frame_elems: FRAME_ELEMS,
             direct_share_elems: DIRECT_SHARE_ELEMS,
             chain_segment_elems: CHAIN_SEGMENT_ELEMS,
@@ -146,7 +134,7 @@ impl SyncPlan {
     /// scaled job cuts its messages as the full-size one does.
     pub fn scaled(self, factor: f64) -> Self {
         Self {
-            slice_params: scale_count(self.slice_params.min(self.frame_elems), factor),
+            slice_params: scale_count(self.frame_slice_params(), factor),
             bucket_bytes: scale_count(self.bucket_bytes, factor),
             credit_bytes: scale_count(self.credit_bytes, factor),
             frame_elems: scale_count(self.frame_elems, factor),
@@ -206,12 +194,12 @@ impl SyncPlan {
         if self.autotune && !self.scheduler.uses_credit() {
             return Err(PlanError::AutotuneNeedsCredit(self.scheduler.name()));
         }
-        if self.strategy != StrategyKind::Stepwise {
+        if !self.strategy.info().stepwise_settings {
             if self.full_sync_every > 0 {
-                return Err(PlanError::StepwiseOnly("--full-sync-every", name));
+                return Err(PlanError::StepwiseOnly("full_sync_every", name));
             }
             if self.stepwise_head != StepwiseHead::default() {
-                return Err(PlanError::StepwiseOnly("--stepwise-head", name));
+                return Err(PlanError::StepwiseOnly("stepwise_head", name));
             }
         }
         Ok(())
@@ -271,7 +259,7 @@ impl SyncPlan {
         if self.strategy.chain() {
             d.push_str(&format!("/segment={}", self.chain_segment_elems));
         }
-        if self.strategy == StrategyKind::Stepwise {
+        if self.strategy.info().stepwise_settings {
             d.push_str(&format!(
                 "/head={}/full-sync={}",
                 self.stepwise_head.name(),
@@ -297,7 +285,7 @@ impl SyncPlan {
     /// without `--autotune`): the credit from one slice to the whole model, starting at
     /// `credit_bytes`.
     pub fn tune_spec(&self, keys: &[KeyInfo]) -> Option<TuneSpec> {
-        let slice_bytes = self.slice_params.min(self.frame_elems).saturating_mul(4);
+        let slice_bytes = self.frame_slice_params().saturating_mul(4);
         let model_bytes = keys.iter().map(|k| k.numel.saturating_mul(4)).sum();
         self.autotune
             .then(|| TuneSpec::credit(self.credit_bytes, slice_bytes, model_bytes))
@@ -306,8 +294,14 @@ impl SyncPlan {
     /// The parameter-server registry of a model with these keys: slices of `slice_params`
     /// (at most a frame), placed as the strategy places them.
     pub fn registry(&self, keys: Vec<KeyInfo>) -> TensorRegistry {
-        let slice = self.slice_params.clamp(1, self.frame_elems.max(1));
+        let slice = self.frame_slice_params().max(1);
         TensorRegistry::new(keys, slice, self.servers, self.strategy.placement())
+    }
+
+    /// The slice size in parameters as the endpoints cut slices: `slice_params`, at most a
+    /// frame (the one place that cap is applied).
+    pub fn frame_slice_params(&self) -> usize {
+        self.slice_params.min(self.frame_elems)
     }
 
     /// All-reduce bucket capacity in values.
@@ -317,15 +311,30 @@ impl SyncPlan {
 
     /// Who averages with whom on a chain strategy (`None` for the others).
     pub fn chain_schedule(&self) -> Option<ChainSchedule> {
-        let workers = self.workers;
         match self.strategy {
-            StrategyKind::RingReduce => Some(ChainSchedule::RingReduce { workers }),
-            StrategyKind::Stepwise => Some(ChainSchedule::Stepwise {
-                workers,
-                head: self.stepwise_head,
-                full_sync_every: self.full_sync_every,
-            }),
-            _ => None,
+            StrategyKind::RingReduce => Some(self.ring_reduce_schedule()),
+            StrategyKind::Stepwise => Some(self.stepwise_schedule()),
+            StrategyKind::Ps
+            | StrategyKind::PsNoOverlap
+            | StrategyKind::Allreduce
+            | StrategyKind::AllreduceNoOverlap
+            | StrategyKind::P3
+            | StrategyKind::Dlcp
+            | StrategyKind::DlcpAllreduce => None,
+        }
+    }
+
+    fn ring_reduce_schedule(&self) -> ChainSchedule {
+        ChainSchedule::RingReduce {
+            workers: self.workers,
+        }
+    }
+
+    fn stepwise_schedule(&self) -> ChainSchedule {
+        ChainSchedule::Stepwise {
+            workers: self.workers,
+            head: self.stepwise_head,
+            full_sync_every: self.full_sync_every,
         }
     }
 
@@ -378,58 +387,70 @@ pub struct Endpoints<'a> {
 }
 
 impl Endpoints<'_> {
-    /// The state machine of worker `rank`.
+    /// The state machine of worker `rank`: one arm per strategy.
     pub fn worker(&self, rank: Rank) -> Box<dyn WorkerSync + Send> {
         let plan = self.plan;
-        let overlap = plan.strategy.overlaps();
-        let keys = self.keys.clone();
-        if let Some(schedule) = plan.chain_schedule() {
-            return Box::new(ChainPass::new(
-                rank,
-                schedule,
-                keys,
-                plan.bucket_elems(),
-                plan.chain_segment_elems.min(plan.frame_elems),
-                overlap,
-                plan.scheduler,
-            ));
-        }
-        if plan.strategy.uses_servers() {
-            let reg = self.reg.clone();
-            let credit = plan.credit_bytes;
-            if plan.strategy == StrategyKind::Dlcp {
+        match plan.strategy {
+            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 => {
+                Box::new(self.ps_worker(rank, plan.scheduler))
+            }
+            StrategyKind::Dlcp => {
                 // DLCP orders its packets itself: the P3 worker underneath only has to hand
                 // over every slice at once.
-                let fifo = SchedulerKind::Fifo;
-                let ps = PsWorker::new(rank, plan.workers, reg.clone(), overlap, fifo, credit);
-                let geo = Geometry::new(reg, plan.dlcp.packet_elems);
-                return Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp));
+                let ps = self.ps_worker(rank, SchedulerKind::Fifo);
+                let geo = Geometry::new(self.reg.clone(), plan.dlcp.packet_elems);
+                Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp))
             }
-            let ps = PsWorker::new(rank, plan.workers, reg, overlap, plan.scheduler, credit);
-            return Box::new(ps);
+            StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap => {
+                let ring = RingAllReduce::new(
+                    rank,
+                    plan.workers,
+                    self.keys.clone(),
+                    plan.bucket_elems(),
+                    plan.frame_elems,
+                    plan.strategy.overlaps(),
+                    plan.scheduler,
+                );
+                let ring = ring.with_direct_below(plan.direct_share_elems);
+                if plan.meshed() {
+                    return Box::new(ring.over_mesh());
+                }
+                Box::new(ring)
+            }
+            StrategyKind::DlcpAllreduce => {
+                let (keys, bucket) = (self.keys.clone(), plan.bucket_elems());
+                Box::new(DlcpRing::new(rank, plan.workers, keys, bucket, plan.dlcp))
+            }
+            StrategyKind::RingReduce => self.chain(rank, plan.ring_reduce_schedule()),
+            StrategyKind::Stepwise => self.chain(rank, plan.stepwise_schedule()),
         }
-        if plan.strategy == StrategyKind::DlcpAllreduce {
-            let bucket = plan.bucket_elems();
-            return Box::new(DlcpRing::new(rank, plan.workers, keys, bucket, plan.dlcp));
-        }
-        let ring = RingAllReduce::new(
+    }
+
+    /// The parameter-server worker `rank`, its frames ordered by `scheduler`.
+    fn ps_worker(&self, rank: Rank, scheduler: SchedulerKind) -> PsWorker {
+        let plan = self.plan;
+        let overlap = plan.strategy.overlaps();
+        let (reg, credit) = (self.reg.clone(), plan.credit_bytes);
+        PsWorker::new(rank, plan.workers, reg, overlap, scheduler, credit)
+    }
+
+    /// The chain worker `rank` of `schedule`.
+    fn chain(&self, rank: Rank, schedule: ChainSchedule) -> Box<dyn WorkerSync + Send> {
+        let plan = self.plan;
+        Box::new(ChainPass::new(
             rank,
-            plan.workers,
-            keys,
+            schedule,
+            self.keys.clone(),
             plan.bucket_elems(),
-            plan.frame_elems,
-            overlap,
+            plan.chain_segment_elems.min(plan.frame_elems),
+            plan.strategy.overlaps(),
             plan.scheduler,
-        );
-        let ring = ring.with_direct_below(plan.direct_share_elems);
-        if plan.meshed() {
-            return Box::new(ring.over_mesh());
-        }
-        Box::new(ring)
+        ))
     }
 
     /// The state machine of server `rank`, starting from the `initial` values of every key
-    /// and applying `optim` to the averaged gradients.
+    /// and applying `optim` to the averaged gradients; one arm per strategy (those without
+    /// servers have no server rank).
     pub fn server(
         &self,
         rank: Rank,
@@ -437,29 +458,32 @@ impl Endpoints<'_> {
         optim: ServerOptim,
     ) -> Result<Box<dyn ServerSync + Send>, PlanError> {
         let plan = self.plan;
+        let not_a_server = PlanError::NotAServer {
+            rank,
+            workers: plan.workers,
+            world: plan.world_size(),
+        };
         let index = rank
             .checked_sub(plan.workers)
             .filter(|&i| i < plan.servers)
-            .ok_or(PlanError::NotAServer {
-                rank,
-                workers: plan.workers,
-                world: plan.world_size(),
-            })?;
+            .ok_or(not_a_server.clone())?;
         let reg = self.reg.clone();
-        let ps = PsServer::new(
-            index,
-            plan.workers,
-            reg.clone(),
-            initial,
-            optim,
-            plan.scheduler,
-        );
-        if plan.strategy == StrategyKind::Dlcp {
-            let geo = Geometry::new(reg, plan.dlcp.packet_elems);
-            let dlcp = DlcpServer::new(ps, geo, index, plan.workers, plan.dlcp);
-            return Ok(Box::new(dlcp));
+        let ps = |reg| PsServer::new(index, plan.workers, reg, initial, optim, plan.scheduler);
+        match plan.strategy {
+            StrategyKind::Ps | StrategyKind::PsNoOverlap | StrategyKind::P3 => {
+                Ok(Box::new(ps(reg)))
+            }
+            StrategyKind::Dlcp => {
+                let geo = Geometry::new(reg.clone(), plan.dlcp.packet_elems);
+                let dlcp = DlcpServer::new(ps(reg), geo, index, plan.workers, plan.dlcp);
+                Ok(Box::new(dlcp))
+            }
+            StrategyKind::Allreduce
+            | StrategyKind::AllreduceNoOverlap
+            | StrategyKind::DlcpAllreduce
+            | StrategyKind::RingReduce
+            | StrategyKind::Stepwise => Err(not_a_server),
         }
-        Ok(Box::new(ps))
     }
 }
 

@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 
 use super::bucket::{cut, Buckets};
+use super::ring_layout::{left_of, right_of, KeySlots, LentFrames};
 use super::{frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
@@ -42,7 +43,7 @@ struct Bucket {
 /// A frame waiting for its link (the right-hand one, but for small buckets' copies over a
 /// mesh).
 #[derive(Debug, Clone, Copy)]
-struct Send {
+struct Outgoing {
     /// The rank it goes to.
     to: Rank,
     bucket: usize,
@@ -76,13 +77,63 @@ struct BucketState {
     pair_sent: bool,
 }
 
+impl Bucket {
+    /// The buckets of `fill`, each cut into one chunk per worker of a ring of `n` and each
+    /// chunk into segments of at most `segment_elems` values.
+    fn cut_all(fill: &Buckets, keys: &[KeyInfo], n: usize, segment_elems: usize) -> Vec<Self> {
+        let keys_at = fill.keys_at();
+        keys_at
+            .into_iter()
+            .zip(&fill.lens)
+            .map(|(bucket_keys, &len)| {
+                let chunks: Vec<_> = (0..n)
+                    .map(|c| cut(c * len / n, (c + 1) * len / n, segment_elems))
+                    .collect();
+                let first_segment = chunks
+                    .iter()
+                    .scan(0, |first, segs| {
+                        let this = *first;
+                        *first += segs.len();
+                        Some(this)
+                    })
+                    .collect();
+                let layer = bucket_keys
+                    .iter()
+                    .map(|&(k, _)| keys[k].layer)
+                    .max()
+                    .unwrap_or(0);
+                Bucket {
+                    keys: bucket_keys,
+                    len,
+                    chunks,
+                    first_segment,
+                    layer,
+                    direct: false,
+                }
+            })
+            .collect()
+    }
+}
+
+impl BucketState {
+    /// The state of bucket `b` before its first step.
+    fn of(b: &Bucket) -> Self {
+        let segments = b.chunks.iter().map(Vec::len).sum();
+        BucketState {
+            got_reduce: vec![false; segments],
+            got_reduce_next: vec![false; segments],
+            got_gather: vec![false; segments],
+            ..Default::default()
+        }
+    }
+}
+
 /// The ring all-reduce strategy of one worker (`allreduce`, `allreduce-no-overlap`).
 pub struct RingAllReduce {
     rank: Rank,
     n: usize,
     overlap: bool,
-    keys: Vec<KeyInfo>,
-    key_place: Vec<(usize, usize)>,
+    slots: KeySlots,
     buckets: Vec<Bucket>,
     data: Vec<Vec<f32>>,
     incoming: Vec<Vec<f32>>,
@@ -97,7 +148,7 @@ pub struct RingAllReduce {
     /// Whether `begin_step` has been called for `step` (before the first call, frames of
     /// step 0 are early, like frames of the next step).
     begun: bool,
-    sends: Vec<Send>,
+    sends: Vec<Outgoing>,
     /// Frames waiting, one queue per link: the right-hand link's only on a ring; on a mesh
     /// one per rank (the own one unused).
     queues: Vec<Box<dyn Scheduler>>,
@@ -109,9 +160,8 @@ pub struct RingAllReduce {
     /// StepDone is reported once every bucket is complete *and* every frame of the step has
     /// been handed to the transport (the next step overwrites the buffers they are read from).
     step_done: bool,
-    /// Frames handed out as [`Transmit::Lent`] whose last byte is not yet written: their
-    /// regions of `data` must not change, so the step is not done before this is zero.
-    lent: usize,
+    /// Frames handed out as [`Transmit::Lent`] whose regions of `data` must not change yet.
+    lent: LentFrames,
     sequence: u64,
     /// Largest frame payload in values.
     segment_elems: usize,
@@ -132,48 +182,16 @@ impl RingAllReduce {
         let n = workers.max(1);
         let segment_elems = segment_elems.max(1);
         let fill = Buckets::fill(&keys, bucket_elems);
-        let key_place = fill.place.clone();
-        let mut buckets: Vec<Bucket> = fill
-            .keys
-            .iter()
-            .zip(&fill.lens)
-            .map(|(bucket_keys, &len)| Bucket {
-                keys: bucket_keys.iter().map(|&k| (k, key_place[k].1)).collect(),
-                len,
-                chunks: (0..n)
-                    .map(|c| cut(c * len / n, (c + 1) * len / n, segment_elems))
-                    .collect(),
-                first_segment: Vec::new(),
-                layer: bucket_keys
-                    .iter()
-                    .map(|&k| keys[k].layer)
-                    .max()
-                    .unwrap_or(0),
-                direct: false,
-            })
-            .collect();
-        for b in &mut buckets {
-            b.first_segment = b
-                .chunks
-                .iter()
-                .scan(0, |first, segs| {
-                    let this = *first;
-                    *first += segs.len();
-                    Some(this)
-                })
-                .collect();
-        }
-        let data = buckets.iter().map(|b| vec![0.0; b.len]).collect();
-        let incoming = buckets.iter().map(|b| vec![0.0; b.len]).collect();
+        let buckets = Bucket::cut_all(&fill, &keys, n, segment_elems);
+        let state = buckets.iter().map(BucketState::of).collect();
         let mut ring = Self {
             rank,
             n,
             overlap,
-            keys,
-            key_place,
-            data,
-            incoming,
-            state: Vec::new(),
+            slots: KeySlots::new(&keys, &fill),
+            data: buckets.iter().map(|b| vec![0.0; b.len]).collect(),
+            incoming: buckets.iter().map(|b| vec![0.0; b.len]).collect(),
+            state,
             next_step_early: Vec::new(),
             next_step_shares: Vec::new(),
             begun: false,
@@ -185,24 +203,11 @@ impl RingAllReduce {
             events: VecDeque::new(),
             buckets_left: 0,
             step_done: false,
-            lent: 0,
+            lent: LentFrames::default(),
             sequence: 0,
             segment_elems,
             buckets,
         };
-        ring.state = ring
-            .buckets
-            .iter()
-            .map(|b| {
-                let segments = b.chunks.iter().map(Vec::len).sum();
-                BucketState {
-                    got_reduce: vec![false; segments],
-                    got_reduce_next: vec![false; segments],
-                    got_gather: vec![false; segments],
-                    ..Default::default()
-                }
-            })
-            .collect();
         ring.reset_state();
         ring
     }
@@ -290,7 +295,7 @@ impl RingAllReduce {
         let st = &mut self.state[b];
         st.shares[own].copy_from_slice(&self.data[b]);
         if self.pairwise() {
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.partner(0),
                 bucket: b,
                 gather: true,
@@ -303,7 +308,7 @@ impl RingAllReduce {
         }
         let copies = if self.mesh { self.n - 1 } else { 1 };
         for i in 1..=copies {
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: (self.rank + i) % self.n,
                 bucket: b,
                 gather: true,
@@ -353,7 +358,7 @@ impl RingAllReduce {
             let (received, pair) = slots.split_at_mut(2 * len);
             add_into(&mut pair[..len], &received[..len], &received[len..]);
             st.pair_sent = true;
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.partner(1),
                 bucket: b,
                 gather: true,
@@ -390,11 +395,11 @@ impl RingAllReduce {
     }
 
     fn left(&self) -> Rank {
-        (self.rank + self.n - 1) % self.n
+        left_of(self.rank, self.n)
     }
 
     fn right(&self) -> Rank {
-        (self.rank + 1) % self.n
+        right_of(self.rank, self.n)
     }
 
     /// The queue of the frames for `link`, if this worker sends on it.
@@ -454,7 +459,7 @@ impl RingAllReduce {
         self.sends.clear();
     }
 
-    fn enqueue(&mut self, s: Send) {
+    fn enqueue(&mut self, s: Outgoing) {
         let priority = self.buckets[s.bucket].layer as i64;
         let Some(q) = self.queue_of(s.to) else {
             debug_assert!(false, "a frame for rank {} has no link", s.to);
@@ -484,7 +489,7 @@ impl RingAllReduce {
             return;
         }
         for &(off, len) in &self.buckets[b].chunks[self.rank].clone() {
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.right(),
                 bucket: b,
                 gather: false,
@@ -506,7 +511,7 @@ impl RingAllReduce {
         let r = off..off + len;
         add_assign(&mut self.data[b][r.clone()], &self.incoming[b][r.clone()]);
         if (s as usize) + 2 < self.n {
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.right(),
                 bucket: b,
                 gather: false,
@@ -517,7 +522,7 @@ impl RingAllReduce {
         } else {
             // The last reduce step completes this chunk here: average it and start its gather.
             scale(&mut self.data[b][r], 1.0 / self.n as f32);
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.right(),
                 bucket: b,
                 gather: true,
@@ -550,7 +555,7 @@ impl RingAllReduce {
     }
 
     fn maybe_step_done(&mut self) {
-        if !self.step_done && self.buckets_left == 0 && self.nothing_queued() && self.lent == 0 {
+        if !self.step_done && self.buckets_left == 0 && self.nothing_queued() && self.lent.none() {
             self.step_done = true;
             self.events.push_back(WorkerEvent::StepDone);
         }
@@ -689,19 +694,21 @@ impl WorkerSync for RingAllReduce {
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
-        let (b, off) = self.key_place[key];
+        let Some((b, off)) = self.slots.place(key) else {
+            return;
+        };
         self.data[b][off..off + grad.len()].copy_from_slice(grad);
         self.handle_gradient_in_place(key);
     }
 
     fn gradient_slot(&mut self, key: usize) -> Option<&mut [f32]> {
-        let &(b, off) = self.key_place.get(key)?;
-        let len = self.keys[key].numel;
-        self.data.get_mut(b)?.get_mut(off..off + len)
+        self.slots.values_mut(&mut self.data, key)
     }
 
     fn handle_gradient_in_place(&mut self, key: usize) {
-        let b = self.key_place[key].0;
+        let Some((b, _)) = self.slots.place(key) else {
+            return;
+        };
         self.state[b].missing_keys -= 1;
         if self.overlap && self.state[b].missing_keys == 0 {
             self.launch(b);
@@ -721,8 +728,7 @@ impl WorkerSync for RingAllReduce {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        let (b, off) = self.key_place[key];
-        self.data[b][off..off + self.keys[key].numel].to_vec()
+        self.slots.values(&self.data, key).to_vec()
     }
 }
 
@@ -743,9 +749,7 @@ impl Endpoint for RingAllReduce {
             .copied()
             .find(|&l| self.queue_of(l).is_some_and(|q| !self.queues[q].is_empty()))?;
         let h = self.next_frame(link)?;
-        out.extend_from_slice(&h.encode());
-        self.lent += 1;
-        Some(Transmit::Lent(link, h))
+        Some(self.lent.lend(out, link, h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
@@ -753,7 +757,7 @@ impl Endpoint for RingAllReduce {
     }
 
     fn handle_sent(&mut self, _link: Rank, _h: &Header) {
-        self.lent = self.lent.saturating_sub(1);
+        self.lent.returned();
         self.maybe_step_done();
     }
 
@@ -802,7 +806,7 @@ impl Endpoint for RingAllReduce {
         if h.kind == FrameKind::Gather {
             self.state[b].got_gather[segment] = true;
             if (s as usize) + 2 < self.n {
-                self.enqueue(Send {
+                self.enqueue(Outgoing {
                     to: self.right(),
                     bucket: b,
                     gather: true,
@@ -831,7 +835,7 @@ impl RingAllReduce {
     fn forward_share(&mut self, b: usize, s: u64) {
         if !self.mesh && (s as usize) + 2 < self.n {
             let len = self.buckets[b].len;
-            self.enqueue(Send {
+            self.enqueue(Outgoing {
                 to: self.right(),
                 bucket: b,
                 gather: true,

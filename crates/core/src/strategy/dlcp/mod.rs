@@ -29,6 +29,7 @@ mod chunks;
 mod geometry;
 mod pull;
 mod ring;
+mod ring_hops;
 mod server;
 mod tally;
 mod worker;

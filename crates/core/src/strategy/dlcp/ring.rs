@@ -21,114 +21,20 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+mod checks;
+
 use super::chunks::RingChunks;
-use super::tally::{indices_of, packets_needed, PacketTally};
+use super::ring_hops::{ChunkSend, Control, Hops, Phase, Round};
+use super::tally::{indices_of, PacketTally};
 use super::{class_of_layer, drop_eligible, DlcpOptions, KeyLoss, LossStats};
 use crate::aggregate::{add_assign, scale};
 use crate::registry::KeyInfo;
 use crate::strategy::bucket::Buckets;
-use crate::strategy::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
+use crate::strategy::ring_layout::{left_of, right_of, KeySlots, LentFrames};
+use crate::strategy::{
+    frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync,
+};
 use crate::wire::{encode_data_frame, f32_bytes, Flags, FrameKind, Header};
-
-/// The two halves of the ring all-reduce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Phase {
-    /// All-gather: forwards complete sums (served before reduce-scatter packets).
-    Gather = 0,
-    /// Reduce-scatter: forwards partial sums.
-    Reduce = 1,
-}
-
-impl Phase {
-    fn kind(self) -> FrameKind {
-        match self {
-            Phase::Reduce => FrameKind::Reduce,
-            Phase::Gather => FrameKind::Gather,
-        }
-    }
-
-    fn from_sequence(sequence: u64) -> Option<Phase> {
-        match sequence {
-            0 => Some(Phase::Reduce),
-            1 => Some(Phase::Gather),
-            _ => None,
-        }
-    }
-
-    fn sequence(self) -> u64 {
-        match self {
-            Phase::Reduce => 0,
-            Phase::Gather => 1,
-        }
-    }
-}
-
-/// The hops into this worker of one phase and step, per bucket and chunk (`bucket * n + chunk`).
-struct Hops {
-    tally: Vec<PacketTally>,
-    /// The sender has sent every packet once (it probed): the bound may complete the hop.
-    probed: Vec<bool>,
-    /// Complete: the sender was stopped, what is missing filled in and passed on.
-    done: Vec<bool>,
-}
-
-impl Hops {
-    fn new(geo: &RingChunks, n: usize, ppm: u64) -> Self {
-        let tally: Vec<PacketTally> = (0..geo.keys() * n)
-            .map(|i| {
-                let packets = geo.chunk_packets(i / n, i % n);
-                PacketTally::new(packets, packets_needed(packets, ppm))
-            })
-            .collect();
-        let mut hops = Self {
-            probed: vec![false; tally.len()],
-            done: vec![false; tally.len()],
-            tally,
-        };
-        hops.reset();
-        hops
-    }
-
-    fn reset(&mut self) {
-        self.tally.iter_mut().for_each(PacketTally::reset);
-        self.probed.fill(false);
-        for (done, t) in self.done.iter_mut().zip(&self.tally) {
-            *done = t.is_whole();
-        }
-    }
-
-    /// Whether hop `i` may complete now: every packet is in, or the sender has sent them
-    /// all and enough are in. Counting alone would stop packets that are merely behind.
-    fn may_complete(&self, i: usize) -> bool {
-        !self.done[i]
-            && (self.tally[i].is_whole() || (self.probed[i] && self.tally[i].is_complete()))
-    }
-}
-
-/// The receive side of one step: both phases' hops, and reduce packets that came before
-/// this worker's own gradient.
-struct Round {
-    step: u64,
-    hops: [Hops; 2],
-    inbox: Vec<Vec<f32>>,
-}
-
-/// This worker's sending of one chunk of one bucket in one phase, this step.
-#[derive(Debug, Default, Clone)]
-struct Send {
-    queue: VecDeque<usize>,
-    /// Packets made ready to go (each once); a probe waits for all of them.
-    ready: usize,
-    handed: usize,
-    stopped: bool,
-    probing: bool,
-}
-
-/// A control frame for the left-hand neighbour: a Stop, or a Missing and its bitmap.
-struct Control {
-    header: Header,
-    words: Vec<u32>,
-}
 
 /// The worker side of `--strategy dlcp-allreduce`.
 pub struct DlcpRing {
@@ -137,8 +43,8 @@ pub struct DlcpRing {
     left: Rank,
     right: Rank,
     opts: DlcpOptions,
-    /// Per key: its length, bucket and offset in the bucket.
-    keys: Vec<(usize, usize, usize)>,
+    /// Where each key sits in the buckets.
+    slots: KeySlots,
     /// Per bucket: its keys and their offsets, in fill order.
     bucket_keys: Vec<Vec<(usize, usize)>>,
     /// Per bucket: keys of this step still to come.
@@ -157,13 +63,13 @@ pub struct DlcpRing {
     finished: Vec<bool>,
     buckets_left: usize,
     /// Per bucket, chunk and phase (`(bucket * n + chunk) * 2 + phase`).
-    sends: Vec<Send>,
+    sends: Vec<ChunkSend>,
     sends_open: usize,
     active: BTreeSet<(usize, Phase, usize, usize)>,
     control: VecDeque<Control>,
     events: VecDeque<WorkerEvent>,
     step_done: bool,
-    lent: usize,
+    lent: LentFrames,
     sequence: u64,
     scratch: Vec<f32>,
     bitmap: Vec<f32>,
@@ -195,11 +101,7 @@ impl DlcpRing {
             .zip(&layers)
             .map(|(&numel, &layer)| KeyInfo { numel, layer })
             .collect();
-        let bucket_keys = fill
-            .keys
-            .iter()
-            .map(|ks| ks.iter().map(|&k| (k, fill.place[k].1)).collect())
-            .collect();
+        let bucket_keys = fill.keys_at();
         let geo = RingChunks::new(&keys, n, opts.packet_elems);
         let round = || Round {
             step: u64::MAX,
@@ -213,13 +115,9 @@ impl DlcpRing {
         Self {
             rank,
             n,
-            left: (rank + n - 1) % n,
-            right: (rank + 1) % n,
-            keys: model
-                .iter()
-                .zip(&fill.place)
-                .map(|(k, &(b, off))| (k.numel, b, off))
-                .collect(),
+            left: left_of(rank, n),
+            right: right_of(rank, n),
+            slots: KeySlots::new(&model, &fill),
             bucket_keys,
             missing_keys: vec![0; keys.len()],
             layers,
@@ -232,13 +130,13 @@ impl DlcpRing {
             grad_in: vec![false; keys.len()],
             finished: vec![false; keys.len()],
             buckets_left: 0,
-            sends: vec![Send::default(); keys.len() * n * 2],
+            sends: vec![ChunkSend::default(); keys.len() * n * 2],
             sends_open: 0,
             active: BTreeSet::new(),
             control: VecDeque::new(),
             events: VecDeque::new(),
             step_done: true,
-            lent: 0,
+            lent: LentFrames::default(),
             sequence: 0,
             scratch: vec![0.0; opts.packet_elems.max(1)],
             bitmap: Vec::new(),
@@ -379,7 +277,7 @@ impl DlcpRing {
     /// against the keys they belong to.
     fn attribute(&mut self, bucket: usize, start: usize, end: usize, lost: bool) {
         for &(key, off) in &self.bucket_keys[bucket] {
-            let len = self.keys[key].0;
+            let len = self.slots.len(key).unwrap_or(0);
             let overlap = end.min(off + len).saturating_sub(start.max(off)) as u64;
             self.key_loss[key].entries += overlap;
             if lost {
@@ -434,7 +332,7 @@ impl DlcpRing {
             && self.begun
             && self.buckets_left == 0
             && self.sends_open == 0
-            && self.lent == 0
+            && self.lent.none()
         {
             self.step_done = true;
             self.events.push_back(WorkerEvent::StepDone);
@@ -517,69 +415,11 @@ impl DlcpRing {
     }
 
     fn payload(&self, h: &Header) -> &[f32] {
-        let buf = match h.kind {
-            FrameKind::Reduce => &self.sum,
-            FrameKind::Gather => &self.out,
-            _ => return &[],
-        };
-        let start = h.offset as usize;
-        buf.get(h.key as usize)
-            .and_then(|v| v.get(start..start + h.length as usize))
-            .unwrap_or(&[])
-    }
-
-    /// Checks the step of a frame about a transfer into this worker: `Ok(false)` if it is
-    /// late (of a step already over), an error if it is too far ahead.
-    fn check_incoming_step(
-        &self,
-        link: Rank,
-        h: &Header,
-        ahead: bool,
-    ) -> Result<bool, ProtocolError> {
-        if h.step < self.step {
-            return Ok(false);
+        match h.kind {
+            FrameKind::Reduce => frame_values(&self.sum, h),
+            FrameKind::Gather => frame_values(&self.out, h),
+            _ => &[],
         }
-        let next_ok = ahead && self.begun && h.step == self.step + 1;
-        if h.step == self.step || next_ok {
-            return Ok(true);
-        }
-        Err(ProtocolError::unexpected(
-            link,
-            h,
-            &format!("step ahead (this worker is at step {})", self.step),
-        ))
-    }
-
-    fn check_link(&self, link: Rank, h: &Header, from_left: bool) -> Result<(), ProtocolError> {
-        let want = if from_left { self.left } else { self.right };
-        if self.n < 2 || link != want {
-            let side = if from_left { "left" } else { "right" };
-            return Err(ProtocolError::unexpected(
-                link,
-                h,
-                &format!(
-                    "a {:?} frame comes only from the {side}-hand neighbour",
-                    h.kind
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The chunk and phase a control frame names, checked.
-    fn control_target(
-        &self,
-        link: Rank,
-        h: &Header,
-    ) -> Result<(usize, usize, Phase), ProtocolError> {
-        let bucket = h.key as usize;
-        let c = h.offset as usize;
-        let phase = Phase::from_sequence(h.sequence)
-            .ok_or_else(|| ProtocolError::unexpected(link, h, "no such phase"))?;
-        if bucket >= self.geo.keys() || c >= self.n || self.geo.chunk_packets(bucket, c) == 0 {
-            return Err(ProtocolError::unexpected(link, h, "no such chunk"));
-        }
-        Ok((bucket, c, phase))
     }
 
     fn handle_packet(&mut self, link: Rank, h: &Header, phase: Phase) -> Result<(), ProtocolError> {
@@ -701,35 +541,6 @@ impl DlcpRing {
         Ok(())
     }
 
-    /// A Stop or a Missing about this worker's sending; `Ok(None)` if it is about a step
-    /// already over.
-    fn outgoing_target(
-        &self,
-        link: Rank,
-        h: &Header,
-    ) -> Result<Option<(usize, usize, Phase)>, ProtocolError> {
-        self.check_link(link, h, false)?;
-        let (bucket, c, phase) = self.control_target(link, h)?;
-        if !self.sends_chunk(phase, c) {
-            return Err(ProtocolError::unexpected(
-                link,
-                h,
-                "about a chunk not sent from here",
-            ));
-        }
-        if h.step < self.step || !self.begun {
-            return Ok(None);
-        }
-        if h.step > self.step {
-            return Err(ProtocolError::unexpected(
-                link,
-                h,
-                &format!("step ahead (this worker is at step {})", self.step),
-            ));
-        }
-        Ok(Some((bucket, c, phase)))
-    }
-
     fn handle_missing(
         &mut self,
         link: Rank,
@@ -775,9 +586,9 @@ impl WorkerSync for DlcpRing {
                     let expected =
                         self.sends_chunk(phase, c) && self.geo.chunk_packets(bucket, c) > 0;
                     let i = self.send_index(bucket, c, phase);
-                    self.sends[i] = Send {
+                    self.sends[i] = ChunkSend {
                         stopped: !expected,
-                        ..Send::default()
+                        ..ChunkSend::default()
                     };
                     self.sends_open += usize::from(expected);
                 }
@@ -788,7 +599,7 @@ impl WorkerSync for DlcpRing {
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
-        let Some(&(len, bucket, off)) = self.keys.get(key) else {
+        let (Some((bucket, off)), Some(len)) = (self.slots.place(key), self.slots.len(key)) else {
             return;
         };
         if self.grad_in[bucket] || !self.begun || self.missing_keys[bucket] == 0 {
@@ -820,10 +631,7 @@ impl WorkerSync for DlcpRing {
     }
 
     fn take_values(&mut self, key: usize) -> Vec<f32> {
-        let Some(&(len, bucket, off)) = self.keys.get(key) else {
-            return Vec::new();
-        };
-        let mut v = self.out[bucket][off..off + len].to_vec();
+        let mut v = self.slots.values(&self.out, key).to_vec();
         if self.n > 1 {
             scale(&mut v, 1.0 / self.n as f32);
         }
@@ -899,9 +707,7 @@ impl Endpoint for DlcpRing {
             self.maybe_step_done();
             return Some(Transmit::Copied(self.right));
         }
-        self.lent += 1;
-        out.extend_from_slice(&h.encode());
-        Some(Transmit::Lent(self.right, h))
+        Some(self.lent.lend(out, self.right, h))
     }
 
     fn lent_payload(&self, h: &Header) -> &[f32] {
@@ -909,7 +715,7 @@ impl Endpoint for DlcpRing {
     }
 
     fn handle_sent(&mut self, _link: Rank, _h: &Header) {
-        self.lent = self.lent.saturating_sub(1);
+        self.lent.returned();
         self.maybe_step_done();
     }
 
