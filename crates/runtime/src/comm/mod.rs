@@ -51,7 +51,9 @@ use syncopate_core::wire::mac::{FrameOpener, FrameSealer, IntegrityError, LinkKe
 use syncopate_core::wire::{Header, DEFAULT_MAX_PAYLOAD};
 use writer::OutFrame;
 
+/// The poll token of the waker (other threads' commands).
 const WAKER: Token = Token(usize::MAX);
+/// The poll token of the precise timer (frame releases, the endpoint's timer).
 const TIMER: Token = Token(usize::MAX - 1);
 
 /// One connection to a peer.
@@ -437,6 +439,7 @@ fn ns_since(origin: Instant) -> u64 {
     u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The error of a link to `peer` that closed or failed.
 fn lost<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, reason: &str) -> CommError {
     CommError::Lost {
         peer: hooks.describe(peer),
@@ -445,6 +448,7 @@ fn lost<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, reason: &str) -> CommError 
     }
 }
 
+/// The error of a frame from `peer` whose tag does not check.
 fn integrity<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: IntegrityError) -> CommError {
     CommError::Integrity {
         peer: hooks.describe(peer),
@@ -453,6 +457,7 @@ fn integrity<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: IntegrityError)
     }
 }
 
+/// The error of a frame from `peer` that breaks the protocol.
 fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -> CommError {
     CommError::Protocol {
         peer: hooks.describe(peer),

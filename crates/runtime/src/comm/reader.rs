@@ -20,11 +20,15 @@ use super::control::handle_control;
 use super::emulation::{ingress_open, Gate};
 use super::{integrity, lost, ns_since, protocol, CommError, CommLoop, Hooks, LinkState};
 
+/// Where a link's reader stands in the frame being read.
 pub(super) enum ReadState {
+    /// In its header (`filled` bytes of it so far).
     Header {
         buf: [u8; HEADER_LEN],
         filled: usize,
     },
+    /// In a data frame's payload, which lands in the endpoint's slot (`done` bytes so far;
+    /// the header came at `arrived`).
     Data {
         header: Header,
         done: usize,
@@ -34,6 +38,7 @@ pub(super) enum ReadState {
         /// Bytes of the payload fed to the link's frame MAC so far.
         hashed: usize,
     },
+    /// In a control frame's payload, which lands in `buf`.
     Bytes {
         header: Header,
         buf: Vec<u8>,
@@ -49,17 +54,12 @@ pub(super) enum ReadState {
 
 /// A frame read whole, to act on (on a link with frame MACs, once its tag has checked).
 pub(super) enum Received {
+    /// A heartbeat, or a data frame the ingress port lost (read, never handed over).
     Heartbeat(Header),
     /// A data frame, its payload in the endpoint's slot; its header came at `arrived`.
-    Data {
-        header: Header,
-        arrived: Instant,
-    },
+    Data { header: Header, arrived: Instant },
     /// A control frame and its payload.
-    Control {
-        header: Header,
-        payload: Vec<u8>,
-    },
+    Control { header: Header, payload: Vec<u8> },
 }
 
 impl ReadState {
@@ -84,6 +84,7 @@ impl ReadState {
 }
 
 impl Received {
+    /// The frame's header.
     fn header(&self) -> &Header {
         match self {
             Received::Heartbeat(header)
