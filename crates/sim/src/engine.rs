@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::rc::Rc;
 
 use syncopate_core::latency::{HandOvers, Histogram};
-use syncopate_core::net::{Decision, Fate, FrameMeta, NetCounters};
+use syncopate_core::net::{NetCounters, Rotation};
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
@@ -21,6 +21,7 @@ use crate::rng::Jitter;
 use crate::{SimConfig, SimError};
 
 mod life;
+mod network;
 
 /// When endpoints are asked for frames, and on which links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +44,8 @@ struct Host {
     traffic: HostTraffic,
     /// The peers, twice over, so that a rotation is a sub-slice.
     links: Vec<Rank>,
-    rotation: usize,
+    /// A worker's fairness among its links (core's rule, the runtime's too).
+    rotation: Rotation,
     nic: Nic,
 }
 
@@ -70,7 +72,7 @@ pub(crate) struct Sim<'a> {
     sends_on_delivery: bool,
     hosts: Vec<Host>,
     /// Each worker's step sequencer (core's, as the runtime's workers run it).
-    trainers: Vec<StepSequencer>,
+    sequencers: Vec<StepSequencer>,
     /// Each worker's keys handed over and not yet back.
     tensors: Vec<HandOvers>,
     /// Every worker's per-tensor completion times (one histogram: the report shows them
@@ -124,24 +126,48 @@ fn frame_name(h: &Header, from: Rank, to: Rank) -> String {
     format!("{:?} key {} @{} {from}->{to}", h.kind, h.key, h.offset)
 }
 
-/// What [`drain`] records a worker's events in: its trainer and hand-overs, the run's
-/// completion times and step ends.
-type Records<'s> = (
-    &'s mut StepSequencer,
-    &'s mut HandOvers,
-    &'s mut Histogram,
-    &'s mut [u64],
-);
+/// What [`drain`] records a worker's events in.
+struct Records<'s> {
+    /// The worker's step sequencer, which the events move on.
+    sequencer: &'s mut StepSequencer,
+    /// The worker's keys handed over and not yet back.
+    tensors: &'s mut HandOvers,
+    /// The run's per-tensor completion times.
+    completion: &'s mut Histogram,
+    /// The run's step end times.
+    step_end: &'s mut [u64],
+}
 
-/// Hands the endpoint's events to its trainer; records when tensors and steps complete.
-/// Returns whether there was any. Inlined into its three callers (once per delivery to a
-/// worker): the call cost more than the work when there is no event.
+impl<'s> Records<'s> {
+    /// Worker `w`'s records, out of the run's.
+    #[inline(always)]
+    fn of(
+        w: usize,
+        sequencers: &'s mut [StepSequencer],
+        tensors: &'s mut [HandOvers],
+        completion: &'s mut Histogram,
+        step_end: &'s mut [u64],
+    ) -> Self {
+        Self {
+            sequencer: &mut sequencers[w],
+            tensors: &mut tensors[w],
+            completion,
+            step_end,
+        }
+    }
+}
+
+/// Hands the endpoint's events to its step sequencer; records when tensors and steps
+/// complete. Returns whether there was any. Inlined into its three callers (once per
+/// delivery to a worker): the call cost more than the work when there is no event.
 #[inline(always)]
-fn drain(
-    ep: &mut dyn WorkerSync,
-    (trainer, tensors, completion, step_end): Records,
-    now: u64,
-) -> bool {
+fn drain(ep: &mut dyn WorkerSync, records: Records, now: u64) -> bool {
+    let Records {
+        sequencer,
+        tensors,
+        completion,
+        step_end,
+    } = records;
     let mut any = false;
     while let Some(ev) = ep.poll_event() {
         any = true;
@@ -150,9 +176,10 @@ fn drain(
                 completion.record(ns);
             }
         }
-        trainer.handle_event(ev);
+        sequencer.handle_event(ev);
         if ev == WorkerEvent::StepDone {
-            if let Some(end) = step_end.get_mut((trainer.steps_done() as usize).saturating_sub(1)) {
+            let done = sequencer.steps_done() as usize;
+            if let Some(end) = step_end.get_mut(done.saturating_sub(1)) {
                 *end = (*end).max(now);
             }
         }
@@ -186,7 +213,7 @@ impl<'a> Sim<'a> {
                 Host {
                     role,
                     links: p.iter().chain(&p).copied().collect(),
-                    rotation: 0,
+                    rotation: Rotation::new(),
                     nic: Nic::new(&cfg.network, cfg.seed, rank as u64),
                     traffic: HostTraffic::default(),
                 }
@@ -209,7 +236,7 @@ impl<'a> Sim<'a> {
                 || cfg.strategy.loss_tolerant(),
             checks_replies: !cfg.strategy.loss_tolerant(),
             hosts,
-            trainers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
+            sequencers: (0..n).map(|_| StepSequencer::new(plan.clone())).collect(),
             tensors: (0..n).map(|_| HandOvers::new(keys.len())).collect(),
             completion: Histogram::default(),
             jitter: (0..n)
@@ -262,7 +289,7 @@ impl<'a> Sim<'a> {
             let touched = self.touched_host(ev);
             match ev {
                 Event::ComputeDone(w) => {
-                    self.trainers[w].compute_done();
+                    self.sequencers[w].compute_done();
                     self.drive(w, false)?;
                 }
                 Event::NicReady(h) => {
@@ -297,7 +324,7 @@ impl<'a> Sim<'a> {
             report.faults = faults;
             return Ok(report);
         }
-        let stuck: Vec<String> = (self.trainers.iter().enumerate())
+        let stuck: Vec<String> = (self.sequencers.iter().enumerate())
             .filter(|(_, t)| !t.finished())
             .take(4)
             .map(|(w, t)| format!("worker {w} at {}", t.describe()))
@@ -365,46 +392,48 @@ impl<'a> Sim<'a> {
     /// it may have some (`poll`: it may already, e.g. a frame was just delivered to a ring
     /// worker), until its endpoint has no more events (transmitting can end a ring step).
     fn drive(&mut self, w: usize, poll: bool) -> Result<(), SimError> {
-        let may_send = self.run_trainer(w)?;
+        let may_send = self.run_sequencer(w)?;
         if may_send || poll || self.polling == Polling::Exhaustive {
             self.send(w)?;
         }
         Ok(())
     }
 
-    /// Offers worker `w`'s NIC frames; as long as that gives its trainer events, runs the
-    /// trainer again and, if it may have more to send, offers again. Between events every
-    /// trainer waits (each [`Sim::drive`] leaves it so), so this is `drive(w, true)` without
-    /// asking a waiting trainer for an action first: all a reopened send window needs.
+    /// Offers worker `w`'s NIC frames; as long as that gives its step sequencer events, runs
+    /// the sequencer again and, if it may have more to send, offers again. Between events
+    /// every sequencer waits (each [`Sim::drive`] leaves it so), so this is `drive(w, true)`
+    /// without asking a waiting sequencer for an action first: all a reopened send window
+    /// needs.
     fn send(&mut self, w: usize) -> Result<(), SimError> {
         loop {
             self.fill(w)?;
             let Role::Worker(ep) = &mut self.hosts[w].role else {
                 return Ok(());
             };
-            let worker = (
-                &mut self.trainers[w],
-                &mut self.tensors[w],
+            let worker = Records::of(
+                w,
+                &mut self.sequencers,
+                &mut self.tensors,
                 &mut self.completion,
-                &mut self.step_end[..],
+                &mut self.step_end,
             );
-            if !drain(ep.as_mut(), worker, self.now) || !self.run_trainer(w)? {
+            if !drain(ep.as_mut(), worker, self.now) || !self.run_sequencer(w)? {
                 return Ok(());
             }
         }
     }
 
-    /// Runs worker `w`'s trainer until it computes or waits; returns whether any of its
-    /// actions may have given the endpoint something to send.
-    fn run_trainer(&mut self, w: usize) -> Result<bool, SimError> {
+    /// Runs worker `w`'s step sequencer until it computes or waits; returns whether any of
+    /// its actions may have given the endpoint something to send.
+    fn run_sequencer(&mut self, w: usize) -> Result<bool, SimError> {
         let mut may_send = false;
         let profile = self.profile;
         let Role::Worker(ep) = &mut self.hosts[w].role else {
             return Err(self.internal(format!("rank {w} is not a worker")));
         };
-        let trainer = &mut self.trainers[w];
+        let sequencer = &mut self.sequencers[w];
         loop {
-            let action = trainer.poll_action();
+            let action = sequencer.poll_action();
             may_send |= matches!(
                 action,
                 Action::Begin(_) | Action::HandOver(_) | Action::BackwardDone
@@ -416,7 +445,7 @@ impl<'a> Sim<'a> {
                     ep.retune(knobs);
                     may_send = true;
                 }
-                Action::StepEnd(_) => trainer.handle_step_end(self.now),
+                Action::StepEnd(_) => sequencer.handle_step_end(self.now),
                 Action::Forward(layer) | Action::Backward(layer) => {
                     let l = &profile.layers[layer];
                     let backward = matches!(action, Action::Backward(_));
@@ -426,7 +455,7 @@ impl<'a> Sim<'a> {
                         l.forward_ns
                     });
                     let ns = (ns as f64 * self.slowdown[w]).round() as u64;
-                    let (now, step) = (self.now, trainer.step());
+                    let (now, step) = (self.now, sequencer.step());
                     self.queue.push(now + ns, Event::ComputeDone(w));
                     let what = if backward { "backward" } else { "forward" };
                     let name = || format!("{what} {}", l.name);
@@ -454,208 +483,14 @@ impl<'a> Sim<'a> {
                 | Action::Checkpoint(_) => continue,
                 Action::BackwardDone => ep.handle_backward_done(),
             }
-            let worker = (
-                &mut *trainer,
-                &mut self.tensors[w],
-                &mut self.completion,
-                &mut self.step_end[..],
-            );
+            let worker = Records {
+                sequencer: &mut *sequencer,
+                tensors: &mut self.tensors[w],
+                completion: &mut self.completion,
+                step_end: &mut self.step_end,
+            };
             drain(ep.as_mut(), worker, self.now);
         }
-    }
-
-    /// Asks host `h`'s endpoint for frames while its NIC's backlog is below the window (the
-    /// runtime's `fill`); arms a wake-up for when the backlog drains below it.
-    fn fill(&mut self, h: Rank) -> Result<(), SimError> {
-        let workers = self.cfg.workers;
-        loop {
-            let now = self.now;
-            let host = &mut self.hosts[h];
-            if !host.nic.egress.has_room(now) {
-                if host.nic.wake_at.is_none() {
-                    let at = host.nic.egress.room_at(now);
-                    host.nic.wake_at = Some(at);
-                    self.queue.push(at, Event::NicReady(h));
-                }
-                return Ok(());
-            }
-            let mut buf = self.pool.pop().unwrap_or_default();
-            buf.clear();
-            let n = host.links.len() / 2;
-            let to = match &mut host.role {
-                Role::Worker(_) if n == 0 => None,
-                Role::Worker(ep) if self.polling == Polling::Lean && h < self.outboxes.len() => {
-                    ep.poll_transmit_any(self.outboxes[h].candidates(), &mut buf)
-                }
-                Role::Worker(ep) => {
-                    // The order moves on with each frame sent, not with each poll: lean
-                    // and exhaustive polling, which poll in vain unequally often, keep the
-                    // same order (it matters where frames wait for two links at once).
-                    let turn = host.rotation % n;
-                    let to = ep.poll_transmit_any(&host.links[turn..turn + n], &mut buf);
-                    if to.is_some() {
-                        host.rotation = host.rotation.wrapping_add(1);
-                    }
-                    to
-                }
-                Role::Server(ep) => match self.polling {
-                    Polling::Lean => {
-                        ep.poll_transmit_any(self.frontiers[h - workers].candidates(), &mut buf)
-                    }
-                    Polling::Exhaustive => ep.poll_transmit_any(&host.links[..n], &mut buf),
-                },
-            };
-            let Some(to) = to else {
-                self.pool.push(buf);
-                if h >= workers && self.checks_replies && !self.frontiers[h - workers].is_empty() {
-                    return Err(
-                        self.internal(format!("server rank {h} holds replies but sent none"))
-                    );
-                }
-                return Ok(());
-            };
-            let header = decode(&buf, h).map_err(|source| SimError::Protocol {
-                time_ns: now,
-                host: to,
-                from: h,
-                source,
-            })?;
-            let checked = if !self.checks_replies {
-                Ok(())
-            } else if h >= workers {
-                let slice = (header.step, header.key, header.offset);
-                self.frontiers[h - workers].sent(slice, to, workers)
-            } else {
-                self.outboxes.get_mut(h).map_or(Ok(()), |o| o.sent(to))
-            };
-            if let Err(what) = checked {
-                return Err(self.internal(format!("rank {h}: {what}")));
-            }
-            let bytes = self.wire_bytes(header.length as usize);
-            let frame = InFlight {
-                from: h,
-                to,
-                header,
-                buf,
-                bytes,
-                recv_start: 0,
-            };
-            let slot = match self.free_slots.pop() {
-                Some(slot) => {
-                    self.frames[slot] = Some(frame);
-                    slot
-                }
-                None => {
-                    self.frames.push(Some(frame));
-                    self.frames.len() - 1
-                }
-            };
-            if let Some(lives) = self.lives.as_deref_mut() {
-                lives.wrote(h, to, now);
-            }
-            let host = &mut self.hosts[h];
-            host.traffic.bytes_sent += bytes as u64;
-            self.frames_sent += 1;
-            let meta = FrameMeta::of_frame(&header, bytes, flow(h, to));
-            (host.nic.egress).enqueue(now, slot as u64, meta);
-            self.collect(h, false)?;
-        }
-    }
-
-    /// [`SimConfig::wire_bytes`] of `elems`, from the last frame's when it had as many.
-    #[inline]
-    fn wire_bytes(&mut self, elems: usize) -> usize {
-        if self.last_wire.0 != elems {
-            self.last_wire = (elems, self.cfg.wire_bytes(elems));
-        }
-        self.last_wire.1
-    }
-
-    /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
-    /// egress arrives at the receiver's ingress (when modelled) or is delivered; a frame
-    /// through the ingress is delivered. Arms a poll for the port's next due time. Inlined
-    /// (with [`Sim::decided`]) into `fill`, which calls it once per frame sent.
-    #[inline(always)]
-    fn collect(&mut self, h: Rank, ingress: bool) -> Result<(), SimError> {
-        let now = self.now;
-        while let Some(d) = self.hosts[h]
-            .nic
-            .port(ingress)
-            .and_then(|p| p.poll_decision(now))
-        {
-            self.decided(h, ingress, d)?;
-        }
-        let nic = &mut self.hosts[h].nic;
-        let due = nic.port(ingress).and_then(|p| p.poll_timeout());
-        let armed = &mut nic.poll_at[usize::from(ingress)];
-        if let Some(t) = due.filter(|&t| armed.is_none_or(|a| t < a)) {
-            *armed = Some(t);
-            self.queue
-                .push(t.max(now), Event::NetPoll { host: h, ingress });
-        }
-        Ok(())
-    }
-
-    /// Acts on one decided frame of host `h`'s egress or ingress port.
-    #[inline(always)]
-    fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
-        let slot = d.token as usize;
-        let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
-            return Err(self.internal(format!("no frame in slot {slot}")));
-        };
-        let Fate::Delivered { at, .. } = d.fate else {
-            if !f.header.flags.is_loss_tolerant() {
-                return Err(self.internal(format!(
-                    "rank {h}: a reliable frame was given up ({:?})",
-                    d.fate
-                )));
-            }
-            // Lost or dropped: a loss-tolerant frame simply never arrives.
-            self.frames[slot] = None;
-            self.free_slots.push(slot);
-            return Ok(());
-        };
-        if ingress {
-            f.recv_start = d.start;
-            self.queue.push(at, Event::Deliver(slot));
-            return Ok(());
-        }
-        // First bit at the receiver: the start plus the path's latency.
-        f.recv_start = d.start + at.saturating_sub(d.done);
-        // The header stays in its slot (not copied per frame for a trace seldom taken).
-        let (from, to, header) = (f.from, f.to, &f.header);
-        self.tracer
-            .record(header.step, from, Lane::Send, (d.start, d.done), || {
-                frame_name(header, from, to)
-            });
-        let arrive = self.cfg.network.ingress;
-        self.queue.push(
-            at,
-            if arrive {
-                Event::Arrive(slot)
-            } else {
-                Event::Deliver(slot)
-            },
-        );
-        Ok(())
-    }
-
-    /// A frame reached its receiver's NIC: it queues and serialises through the ingress.
-    fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
-        let now = self.now;
-        if !self.admitted(slot) {
-            return Ok(());
-        }
-        let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
-            return Err(self.internal(format!("no frame in slot {slot}")));
-        };
-        let (from, to, bytes) = (f.from, f.to, f.bytes);
-        let meta = FrameMeta::of_frame(&f.header, bytes, flow(from, to));
-        let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
-            return Err(self.internal(format!("rank {to} has no ingress port")));
-        };
-        ingress.enqueue(now, slot as u64, meta);
-        self.collect(to, true)
     }
 
     /// A frame is handed to its receiver: its payload is read into the slot the endpoint
@@ -704,6 +539,13 @@ impl<'a> Sim<'a> {
             from,
             source,
         })?;
+        self.react(to, h)
+    }
+
+    /// Receiver `to` reacts to a frame of `slice` it was handed: a server (whose updates
+    /// are checked) may reply, a worker's step sequencer may move on and the worker send.
+    fn react(&mut self, to: Rank, slice: (u64, u32, u32)) -> Result<(), SimError> {
+        let now = self.now;
         match &mut self.hosts[to].role {
             Role::Server(s) => {
                 let i = to - self.cfg.workers;
@@ -713,7 +555,7 @@ impl<'a> Sim<'a> {
                     self.fill(to)
                 } else if updates == self.updates[i] + 1 {
                     self.updates[i] = updates;
-                    self.frontiers[i].updated(h);
+                    self.frontiers[i].updated(slice);
                     self.fill(to)
                 } else if updates != self.updates[i] {
                     Err(self.internal(format!(
@@ -726,15 +568,16 @@ impl<'a> Sim<'a> {
                 }
             }
             Role::Worker(ep) => {
-                let worker = (
-                    &mut self.trainers[to],
-                    &mut self.tensors[to],
+                let worker = Records::of(
+                    to,
+                    &mut self.sequencers,
+                    &mut self.tensors,
                     &mut self.completion,
-                    &mut self.step_end[..],
+                    &mut self.step_end,
                 );
                 let any = drain(ep.as_mut(), worker, now);
-                // A worker waits on its trainer as the last drive left it unless an event
-                // moved the trainer on or the frame may give it something to send (always
+                // A worker waits on its sequencer as the last drive left it unless an event
+                // moved the sequencer on or the frame may give it something to send (always
                 // asked, polling exhaustively).
                 if any || self.sends_on_delivery || self.polling == Polling::Exhaustive {
                     self.drive(to, self.sends_on_delivery)?;
@@ -868,7 +711,7 @@ impl<'a> Sim<'a> {
             realised_loss_per_key: key_loss.iter().map(KeyLoss::realised_loss).collect(),
             tensor_completion: self.completion.summary(),
             autotune: self
-                .trainers
+                .sequencers
                 .first()
                 .and_then(|t| t.tuner())
                 .map(|t| t.report()),

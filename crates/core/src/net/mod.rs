@@ -14,6 +14,8 @@
 //!   driver offers frames ([`Port::enqueue`]) and collects their fate ([`Port::poll_fate`]).
 //! - [`LinkProfile`] and [`Shaper`]: the lossless FIFO link of earlier versions, kept for
 //!   the callers that need only that; a [`Port`] of the default profile reproduces it exactly.
+//! - [`Rotation`] and [`LinkCap`]: fairness among a host's links, the order they are offered
+//!   to the scheduler in and what one link may hold on an unshaped network.
 //! - the parsers of bandwidths, durations, sizes and probabilities.
 
 mod counters;
@@ -27,6 +29,7 @@ mod port;
 mod profile;
 mod queue;
 mod rng;
+mod rotation;
 mod window;
 
 pub use counters::NetCounters;
@@ -38,6 +41,7 @@ pub use profile::{
     DEFAULT_DROP_THRESHOLD, DEFAULT_RTO_NS,
 };
 pub use rng::SplitMix64;
+pub use rotation::{LinkCap, Rotation};
 
 /// Nanoseconds on the driver's clock (monotonic in the runtime, virtual in the simulator).
 pub type Nanos = u64;

@@ -1,8 +1,11 @@
 //! The loop's side of the endpoint contract, over a loopback socket pair.
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
-use syncopate_core::wire::mac::FrameKey;
+use syncopate_core::strategy::Endpoint;
+use syncopate_core::wire::mac::{FrameKey, Tag, TAG_LEN};
+use syncopate_core::wire::{FrameKind, HEADER_LEN};
 
 use super::*;
 

@@ -351,7 +351,7 @@ impl Sim<'_> {
     pub(super) fn life_moved(&mut self, h: Rank) {
         let now = self.now;
         let done = match &self.hosts[h].role {
-            Role::Worker(_) => self.trainers.get(h).is_some_and(|t| t.finished()),
+            Role::Worker(_) => self.sequencers.get(h).is_some_and(|t| t.finished()),
             Role::Server(_) => {
                 (self.lives.as_ref()).is_some_and(|l| l.hosts[h].heard == l.hosts[h].links.len())
             }

@@ -1,0 +1,238 @@
+//! The loop's rounds. Each keeps the endpoint's call order (see
+//! [`syncopate_core::strategy`]): commands, then the endpoint's timer
+//! ([`Endpoint::poll_timeout`], armed on the same nanosecond `timerfd` as the frame
+//! releases, on the loop's clock: nanoseconds since the loop was created), then transmits
+//! (frames handed to the emulated interface, frames due written) until the endpoint has no
+//! more, then the hooks drain events; then the loop waits for I/O, a command or the next
+//! deadline, reads what arrived, and goes round again. A due timer is handed to
+//! [`Endpoint::handle_timeout`] at the top of the next round.
+//!
+//! Finishing: first drain every frame the endpoint still has, then say goodbye, then return
+//! once our goodbyes are written and every peer's goodbye has arrived. A link is not read
+//! past its goodbye, so the loop can run again (another endpoint, the next round) over the
+//! same links without mixing rounds.
+
+use std::io;
+use std::time::Duration;
+
+use mio::Events;
+use syncopate_core::net::Port;
+use syncopate_core::strategy::Endpoint;
+
+use super::emulation::Gate;
+use super::reader::ReadState;
+use super::{CommError, CommLoop, Flow, Hooks, LinkStatus, TIMER, WAKER};
+
+impl CommLoop {
+    /// Runs until the hooks say [`Flow::Finish`] (then says goodbye and flushes) or an error.
+    /// On an error every peer is sent an Abort frame carrying it.
+    pub fn run<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        match self.run_inner(endpoint, hooks) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.abort_all(endpoint, &e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn run_inner<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        let mut events = Events::with_capacity(256);
+        self.start(endpoint, hooks)?;
+        let mut finishing = false;
+        let mut goodbye_sent = false;
+        loop {
+            if !finishing && hooks.on_commands(endpoint)? == Flow::Finish {
+                finishing = true;
+            }
+            self.fire_timeout(endpoint);
+            finishing = self.transmit(endpoint, hooks, finishing)?;
+            let drained = self.links.iter().all(|l| l.is_drained());
+            if finishing && drained {
+                if !goodbye_sent {
+                    self.say_goodbye();
+                    goodbye_sent = true;
+                    continue;
+                }
+                if self.links.iter().all(|l| l.goodbye_received) {
+                    return Ok(());
+                }
+            }
+            let deadline = endpoint.poll_timeout();
+            self.wait(&mut events, deadline)?;
+            self.handle_events(&events, endpoint, hooks)?;
+            if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
+                finishing = true;
+            }
+        }
+    }
+
+    /// Readies the links for a run: no goodbyes yet, and the frames of this run that already
+    /// wait behind the last run's goodbye, read but not parsed (with no readiness event to
+    /// come for them), are read.
+    fn start<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        for l in &mut self.links {
+            l.goodbye_received = false;
+            l.goodbye_sent = false;
+        }
+        for i in 0..self.links.len() {
+            self.read_link(i, endpoint, hooks)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the endpoint's frames to the interface and writes what is due, until the
+    /// endpoint hands over no more: transmitting can complete a step (the last frame handed
+    /// over or written), and the hooks may then start the next one, whose frames go out now,
+    /// not after a wait that nothing would end (every peer may be waiting for them). Returns
+    /// whether the loop is finishing (`finishing`, or the hooks said so).
+    fn transmit<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+        mut finishing: bool,
+    ) -> Result<bool, CommError> {
+        let now_ns = self.now_ns();
+        loop {
+            self.queue_control(hooks)?;
+            let handed = self.fill(endpoint);
+            self.release_ingress(endpoint, hooks)?;
+            for i in 0..self.links.len() {
+                if let Err(e) = self.flush(i, endpoint, hooks) {
+                    // A peer that gave up may have said why just before closing: its Abort
+                    // is the better error.
+                    return Err(match self.read_link(i, endpoint, hooks) {
+                        Err(aborted @ CommError::Aborted { .. }) => aborted,
+                        _ => e,
+                    });
+                }
+                self.check_liveness(i, now_ns, hooks)?;
+            }
+            if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
+                finishing = true;
+            }
+            if handed == 0 {
+                return Ok(finishing);
+            }
+        }
+    }
+
+    /// Reads the links that the wait found readable (or closed, or failed).
+    fn handle_events<E: Endpoint + ?Sized>(
+        &mut self,
+        events: &Events,
+        endpoint: &mut E,
+        hooks: &mut dyn Hooks<E>,
+    ) -> Result<(), CommError> {
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            if ev.token() == TIMER {
+                self.timer.clear();
+                continue;
+            }
+            let i = ev.token().0;
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                self.read_link(i, endpoint, hooks)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for I/O, a command or the next deadline. Within `busy_poll` of the last byte
+    /// moved it only looks (a zero-timeout poll, then a yield): a process that has just
+    /// sent or received is likely to be answered within microseconds, and waking a sleeping
+    /// thread costs more than that (tens of microseconds on a virtual machine).
+    /// `endpoint_deadline` is the endpoint's own timer ([`Endpoint::poll_timeout`]).
+    fn wait(
+        &mut self,
+        events: &mut Events,
+        endpoint_deadline: Option<u64>,
+    ) -> Result<(), CommError> {
+        let busy_ns = u64::try_from(self.options.busy_poll.as_nanos()).unwrap_or(u64::MAX);
+        let busy = busy_ns > 0
+            && (self.liveness.last_activity())
+                .is_some_and(|t| self.now_ns().saturating_sub(t) < busy_ns);
+        let timeout = if busy {
+            Duration::ZERO
+        } else {
+            let mut timeout = self.next_timeout();
+            if let Some(at) = endpoint_deadline {
+                timeout = timeout.min(Duration::from_nanos(at.saturating_sub(self.now_ns())));
+            }
+            // Every deadline (frame releases, the endpoint's timer) goes to the precise
+            // timer; the poll's own timeout is whole milliseconds and only a backstop.
+            self.timer
+                .arm(timeout)
+                .map_err(|e| CommError::Local(format!("arming the timer failed: {e}")))?;
+            timeout.max(Duration::from_millis(50))
+        };
+        if let Err(e) = self.poll.poll(events, Some(timeout)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(CommError::Local(format!("poll failed: {e}")));
+            }
+        }
+        if busy && events.is_empty() {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// Calls the endpoint's [`Endpoint::handle_timeout`] if the time it asked for has come.
+    fn fire_timeout<E: Endpoint + ?Sized>(&self, endpoint: &mut E) {
+        let now_ns = self.now_ns();
+        if endpoint.poll_timeout().is_some_and(|at| at <= now_ns) {
+            endpoint.handle_timeout(now_ns);
+        }
+    }
+
+    fn status(&self) -> LinkStatus {
+        LinkStatus {
+            goodbyes: self.links.iter().filter(|l| l.goodbye_received).count(),
+            links: self.links.len(),
+        }
+    }
+
+    fn next_timeout(&self) -> Duration {
+        let now_ns = self.now_ns();
+        let heartbeat = Duration::from_nanos(self.options.liveness.heartbeat_ns);
+        let mut t = heartbeat.min(Duration::from_millis(100));
+        for l in &self.links {
+            if let Some((release, _)) = l.scheduled.front() {
+                if l.writing.is_empty() {
+                    t = t.min(Duration::from_nanos(release.saturating_sub(now_ns)));
+                }
+            }
+        }
+        if self.window_full {
+            let room = self.egress.room_at(now_ns);
+            t = t.min(Duration::from_nanos(room.saturating_sub(now_ns)));
+        }
+        let ingress = self.ingress.as_ref().and_then(Port::poll_timeout);
+        let held = self.links.iter().filter_map(|l| match l.read {
+            ReadState::Data {
+                gate: Gate::DueAt(at),
+                ..
+            } => Some(at),
+            _ => None,
+        });
+        let port_times = self.egress.poll_timeout().into_iter().chain(ingress);
+        if let Some(at) = port_times.chain(held).min() {
+            t = t.min(Duration::from_nanos(at.saturating_sub(now_ns)));
+        }
+        t
+    }
+}

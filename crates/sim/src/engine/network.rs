@@ -1,0 +1,236 @@
+//! Frames between the endpoints and the network: a host's endpoint is asked for frames
+//! while its NIC admits them (a worker's links offered in core's fair [`Rotation`]), each
+//! frame is offered to the host's egress port, and the fates the ports decide become
+//! arrivals at the receiver's ingress port and deliveries.
+
+#[cfg(doc)]
+use syncopate_core::net::Rotation;
+use syncopate_core::net::{Decision, Fate, FrameMeta};
+use syncopate_core::strategy::Rank;
+
+use super::{decode, flow, frame_name, InFlight, Polling, Sim};
+use crate::build::Role;
+use crate::queue::Event;
+use crate::report::Lane;
+use crate::SimError;
+
+impl Sim<'_> {
+    /// Asks host `h`'s endpoint for frames while its NIC's backlog is below the window (the
+    /// runtime's `fill`); arms a wake-up for when the backlog drains below it.
+    pub(super) fn fill(&mut self, h: Rank) -> Result<(), SimError> {
+        let workers = self.cfg.workers;
+        loop {
+            if !self.nic_has_room(h) {
+                return Ok(());
+            }
+            let mut buf = self.pool.pop().unwrap_or_default();
+            buf.clear();
+            let Some(to) = self.poll_frame(h, &mut buf) else {
+                self.pool.push(buf);
+                if h >= workers && self.checks_replies && !self.frontiers[h - workers].is_empty() {
+                    return Err(
+                        self.internal(format!("server rank {h} holds replies but sent none"))
+                    );
+                }
+                return Ok(());
+            };
+            self.send_frame(h, to, buf)?;
+        }
+    }
+
+    /// Whether host `h`'s NIC admits another frame now; if not, arms a wake-up (one at a
+    /// time) for when it will.
+    #[inline(always)]
+    fn nic_has_room(&mut self, h: Rank) -> bool {
+        let now = self.now;
+        let nic = &mut self.hosts[h].nic;
+        if nic.egress.has_room(now) {
+            return true;
+        }
+        if nic.wake_at.is_none() {
+            let at = nic.egress.room_at(now);
+            nic.wake_at = Some(at);
+            self.queue.push(at, Event::NicReady(h));
+        }
+        false
+    }
+
+    /// Asks host `h`'s endpoint for a frame into `buf`, on the links its polling offers;
+    /// returns the frame's link.
+    #[inline(always)]
+    fn poll_frame(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
+        let workers = self.cfg.workers;
+        let host = &mut self.hosts[h];
+        let n = host.links.len() / 2;
+        match &mut host.role {
+            Role::Worker(_) if n == 0 => None,
+            Role::Worker(ep) if self.polling == Polling::Lean && h < self.outboxes.len() => {
+                ep.poll_transmit_any(self.outboxes[h].candidates(), buf)
+            }
+            Role::Worker(ep) => {
+                // The order moves on with each frame sent, not with each poll (core's
+                // rule): lean and exhaustive polling, which poll in vain unequally often,
+                // keep the same order (it matters where frames wait for two links at once).
+                let to = ep.poll_transmit_any(host.rotation.window(&host.links), buf);
+                if to.is_some() {
+                    host.rotation.sent();
+                }
+                to
+            }
+            Role::Server(ep) => match self.polling {
+                Polling::Lean => {
+                    ep.poll_transmit_any(self.frontiers[h - workers].candidates(), buf)
+                }
+                Polling::Exhaustive => ep.poll_transmit_any(&host.links[..n], buf),
+            },
+        }
+    }
+
+    /// Sends the frame in `buf` that host `h`'s endpoint made for `to`: checks it against
+    /// the reply bookkeeping, gives it a slot and offers it to `h`'s egress port.
+    #[inline(always)]
+    fn send_frame(&mut self, h: Rank, to: Rank, buf: Vec<u8>) -> Result<(), SimError> {
+        let (now, workers) = (self.now, self.cfg.workers);
+        let header = decode(&buf, h).map_err(|source| SimError::Protocol {
+            time_ns: now,
+            host: to,
+            from: h,
+            source,
+        })?;
+        let checked = if !self.checks_replies {
+            Ok(())
+        } else if h >= workers {
+            let slice = (header.step, header.key, header.offset);
+            self.frontiers[h - workers].sent(slice, to, workers)
+        } else {
+            self.outboxes.get_mut(h).map_or(Ok(()), |o| o.sent(to))
+        };
+        if let Err(what) = checked {
+            return Err(self.internal(format!("rank {h}: {what}")));
+        }
+        let bytes = self.wire_bytes(header.length as usize);
+        let frame = InFlight {
+            from: h,
+            to,
+            header,
+            buf,
+            bytes,
+            recv_start: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.frames[slot] = Some(frame);
+                slot
+            }
+            None => {
+                self.frames.push(Some(frame));
+                self.frames.len() - 1
+            }
+        };
+        if let Some(lives) = self.lives.as_deref_mut() {
+            lives.wrote(h, to, now);
+        }
+        let host = &mut self.hosts[h];
+        host.traffic.bytes_sent += bytes as u64;
+        self.frames_sent += 1;
+        let meta = FrameMeta::of_frame(&header, bytes, flow(h, to));
+        (host.nic.egress).enqueue(now, slot as u64, meta);
+        self.collect(h, false)
+    }
+
+    /// [`SimConfig::wire_bytes`] of `elems`, from the last frame's when it had as many.
+    #[inline]
+    fn wire_bytes(&mut self, elems: usize) -> usize {
+        if self.last_wire.0 != elems {
+            self.last_wire = (elems, self.cfg.wire_bytes(elems));
+        }
+        self.last_wire.1
+    }
+
+    /// Takes the fates host `h`'s egress (or ingress) port has decided: a frame leaving the
+    /// egress arrives at the receiver's ingress (when modelled) or is delivered; a frame
+    /// through the ingress is delivered. Arms a poll for the port's next due time. Inlined
+    /// (with [`Sim::decided`]) into `fill`, which calls it once per frame sent.
+    #[inline(always)]
+    pub(super) fn collect(&mut self, h: Rank, ingress: bool) -> Result<(), SimError> {
+        let now = self.now;
+        while let Some(d) = self.hosts[h]
+            .nic
+            .port(ingress)
+            .and_then(|p| p.poll_decision(now))
+        {
+            self.decided(h, ingress, d)?;
+        }
+        let nic = &mut self.hosts[h].nic;
+        let due = nic.port(ingress).and_then(|p| p.poll_timeout());
+        let armed = &mut nic.poll_at[usize::from(ingress)];
+        if let Some(t) = due.filter(|&t| armed.is_none_or(|a| t < a)) {
+            *armed = Some(t);
+            self.queue
+                .push(t.max(now), Event::NetPoll { host: h, ingress });
+        }
+        Ok(())
+    }
+
+    /// Acts on one decided frame of host `h`'s egress or ingress port.
+    #[inline(always)]
+    fn decided(&mut self, h: Rank, ingress: bool, d: Decision) -> Result<(), SimError> {
+        let slot = d.token as usize;
+        let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        let Fate::Delivered { at, .. } = d.fate else {
+            if !f.header.flags.is_loss_tolerant() {
+                return Err(self.internal(format!(
+                    "rank {h}: a reliable frame was given up ({:?})",
+                    d.fate
+                )));
+            }
+            // Lost or dropped: a loss-tolerant frame simply never arrives.
+            self.frames[slot] = None;
+            self.free_slots.push(slot);
+            return Ok(());
+        };
+        if ingress {
+            f.recv_start = d.start;
+            self.queue.push(at, Event::Deliver(slot));
+            return Ok(());
+        }
+        // First bit at the receiver: the start plus the path's latency.
+        f.recv_start = d.start + at.saturating_sub(d.done);
+        // The header stays in its slot (not copied per frame for a trace seldom taken).
+        let (from, to, header) = (f.from, f.to, &f.header);
+        self.tracer
+            .record(header.step, from, Lane::Send, (d.start, d.done), || {
+                frame_name(header, from, to)
+            });
+        let arrive = self.cfg.network.ingress;
+        self.queue.push(
+            at,
+            if arrive {
+                Event::Arrive(slot)
+            } else {
+                Event::Deliver(slot)
+            },
+        );
+        Ok(())
+    }
+
+    /// A frame reached its receiver's NIC: it queues and serialises through the ingress.
+    pub(super) fn arrive(&mut self, slot: usize) -> Result<(), SimError> {
+        let now = self.now;
+        if !self.admitted(slot) {
+            return Ok(());
+        }
+        let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
+            return Err(self.internal(format!("no frame in slot {slot}")));
+        };
+        let (from, to, bytes) = (f.from, f.to, f.bytes);
+        let meta = FrameMeta::of_frame(&f.header, bytes, flow(from, to));
+        let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
+            return Err(self.internal(format!("rank {to} has no ingress port")));
+        };
+        ingress.enqueue(now, slot as u64, meta);
+        self.collect(to, true)
+    }
+}
