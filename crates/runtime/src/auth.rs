@@ -319,6 +319,18 @@ pub fn check_compatible(ours: &PeerInfo, theirs: &PeerInfo) -> Result<(), String
     compat_mismatch(ours, "ours", theirs).map_or(Ok(()), Err)
 }
 
+/// The first of `fields` (`(what, theirs, ours)`) whose two values differ, as a reason:
+/// "<what> <theirs> differs from <label> <ours>".
+fn first_difference<const N: usize>(
+    label: &str,
+    fields: [(&str, String, String); N],
+) -> Option<String> {
+    fields
+        .into_iter()
+        .find(|(_, theirs, ours)| theirs != ours)
+        .map(|(what, theirs, ours)| format!("{what} {theirs} differs from {label} {ours}"))
+}
+
 /// Like [`check_compatible`], with `label` naming the reference ("ours", "rank 0's").
 pub(crate) fn compat_mismatch(
     reference: &PeerInfo,
@@ -326,38 +338,28 @@ pub(crate) fn compat_mismatch(
     theirs: &PeerInfo,
 ) -> Option<String> {
     let (o, t) = (reference, theirs);
-    if t.protocol_version != o.protocol_version {
-        return Some(format!(
-            "protocol version {} differs from {label} {}",
-            t.protocol_version, o.protocol_version
-        ));
-    }
-    if t.workers != o.workers {
-        return Some(format!(
-            "worker count {} differs from {label} {}",
-            t.workers, o.workers
-        ));
-    }
-    if t.servers != o.servers {
-        return Some(format!(
-            "server count {} differs from {label} {}",
-            t.servers, o.servers
-        ));
+    let always = [
+        (
+            "protocol version",
+            t.protocol_version.to_string(),
+            o.protocol_version.to_string(),
+        ),
+        ("worker count", t.workers.to_string(), o.workers.to_string()),
+        ("server count", t.servers.to_string(), o.servers.to_string()),
+    ];
+    if let Some(difference) = first_difference(label, always) {
+        return Some(difference);
     }
     if !(t.role.carries_model() && o.role.carries_model()) {
         return None;
     }
-    if t.model_fingerprint != o.model_fingerprint {
-        return Some(format!(
-            "model fingerprint {:#018x} differs from {label} {:#018x}",
-            t.model_fingerprint, o.model_fingerprint
-        ));
-    }
-    if t.strategy != o.strategy {
-        return Some(format!(
-            "strategy {} differs from {label} {}",
-            t.strategy, o.strategy
-        ));
+    let fingerprint = |p: &PeerInfo| format!("{:#018x}", p.model_fingerprint);
+    let with_model = [
+        ("model fingerprint", fingerprint(t), fingerprint(o)),
+        ("strategy", t.strategy.clone(), o.strategy.clone()),
+    ];
+    if let Some(difference) = first_difference(label, with_model) {
+        return Some(difference);
     }
     if t.frame_mac != o.frame_mac {
         let on_off = |on: bool| if on { "on" } else { "off" };

@@ -68,22 +68,6 @@ impl JobIdentity {
         }
     }
 
-    /// The identity of the job `ctx` belongs to, of `layout` training `spec`.
-    pub fn of(
-        ctx: &crate::job::ProcessContext,
-        layout: &crate::job::JobLayout,
-        spec: &syncopate_train::model::ModelSpec,
-    ) -> Self {
-        Self::new(
-            &spec.name,
-            spec.fingerprint(),
-            layout.strategy.name(),
-            layout.workers,
-            layout.servers,
-            &ctx.token,
-        )
-    }
-
     /// The first field in which `other` differs from this identity, as
     /// `(field, other's value, this one's)`.
     fn mismatch(&self, other: &JobIdentity) -> Option<(&'static str, String, String)> {

@@ -23,6 +23,9 @@ pub enum RunError {
     /// A checkpoint could not be written or resumed.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The resource sampler could not start or write its samples.
+    #[error(transparent)]
+    Sampler(#[from] crate::sampler::SamplerError),
     /// Something local (a thread, a socket option).
     #[error("{0}")]
     Local(String),

@@ -8,6 +8,7 @@ use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::Rank;
 
 use crate::auth::JobToken;
+use crate::checkpoint::JobIdentity;
 use crate::comm::CommOptions;
 
 pub use syncopate_core::strategy::{StrategyKind, SyncPlan};
@@ -44,6 +45,22 @@ impl JobLayout {
             seed: self.net_seed,
             host: rank as u64,
         }
+    }
+
+    /// The identity of this job, training `spec` under `token`, as its checkpoints name it.
+    pub fn identity(
+        &self,
+        token: &JobToken,
+        spec: &syncopate_train::model::ModelSpec,
+    ) -> JobIdentity {
+        JobIdentity::new(
+            &spec.name,
+            spec.fingerprint(),
+            self.strategy.name(),
+            self.workers,
+            self.servers,
+            token,
+        )
     }
 }
 
@@ -88,32 +105,20 @@ pub struct MetricsOptions {
 }
 
 impl ProcessContext {
+    /// This process's timeline recorder, if a window of steps is to be traced.
+    pub fn tracer(&self) -> Option<crate::trace::TraceRecorder> {
+        let window = self.metrics.as_ref()?.trace_steps.clone()?;
+        Some(crate::trace::TraceRecorder::new(self.rank, window))
+    }
+
     /// Starts this process's resource sampler if metrics were asked for.
     pub fn start_sampler(
         &self,
         traffic: std::sync::Arc<crate::sampler::TrafficTotals>,
-    ) -> Result<Option<crate::sampler::ResourceSampler>, crate::error::RunError> {
+    ) -> Result<Option<crate::sampler::ResourceSampler>, crate::sampler::SamplerError> {
         let Some(m) = &self.metrics else {
             return Ok(None);
         };
-        std::fs::create_dir_all(&m.dir).map_err(|e| {
-            crate::error::RunError::Local(format!("creating {}: {e}", m.dir.display()))
-        })?;
-        let path = m.dir.join(format!("metrics-rank{}.csv", self.rank));
-        crate::sampler::ResourceSampler::start(m.interval, traffic, Some(path))
-            .map(Some)
-            .map_err(|e| crate::error::RunError::Local(format!("starting the sampler: {e}")))
+        crate::sampler::ResourceSampler::start_in(&m.dir, self.rank, m.interval, traffic).map(Some)
     }
-}
-
-/// Stops a sampler and writes its CSV.
-pub fn finish_sampler(
-    sampler: Option<crate::sampler::ResourceSampler>,
-) -> Result<(), crate::error::RunError> {
-    if let Some(s) = sampler {
-        s.finish().map_err(|e| {
-            crate::error::RunError::Local(format!("writing the resource samples: {e}"))
-        })?;
-    }
-    Ok(())
 }

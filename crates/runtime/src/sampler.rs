@@ -214,6 +214,133 @@ pub struct ResourceSampler {
     thread: Option<std::thread::JoinHandle<std::io::Result<Vec<Sample>>>>,
 }
 
+/// Why a process's resource sampling failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    /// The metrics folder could not be created.
+    #[error("creating {}: {source}", dir.display())]
+    CreateDir {
+        /// The folder.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The CSV file or the sampling thread could not be started.
+    #[error("starting the sampler: {0}")]
+    Start(std::io::Error),
+    /// The samples could not be written.
+    #[error("writing the resource samples: {0}")]
+    Write(std::io::Error),
+}
+
+/// The CSV file of a sampler writing to `path`, its header written.
+fn open_csv(
+    path: &Path,
+    traffic: &TrafficTotals,
+) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let links: Vec<_> = traffic.links.iter().map(|l| (l.peer, 0, 0)).collect();
+    writeln!(f, "{}", csv_header(&links))?;
+    f.flush()?;
+    Ok(f)
+}
+
+/// Takes samples of this process: keeps the previous CPU reading, from which each sample's
+/// CPU share over the last interval follows.
+struct Probe {
+    /// When sampling started.
+    start: Instant,
+    /// The previous sample's time and CPU ticks (user, system).
+    last: (Instant, (u64, u64)),
+    /// The kernel's clock ticks per second.
+    ticks_per_s: f64,
+    /// The link totals.
+    traffic: Arc<TrafficTotals>,
+}
+
+impl Probe {
+    fn new(traffic: Arc<TrafficTotals>) -> Self {
+        let start = Instant::now();
+        Self {
+            start,
+            last: (start, cpu_ticks().unwrap_or((0, 0))),
+            ticks_per_s: rustix::param::clock_ticks_per_second() as f64,
+            traffic,
+        }
+    }
+
+    /// A sample taken now.
+    fn sample(&mut self, now: Instant) -> Sample {
+        let ticks = cpu_ticks().unwrap_or(self.last.1);
+        let dt = (now - self.last.0).as_secs_f64();
+        let ticks_per_s = self.ticks_per_s;
+        let pct = |a: u64, b: u64| {
+            if dt > 0.0 {
+                a.saturating_sub(b) as f64 / ticks_per_s / dt * 100.0
+            } else {
+                0.0
+            }
+        };
+        let (read, write) = disk_bytes().unwrap_or((0, 0));
+        let traffic = &self.traffic;
+        let sample = Sample {
+            t: (now - self.start).as_secs_f64(),
+            cpu_user_pct: pct(ticks.0, self.last.1 .0),
+            cpu_system_pct: pct(ticks.1, self.last.1 .1),
+            rss_bytes: rss_bytes().unwrap_or(0),
+            heap_bytes: crate::heap::live_bytes(),
+            disk_read_bytes: read,
+            disk_write_bytes: write,
+            net_sent_bytes: traffic.sent.load(Ordering::Relaxed),
+            net_received_bytes: traffic.received.load(Ordering::Relaxed),
+            links: traffic
+                .links
+                .iter()
+                .map(|l| {
+                    (
+                        l.peer,
+                        l.sent.load(Ordering::Relaxed),
+                        l.received.load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+            link_net: traffic.links.iter().map(|l| l.net.load()).collect(),
+        };
+        self.last = (now, ticks);
+        sample
+    }
+}
+
+/// The sampling thread: a sample every `interval` (the first at once, the last once `stop`
+/// is set), written to `out` as it is taken, or kept and returned without one.
+fn sample_until(
+    stop: &AtomicBool,
+    interval: Duration,
+    mut probe: Probe,
+    mut out: Option<std::io::BufWriter<std::fs::File>>,
+) -> std::io::Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    loop {
+        let now = Instant::now();
+        let sample = probe.sample(now);
+        match out.as_mut() {
+            Some(f) => {
+                writeln!(f, "{}", sample.csv_row())?;
+                f.flush()?;
+            }
+            None => samples.push(sample),
+        }
+        if stop.load(Ordering::Relaxed) {
+            return Ok(samples);
+        }
+        // Sleep in small pieces so that finishing is prompt.
+        let wake = now + interval;
+        while Instant::now() < wake && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep((wake - Instant::now()).min(Duration::from_millis(50)));
+        }
+    }
+}
+
 impl ResourceSampler {
     /// Starts sampling every `interval` (the first sample at once), reading the link totals
     /// from `traffic`; with `path`, [`ResourceSampler::finish`] writes the CSV there.
@@ -226,80 +353,33 @@ impl ResourceSampler {
         let flag = stop.clone();
         // With a file, each row is written (and flushed) as it is taken, so memory stays
         // flat however long the job runs and an interrupted job keeps its rows.
-        let mut out = match &path {
-            Some(p) => {
-                let mut f = std::io::BufWriter::new(std::fs::File::create(p)?);
-                let links: Vec<_> = traffic.links.iter().map(|l| (l.peer, 0, 0)).collect();
-                writeln!(f, "{}", csv_header(&links))?;
-                f.flush()?;
-                Some(f)
-            }
+        let out = match &path {
+            Some(p) => Some(open_csv(p, &traffic)?),
             None => None,
         };
-        let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
         let thread = std::thread::Builder::new()
             .name("syncopate-sampler".into())
-            .spawn(move || {
-                let start = Instant::now();
-                let mut samples = Vec::new();
-                let mut last = (start, cpu_ticks().unwrap_or((0, 0)));
-                loop {
-                    let now = Instant::now();
-                    let ticks = cpu_ticks().unwrap_or(last.1);
-                    let dt = (now - last.0).as_secs_f64();
-                    let pct = |a: u64, b: u64| {
-                        if dt > 0.0 {
-                            a.saturating_sub(b) as f64 / ticks_per_s / dt * 100.0
-                        } else {
-                            0.0
-                        }
-                    };
-                    let (read, write) = disk_bytes().unwrap_or((0, 0));
-                    let sample = Sample {
-                        t: (now - start).as_secs_f64(),
-                        cpu_user_pct: pct(ticks.0, last.1 .0),
-                        cpu_system_pct: pct(ticks.1, last.1 .1),
-                        rss_bytes: rss_bytes().unwrap_or(0),
-                        heap_bytes: crate::heap::live_bytes(),
-                        disk_read_bytes: read,
-                        disk_write_bytes: write,
-                        net_sent_bytes: traffic.sent.load(Ordering::Relaxed),
-                        net_received_bytes: traffic.received.load(Ordering::Relaxed),
-                        links: traffic
-                            .links
-                            .iter()
-                            .map(|l| {
-                                (
-                                    l.peer,
-                                    l.sent.load(Ordering::Relaxed),
-                                    l.received.load(Ordering::Relaxed),
-                                )
-                            })
-                            .collect(),
-                        link_net: traffic.links.iter().map(|l| l.net.load()).collect(),
-                    };
-                    match out.as_mut() {
-                        Some(f) => {
-                            writeln!(f, "{}", sample.csv_row())?;
-                            f.flush()?;
-                        }
-                        None => samples.push(sample),
-                    }
-                    last = (now, ticks);
-                    if flag.load(Ordering::Relaxed) {
-                        return Ok(samples);
-                    }
-                    // Sleep in small pieces so that finishing is prompt.
-                    let wake = now + interval;
-                    while Instant::now() < wake && !flag.load(Ordering::Relaxed) {
-                        std::thread::sleep((wake - Instant::now()).min(Duration::from_millis(50)));
-                    }
-                }
-            })?;
+            .spawn(move || sample_until(&flag, interval, Probe::new(traffic), out))?;
         Ok(Self {
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Starts sampling process `rank` every `interval` into `dir/metrics-rank<rank>.csv`,
+    /// creating `dir` if needed.
+    pub fn start_in(
+        dir: &Path,
+        rank: usize,
+        interval: Duration,
+        traffic: Arc<TrafficTotals>,
+    ) -> Result<Self, SamplerError> {
+        std::fs::create_dir_all(dir).map_err(|source| SamplerError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(format!("metrics-rank{rank}.csv"));
+        Self::start(interval, traffic, Some(path)).map_err(SamplerError::Start)
     }
 
     /// Takes a last sample and stops. Returns the rows when no path was given (with one,
@@ -312,6 +392,14 @@ impl ResourceSampler {
             None => Ok(Vec::new()),
         }
     }
+}
+
+/// Stops `sampler`, if there is one, and writes its CSV.
+pub fn finish_sampler(sampler: Option<ResourceSampler>) -> Result<(), SamplerError> {
+    if let Some(s) = sampler {
+        s.finish().map_err(SamplerError::Write)?;
+    }
+    Ok(())
 }
 
 impl Drop for ResourceSampler {

@@ -22,7 +22,7 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
-use crate::trace::{frame_label, TraceRecorder, RECEIVE};
+use crate::trace::{TraceRecorder, RECEIVE};
 
 /// A server's outcome.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -248,14 +248,13 @@ impl Hooks<Server> for ServerHooks {
         let Some(t) = self.tracer.as_mut() else {
             return;
         };
-        let name = format!("{} from {peer}", frame_label(header));
         if applied {
             // The last push of a slice: aggregate, optimizer, replies queued.
-            t.span_on(RECEIVE, header.step, "receive", &name, arrived, read);
+            t.frame_received(peer, header, arrived, read);
             let name = format!("apply k{} @{}+{}", header.key, header.offset, header.length);
             t.span_on(RECEIVE, header.step, "apply", &name, read, handled);
         } else {
-            t.span_on(RECEIVE, header.step, "receive", &name, arrived, handled);
+            t.frame_received(peer, header, arrived, handled);
         }
     }
 }
@@ -275,7 +274,7 @@ pub fn run_server(
     let mut server = layout
         .server_endpoint(ctx.rank, key_infos(spec), plan.initial, optim)
         .map_err(|e| RunError::Local(e.to_string()))?;
-    let job = JobIdentity::of(ctx, layout, spec);
+    let job = layout.identity(&ctx.token, spec);
     if let Some(dir) = &plan.resume {
         restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
     }
@@ -283,11 +282,7 @@ pub fn run_server(
     let links = join(ctx, layout, spec.fingerprint())?;
     let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
-    let tracer = ctx
-        .metrics
-        .as_ref()
-        .and_then(|m| m.trace_steps.clone())
-        .map(|window| TraceRecorder::new(ctx.rank, window));
+    let tracer = ctx.tracer();
     let checkpoints = plan.checkpoint.map(|plan| ServerCheckpointer {
         plan,
         job,
@@ -297,7 +292,7 @@ pub fn run_server(
     let mut hooks = ServerHooks::new(layout, ctx.rank, tracer, checkpoints);
     let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(server.as_mut(), &mut hooks)?;
-    crate::job::finish_sampler(sampler)?;
+    crate::sampler::finish_sampler(sampler)?;
     if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
         t.write(&m.dir, &format!("server {}", ctx.rank - layout.workers))
             .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;

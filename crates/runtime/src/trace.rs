@@ -105,6 +105,19 @@ impl TraceRecorder {
         self.span_on(SEND, header.step, "send", &name, queued, written);
     }
 
+    /// Records a frame from `peer` on the [`RECEIVE`] thread, from its header's arrival at
+    /// `arrived` to `until`.
+    pub fn frame_received(
+        &mut self,
+        peer: usize,
+        header: &Header,
+        arrived: Instant,
+        until: Instant,
+    ) {
+        let name = format!("{} from {peer}", frame_label(header));
+        self.span_on(RECEIVE, header.step, "receive", &name, arrived, until);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,

@@ -2,14 +2,14 @@
 //! step-wise averaging they differ), its momentum and the steps done; the data sampler's
 //! position and the learning rate's follow from the steps.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
 use syncopate_train::checkpoint::{encode, engine_tensors, Decoded, NamedTensor};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::LocalOptimizer;
 
-use super::step_loop::CarriedRecord;
+use super::{EvalLog, WorkerTimes};
 use crate::checkpoint::{
     newest_complete, write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint,
 };
@@ -18,6 +18,26 @@ use crate::error::RunError;
 /// The name of `key`'s momentum in a worker's checkpoint.
 fn momentum_name(key_name: &str) -> String {
     format!("momentum.{key_name}")
+}
+
+/// What a checkpoint keeps of what a worker's training loop measured, so that a resumed job
+/// reports the whole job: its evaluations, times and step rows, and its training time so far.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct CarriedRecord {
+    /// Per-phase times.
+    pub(super) times: WorkerTimes,
+    /// The last (up to) 20 training losses.
+    pub(super) recent: VecDeque<f64>,
+    /// Test accuracy after each epoch.
+    pub(super) epoch_accuracy: Vec<f64>,
+    /// Every evaluation.
+    pub(super) evals: EvalLog,
+    /// Wall time of every step.
+    pub(super) step_seconds: Vec<f64>,
+    /// `steps-rank<R>.csv` so far.
+    pub(super) step_rows: String,
+    /// Training seconds so far (evaluations left out).
+    pub(super) trained: f64,
 }
 
 /// Writes one worker's checkpoints.

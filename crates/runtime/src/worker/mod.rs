@@ -27,10 +27,11 @@ use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStat
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
-use crate::trace::{frame_label, TraceRecorder, RECEIVE, SEND};
+use crate::trace::{TraceRecorder, SEND};
 
 mod checkpointing;
 mod step_loop;
+use checkpointing::CarriedRecord;
 use checkpointing::Checkpointer;
 use step_loop::{Record, StepLoop};
 use syncopate_core::wire::Header;
@@ -335,8 +336,7 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
         handled: Instant,
     ) {
         if let Some(t) = self.tracer.as_mut() {
-            let name = format!("{} from {peer}", frame_label(header));
-            t.span_on(RECEIVE, header.step, "receive", &name, arrived, handled);
+            t.frame_received(peer, header, arrived, handled);
         }
     }
 }
@@ -450,11 +450,7 @@ fn start_comm(
     let traffic = comm_loop.traffic();
     let (to_tx, to_rx) = channel();
     let (from_tx, from_rx) = channel();
-    let tracer = ctx
-        .metrics
-        .as_ref()
-        .and_then(|m| m.trace_steps.clone())
-        .map(|window| TraceRecorder::new(ctx.rank, window));
+    let tracer = ctx.tracer();
     let mut slices = vec![Vec::new(); keys.len()];
     if tracer.is_some() && layout.strategy.uses_servers() {
         let registry = layout.registry(keys.to_vec());
@@ -514,24 +510,21 @@ pub fn run_worker<E: LayerwiseEngine>(
     observer: &mut dyn Observer,
 ) -> Result<WorkerSummary, RunError> {
     let spec = engine.spec().clone();
-    if let Some(path) = &plan.load {
-        checkpoint::load(&mut engine, path)?;
-    }
     let keys: Vec<KeyInfo> = key_infos(&spec);
     let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
-    let mut optimizer = LocalOptimizer::new(plan.optim, &sizes);
-    let job = JobIdentity::of(ctx, layout, &spec);
-    let (first_step, carried) = match &plan.resume {
-        Some(dir) => checkpointing::resume(dir, &job, ctx.rank, &mut engine, &mut optimizer)?,
-        None => (0, None),
-    };
+    let start = starting_state(ctx, layout, plan, &mut engine, &sizes)?;
     let evaluates = ctx.rank == 0 && !spec.is_profile();
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
-    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
-    endpoint.start_at(first_step);
     let buffer_values = engine.buffers()?.iter().map(|(_, v)| v.len()).sum();
-    let links = join(ctx, layout, spec.fingerprint())?;
-    let mut comm = start_comm(links, ctx, layout, &keys, endpoint, buffer_values)?;
+    let fingerprint = spec.fingerprint();
+    let mut comm = connect(
+        ctx,
+        layout,
+        &keys,
+        start.first_step,
+        buffer_values,
+        fingerprint,
+    )?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
 
     let sampler = EpochSampler::new(
@@ -541,51 +534,32 @@ pub fn run_worker<E: LayerwiseEngine>(
         layout.workers,
         plan.seed,
     )?;
-    let per_epoch = sampler.steps_per_epoch() as u64;
-    let total = match plan.duration {
-        Duration::Epochs(e) => e * per_epoch,
-        Duration::Steps(s) => s,
-    };
-    let eval = EvalSchedule {
-        enabled: evaluates || snapshots.is_some(),
-        steps_per_epoch: per_epoch,
-        every: plan.eval_every,
-    };
-    let checkpoints = CheckpointSchedule {
-        every: plan.checkpoint.as_ref().map(|c| c.every),
-    };
+    let steps_per_epoch = sampler.steps_per_epoch() as u64;
+    let evaluated = evaluates || snapshots.is_some();
     let mut seq = StepSequencer::new(
-        StepPlan::new(layout.strategy, total, spec.layer_keys())
-            .with_eval(eval)
-            .with_checkpoints(checkpoints)
-            .with_tuning(layout.tune_spec(&keys))
+        step_plan(plan, layout, &spec, &keys, steps_per_epoch, evaluated)
             .with_buffer_sync(buffer_values > 0 && layout.workers > 1)
-            .resumed_at(first_step),
+            .resumed_at(start.first_step),
     );
-    let tracer = ctx
-        .metrics
-        .as_ref()
-        .and_then(|m| m.trace_steps.clone())
-        .map(|window| TraceRecorder::new(ctx.rank, window));
     let mut run = StepLoop::new(
         &mut engine,
         &mut comm,
-        Loader::spawn(Arc::new(data.train), sampler, first_step, None, 4),
-        optimizer,
+        Loader::spawn(Arc::new(data.train), sampler, start.first_step, None, 4),
+        start.optimizer,
         evaluates.then_some(&data.test),
         observer,
-        tracer,
+        ctx.tracer(),
         &sizes,
     );
     run.slowdown = plan.slowdown;
     run.rank = ctx.rank;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
-    if let Some(carried) = carried {
+    if let Some(carried) = start.carried {
         run.record = Record::resumed(carried);
     }
     run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
         plan,
-        job,
+        job: start.job,
         rank: ctx.rank,
     });
     run.global_batch = plan.batch_size * layout.workers;
@@ -597,26 +571,93 @@ pub fn run_worker<E: LayerwiseEngine>(
             checkpoint::save(&engine, path)?;
         }
     }
-    let outcome = comm.finish()?;
-    let counters = outcome.counters;
-    crate::job::finish_sampler(resources)?;
-    write_outputs(ctx, tracer, outcome.frames, &record, evaluates)?;
+    let mut outcome = comm.finish()?;
+    crate::sampler::finish_sampler(resources)?;
+    write_outputs(ctx, tracer, outcome.frames.take(), &record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
-    let steps_run = total - seq.plan().first_step;
-    let mut summary = summarise(
-        ctx.rank,
-        (total, steps_run),
-        plan,
-        layout,
-        model_bytes,
-        record,
-        &counters,
-    );
-    summary.autotune = seq.tuner().map(|t| t.report());
+    let mut summary = summarise(ctx.rank, plan, layout, model_bytes, record, outcome, &seq);
     summary.tensor_completion = tensor_completion;
-    summary.loss = outcome.loss;
-    summary.key_loss = outcome.key_loss;
     Ok(summary)
+}
+
+/// Where a worker starts: its optimizer, the steps already done and what was measured
+/// during them (a resumed job's), and the job's identity in its checkpoints.
+struct StartingState {
+    optimizer: LocalOptimizer,
+    first_step: u64,
+    carried: Option<CarriedRecord>,
+    job: JobIdentity,
+}
+
+/// Loads the initial weights into `engine` (`plan.load`) and resumes from the newest
+/// complete checkpoint (`plan.resume`), if asked; `sizes` are the model's key sizes.
+fn starting_state<E: LayerwiseEngine>(
+    ctx: &ProcessContext,
+    layout: &JobLayout,
+    plan: &WorkerPlan,
+    engine: &mut E,
+    sizes: &[usize],
+) -> Result<StartingState, RunError> {
+    if let Some(path) = &plan.load {
+        checkpoint::load(engine, path)?;
+    }
+    let mut optimizer = LocalOptimizer::new(plan.optim, sizes);
+    let job = layout.identity(&ctx.token, engine.spec());
+    let (first_step, carried) = match &plan.resume {
+        Some(dir) => checkpointing::resume(dir, &job, ctx.rank, engine, &mut optimizer)?,
+        None => (0, None),
+    };
+    Ok(StartingState {
+        optimizer,
+        first_step,
+        carried,
+        job,
+    })
+}
+
+/// Joins the job (with the model's `fingerprint`) and starts the communication thread, its
+/// endpoint starting at `first_step` and relaying `buffer_values` values of worker 0's
+/// buffers.
+fn connect(
+    ctx: &ProcessContext,
+    layout: &JobLayout,
+    keys: &[KeyInfo],
+    first_step: u64,
+    buffer_values: usize,
+    fingerprint: u64,
+) -> Result<Comm, RunError> {
+    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.to_vec());
+    endpoint.start_at(first_step);
+    let links = join(ctx, layout, fingerprint)?;
+    start_comm(links, ctx, layout, keys, endpoint, buffer_values)
+}
+
+/// The step sequencer's plan of a worker training `spec` (whose keys are `keys`) for
+/// `plan.duration`, with `steps_per_epoch`, evaluating if `evaluates`.
+fn step_plan(
+    plan: &WorkerPlan,
+    layout: &JobLayout,
+    spec: &syncopate_train::model::ModelSpec,
+    keys: &[KeyInfo],
+    steps_per_epoch: u64,
+    evaluates: bool,
+) -> StepPlan {
+    let total = match plan.duration {
+        Duration::Epochs(e) => e * steps_per_epoch,
+        Duration::Steps(s) => s,
+    };
+    let eval = EvalSchedule {
+        enabled: evaluates,
+        steps_per_epoch,
+        every: plan.eval_every,
+    };
+    let checkpoints = CheckpointSchedule {
+        every: plan.checkpoint.as_ref().map(|c| c.every),
+    };
+    StepPlan::new(layout.strategy, total, spec.layer_keys())
+        .with_eval(eval)
+        .with_checkpoints(checkpoints)
+        .with_tuning(layout.tune_spec(keys))
 }
 
 /// Writes the run directory's per-worker files: steps, timeline, evaluations.
@@ -648,17 +689,21 @@ fn write_outputs(
     Ok(())
 }
 
-/// The worker's summary from what its loop recorded, for a model of `model_bytes`.
+/// The worker's summary from what its loop recorded, what its communication thread handed
+/// back and what its sequencer ran, for a model of `model_bytes`.
 fn summarise(
     rank: Rank,
-    (total, steps_run): (u64, u64),
     plan: &WorkerPlan,
     layout: &JobLayout,
     model_bytes: f64,
     record: Record,
-    counters: &[LinkCounters],
+    outcome: CommOutcome,
+    seq: &StepSequencer,
 ) -> WorkerSummary {
     let workers = layout.workers;
+    let counters = &outcome.counters;
+    let total = seq.plan().steps;
+    let steps_run = total - seq.plan().first_step;
     // The links' counters cover this process's steps; the record, the whole job's.
     let per_step = |bytes: u64| bytes as f64 / steps_run.max(1) as f64;
     let train_seconds = record.trained;
@@ -693,10 +738,10 @@ fn summarise(
             sum.add(&c.ingress);
             sum
         }),
-        autotune: None,
+        autotune: seq.tuner().map(|t| t.report()),
         tensor_completion: Percentiles::default(),
-        loss: None,
-        key_loss: Vec::new(),
+        loss: outcome.loss,
+        key_loss: outcome.key_loss,
     }
 }
 

@@ -14,7 +14,7 @@ use syncopate_train::data::{Batch, Loader, Split};
 use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
 use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
-use super::checkpointing::Checkpointer;
+use super::checkpointing::{CarriedRecord, Checkpointer};
 use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
@@ -45,19 +45,6 @@ pub(super) struct Record {
     pub trained: f64,
     /// Training seconds before this process started (a resumed job's earlier part).
     pub carried: f64,
-}
-
-/// What a checkpoint keeps of a worker's [`Record`], so that a resumed job reports the whole
-/// job: its evaluations, times and step rows, and its training time so far.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(super) struct CarriedRecord {
-    times: WorkerTimes,
-    recent: VecDeque<f64>,
-    epoch_accuracy: Vec<f64>,
-    evals: EvalLog,
-    step_seconds: Vec<f64>,
-    step_rows: String,
-    trained: f64,
 }
 
 impl Record {

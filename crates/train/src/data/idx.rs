@@ -171,16 +171,22 @@ mod tests {
         assert_eq!(s.labels, vec![0, 1, 2, 3, 4]);
     }
 
+    /// Writes the images (a file named `images_file`) and the labels of the train split into
+    /// `dir`, and returns the error loading them gives.
+    fn pair_error(dir: &Path, images_file: &str, images: &[u8], labels: &[u8]) -> String {
+        std::fs::write(dir.join(images_file), images).unwrap();
+        std::fs::write(dir.join("train-labels-idx1-ubyte"), labels).unwrap();
+        load_idx_pair(dir, "train", 0.0, 1.0)
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn truncated_images_are_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let mut img = idx_images(5, 4, 3, 1);
         img.truncate(img.len() - 7);
-        std::fs::write(dir.path().join("train-images-idx3-ubyte"), img).unwrap();
-        std::fs::write(dir.path().join("train-labels-idx1-ubyte"), idx_labels(5)).unwrap();
-        let err = load_idx_pair(dir.path(), "train", 0.0, 1.0)
-            .unwrap_err()
-            .to_string();
+        let err = pair_error(dir.path(), "train-images-idx3-ubyte", &img, &idx_labels(5));
         assert!(err.contains("truncated"), "{err}");
     }
 
@@ -189,43 +195,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut img = gz(&idx_images(50, 28, 28, 7));
         img.truncate(img.len() / 2);
-        std::fs::write(dir.path().join("train-images-idx3-ubyte.gz"), img).unwrap();
-        std::fs::write(dir.path().join("train-labels-idx1-ubyte"), idx_labels(50)).unwrap();
-        let err = load_idx_pair(dir.path(), "train", 0.0, 1.0)
-            .unwrap_err()
-            .to_string();
+        let err = pair_error(
+            dir.path(),
+            "train-images-idx3-ubyte.gz",
+            &img,
+            &idx_labels(50),
+        );
         assert!(err.contains("gzip"), "{err}");
     }
 
     #[test]
     fn mismatched_counts_and_magic_are_clear_errors() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("train-images-idx3-ubyte"),
-            idx_images(5, 2, 2, 0),
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("train-labels-idx1-ubyte"), idx_labels(4)).unwrap();
-        let err = load_idx_pair(dir.path(), "train", 0.0, 1.0)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("4 labels for 5 images"), "{err}");
-
-        std::fs::write(
-            dir.path().join("train-labels-idx1-ubyte"),
-            idx_images(5, 2, 2, 0),
-        )
-        .unwrap();
-        let err = load_idx_pair(dir.path(), "train", 0.0, 1.0)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("magic"), "{err}");
-
-        std::fs::write(dir.path().join("train-labels-idx1-ubyte"), [0u8, 0]).unwrap();
-        let err = load_idx_pair(dir.path(), "train", 0.0, 1.0)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("shorter"), "{err}");
+        let images = idx_images(5, 2, 2, 0);
+        let err =
+            |labels: &[u8]| pair_error(dir.path(), "train-images-idx3-ubyte", &images, labels);
+        let e = err(&idx_labels(4));
+        assert!(e.contains("4 labels for 5 images"), "{e}");
+        let e = err(&idx_images(5, 2, 2, 0));
+        assert!(e.contains("magic"), "{e}");
+        let e = err(&[0u8, 0]);
+        assert!(e.contains("shorter"), "{e}");
     }
 
     #[test]

@@ -70,13 +70,18 @@ impl Drop for Loader {
 mod tests {
     use super::*;
 
+    /// A split of `n` one-value samples, sample `i` holding `i` and labelled `i`.
+    fn numbered(n: u8) -> Arc<Split> {
+        Arc::new(Split {
+            images: (0..n).map(f32::from).collect(),
+            labels: (0..n).collect(),
+            shape: [1, 1, 1],
+        })
+    }
+
     #[test]
     fn yields_the_sampler_order_and_stops() {
-        let split = Arc::new(Split {
-            images: (0..20).map(|i| i as f32).collect(),
-            labels: (0..20).map(|i| i as u8).collect(),
-            shape: [1, 1, 1],
-        });
+        let split = numbered(20);
         let sampler = EpochSampler::new(20, 4, 1, 2, 3).unwrap();
         let mut loader = Loader::spawn(split, sampler.clone(), 0, Some(2), 2);
         let mut n = 0;
@@ -97,11 +102,7 @@ mod tests {
     /// k-th batch on (a resumed job sees the batches the uninterrupted one would).
     #[test]
     fn a_loader_started_mid_epoch_continues_the_same_sequence() {
-        let split = Arc::new(Split {
-            images: (0..40).map(|i| i as f32).collect(),
-            labels: (0..40).map(|i| i as u8).collect(),
-            shape: [1, 1, 1],
-        });
+        let split = numbered(40);
         let sampler = EpochSampler::new(40, 4, 0, 2, 9).unwrap();
         let labels = |start: u64| {
             let mut l = Loader::spawn(split.clone(), sampler.clone(), start, None, 2);

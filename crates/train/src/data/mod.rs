@@ -18,7 +18,7 @@ pub use synthetic::SyntheticSpec;
 use crate::error::{Result, TrainError};
 
 /// One split of a labelled image dataset, held in memory as normalised `f32` (NCHW).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Split {
     /// `len * channels * height * width` values, already normalised.
     pub images: Vec<f32>,
@@ -61,28 +61,9 @@ impl Split {
     }
 }
 
-/// A batch of samples ready for the engine.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Batch {
-    /// `len * C * H * W` normalised values.
-    pub images: Vec<f32>,
-    /// One class index per sample.
-    pub labels: Vec<u8>,
-    /// Shape of one sample: `[C, H, W]`.
-    pub shape: [usize; 3],
-}
-
-impl Batch {
-    /// Number of samples in the batch.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// Whether the batch is empty.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-}
+/// A batch of samples ready for the engine: labelled images in memory, as a [`Split`]
+/// holds them (a batch is a small split, gathered from a larger one).
+pub type Batch = Split;
 
 /// A dataset with its training and test splits.
 #[derive(Debug, Clone)]

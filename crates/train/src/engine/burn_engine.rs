@@ -24,84 +24,12 @@ use crate::data::Batch;
 use crate::error::{Result, TrainError};
 use crate::model::{LayerOp, ModelSpec};
 
+mod act;
+
+use act::Act;
+
 const BN_EPS: f64 = batch_norm::EPS;
 const BN_MOMENTUM: f32 = 0.1;
-
-/// An activation between two layers: an image batch or a feature batch.
-#[derive(Clone)]
-enum Act {
-    Image(Tensor<4>),
-    Flat(Tensor<2>),
-    /// An image batch in our kernels' layout, handed from one of them to the next as it is
-    /// (made a tensor by [`Act::materialise`] where a burn op needs it).
-    Grid(GridImages),
-}
-
-impl Act {
-    fn detach_leaf(self) -> Self {
-        match self {
-            Act::Image(t) => Act::Image(t.detach().require_grad()),
-            Act::Flat(t) => Act::Flat(t.detach().require_grad()),
-            Act::Grid(g) => Act::Grid(g),
-        }
-    }
-
-    fn grad(&self, grads: &burn::tensor::Gradients) -> Option<Act> {
-        match self {
-            Act::Image(t) => t.grad(grads).map(Act::Image),
-            Act::Flat(t) => t.grad(grads).map(Act::Flat),
-            Act::Grid(_) => None,
-        }
-    }
-
-    /// `sum(self * g)`: back-propagating it gives `g` as the output gradient.
-    fn weighted_sum(self, g: Act) -> Result<Tensor<1>> {
-        match (self, g) {
-            (Act::Image(a), Act::Image(b)) => Ok((a * b).sum()),
-            (Act::Flat(a), Act::Flat(b)) => Ok((a * b).sum()),
-            _ => Err(TrainError::Backend(
-                "activation and its gradient differ in rank".into(),
-            )),
-        }
-    }
-
-    fn into_flat(self) -> Result<Tensor<2>> {
-        match self {
-            Act::Flat(t) => Ok(t),
-            Act::Image(t) => {
-                let [b, c, h, w] = t.dims();
-                Ok(t.reshape([b, c * h * w]))
-            }
-            Act::Grid(_) => Err(TrainError::Backend(
-                "an activation in our kernels' layout reached a burn op".into(),
-            )),
-        }
-    }
-
-    /// The activation as a burn tensor on `device` (a copy where it is in our kernels'
-    /// layout).
-    fn materialise(self, device: &Device) -> Act {
-        match self {
-            Act::Grid(g) => Act::Image(Tensor::<4>::from_data(
-                TensorData::new(g.planes(), g.dims()),
-                device,
-            )),
-            other => other,
-        }
-    }
-
-    fn into_image(self, layer: &str) -> Result<Tensor<4>> {
-        match self {
-            Act::Image(t) => Ok(t),
-            Act::Flat(_) => Err(TrainError::Model(format!(
-                "layer {layer} needs an image input"
-            ))),
-            Act::Grid(_) => Err(TrainError::Backend(format!(
-                "layer {layer}: an activation in our kernels' layout reached a burn op"
-            ))),
-        }
-    }
-}
 
 /// Running statistics of one batch-norm.
 #[derive(Clone)]
@@ -158,6 +86,15 @@ struct Pass {
     loss: Option<Tensor<1>>,
     /// What each layer run by our own kernels kept for its backward pass.
     saved: Vec<Option<Saved>>,
+}
+
+impl Pass {
+    /// The next layer's input, taken out (an error once the last layer has run).
+    fn take_input(&mut self) -> Result<Act> {
+        self.next_input
+            .take()
+            .ok_or_else(|| TrainError::Config("forward pass already finished".into()))
+    }
 }
 
 /// The burn-backed [`LayerwiseEngine`].
@@ -310,17 +247,12 @@ impl BurnEngine {
                     .clone()
                     .reshape([out_channels, in_channels, kernel, kernel]);
                 let options = ConvOptions::new([stride, stride], [padding, padding], [1, 1], 1);
-                let mut y = if bn {
-                    let y = conv2d(x, w, None, options);
-                    self.norm(layer, 0, y, &params[1], &params[2], mode)?
+                let y = self.conv_norm_relu(layer, x, w, options, bn, params, mode)?;
+                Ok(Act::Image(if pool {
+                    max_pool2d(y, MaxPoolOptions::new([2, 2]))
                 } else {
-                    conv2d(x, w, Some(params[1].clone()), options)
-                };
-                y = relu(y);
-                if pool {
-                    y = max_pool2d(y, MaxPoolOptions::new([2, 2]));
-                }
-                Ok(Act::Image(y))
+                    y
+                }))
             }
             LayerOp::Linear {
                 in_features,
@@ -338,36 +270,8 @@ impl BurnEngine {
                 stride,
             } => {
                 let x = input.into_image(&name)?;
-                let w1 = params[0].clone().reshape([out_channels, in_channels, 3, 3]);
-                let w2 = params[3]
-                    .clone()
-                    .reshape([out_channels, out_channels, 3, 3]);
-                let y = conv2d(
-                    x.clone(),
-                    w1,
-                    None,
-                    ConvOptions::new([stride, stride], [1, 1], [1, 1], 1),
-                );
-                let y = relu(self.norm(layer, 0, y, &params[1], &params[2], mode)?);
-                let y = conv2d(y, w2, None, ConvOptions::new([1, 1], [1, 1], [1, 1], 1));
-                let y = self.norm(layer, 1, y, &params[4], &params[5], mode)?;
-                let shortcut = if stride != 1 || in_channels != out_channels {
-                    let sub =
-                        avg_pool2d(x, AvgPoolOptions::new([1, 1]).with_stride([stride, stride]));
-                    let [b, _, h, w] = sub.dims();
-                    let extra = out_channels - in_channels;
-                    let before = extra / 2;
-                    let device = if mode == Mode::Train {
-                        &self.device
-                    } else {
-                        &self.inner_device
-                    };
-                    let zeros = |c| Tensor::<4>::zeros([b, c, h, w], device);
-                    Tensor::cat(vec![zeros(before), sub, zeros(extra - before)], 1)
-                } else {
-                    x
-                };
-                Ok(Act::Image(relu(y + shortcut)))
+                let shape = (in_channels, out_channels, stride);
+                Ok(Act::Image(self.basic_block(layer, x, params, mode, shape)?))
             }
             LayerOp::PoolLinear {
                 in_channels,
@@ -383,6 +287,76 @@ impl BurnEngine {
                 "layer {name} is a profiled layer: it has no computation"
             ))),
         }
+    }
+
+    /// The forward pass in progress, taken out; `missing` is the error when there is none.
+    fn take_pass(&mut self, missing: &str) -> Result<Pass> {
+        self.pass
+            .take()
+            .ok_or_else(|| TrainError::Config(missing.into()))
+    }
+
+    /// A convolution layer's body: the convolution of `x` by `w`, then its batch norm (with
+    /// `batch_norm`; a bias otherwise), then ReLU.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_norm_relu(
+        &mut self,
+        layer: usize,
+        x: Tensor<4>,
+        w: Tensor<4>,
+        options: ConvOptions<2>,
+        batch_norm: bool,
+        params: &[Tensor<1>],
+        mode: Mode,
+    ) -> Result<Tensor<4>> {
+        let y = if batch_norm {
+            let y = conv2d(x, w, None, options);
+            self.norm(layer, 0, y, &params[1], &params[2], mode)?
+        } else {
+            conv2d(x, w, Some(params[1].clone()), options)
+        };
+        Ok(relu(y))
+    }
+
+    /// A basic block (`(in_channels, out_channels, stride)`) on `x`: two 3x3 convolutions
+    /// with batch norm, plus the shortcut, then ReLU.
+    fn basic_block(
+        &mut self,
+        layer: usize,
+        x: Tensor<4>,
+        params: &[Tensor<1>],
+        mode: Mode,
+        (in_channels, out_channels, stride): (usize, usize, usize),
+    ) -> Result<Tensor<4>> {
+        let w1 = params[0].clone().reshape([out_channels, in_channels, 3, 3]);
+        let w2 = params[3]
+            .clone()
+            .reshape([out_channels, out_channels, 3, 3]);
+        let y = conv2d(
+            x.clone(),
+            w1,
+            None,
+            ConvOptions::new([stride, stride], [1, 1], [1, 1], 1),
+        );
+        let y = relu(self.norm(layer, 0, y, &params[1], &params[2], mode)?);
+        let y = conv2d(y, w2, None, ConvOptions::new([1, 1], [1, 1], [1, 1], 1));
+        let y = self.norm(layer, 1, y, &params[4], &params[5], mode)?;
+        let shortcut = if stride != 1 || in_channels != out_channels {
+            let sub = avg_pool2d(x, AvgPoolOptions::new([1, 1]).with_stride([stride, stride]));
+            let [b, _, h, w] = sub.dims();
+            let extra = out_channels - in_channels;
+            let before = extra / 2;
+            let device = if mode == Mode::Train {
+                &self.device
+            } else {
+                &self.inner_device
+            };
+            let zeros = |c| Tensor::<4>::zeros([b, c, h, w], device);
+            Tensor::cat(vec![zeros(before), sub, zeros(extra - before)], 1)
+        } else {
+            x
+        };
+        Ok(relu(y + shortcut))
     }
 
     /// The layer `layer` on `input` when our own kernels run it: a convolution with stride
@@ -675,20 +649,14 @@ impl LayerwiseEngine for BurnEngine {
     }
 
     fn forward_layer(&mut self, layer: usize) -> Result<()> {
-        let mut pass = self
-            .pass
-            .take()
-            .ok_or_else(|| TrainError::Config("forward_layer before begin_forward".into()))?;
+        let mut pass = self.take_pass("forward_layer before begin_forward")?;
         if layer != pass.outputs.len() {
             return Err(TrainError::Config(format!(
                 "layer {layer} run out of order (expected {})",
                 pass.outputs.len()
             )));
         }
-        let input = pass
-            .next_input
-            .take()
-            .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?;
+        let input = pass.take_input()?;
         if self.mode == BackwardMode::Segmented {
             if let Some(kernel) = self.our_kernel(layer, &input)? {
                 let device = self.device.clone();
@@ -720,22 +688,14 @@ impl LayerwiseEngine for BurnEngine {
 
     fn finish_forward(&mut self) -> Result<StepOutput> {
         let layers = self.spec.layers.len();
-        let mut pass = self
-            .pass
-            .take()
-            .ok_or_else(|| TrainError::Config("finish_forward before begin_forward".into()))?;
+        let mut pass = self.take_pass("finish_forward before begin_forward")?;
         if pass.outputs.len() != layers {
             return Err(TrainError::Config(format!(
                 "finish_forward after {} of {layers} layers",
                 pass.outputs.len()
             )));
         }
-        let logits = pass
-            .next_input
-            .take()
-            .ok_or_else(|| TrainError::Config("forward pass already finished".into()))?
-            .materialise(&self.device)
-            .into_flat()?;
+        let logits = pass.take_input()?.materialise(&self.device).into_flat()?;
         let (loss, correct) = self.loss_and_accuracy(logits, &pass.labels)?;
         let out = StepOutput {
             loss: scalar(loss.clone())?,
@@ -748,10 +708,7 @@ impl LayerwiseEngine for BurnEngine {
     }
 
     fn backward(&mut self, on_layer: &mut OnLayer<'_>) -> Result<()> {
-        let mut pass = self
-            .pass
-            .take()
-            .ok_or_else(|| TrainError::Config("backward before a forward pass".into()))?;
+        let mut pass = self.take_pass("backward before a forward pass")?;
         let loss = pass
             .loss
             .take()

@@ -84,6 +84,15 @@ fn bias_bound(fan_in: usize) -> Init {
     }
 }
 
+/// A batch norm's parameters over `channels`: `<prefix>.gamma` (ones) and `<prefix>.beta`
+/// (zeros).
+fn batch_norm_params(prefix: &str, channels: usize) -> [ParamSpec; 2] {
+    [
+        param(&format!("{prefix}.gamma"), &[channels], Init::Ones),
+        param(&format!("{prefix}.beta"), &[channels], Init::Zeros),
+    ]
+}
+
 fn param(name: &str, shape: &[usize], init: Init) -> ParamSpec {
     ParamSpec {
         name: name.into(),
@@ -147,8 +156,7 @@ impl Builder {
             weight_bound(fan_in),
         )];
         if batch_norm {
-            params.push(param("bn.gamma", &[out_channels], Init::Ones));
-            params.push(param("bn.beta", &[out_channels], Init::Zeros));
+            params.extend(batch_norm_params("bn", out_channels));
         } else {
             params.push(param("bias", &[out_channels], bias_bound(fan_in)));
         }
@@ -198,6 +206,8 @@ impl Builder {
         let (oh, ow) = (h.div_ceil(stride), w.div_ceil(stride));
         let conv1 = c * 9;
         let conv2 = out_channels * 9;
+        let [gamma1, beta1] = batch_norm_params("bn1", out_channels);
+        let [gamma2, beta2] = batch_norm_params("bn2", out_channels);
         self.push(
             name,
             LayerOp::BasicBlock {
@@ -211,15 +221,15 @@ impl Builder {
                     &[out_channels, c, 3, 3],
                     weight_bound(conv1),
                 ),
-                param("bn1.gamma", &[out_channels], Init::Ones),
-                param("bn1.beta", &[out_channels], Init::Zeros),
+                gamma1,
+                beta1,
                 param(
                     "conv2.weight",
                     &[out_channels, out_channels, 3, 3],
                     weight_bound(conv2),
                 ),
-                param("bn2.gamma", &[out_channels], Init::Ones),
-                param("bn2.beta", &[out_channels], Init::Zeros),
+                gamma2,
+                beta2,
             ],
             vec![out_channels, oh, ow],
         );
