@@ -49,6 +49,15 @@ strategy = "p3"
     };
     let first = run();
     assert!(first.contains("report:"), "{first}");
+    // The printed table: what varies (the bandwidth) and the telling figures, in 100 columns.
+    let table: Vec<&str> = first
+        .lines()
+        .skip_while(|l| !l.starts_with("every run:"))
+        .take_while(|l| !l.starts_with("report:"))
+        .collect();
+    assert_eq!(table.len(), 1 + 1 + 4 + 1, "{first}");
+    assert!(table[1].starts_with("bandwidth variant"), "{first}");
+    assert!(table.iter().all(|l| l.chars().count() <= 100), "{first}");
     let csv = std::fs::read_to_string(out.join("tiny/results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
     let html = std::fs::read_to_string(out.join("tiny/report.html")).unwrap();

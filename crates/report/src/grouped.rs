@@ -3,7 +3,7 @@
 
 use plotters::prelude::*;
 
-use crate::{check_size, colour, draw_category_mesh, render, ChartError, LIMIT};
+use crate::{check_size, colour, draw_category_mesh, framed_chart, render, ChartError, LIMIT};
 
 /// How a bar is drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +69,7 @@ impl GroupedBars {
             root.fill(&WHITE).map_err(render)?;
             let legend_width = (self.width / 4).min(220);
             let (plot, legend) = root.split_horizontally(self.width - legend_width);
-            let mut chart = ChartBuilder::on(&plot)
-                .caption(&self.title, ("sans-serif", 22))
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(64)
+            let mut chart = framed_chart(&plot, &self.title, 22)
                 .build_cartesian_2d(
                     (0..n.max(1) * slot)
                         .with_key_points((0..n).map(|i| i * slot + k + 1).collect()),

@@ -1,6 +1,7 @@
 //! Reports for Syncopate: SVG charts drawn with `plotters` (SVG backend only, so no fonts or
 //! system libraries are needed: text is written as SVG `<text>` elements) and a small
-//! self-contained HTML page builder to put them in.
+//! self-contained HTML page builder to put them in; and [`summary`], the typed run summary a
+//! distributed job writes and a study's report reads.
 //!
 //! Charts never panic on awkward data: non-finite values, magnitudes beyond 1e300 and, on a
 //! log axis, non-positive values are skipped, and empty, single-point or constant data still gives a valid SVG.
@@ -8,6 +9,7 @@
 
 mod grouped;
 mod html;
+pub mod summary;
 
 pub use grouped::{BarSeries, BarStyle, GroupedBars};
 pub use html::HtmlReport;
@@ -272,6 +274,37 @@ pub(crate) fn draw_category_mesh(
         .map_err(render)
 }
 
+/// A chart on `area` as every chart of the reports is framed: `title` above in `title_size`
+/// points, a 12-pixel margin, room for the axis labels.
+pub(crate) fn framed_chart<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    title_size: u32,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(title, ("sans-serif", title_size))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(64);
+    builder
+}
+
+/// Draws the legend of `chart`'s labelled series in a framed box at `position`.
+fn draw_series_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), ChartError> {
+    chart
+        .configure_series_labels()
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+        .map_err(render)
+}
+
 fn check_size(width: u32, height: u32) -> Result<(), ChartError> {
     let ok = |v| (MIN_SIZE..=MAX_SIZE).contains(&v);
     if !(ok(width) && ok(height)) {
@@ -292,12 +325,7 @@ impl LineChart {
             let root =
                 SVGBackend::with_string(&mut buf, (self.width, self.height)).into_drawing_area();
             root.fill(&WHITE).map_err(render)?;
-            let mut builder = ChartBuilder::on(&root);
-            builder
-                .caption(&self.title, ("sans-serif", 24))
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(64);
+            let mut builder = framed_chart(&root, &self.title, 24);
             match (self.x_scale == Scale::Log, self.y_scale == Scale::Log) {
                 (false, false) => self.draw(builder.build_cartesian_2d(x0..x1, y0..y1)),
                 (true, false) => {
@@ -376,14 +404,7 @@ impl LineChart {
             };
         }
         if !self.series.is_empty() {
-            chart
-                .configure_series_labels()
-                .label_font(("sans-serif", 14))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(render)?;
+            draw_series_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     }
@@ -417,11 +438,7 @@ impl StackedBars {
             let root =
                 SVGBackend::with_string(&mut buf, (self.width, self.height)).into_drawing_area();
             root.fill(&WHITE).map_err(render)?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(&self.title, ("sans-serif", 24))
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(64)
+            let mut chart = framed_chart(&root, &self.title, 24)
                 // Integer x units (f64 axes have no default formatting to combine with custom key
                 // points): bar i spans [10i + 1, 10i + 9], its label is the key point 10i + 5.
                 .build_cartesian_2d(
@@ -451,14 +468,7 @@ impl StackedBars {
                     });
             }
             if !self.parts.is_empty() {
-                chart
-                    .configure_series_labels()
-                    .label_font(("sans-serif", 14))
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .position(SeriesLabelPosition::UpperRight)
-                    .draw()
-                    .map_err(render)?;
+                draw_series_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
             }
             drop(chart);
             root.present().map_err(render)?;

@@ -18,6 +18,7 @@ use syncopate_core::strategy::{
     MESH_MAX_WORKERS,
 };
 use syncopate_core::tune::TuneReport;
+use syncopate_report::summary::JobSummary;
 use syncopate_runtime::auth::{AuthError, JobToken};
 use syncopate_runtime::checkpoint::CheckpointPlan;
 use syncopate_runtime::comm::CommOptions;
@@ -26,7 +27,7 @@ use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, Strategy
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 use syncopate_runtime::server::{run_server, ServerPlan};
 use syncopate_runtime::trace::merge_traces;
-use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
+use syncopate_runtime::worker::{run_worker, WorkerPlan};
 use syncopate_train::checkpoint;
 use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model;
@@ -637,49 +638,6 @@ fn local_ip_towards(peer: SocketAddr) -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
-/// What `--summary-json` holds for a distributed job.
-#[derive(Serialize)]
-struct JobSummary<'a> {
-    command: &'static str,
-    strategy: &'static str,
-    /// Whether every worker ends each step with single-process training's values.
-    exact: bool,
-    /// What the workers average: gradients or weights.
-    averages: Averaged,
-    /// 1 / sum(pi_i^2) of the long-run mixing (the worker count where averaging is exact).
-    effective_contributors: f64,
-    workers: usize,
-    servers: usize,
-    network: NetworkProfile,
-    /// Worker 0's frames lost, retransmitted and dropped by the emulated network.
-    frames_lost: u64,
-    frames_retransmitted: u64,
-    frames_dropped: u64,
-    test_accuracy: f64,
-    test_loss: f64,
-    final_loss: f64,
-    steps: u64,
-    wall_seconds: f64,
-    samples_per_sec: f64,
-    epoch_accuracy: &'a [f64],
-    target_accuracy: Option<f64>,
-    time_to_accuracy_s: Option<f64>,
-    steps_to_accuracy: Option<u64>,
-    /// Test accuracy of the exact average of the workers' weights at the last evaluation
-    /// (filled in by `launch` after the job; null without replica statistics).
-    average_accuracy: Option<f64>,
-    /// Test loss of that average.
-    average_loss: Option<f64>,
-    /// The workers' divergence at the last evaluation: mean of |x_i - avg|^2 / |avg|^2.
-    divergence: Option<f64>,
-    /// Bytes worker 0 sent per step, all links (measured).
-    bytes_per_step: f64,
-    /// The strategy's textbook bytes per step per worker for this model.
-    textbook_bytes_per_step: f64,
-    worker0: &'a WorkerSummary,
-    settings: &'a JobArgs,
-}
-
 /// Steps of a run: what the learning-rate schedule spans, on workers and servers alike.
 fn steps_of(duration: TrainDuration, train_len: usize, batch: usize, workers: usize) -> u64 {
     match duration {
@@ -784,24 +742,24 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
     }
     if let Some(path) = &args.summary_json {
         let file = JobSummary {
-            command: "launch",
-            strategy: layout.strategy.name(),
+            command: "launch".into(),
+            strategy: layout.strategy.name().into(),
             exact: layout.strategy.exact(),
             averages: layout.strategy.averages(),
             effective_contributors: layout.effective_contributors(),
             workers: layout.workers,
             servers: layout.servers,
             network: layout.network.clone(),
-            frames_lost: summary.network.frames_lost,
-            frames_retransmitted: summary.network.frames_retransmitted,
-            frames_dropped: summary.network.frames_dropped,
+            frames_lost: Some(summary.network.frames_lost),
+            frames_retransmitted: Some(summary.network.frames_retransmitted),
+            frames_dropped: Some(summary.network.frames_dropped),
             test_accuracy: test.accuracy,
             test_loss: test.loss,
             final_loss: summary.final_loss,
             steps: summary.steps,
             wall_seconds: summary.train_seconds,
             samples_per_sec: summary.samples_per_sec,
-            epoch_accuracy: &summary.epoch_accuracy,
+            epoch_accuracy: summary.epoch_accuracy.clone(),
             target_accuracy: args.target_accuracy,
             time_to_accuracy_s: summary.time_to_accuracy,
             steps_to_accuracy: summary.steps_to_accuracy,
@@ -812,6 +770,7 @@ pub fn worker_cmd(args: JobArgs) -> Result<()> {
             textbook_bytes_per_step: summary.textbook_bytes_per_step,
             worker0: &summary,
             settings: &args,
+            dlcp: None,
         };
         std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -5,13 +5,14 @@
 use std::path::Path;
 
 use anyhow::Result;
+use syncopate_report::summary::Evaluation;
 use syncopate_report::{
     BarSeries, BarStyle, GroupedBars, HtmlReport, LineChart, LineStyle, Scale, Series, PALETTE_LEN,
 };
 
-use super::config::StudyConfig;
-use super::report::RunRow;
-use super::summary::{mean_finite, EvalSample};
+use crate::config::StudyConfig;
+use crate::metrics::mean_finite;
+use crate::rows::RunRow;
 
 /// Each variant's palette index, in the order the study file lists the variants (cycling
 /// when there are more variants than colours). A label listed twice keeps its first colour.
@@ -27,6 +28,30 @@ pub fn variant_colours(config: &StudyConfig) -> Vec<(String, usize)> {
 /// The palette index of `label` (`None`: not a variant of the study).
 pub fn colour_of(colours: &[(String, usize)], label: &str) -> Option<usize> {
     colours.iter().find(|(l, _)| l == label).map(|&(_, c)| c)
+}
+
+/// What every comparative chart of a study shares: each variant's colour, and how many seeds
+/// each bar (their mean) or curve (the first) stands for.
+pub struct ChartContext {
+    /// Each variant's palette index ([`variant_colours`]).
+    pub colours: Vec<(String, usize)>,
+    /// Seeds of the study.
+    pub seeds: usize,
+}
+
+impl ChartContext {
+    /// The context of `config`'s charts.
+    pub fn of(config: &StudyConfig) -> Self {
+        Self {
+            colours: variant_colours(config),
+            seeds: config.seeds.len(),
+        }
+    }
+
+    /// The palette index of variant `label`.
+    fn colour(&self, label: &str) -> Option<usize> {
+        colour_of(&self.colours, label)
+    }
 }
 
 /// The runs of one model and worker count, with their bandwidths and variants in study order.
@@ -209,15 +234,10 @@ fn metric_title(group: &Group, m: &Metric, seeds: usize) -> String {
 }
 
 /// The bars of `m`, one series per variant (and its reference); `None` when no run has it.
-pub fn metric_chart(
-    group: &Group,
-    m: &Metric,
-    colours: &[(String, usize)],
-    seeds: usize,
-) -> Option<GroupedBars> {
+pub fn metric_chart(group: &Group, m: &Metric, context: &ChartContext) -> Option<GroupedBars> {
     let mut series = Vec::new();
     for v in &group.variants {
-        let colour = colour_of(colours, v);
+        let colour = context.colour(v);
         let values = group.cells(v, m.value);
         series.push(BarSeries {
             name: if values.iter().any(|v| v.is_finite()) {
@@ -244,7 +264,7 @@ pub fn metric_chart(
     }
     series.retain(|s| s.style == BarStyle::Filled || any(s));
     Some(GroupedBars {
-        title: metric_title(group, m, seeds),
+        title: metric_title(group, m, context.seeds),
         y_label: m.y_label.into(),
         categories: group.bandwidths.clone(),
         series,
@@ -259,7 +279,7 @@ pub fn metric_chart(
 #[derive(Clone, Copy)]
 enum Curve {
     Loss,
-    Eval(fn(&EvalSample) -> f64),
+    Eval(fn(&Evaluation) -> f64),
 }
 
 /// The curves over time: name, y label, fixed [0, 1] axis, where the points come from.
@@ -275,13 +295,13 @@ fn curves() -> [(&'static str, &'static str, bool, Curve); 4] {
             "accuracy of the replicas' average",
             "test accuracy",
             true,
-            Curve::Eval(|e| e.average_accuracy),
+            Curve::Eval(|e| e.average_accuracy.unwrap_or(f64::NAN)),
         ),
         (
             "replica divergence",
             DIVERGENCE,
             false,
-            Curve::Eval(|e| e.divergence),
+            Curve::Eval(|e| e.divergence.unwrap_or(f64::NAN)),
         ),
         ("training loss", "loss (worker 0)", false, Curve::Loss),
     ]
@@ -305,13 +325,12 @@ fn curve_points(dir: &Path, run: &RunRow, curve: Curve) -> Vec<(f64, f64)> {
 
 /// Per bandwidth, each curve against training time with one line per variant (its first
 /// seed); curves no run has are left out.
-pub fn time_charts(
-    dir: &Path,
-    group: &Group,
-    colours: &[(String, usize)],
-    seeds: usize,
-) -> Vec<LineChart> {
-    let note = if seeds > 1 { " (first seed)" } else { "" };
+pub fn time_charts(dir: &Path, group: &Group, context: &ChartContext) -> Vec<LineChart> {
+    let note = if context.seeds > 1 {
+        " (first seed)"
+    } else {
+        ""
+    };
     let mut charts = Vec::new();
     for bw in &group.bandwidths {
         for (what, y_label, fraction, curve) in curves() {
@@ -323,7 +342,7 @@ pub fn time_charts(
                     name: r.variant.clone(),
                     points: curve_points(dir, r, curve),
                     style: LineStyle::Solid,
-                    colour: colour_of(colours, &r.variant),
+                    colour: context.colour(&r.variant),
                 })
                 .filter(|s| !s.points.is_empty())
                 .collect();
@@ -365,7 +384,7 @@ fn csv_points(path: &Path, x: usize, y: usize) -> Vec<(f64, f64)> {
 
 /// Throughput against bandwidth (log axis) per variant next to the ideal bound, for groups
 /// whose model has one (profile models); `None` otherwise.
-pub fn ideal_chart(group: &Group, colours: &[(String, usize)], seeds: usize) -> Option<LineChart> {
+pub fn ideal_chart(group: &Group, context: &ChartContext) -> Option<LineChart> {
     let gbps = |bw: &String| {
         group
             .rows
@@ -389,7 +408,7 @@ pub fn ideal_chart(group: &Group, colours: &[(String, usize)], seeds: usize) -> 
             name: v.clone(),
             points: line(group.cells(v, |r| r.samples_per_sec)),
             style: LineStyle::Solid,
-            colour: colour_of(colours, v),
+            colour: context.colour(v),
         })
         .collect();
     series.push(Series {
@@ -397,9 +416,13 @@ pub fn ideal_chart(group: &Group, colours: &[(String, usize)], seeds: usize) -> 
         points: ideal,
         style: LineStyle::Dashed,
         // Past the variants' colours.
-        colour: Some(colours.len()),
+        colour: Some(context.colours.len()),
     });
-    let note = if seeds > 1 { " (mean of seeds)" } else { "" };
+    let note = if context.seeds > 1 {
+        " (mean of seeds)"
+    } else {
+        ""
+    };
     Some(LineChart {
         title: format!(
             "{}: throughput vs bandwidth and the ideal bound{note}",
@@ -439,19 +462,18 @@ pub fn comparative_section(
     dir: &Path,
     rows: &[RunRow],
 ) -> Result<()> {
-    let colours = variant_colours(config);
-    let seeds = config.seeds.len();
+    let context = ChartContext::of(config);
     for group in groups(config, rows) {
         html.heading(&group.title);
-        if let Some(chart) = ideal_chart(&group, &colours, seeds) {
+        if let Some(chart) = ideal_chart(&group, &context) {
             html.svg(&chart.to_svg()?);
         }
         for m in metrics() {
-            if let Some(chart) = metric_chart(&group, &m, &colours, seeds) {
+            if let Some(chart) = metric_chart(&group, &m, &context) {
                 html.svg(&chart.to_svg()?);
             }
         }
-        for chart in time_charts(dir, &group, &colours, seeds) {
+        for chart in time_charts(dir, &group, &context) {
             html.svg(&chart.to_svg()?);
         }
     }
@@ -505,7 +527,7 @@ mod tests {
     #[test]
     fn a_variant_has_the_same_colour_in_every_chart() {
         let config = study(&["ps", "p3"]);
-        let colours = variant_colours(&config);
+        let context = ChartContext::of(&config);
         // Rows listed in an order that differs from the study file's; p3 lacks one bandwidth.
         let rows = vec![
             row("p3", "10gbit", 42, 300.0),
@@ -517,7 +539,7 @@ mod tests {
         let g = &groups[0];
         assert_eq!(g.variants, ["ps", "p3"]);
         for m in metrics() {
-            let Some(chart) = metric_chart(g, &m, &colours, 1) else {
+            let Some(chart) = metric_chart(g, &m, &context) else {
                 continue;
             };
             let by_name: Vec<(&str, Option<usize>)> = chart
@@ -528,7 +550,7 @@ mod tests {
             assert_eq!(by_name, [("ps", Some(0)), ("p3", Some(1))], "{}", m.name);
             assert_eq!(chart.y_max, m.fraction.then_some(1.0));
         }
-        let tput = metric_chart(g, &metrics()[0], &colours, 1).unwrap();
+        let tput = metric_chart(g, &metrics()[0], &context).unwrap();
         assert_eq!(tput.categories, ["10gbit", "1gbit"]);
         assert_eq!(tput.series[0].values, [200.0, 100.0]);
         assert!(tput.series[1].values[1].is_nan(), "no run: no bar");
@@ -543,7 +565,11 @@ mod tests {
             row("ps", "1gbit", 3, f64::NAN),
         ];
         let groups = groups(&config, &rows);
-        let chart = metric_chart(&groups[0], &metrics()[0], &variant_colours(&config), 3).unwrap();
+        let context = ChartContext {
+            seeds: 3,
+            ..ChartContext::of(&config)
+        };
+        let chart = metric_chart(&groups[0], &metrics()[0], &context).unwrap();
         assert_eq!(chart.series[0].values, [200.0]);
         assert!(chart.title.contains("mean of 3 seeds"), "{}", chart.title);
     }

@@ -1,29 +1,7 @@
-//! Reading what a finished run left, tolerantly: the fields of `summary.json` that older runs
-//! lack read as NaN (or nothing), and the per-process resource CSVs (`metrics-rank<R>.csv`)
-//! are read by column name.
+//! What a finished run's processes recorded about their resources: the per-process CSVs
+//! (`metrics-rank<R>.csv`), read by column name, and their per-worker means.
 
 use std::path::Path;
-
-use serde_json::Value;
-
-/// A number of the run's summary: `name` at the job level, else in worker 0's summary
-/// (`worker0.<name>`); an array of numbers (one per worker) gives its mean. NaN when absent
-/// or not a number.
-pub fn number(json: &Value, name: &str) -> f64 {
-    [&json[name], &json["worker0"][name]]
-        .into_iter()
-        .map(as_mean)
-        .find(|v| !v.is_nan())
-        .unwrap_or(f64::NAN)
-}
-
-/// A number, or the mean of an array of numbers; NaN otherwise.
-fn as_mean(v: &Value) -> f64 {
-    match v {
-        Value::Array(items) => mean_finite(items.iter().filter_map(Value::as_f64)),
-        v => v.as_f64().unwrap_or(f64::NAN),
-    }
-}
 
 /// Mean of the finite values; NaN when there is none.
 pub fn mean_finite(values: impl IntoIterator<Item = f64>) -> f64 {
@@ -36,40 +14,6 @@ pub fn mean_finite(values: impl IntoIterator<Item = f64>) -> f64 {
     } else {
         sum / n as f64
     }
-}
-
-/// One evaluation of rank 0 during training.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EvalSample {
-    /// Training seconds so far.
-    pub seconds: f64,
-    /// Test accuracy of worker 0's replica.
-    pub accuracy: f64,
-    /// Test accuracy of the exact average of all replicas (NaN when not recorded).
-    pub average_accuracy: f64,
-    /// Replica divergence (NaN when not recorded).
-    pub divergence: f64,
-}
-
-/// Rank 0's evaluations: `evaluations` at the job level, else `worker0.evaluations`; entries
-/// without `seconds` are left out.
-pub fn evaluations(json: &Value) -> Vec<EvalSample> {
-    let list = json["evaluations"]
-        .as_array()
-        .or_else(|| json["worker0"]["evaluations"].as_array());
-    let num = |e: &Value, k: &str| e[k].as_f64().unwrap_or(f64::NAN);
-    list.map(|l| {
-        l.iter()
-            .map(|e| EvalSample {
-                seconds: num(e, "seconds"),
-                accuracy: num(e, "accuracy"),
-                average_accuracy: num(e, "average_accuracy"),
-                divergence: num(e, "divergence"),
-            })
-            .filter(|e| e.seconds.is_finite())
-            .collect()
-    })
-    .unwrap_or_default()
 }
 
 /// A per-process resource CSV (`metrics-rank<R>.csv`): its header and numeric rows
@@ -177,36 +121,6 @@ fn max_finite(values: Vec<f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn numbers_are_looked_up_tolerantly() {
-        let j = json!({
-            "divergence": 0.25,
-            "worker0": {"bytes_per_step": 100.0, "divergence": 9.0, "per_worker": [1.0, 3.0]},
-            "average_accuracy": null
-        });
-        assert_eq!(number(&j, "divergence"), 0.25, "job level first");
-        assert_eq!(number(&j, "bytes_per_step"), 100.0, "then worker 0");
-        assert_eq!(number(&j, "per_worker"), 2.0, "arrays give their mean");
-        assert!(number(&j, "average_accuracy").is_nan());
-        assert!(number(&j, "textbook_bytes_per_step").is_nan());
-        assert!(number(&json!([1, 2]), "x").is_nan());
-    }
-
-    #[test]
-    fn evaluations_with_and_without_the_optional_fields() {
-        let j = json!({"worker0": {"evaluations": [
-            {"step": 1, "seconds": 0.5, "accuracy": 0.3, "loss": 2.0},
-            {"step": 2, "seconds": 1.0, "accuracy": 0.6, "average_accuracy": 0.7, "divergence": 0.01},
-            {"step": 3}
-        ]}});
-        let e = evaluations(&j);
-        assert_eq!(e.len(), 2);
-        assert!(e[0].average_accuracy.is_nan() && e[0].divergence.is_nan());
-        assert_eq!((e[1].average_accuracy, e[1].divergence), (0.7, 0.01));
-        assert!(evaluations(&json!({})).is_empty());
-    }
 
     #[test]
     fn worker_resources_are_per_worker_means() {

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncopate_runtime::checkpoint::newest_complete_any;
 
-use super::config::{RunSpec, StudyConfig};
+use crate::config::{RunSpec, StudyConfig};
 
 /// Outcome of one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,14 +33,15 @@ pub fn summary_path(run_dir: &Path) -> PathBuf {
     run_dir.join("summary.json")
 }
 
-/// Runs every run of `config` not yet finished under `dir`, with a progress bar.
+/// Runs every run of `config` not yet finished under `dir` with the `syncopate` executable
+/// `exe`, with a progress bar.
 pub fn run_matrix(
     config: &StudyConfig,
     dir: &Path,
+    exe: &Path,
     run_timeout: Duration,
     quiet: bool,
 ) -> Result<Vec<(RunSpec, RunOutcome)>> {
-    let exe = std::env::current_exe().context("locating the syncopate executable")?;
     let runs = config.runs();
     let stale = stale_runs(&runs, dir);
     if !stale.is_empty() {
@@ -70,7 +71,7 @@ pub fn run_matrix(
         let outcome = if summary_path(&run_dir).is_file() {
             RunOutcome::Skipped
         } else {
-            match execute(&exe, &run, &run_dir, run_timeout) {
+            match execute(exe, &run, &run_dir, run_timeout) {
                 Ok(()) => RunOutcome::Done,
                 Err(e) => {
                     let msg = format!("{e:#}");

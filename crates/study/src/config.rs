@@ -26,7 +26,6 @@ pub struct StudyConfig {
     #[serde(default = "default_workers")]
     pub workers: Vec<usize>,
     /// Parameter servers of the strategies that use them (default: as many as workers).
-    #[serde(default)]
     pub servers: Option<usize>,
     /// Seeds.
     #[serde(default = "default_seeds")]
@@ -35,7 +34,6 @@ pub struct StudyConfig {
     #[serde(default)]
     pub bandwidths: Vec<String>,
     /// `--scale` of profile models (e.g. "1/16").
-    #[serde(default)]
     pub scale: Option<String>,
     /// Extra flags for every run.
     #[serde(default)]
@@ -67,7 +65,6 @@ pub struct ModelEntry {
     pub name: String,
     /// Name in run ids, tables and charts (default: `name`), to run one model twice with
     /// other flags (e.g. on two datasets).
-    #[serde(default)]
     pub label: Option<String>,
     /// Bandwidths for this model (default: the study's).
     #[serde(default)]
@@ -93,7 +90,6 @@ pub struct Variant {
     /// `--strategy`.
     pub strategy: String,
     /// `--scheduler` (default: the strategy's).
-    #[serde(default)]
     pub scheduler: Option<String>,
     /// Extra flags.
     #[serde(default)]

@@ -1,0 +1,199 @@
+//! A study's report files: `results.csv` (one row per finished run, every figure) and
+//! `report.html`: per model, one chart per metric comparing the variants (see `compare`),
+//! the table of every run, and each run's resources per process as detail.
+
+use std::path::Path;
+
+use anyhow::Result;
+use syncopate_report::{HtmlReport, LineChart, LineStyle, Scale, Series};
+
+use crate::compare::{colour_of, comparative_section, variant_colours};
+use crate::config::StudyConfig;
+use crate::metrics::{self, MetricsTable};
+use crate::rows::RunRow;
+use crate::table::summary_table;
+
+/// The columns of `results.csv`.
+const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,\
+    samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
+    test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
+    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,\
+    frames_lost,realised_loss,tensor_p50_s,tensor_p99_s\n";
+
+/// One row of `results.csv`.
+fn csv_row(r: &RunRow) -> String {
+    format!(
+        "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
+         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6},{:.6},{:.6}\n",
+        r.id,
+        r.model,
+        quote(&r.variant),
+        r.bandwidth,
+        r.bandwidth_gbps,
+        r.workers,
+        r.seed,
+        r.step_seconds,
+        r.samples_per_sec,
+        r.ideal_samples_per_sec,
+        r.fraction_of_ideal,
+        r.compute_per_step,
+        r.wait_per_step,
+        r.test_accuracy,
+        r.wall_seconds,
+        r.target_accuracy,
+        r.time_to_accuracy,
+        r.average_accuracy,
+        r.divergence,
+        r.bytes_per_step,
+        r.textbook_bytes_per_step,
+        r.mean_cpu_percent,
+        r.peak_rss_bytes,
+        r.net_bytes,
+        r.disk_bytes,
+        r.frames_lost,
+        r.realised_loss,
+        r.tensor_p50_s,
+        r.tensor_p99_s
+    )
+}
+
+/// Writes `results.csv` and `report.html` under `dir`; returns the report's path.
+pub fn write_report(
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[RunRow],
+) -> Result<std::path::PathBuf> {
+    let csv: String = std::iter::once(CSV_HEADER.to_string())
+        .chain(rows.iter().map(csv_row))
+        .collect();
+    std::fs::write(dir.join("results.csv"), csv)?;
+    let mut html = HtmlReport::new(&format!("Study {}", config.name));
+    if !config.description.is_empty() {
+        html.paragraph(&config.description);
+    }
+    html.paragraph(&format!(
+        "{} finished runs; {} steps each, the first {} left out of the throughput; batch {} per \
+         worker. Each variant has one colour in every chart; where the study has several seeds, \
+         bars are the mean over them and curves over time show the first seed. The ideal bound \
+         of a profile model is workers x batch / max(compute, model bytes / bandwidth).",
+        rows.len(),
+        config.steps,
+        config.warmup_steps,
+        config.batch_size
+    ));
+    comparative_section(&mut html, config, dir, rows)?;
+    html.heading("All runs");
+    let (header, table) = summary_table(rows);
+    html.table(&header, &table);
+    resource_charts(&mut html, config, dir, rows)?;
+    let path = dir.join("report.html");
+    std::fs::write(&path, html.finish())?;
+    Ok(path)
+}
+
+/// Most runs whose per-process resource charts go into the report (every run's CSVs stay in
+/// its directory).
+const RESOURCE_CHART_RUNS: usize = 6;
+
+/// CPU, memory, network and disk over time for every process of the first runs, in the
+/// variant's colour: worker 0 a line, the other workers points, servers dashed.
+fn resource_charts(
+    html: &mut HtmlReport,
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[RunRow],
+) -> Result<()> {
+    let with_metrics: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| {
+            dir.join("runs")
+                .join(&r.id)
+                .join("metrics-rank0.csv")
+                .is_file()
+        })
+        .collect();
+    if with_metrics.is_empty() {
+        return Ok(());
+    }
+    html.heading("Resources per process");
+    html.paragraph(&format!(
+        "CPU (user + system, % of one core), resident memory, bytes sent and disk bytes read and \
+         written per process, sampled every second, in the variant's colour (worker 0: line, \
+         other workers: points, servers: dashed); charts for the first {} of {} runs (every \
+         run's metrics-rank<R>.csv is in its directory).",
+        RESOURCE_CHART_RUNS.min(with_metrics.len()),
+        with_metrics.len()
+    ));
+    let colours = variant_colours(config);
+    for r in with_metrics.into_iter().take(RESOURCE_CHART_RUNS) {
+        for chart in run_resource_charts(dir, r, colour_of(&colours, &r.variant)) {
+            html.svg(&chart.to_svg()?);
+        }
+    }
+    Ok(())
+}
+
+/// The four resource charts of one run, one series per process.
+fn run_resource_charts(dir: &Path, r: &RunRow, colour: Option<usize>) -> Vec<LineChart> {
+    let run_dir = dir.join("runs").join(&r.id);
+    let tables: Vec<MetricsTable> = (0..)
+        .map_while(|rank| MetricsTable::read(&run_dir.join(format!("metrics-rank{rank}.csv"))))
+        .collect();
+    let resources: [(&str, &str, &[&str], f64); 4] = [
+        ("CPU", "% of one core", metrics::CPU, 1.0),
+        ("memory (RSS)", "MB", metrics::RSS, 1e6),
+        ("sent on the links", "MB (cumulative)", metrics::NET, 1e6),
+        ("disk read + written", "MB (cumulative)", metrics::DISK, 1e6),
+    ];
+    resources
+        .into_iter()
+        .map(|(what, unit, columns, divisor)| {
+            let series = tables
+                .iter()
+                .enumerate()
+                .map(|(rank, t)| {
+                    let values: Vec<f64> = t.sum_of(columns).iter().map(|v| v / divisor).collect();
+                    process_series(rank, r.workers, t.over_time(&values), colour)
+                })
+                .collect();
+            LineChart {
+                title: format!("{} - {} @ {}: {what}", r.model, r.variant, r.bandwidth),
+                x_label: "seconds since the process started".into(),
+                y_label: unit.into(),
+                x_scale: Scale::Linear,
+                y_scale: Scale::Linear,
+                series,
+                width: 640,
+                height: 320,
+            }
+        })
+        .collect()
+}
+
+/// A process's series: named and styled by its rank (workers first, then servers).
+fn process_series(
+    rank: usize,
+    workers: usize,
+    points: Vec<(f64, f64)>,
+    colour: Option<usize>,
+) -> Series {
+    let (name, style) = match rank {
+        0 => ("worker 0".to_string(), LineStyle::Solid),
+        r if r < workers => (format!("worker {r}"), LineStyle::Points),
+        r => (format!("server {}", r - workers), LineStyle::Dashed),
+    };
+    Series {
+        name,
+        points,
+        style,
+        colour,
+    }
+}
+
+fn quote(s: &str) -> String {
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}

@@ -1,0 +1,256 @@
+//! The figures of a study's finished runs: one [`RunRow`] per run, read from its typed
+//! summary (`summary.json`) and its processes' resource CSVs.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use syncopate_core::net::parse_bandwidth;
+use syncopate_report::summary::{CompletionTimes, Evaluation, JobSummary};
+use syncopate_train::model::{self, LayerOp};
+
+use crate::config::{RunSpec, StudyConfig};
+use crate::metrics::{worker_resources, WorkerResources};
+use crate::run::summary_path;
+
+/// The figures of one finished run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    /// Run id.
+    pub id: String,
+    /// Model.
+    pub model: String,
+    /// Variant label.
+    pub variant: String,
+    /// Bandwidth as written.
+    pub bandwidth: String,
+    /// Bandwidth in Gbit/s (NaN when unlimited).
+    pub bandwidth_gbps: f64,
+    /// Workers.
+    pub workers: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Mean step time after the warm-up steps, seconds.
+    pub step_seconds: f64,
+    /// Samples per second over all workers, after the warm-up.
+    pub samples_per_sec: f64,
+    /// Ideal samples/s: workers x batch / max(compute, communication); NaN when unknown.
+    pub ideal_samples_per_sec: f64,
+    /// Measured over ideal.
+    pub fraction_of_ideal: f64,
+    /// Per-step seconds of compute and of waiting on communication (worker 0).
+    pub compute_per_step: f64,
+    /// Seconds per step blocked on communication (worker 0).
+    pub wait_per_step: f64,
+    /// Test accuracy (NaN for profile replays).
+    pub test_accuracy: f64,
+    /// Wall time of the training loop, seconds.
+    pub wall_seconds: f64,
+    /// The target accuracy of the run (NaN without one).
+    pub target_accuracy: f64,
+    /// Training seconds until an evaluation first reached the target (NaN: never, or no
+    /// target).
+    pub time_to_accuracy: f64,
+    /// Final test accuracy of the exact average of all replicas (NaN: not recorded).
+    pub average_accuracy: f64,
+    /// Final replica divergence, mean over workers of ||x_i - mean||^2 / ||mean||^2 (NaN: not
+    /// recorded).
+    pub divergence: f64,
+    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
+    pub frames_lost: f64,
+    /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
+    pub realised_loss: f64,
+    /// Worker 0's median per-tensor completion time, seconds (NaN: not recorded).
+    pub tensor_p50_s: f64,
+    /// Its 99th percentile, seconds (NaN: not recorded).
+    pub tensor_p99_s: f64,
+    /// Bytes sent per step per worker, measured (NaN: not recorded).
+    pub bytes_per_step: f64,
+    /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
+    pub textbook_bytes_per_step: f64,
+    /// Mean CPU per worker, % of one core (NaN: no metrics).
+    pub mean_cpu_percent: f64,
+    /// Peak resident memory per worker, bytes (mean over workers; NaN: no metrics).
+    pub peak_rss_bytes: f64,
+    /// Bytes sent on the links per worker over the run (NaN: no metrics).
+    pub net_bytes: f64,
+    /// Bytes read and written on storage per worker over the run (NaN: no metrics).
+    pub disk_bytes: f64,
+    /// Rank 0's evaluations during training (those with a time).
+    #[serde(skip)]
+    pub evaluations: Vec<Evaluation>,
+}
+
+/// Reads every finished run of `config` under `dir`.
+pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<RunRow>> {
+    let mut rows = Vec::new();
+    for run in config.runs() {
+        let run_dir = dir.join("runs").join(&run.id);
+        let path = summary_path(&run_dir);
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let summary: JobSummary =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let resources = worker_resources(&run_dir, run.workers);
+        rows.push(row(config, &run, &summary, resources)?);
+    }
+    Ok(rows)
+}
+
+/// The first of `figures` that is a number (not NaN); NaN when none is.
+fn first_number(figures: impl IntoIterator<Item = f64>) -> f64 {
+    figures
+        .into_iter()
+        .find(|v| !v.is_nan())
+        .unwrap_or(f64::NAN)
+}
+
+fn row(
+    config: &StudyConfig,
+    run: &RunSpec,
+    summary: &JobSummary,
+    resources: WorkerResources,
+) -> Result<RunRow> {
+    let w0 = &summary.worker0;
+    let steps = &w0.step_seconds;
+    let warm = (config.warmup_steps as usize).min(steps.len().saturating_sub(1));
+    let measured = &steps[warm..];
+    let step_seconds = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
+    let samples = (config.batch_size * run.workers) as f64;
+    let samples_per_sec = samples / step_seconds;
+    let bandwidth_bps = parse_bandwidth(&run.bandwidth)?;
+    let ideal =
+        ideal_step_seconds(&run.model, bandwidth_bps).map_or(f64::NAN, |ideal| samples / ideal);
+    let n = steps.len().max(1) as f64;
+    let optional = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    let tensor = |p: fn(&CompletionTimes) -> f64| w0.tensor_completion.as_ref().map_or(f64::NAN, p);
+    Ok(RunRow {
+        id: run.id.clone(),
+        model: run.model.clone(),
+        variant: run.variant.clone(),
+        bandwidth: run.bandwidth.clone(),
+        bandwidth_gbps: bandwidth_bps.map_or(f64::NAN, |b| b / 1e9),
+        workers: run.workers,
+        seed: run.seed,
+        step_seconds,
+        samples_per_sec,
+        ideal_samples_per_sec: ideal,
+        fraction_of_ideal: samples_per_sec / ideal,
+        compute_per_step: w0.times.compute / n,
+        wait_per_step: w0.times.wait / n,
+        test_accuracy: summary.test_accuracy,
+        wall_seconds: summary.wall_seconds,
+        target_accuracy: optional(summary.target_accuracy),
+        time_to_accuracy: optional(summary.time_to_accuracy_s),
+        average_accuracy: optional(summary.average_accuracy),
+        divergence: optional(summary.divergence),
+        frames_lost: summary.frames_lost.map_or(f64::NAN, |f| f as f64),
+        realised_loss: summary.dlcp.as_ref().map_or(f64::NAN, |d| d.realised_loss),
+        tensor_p50_s: tensor(|t| t.p50_s),
+        tensor_p99_s: tensor(|t| t.p99_s),
+        bytes_per_step: mean_bytes_per_step(summary, &resources),
+        textbook_bytes_per_step: first_number([
+            summary.textbook_bytes_per_step,
+            w0.textbook_bytes_per_step,
+        ]),
+        mean_cpu_percent: resources.mean_cpu_percent,
+        peak_rss_bytes: resources.peak_rss_bytes,
+        net_bytes: resources.net_bytes,
+        disk_bytes: resources.disk_bytes,
+        evaluations: timed_evaluations(summary),
+    })
+}
+
+/// Rank 0's evaluations that say when they were made.
+fn timed_evaluations(summary: &JobSummary) -> Vec<Evaluation> {
+    summary
+        .worker0
+        .evaluations
+        .iter()
+        .filter(|e| e.seconds.is_finite())
+        .copied()
+        .collect()
+}
+
+/// Bytes a worker sent per step, the mean over workers (their metrics' last `net_sent_bytes`
+/// over the run's steps: under step-wise averaging or ring reduce workers send different
+/// amounts), or the summary's own figure (job level, else worker 0's) when the run has no
+/// metrics.
+fn mean_bytes_per_step(summary: &JobSummary, resources: &WorkerResources) -> f64 {
+    if resources.net_bytes.is_finite() && summary.steps > 0 {
+        resources.net_bytes / summary.steps as f64
+    } else {
+        first_number([summary.bytes_per_step, summary.worker0.bytes_per_step])
+    }
+}
+
+/// The ideal step time of a profile model at `bandwidth_bps` (full size): compute (every
+/// layer's forward and backward) or pushing every parameter once through the worker's
+/// interface, whichever is longer; pulls travel the other direction at the same time.
+pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Option<f64> {
+    if !model::is_profile_name(model_name) {
+        return None;
+    }
+    let spec = model::profile_model(model_name, 1.0).ok()?;
+    let compute_ns: u64 = spec
+        .layers
+        .iter()
+        .map(|l| match l.op {
+            LayerOp::Profiled {
+                forward_ns,
+                backward_ns,
+            } => forward_ns + backward_ns,
+            _ => 0,
+        })
+        .sum();
+    let comm = bandwidth_bps.map_or(0.0, |b| spec.num_params() as f64 * 32.0 / b);
+    Some((compute_ns as f64 * 1e-9).max(comm))
+}
+
+/// A row with only its place in the matrix set and every figure NaN, for tests.
+#[cfg(test)]
+impl RunRow {
+    /// A row of `model` with `workers` workers and nothing else.
+    pub fn empty(model: &str, workers: usize) -> Self {
+        let nan = f64::NAN;
+        RunRow {
+            id: String::new(),
+            model: model.into(),
+            variant: String::new(),
+            bandwidth: String::new(),
+            bandwidth_gbps: nan,
+            workers,
+            seed: 0,
+            step_seconds: nan,
+            samples_per_sec: nan,
+            ideal_samples_per_sec: nan,
+            fraction_of_ideal: nan,
+            compute_per_step: nan,
+            wait_per_step: nan,
+            test_accuracy: nan,
+            wall_seconds: nan,
+            target_accuracy: nan,
+            time_to_accuracy: nan,
+            average_accuracy: nan,
+            divergence: nan,
+            frames_lost: nan,
+            realised_loss: nan,
+            tensor_p50_s: nan,
+            tensor_p99_s: nan,
+            bytes_per_step: nan,
+            textbook_bytes_per_step: nan,
+            mean_cpu_percent: nan,
+            peak_rss_bytes: nan,
+            net_bytes: nan,
+            disk_bytes: nan,
+            evaluations: Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "rows_tests.rs"]
+mod tests;

@@ -1,0 +1,73 @@
+use super::*;
+use serde_json::json;
+
+fn summary(json: serde_json::Value) -> JobSummary {
+    serde_json::from_value(json).unwrap()
+}
+
+#[test]
+fn bytes_per_step_is_the_mean_over_workers_when_their_metrics_are_there() {
+    let s = summary(json!({"steps": 2, "worker0": {"bytes_per_step": 5.0}}));
+    let mut r = WorkerResources {
+        mean_cpu_percent: 1.0,
+        peak_rss_bytes: 1.0,
+        net_bytes: 3e6,
+        disk_bytes: 0.0,
+    };
+    assert_eq!(mean_bytes_per_step(&s, &r), 1.5e6);
+    r.net_bytes = f64::NAN;
+    assert_eq!(
+        mean_bytes_per_step(&s, &r),
+        5.0,
+        "worker 0's without metrics"
+    );
+    let job_level = summary(json!({"steps": 2, "bytes_per_step": 7.0,
+        "worker0": {"bytes_per_step": 5.0}}));
+    assert_eq!(mean_bytes_per_step(&job_level, &r), 7.0, "job level first");
+    let none = summary(json!({"steps": 2, "bytes_per_step": null, "worker0": {}}));
+    assert!(mean_bytes_per_step(&none, &r).is_nan());
+}
+
+#[test]
+fn figures_are_read_from_the_job_level_first_then_worker_0() {
+    let s = summary(json!({"textbook_bytes_per_step": 100.0,
+        "worker0": {"textbook_bytes_per_step": 9.0}}));
+    assert_eq!(
+        first_number([s.textbook_bytes_per_step, s.worker0.textbook_bytes_per_step]),
+        100.0
+    );
+    let s = summary(json!({"textbook_bytes_per_step": null,
+        "worker0": {"textbook_bytes_per_step": 9.0}}));
+    assert_eq!(
+        first_number([s.textbook_bytes_per_step, s.worker0.textbook_bytes_per_step]),
+        9.0
+    );
+    assert!(first_number([f64::NAN, f64::NAN]).is_nan());
+}
+
+#[test]
+fn evaluations_with_and_without_the_optional_fields() {
+    let s = summary(json!({"worker0": {"evaluations": [
+        {"step": 1, "seconds": 0.5, "accuracy": 0.3, "loss": 2.0},
+        {"step": 2, "seconds": 1.0, "accuracy": 0.6, "average_accuracy": 0.7, "divergence": 0.01},
+        {"step": 3}
+    ]}}));
+    let e = timed_evaluations(&s);
+    assert_eq!(e.len(), 2);
+    assert!(e[0].average_accuracy.is_none() && e[0].divergence.is_none());
+    assert_eq!(
+        (e[1].average_accuracy, e[1].divergence),
+        (Some(0.7), Some(0.01))
+    );
+    assert!(timed_evaluations(&summary(json!({}))).is_empty());
+}
+
+#[test]
+fn ideal_bound_is_the_longer_of_compute_and_communication() {
+    let compute = ideal_step_seconds("profile:vgg19", None).unwrap();
+    assert!((0.7..0.9).contains(&compute), "{compute}");
+    // 143.7 M parameters at 1 Gbit/s: 4.6 s of pushing.
+    let slow = ideal_step_seconds("profile:vgg19", Some(1e9)).unwrap();
+    assert!((slow - 143_667_240.0 * 32.0 / 1e9).abs() < 1e-9);
+    assert_eq!(ideal_step_seconds("lenet", Some(1e9)), None);
+}
