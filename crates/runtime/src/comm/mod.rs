@@ -172,7 +172,7 @@ pub trait Hooks<E: ?Sized> {
     fn step(&self) -> u64;
     /// How to name a rank in messages, e.g. `rank 2 (server 0)`.
     fn describe(&self, rank: Rank) -> String;
-    /// A [`FrameKind::Buffers`] frame from `peer` (worker 0's buffers relayed beside the
+    /// A [`FrameKind::Buffers`](syncopate_core::wire::FrameKind::Buffers) frame from `peer` (worker 0's buffers relayed beside the
     /// strategy's frames, [`syncopate_core::buffers`]). Hooks that relay none refuse it.
     fn on_buffers(
         &mut self,

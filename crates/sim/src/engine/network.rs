@@ -138,7 +138,7 @@ impl Sim<'_> {
         self.collect(h, false)
     }
 
-    /// [`SimConfig::wire_bytes`] of `elems`, from the last frame's when it had as many.
+    /// [`SimConfig::wire_bytes`](crate::SimConfig::wire_bytes) of `elems`, from the last frame's when it had as many.
     #[inline]
     fn wire_bytes(&mut self, elems: usize) -> usize {
         if self.last_wire.0 != elems {
