@@ -22,7 +22,7 @@
 //!   does: `begin_step`, `handle_gradient` for each key (last layer first),
 //!   `handle_backward_done`, and `begin_step(step + 1)` once `StepDone` has been seen;
 //! * an endpoint transmits (`poll_transmit` to any rank, or `poll_transmit_any` over its peers);
-//! * a link delivers its next frame the way `crates/runtime/src/comm.rs` reads one: decode the
+//! * a link delivers its next frame the way `crates/runtime/src/comm/reader.rs` reads one: decode the
 //!   header with the job's maximum payload, and for a data frame call `recv_slot`, copy the
 //!   payload into the slot (the slot must hold exactly `header.length` values), and call
 //!   `handle_payload` either at once or after other operations (a frame read in several parts

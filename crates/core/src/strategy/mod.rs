@@ -16,7 +16,7 @@
 //!
 //! # How a driver calls an endpoint
 //!
-//! The contract every driver keeps (the runtime's `comm.rs` and the simulator's
+//! The contract every driver keeps (the runtime's `comm/` loop and the simulator's
 //! `engine.rs`), as quinn-proto's `Connection` states its own:
 //!
 //! 1. After any `handle_*` call (a gradient, backward done, a payload, a frame sent, a
