@@ -22,6 +22,7 @@ pub struct SyncArgs {
     /// other commands one.
     #[arg(
         long = "strategy",
+        value_name = "STRATEGY",
         value_parser = strategy_parser(),
         value_delimiter = ',',
         default_value = StrategyKind::Allreduce.name()

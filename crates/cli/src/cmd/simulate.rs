@@ -18,7 +18,7 @@ use crate::sync_args::SyncArgs;
 
 /// `syncopate simulate`.
 #[derive(Debug, Args)]
-#[command(mut_arg("strategy", |a| a.default_value(StrategyKind::P3.name())))]
+#[command(mut_arg("strategies", |a| a.default_value(StrategyKind::P3.name())))]
 pub struct SimulateArgs {
     /// A compute profile: profile:resnet50, profile:vgg16, profile:vgg19, profile:sockeye or
     /// profile:FILE (PipeDream graph.txt).
