@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use syncopate_core::net::{parse_probability, parse_size};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    LossFill, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
-    MESH_MAX_WORKERS,
+    LossFill, PlanError, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES,
+    DEFAULT_CREDIT_BYTES, MESH_MAX_WORKERS,
 };
 
 /// How the workers synchronise: the strategy, its servers, the scheduler and every size and
@@ -138,9 +138,29 @@ impl SyncArgs {
             mesh: self.mesh,
             ..defaults
         };
+        self.refuse_other_families(strategy)?;
         let plan = self.dlcp.apply(self.stepwise.apply(plan))?;
         plan.validate()?;
         Ok(plan)
+    }
+
+    /// Settings of a family of strategies (step-wise averaging, DLCP) that `strategy` is
+    /// not of, given even at their default values, refused with the core's error.
+    fn refuse_other_families(&self, strategy: StrategyKind) -> Result<()> {
+        let name = strategy.name();
+        if let (false, Some(flag)) = (strategy.loss_tolerant(), self.dlcp.first_given()) {
+            return Err(PlanError::DlcpOnly(name)).context(flag);
+        }
+        let stepwise = [
+            ("--stepwise-head", self.stepwise.stepwise_head.is_some()),
+            ("--full-sync-every", self.stepwise.full_sync_every.is_some()),
+        ];
+        match stepwise.iter().find(|(_, given)| *given) {
+            Some((flag, _)) if strategy != StrategyKind::Stepwise => {
+                Err(PlanError::StepwiseOnly(flag, name).into())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// These flags as one member of a `simulate` sweep over `members` (strategy, workers)
@@ -272,6 +292,20 @@ pub struct DlcpArgs {
 }
 
 impl DlcpArgs {
+    /// The first of these flags given, if any.
+    fn first_given(&self) -> Option<&'static str> {
+        let given = [
+            ("--loss-bound", self.loss_bound.is_some()),
+            ("--packet-bytes", self.packet_bytes.is_some()),
+            ("--loss-fill", self.loss_fill.is_some()),
+            ("--dlcp-drop-quantile", self.dlcp_drop_quantile.is_some()),
+            ("--dlcp-no-priority", self.dlcp_no_priority),
+            ("--dlcp-no-spray", self.dlcp_no_spray),
+            ("--pull-loss-bound", self.pull_loss_bound.is_some()),
+        ];
+        given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
+    }
+
     /// `plan` with the settings given, parsed (their ranges are the plan's to check).
     fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
         let mut dlcp = plan.dlcp;

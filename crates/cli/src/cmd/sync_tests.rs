@@ -88,7 +88,7 @@ fn launch_and_simulate_build_the_same_plan_from_the_same_flags() {
             "--full-sync-every",
             "4",
             "--stepwise-head",
-            "random",
+            "fixed",
         ],
         &[
             "--strategy",
