@@ -1,23 +1,23 @@
 //! Command-line arguments shared by several commands: training settings, the network model,
-//! and the values of `--strategy` and `--scheduler`, taken from the core's lists.
+//! the peer timeout, and the parsers of durations and step windows. The synchronisation
+//! flags have their own module, `sync_args`.
 
+use std::ops::Range;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::net::{
     parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
 };
-use syncopate_core::sched::SchedulerKind;
-use syncopate_core::strategy::{DlcpOptions, LossFill, StepwiseHead, StrategyKind, SyncPlan};
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
 use syncopate_train::trainer::{Duration, OptimConfig};
 
 /// Datasets on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DatasetArg {
     /// Seeded synthetic images, generated in memory (needs no files).
@@ -42,7 +42,7 @@ impl From<DatasetArg> for DatasetKind {
 }
 
 /// Learning-rate schedules on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ScheduleArg {
     /// The same rate throughout.
@@ -54,7 +54,7 @@ pub enum ScheduleArg {
 }
 
 /// Model, data and optimisation settings of a training run.
-#[derive(Debug, Clone, Args, Serialize)]
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub struct TrainSettings {
     /// Model to train (see `syncopate models`): mlp, lenet, resnet20, vgg-mini.
     #[arg(long, default_value = "lenet")]
@@ -374,174 +374,77 @@ fn parse_burst(s: &str) -> Result<BurstLoss> {
     })
 }
 
-/// Values of `--strategy`: the core's strategies by name, each listed in `--help` with its
-/// summary.
-pub fn strategy_parser() -> impl TypedValueParser<Value = StrategyKind> {
-    let values = StrategyKind::ALL.map(|s| PossibleValue::new(s.name()).help(s.summary()));
-    PossibleValuesParser::new(values).try_map(|name| {
-        StrategyKind::from_name(&name).ok_or_else(|| format!("unknown strategy '{name}'"))
-    })
+/// The longest duration a flag accepts: a week.
+const MAX_FLAG_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A duration flag in seconds: a finite number from 0 to a week.
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    let s: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if !s.is_finite() || !(0.0..=MAX_FLAG_SECONDS).contains(&s) {
+        return Err(format!(
+            "{text} s is not a duration from 0 to {MAX_FLAG_SECONDS} s (a week)"
+        ));
+    }
+    Ok(s)
 }
 
-/// Values of `--stepwise-head`, each listed in `--help` with its description.
-pub fn stepwise_head_parser() -> impl TypedValueParser<Value = StepwiseHead> {
-    let values = StepwiseHead::ALL.map(|h| PossibleValue::new(h.name()).help(h.description()));
-    PossibleValuesParser::new(values).try_map(|name| {
-        StepwiseHead::from_name(&name).ok_or_else(|| format!("unknown stepwise head '{name}'"))
-    })
+/// The liveness rules' flag, shared by `launch` and `simulate`'s faults.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+pub struct LivenessArgs {
+    /// Declare a silent peer lost after this many seconds (heartbeats go every fifth of
+    /// it, at most every 0.5 s).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds,
+          default_value_t = LivenessConfig::default().peer_timeout_ns as f64 / 1e9)]
+    pub peer_timeout: f64,
 }
 
-/// The settings of step-wise averaging (`--strategy stepwise` only), shared by `launch`,
-/// `worker`, `server` and `simulate`.
-#[derive(Debug, Clone, Default, Args, Serialize)]
-pub struct StepwiseArgs {
-    /// Step-wise averaging: where each step's chain starts (default rotate).
-    #[arg(long, value_parser = stepwise_head_parser())]
-    pub stepwise_head: Option<StepwiseHead>,
-    /// Step-wise averaging: every H steps an exact average of the weights (all-reduce
-    /// style: the sum along the chain, the average back around) so the replicas meet
-    /// again; 0 (the default): never.
-    #[arg(long, value_name = "H")]
-    pub full_sync_every: Option<u64>,
-}
-
-impl StepwiseArgs {
-    /// `plan` with these settings; refuses them for another strategy.
-    pub fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
-        let given = [
-            ("--stepwise-head", self.stepwise_head.is_some()),
-            ("--full-sync-every", self.full_sync_every.is_some()),
-        ];
-        if plan.strategy != StrategyKind::Stepwise {
-            if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
-                bail!(
-                    "{flag} applies to --strategy stepwise only (this job runs {})",
-                    plan.strategy.name()
-                );
-            }
+impl LivenessArgs {
+    /// The core's liveness rules with this peer timeout.
+    pub fn config(&self) -> Result<LivenessConfig> {
+        if self.peer_timeout.is_nan() || self.peer_timeout <= 0.0 {
+            bail!("--peer-timeout must be positive");
         }
-        Ok(SyncPlan {
-            stepwise_head: self.stepwise_head.unwrap_or(plan.stepwise_head),
-            full_sync_every: self.full_sync_every.unwrap_or(plan.full_sync_every),
-            ..plan
-        })
+        let timeout = std::time::Duration::from_secs_f64(self.peer_timeout);
+        let timeout_ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        Ok(LivenessConfig::default().with_peer_timeout(timeout_ns))
     }
 }
 
-/// Values of `--loss-fill`.
-pub fn loss_fill_parser() -> impl TypedValueParser<Value = LossFill> {
-    let values = LossFill::ALL.map(|f| {
-        PossibleValue::new(f.name()).help(match f {
-            LossFill::Zero => "lost values count as zero; the sum is divided by all workers",
-            LossFill::Rescale => "each value's sum is divided by the workers whose packet came",
-        })
-    });
-    PossibleValuesParser::new(values).try_map(|name| {
-        LossFill::from_name(&name).ok_or_else(|| format!("unknown loss fill '{name}'"))
-    })
-}
+/// A window of steps, `A..B` on the command line (0-based, B excluded, A < B): the steps a
+/// trace records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct StepWindow(pub Range<u64>);
 
-/// The settings of DLCP (`--strategy dlcp` and `dlcp-allreduce` only), shared by `launch`,
-/// `worker`, `server` and `simulate`. Each mechanism can be switched off alone, for
-/// ablations.
-#[derive(Debug, Clone, Default, Args, Serialize)]
-pub struct DlcpArgs {
-    /// DLCP: the fraction of a key's packets (per worker, step and server; per chunk and
-    /// ring hop for dlcp-allreduce) that may be missing when the receiver completes it, in
-    /// [0, 0.5]: "1%" or 0.01 (default 1%); 0 needs every packet (exact, losses recovered
-    /// by probes).
-    #[arg(long, value_name = "P")]
-    pub loss_bound: Option<String>,
-    /// DLCP: payload bytes per packet, a multiple of 4 up to a frame (default 8KiB).
-    #[arg(long, value_name = "SIZE")]
-    pub packet_bytes: Option<String>,
-    /// DLCP: what stands in for values whose packet never came (default zero; rescale is
-    /// for dlcp only).
-    #[arg(long, value_parser = loss_fill_parser())]
-    pub loss_fill: Option<LossFill>,
-    /// DLCP: packets whose mean |gradient| lies below this quantile of their key's
-    /// packets are marked drop-eligible (default 0.5, the median; 0 marks none). Our
-    /// rule: the papers do not publish theirs.
-    #[arg(long, value_name = "Q")]
-    pub dlcp_drop_quantile: Option<f64>,
-    /// DLCP ablation: no packet priority classes and no drop-eligible marks.
-    #[arg(long)]
-    pub dlcp_no_priority: bool,
-    /// DLCP ablation: packets follow their flow's path (hashing) instead of spraying.
-    #[arg(long)]
-    pub dlcp_no_spray: bool,
-    /// DLCP: the fraction of the packets coming back that may be missing, in [0, 0.5]:
-    /// per key share of a worker's parameters (dlcp), per chunk and hop of the all-gather
-    /// (dlcp-allreduce). Default 0: they come back reliably and every worker holds the same
-    /// values. A lost entry keeps the previous step's value (MLT's loss-tolerant pulls), so
-    /// the replicas drift apart.
-    #[arg(long, value_name = "P")]
-    pub pull_loss_bound: Option<String>,
-}
+impl std::str::FromStr for StepWindow {
+    type Err = String;
 
-impl DlcpArgs {
-    /// The flag given, if any.
-    pub fn first_given(&self) -> Option<&'static str> {
-        let given = [
-            ("--loss-bound", self.loss_bound.is_some()),
-            ("--packet-bytes", self.packet_bytes.is_some()),
-            ("--loss-fill", self.loss_fill.is_some()),
-            ("--dlcp-drop-quantile", self.dlcp_drop_quantile.is_some()),
-            ("--dlcp-no-priority", self.dlcp_no_priority),
-            ("--dlcp-no-spray", self.dlcp_no_spray),
-            ("--pull-loss-bound", self.pull_loss_bound.is_some()),
-        ];
-        given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
-    }
-
-    /// `plan` with these settings; refuses them for another strategy, or out of range.
-    pub fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
-        if !plan.strategy.loss_tolerant() {
-            if let Some(flag) = self.first_given() {
-                bail!(
-                    "{flag} applies to --strategy dlcp and dlcp-allreduce only (this job runs {})",
-                    plan.strategy.name()
-                );
-            }
-            return Ok(plan);
+    fn from_str(text: &str) -> Result<Self, String> {
+        let parsed = text
+            .split_once("..")
+            .and_then(|(a, b)| Some(a.trim().parse::<u64>().ok()?..b.trim().parse::<u64>().ok()?));
+        match parsed {
+            Some(r) if r.start < r.end => Ok(StepWindow(r)),
+            _ => Err(format!("'{text}' is not A..B with A < B (e.g. 10..20)")),
         }
-        let mut dlcp: DlcpOptions = plan.dlcp;
-        if let Some(text) = &self.loss_bound {
-            dlcp.loss_bound =
-                parse_probability(text).with_context(|| format!("--loss-bound {text}"))?;
-        }
-        if let Some(text) = &self.pull_loss_bound {
-            dlcp.pull_loss_bound =
-                parse_probability(text).with_context(|| format!("--pull-loss-bound {text}"))?;
-        }
-        if let Some(text) = &self.packet_bytes {
-            let bytes = parse_size(text).with_context(|| format!("--packet-bytes {text}"))?;
-            if bytes == 0 || bytes % 4 != 0 {
-                bail!("--packet-bytes {text}: must be a positive multiple of 4 bytes");
-            }
-            dlcp.packet_elems = bytes / 4;
-        }
-        if let Some(fill) = self.loss_fill {
-            dlcp.fill = fill;
-        }
-        if let Some(q) = self.dlcp_drop_quantile {
-            dlcp.drop_quantile = q;
-        }
-        dlcp.priority &= !self.dlcp_no_priority;
-        dlcp.spray &= !self.dlcp_no_spray;
-        let plan = SyncPlan { dlcp, ..plan };
-        plan.validate()?;
-        Ok(plan)
     }
 }
 
-/// Values of `--scheduler`: the core's schedulers by name, each listed in `--help` with its
-/// description.
-pub fn scheduler_parser() -> impl TypedValueParser<Value = SchedulerKind> {
-    let values = SchedulerKind::ALL.map(|k| PossibleValue::new(k.name()).help(k.description()));
-    PossibleValuesParser::new(values).try_map(|name| {
-        SchedulerKind::from_name(&name).ok_or_else(|| format!("unknown scheduler '{name}'"))
-    })
+impl TryFrom<String> for StepWindow {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<StepWindow> for String {
+    fn from(w: StepWindow) -> String {
+        format!("{}..{}", w.0.start, w.0.end)
+    }
 }
 
 #[cfg(test)]

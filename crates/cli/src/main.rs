@@ -6,6 +6,7 @@ mod args;
 mod cmd;
 mod progress;
 mod study;
+mod sync_args;
 
 // Counted, so that the metrics CSV's `heap_bytes` tells a leak from the allocator's cache.
 #[global_allocator]
@@ -28,9 +29,9 @@ enum Command {
     Launch(cmd::dist::JobArgs),
     /// Run one worker of a distributed job (rank and rendezvous from torchrun, mpirun or
     /// srun environment variables).
-    Worker(cmd::dist::JobArgs),
+    Worker(cmd::dist::MemberArgs),
     /// Run one parameter server of a distributed job (ranks after the workers').
-    Server(cmd::dist::JobArgs),
+    Server(cmd::dist::MemberArgs),
     /// List the built-in models with their layers, keys and parameter counts.
     Models(cmd::models::ModelsArgs),
     /// Benchmark the transport: ring all-reduce bus bandwidth or PS push/pull per size.

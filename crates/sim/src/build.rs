@@ -125,8 +125,8 @@ mod tests {
         assert_eq!(peers(&cfg, 2), vec![0, 1]);
         let ring = SimConfig::new(StrategyKind::Allreduce, 2, 0);
         assert_eq!(peers(&ring, 1), vec![0]);
-        cfg.slice_params = Some(200);
-        cfg.servers = 3;
+        cfg.sync.slice_params = 200;
+        cfg.sync.servers = 3;
         let owners = key_owners(&registry(&cfg, &keys));
         assert_eq!(owners, vec![vec![(0, 2), (1, 2), (2, 1)], vec![(2, 1)]]);
     }

@@ -105,7 +105,7 @@ fn small_buckets_cross_a_mesh_in_one_hop() {
     let t = ser_ns(GBIT, 48 + 4000);
     let step = |mesh: bool| {
         let mut c = config(StrategyKind::Allreduce, n, 0, GBIT, latency);
-        (c.steps, c.mesh) = (2, mesh);
+        (c.steps, c.sync.mesh) = (2, mesh);
         assert_eq!(c.plan().meshed(), mesh);
         let r = run(&profile, &c);
         let frames = if mesh { 3 } else { 2 };
@@ -153,7 +153,7 @@ fn ring_allreduce_matches_the_closed_form() {
     let want = 2 * (n as u64 - 1) * 2 * t_seg + latency;
     for scale in [1.0, 1.0 / 256.0] {
         let mut c = config(StrategyKind::Allreduce, n, 0, GBIT, latency);
-        (c.bucket_bytes, c.scale, c.steps) = (64 << 20, scale, 2);
+        (c.sync.bucket_bytes, c.scale, c.steps) = (64 << 20, scale, 2);
         let r = run(&profile, &c);
         assert_eq!(r.step_end_ns, vec![want, 2 * want], "scale {scale}");
         let book = textbook(n as u64, (32 << 20) as f64, latency);
@@ -216,7 +216,7 @@ fn trace_covers_the_window_only() {
         (3000, 10_000, 20_000),
     ]);
     let mut c = config(StrategyKind::P3, 2, 2, GBIT, 1_000);
-    (c.steps, c.slice_params, c.trace_steps) = (4, Some(700), Some(1..3));
+    (c.steps, c.sync.slice_params, c.trace_steps) = (4, 700, Some(1..3));
     let r = run(&profile, &c);
     let count = |lane| r.trace.iter().filter(|e| e.lane == lane).count();
     assert_eq!(count(Lane::Compute), 2 * 2 * 2 * 3);
@@ -259,7 +259,8 @@ fn an_autotuned_credit_runs_as_fast_as_p3_after_its_search() {
     let profile = ModelProfile::builtin("resnet50").unwrap();
     let run_with = |scheduler, autotune| {
         let mut c = config(StrategyKind::P3, 4, 4, GBIT, 10_000);
-        (c.scale, c.steps, c.scheduler, c.autotune) = (1.0 / 16.0, 40, scheduler, autotune);
+        (c.scale, c.steps, c.sync.scheduler, c.sync.autotune) =
+            (1.0 / 16.0, 40, scheduler, autotune);
         run(&profile, &c)
     };
     let p3 = run_with(SchedulerKind::Priority, false);
@@ -372,9 +373,9 @@ proptest! {
         let layers: Vec<(usize, u64, u64)> = sizes.iter().map(|&s| (s, s as u64 * 3, s as u64 * 7)).collect();
         let profile = model(&layers);
         let mut c = config(strategy, workers, servers, 2.0 * GBIT, 3_000);
-        (c.scheduler, c.network.ingress, c.network.buffer_bytes) = (scheduler, ingress, window);
-        (c.jitter, c.seed, c.steps, c.slice_params, c.credit_bytes) = (jitter, seed, 3, Some(4_000), 20_000);
-        c.bucket_bytes = 40_000;
+        (c.sync.scheduler, c.network.ingress, c.network.buffer_bytes) = (scheduler, ingress, window);
+        (c.jitter, c.seed, c.steps, c.sync.slice_params, c.sync.credit_bytes) = (jitter, seed, 3, 4_000, 20_000);
+        c.sync.bucket_bytes = 40_000;
         let full = Sim::new(&profile, &c, Polling::Exhaustive).and_then(Sim::run);
         let lean = Sim::new(&profile, &c, Polling::Lean).and_then(Sim::run);
         match (full, lean) {
@@ -537,7 +538,7 @@ fn chain_strategies_move_their_textbook_bytes() {
         let mut c = config(strategy, n, 0, 10.0 * GBIT, 5_000);
         c.steps = 4;
         if strategy == StrategyKind::Stepwise {
-            c.stepwise_head = head;
+            c.sync.stepwise_head = head;
         }
         let r = run(&profile, &c);
         assert_eq!(r.step_seconds.len(), 4);

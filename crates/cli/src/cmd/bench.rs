@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use syncopate_core::net::parse_size;
-use syncopate_core::strategy::{StrategyKind, SyncPlan, FRAME_ELEMS};
+use syncopate_core::strategy::{SyncPlan, DEFAULT_BUCKET_BYTES, FRAME_ELEMS};
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::bench::{run_comm_bench, BenchIters, Timing};
 use syncopate_runtime::comm::CommOptions;
@@ -14,7 +14,8 @@ use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, ProcessContext};
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 
-use crate::args::{strategy_parser, NetworkArgs};
+use crate::args::NetworkArgs;
+use crate::sync_args::SyncArgs;
 
 /// The benchmark's send window unless one is given: 4 MiB, one largest frame.
 const BENCH_SEND_BUFFER: usize = 4 << 20;
@@ -22,16 +23,15 @@ const BENCH_SEND_BUFFER: usize = 4 << 20;
 /// Arguments of `syncopate bench-comm` (and of the processes it starts).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Strategy: all-reduce strategies report ring bus bandwidth, parameter-server ones
-    /// push + pull time through the servers.
-    #[arg(long, value_parser = strategy_parser(), default_value = StrategyKind::Allreduce.name())]
-    strategy: StrategyKind,
+    /// How the processes synchronise: all-reduce strategies report ring bus bandwidth,
+    /// parameter-server ones push + pull time through the servers. Each size is one
+    /// message cut into frames of --frame-bytes, so --slice-params, --bucket-mb and --scale
+    /// do not apply.
+    #[command(flatten)]
+    sync: SyncArgs,
     /// Worker processes.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Server processes (parameter-server strategies only).
-    #[arg(long, default_value_t = 1)]
-    servers: usize,
     /// Message sizes, comma-separated (per worker: the buffer reduced, or pushed and pulled).
     #[arg(long, default_value = "4KiB,64KiB,1MiB,16MiB,100MiB")]
     sizes: String,
@@ -70,37 +70,37 @@ pub struct BenchArgs {
     /// (to measure what frame integrity costs).
     #[arg(long)]
     frame_mac: bool,
-    /// All-reduce with 3 to 8 workers: link every worker to every other and send a small
-    /// buffer (n copies within 128 KiB) straight to each, one hop instead of n-1 around the
-    /// ring; larger buffers still use the ring. Default: the ring only.
-    #[arg(long)]
-    mesh: bool,
 }
 
 impl BenchArgs {
-    fn layout(&self) -> Result<JobLayout> {
-        let strategy = self.strategy;
+    /// The benchmark's layout: the plan the sync flags give, with one bucket of the whole
+    /// buffer (each size is one message) and frames (ring segments, parameter-server
+    /// slices) of at most --frame-bytes.
+    pub(crate) fn layout(&self) -> Result<JobLayout> {
+        let cut = [
+            ("--slice-params", self.sync.slice_params.is_some()),
+            (
+                "--bucket-mb",
+                self.sync.bucket_mb != DEFAULT_BUCKET_BYTES as f64 / 1e6,
+            ),
+            ("--scale", self.sync.scale.is_some()),
+        ];
+        if let Some((flag, _)) = cut.iter().find(|(_, given)| *given) {
+            bail!("{flag} does not apply to bench-comm: each size is one message cut into frames of --frame-bytes");
+        }
         let mut network = self.net.resolve()?;
         if self.net.send_buffer.is_none() && self.net.network.is_none() {
             network.buffer_bytes = BENCH_SEND_BUFFER;
         }
-        let servers = if strategy.uses_servers() {
-            self.servers
-        } else {
-            0
-        };
+        let strategy = self.sync.strategy()?;
         let frame_elems = self.frame_elems()?;
         let layout = JobLayout {
-            // One bucket of the whole buffer: each size is one message.
-            // Frames (ring segments, parameter-server slices) of at most --frame-bytes.
             sync: SyncPlan {
                 bucket_bytes: usize::MAX,
                 frame_elems,
                 slice_params: frame_elems,
-                mesh: self.mesh,
-                ..SyncPlan::new(strategy, self.workers, servers)
+                ..self.sync.plan(strategy, self.workers, 1)?
             },
-
             network,
             net_seed: self.seed,
         };

@@ -3,7 +3,9 @@
 pub mod bench;
 pub mod dist;
 pub mod models;
-pub mod replicas;
 pub mod sim_faults;
 pub mod simulate;
 pub mod train;
+
+#[cfg(test)]
+mod sync_tests;

@@ -5,7 +5,7 @@ use clap::Args;
 use syncopate_sim::faults::{stop_bound_ns, Ending, FaultConfig, FaultReport};
 use syncopate_sim::SimConfig;
 
-use super::dist::parse_seconds;
+use crate::args::{parse_seconds, LivenessArgs};
 
 /// Seeded faults (all off by default; any one on makes every process run the runtime's
 /// liveness rules: heartbeats, the peer timeout, goodbyes, aborts). Reproduce a run with
@@ -32,10 +32,8 @@ pub struct FaultArgs {
     /// Faults strike at a random time within this many seconds of virtual time.
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_seconds)]
     pub fault_window: f64,
-    /// Declare a silent peer lost after this many seconds (heartbeats every fifth of it,
-    /// at most every 0.5 s), as `launch --peer-timeout`.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, value_parser = parse_seconds)]
-    pub peer_timeout: f64,
+    #[command(flatten)]
+    pub liveness: LivenessArgs,
 }
 
 impl FaultArgs {
@@ -45,10 +43,6 @@ impl FaultArgs {
         if !ms.is_finite() || !(0.0..=3.6e6).contains(&ms) {
             bail!("--fault-control-delay-ms {ms} is not a delay from 0 to an hour");
         }
-        if self.peer_timeout <= 0.0 {
-            bail!("--peer-timeout must be positive");
-        }
-        let defaults = FaultConfig::default();
         Ok(FaultConfig {
             crash: self.fault_crash,
             freeze: self.fault_freeze,
@@ -56,9 +50,7 @@ impl FaultArgs {
             heartbeat_loss: self.fault_heartbeat_loss,
             control_delay_ns: (ms * 1e6) as u64,
             window_ns: (self.fault_window * 1e9) as u64,
-            liveness: defaults
-                .liveness
-                .with_peer_timeout((self.peer_timeout * 1e9) as u64),
+            liveness: self.liveness.config()?,
         })
     }
 }

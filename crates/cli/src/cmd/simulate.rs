@@ -7,53 +7,34 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use syncopate_core::profile::ModelProfile;
-use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::StrategyKind;
 use syncopate_core::tune::TuneReport;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
 
-use crate::args::{scheduler_parser, strategy_parser, DlcpArgs, StepwiseArgs};
-
 use super::sim_faults::{print_report, FaultArgs};
-use crate::args::NetworkArgs;
+use crate::args::{NetworkArgs, StepWindow};
+use crate::sync_args::SyncArgs;
 
 /// `syncopate simulate`.
 #[derive(Debug, Args)]
+#[command(mut_arg("strategies", |a| a.default_value(StrategyKind::P3.name())))]
 pub struct SimulateArgs {
     /// A compute profile: profile:resnet50, profile:vgg16, profile:vgg19, profile:sockeye or
     /// profile:FILE (PipeDream graph.txt).
     #[arg(long, default_value = "profile:resnet50")]
     pub model: String,
-    /// Strategies, comma-separated for a sweep.
-    #[arg(long, value_parser = strategy_parser(), value_delimiter = ',', default_value = StrategyKind::P3.name())]
-    pub strategy: Vec<StrategyKind>,
+    /// How the workers synchronise (lists of strategies make a sweep; each family's
+    /// settings go to the strategies of the family).
+    #[command(flatten)]
+    pub sync: SyncArgs,
     /// Workers, comma-separated for a sweep.
     #[arg(long, default_value = "4")]
     pub workers: String,
-    /// Parameter servers of ps and p3 (default: as many as workers).
-    #[arg(long)]
-    pub servers: Option<usize>,
     /// The network model (--bandwidth accepts a comma list for a sweep, e.g.
     /// 1gbit,10gbit; default 10gbit, or the --network profile's).
     #[command(flatten)]
     pub net: NetworkArgs,
-    /// Scheduler (default: the strategy's, listed with --strategy's values).
-    #[arg(long, value_parser = scheduler_parser())]
-    pub scheduler: Option<SchedulerKind>,
-    /// Tune the credit online (--scheduler credit only), as `launch --autotune` does; the
-    /// report says what worker 0 chose and the mean step once it settled.
-    #[arg(long)]
-    pub autotune: bool,
-    /// All-reduce with 3 to 8 workers: a full mesh, small buckets straight to every worker
-    /// (as `launch --mesh`); in a sweep, ignored for the strategies and worker counts it
-    /// does not apply to.
-    #[arg(long)]
-    pub mesh: bool,
-    #[command(flatten)]
-    pub stepwise: StepwiseArgs,
-    #[command(flatten)]
-    pub dlcp: DlcpArgs,
     #[command(flatten)]
     pub faults: FaultArgs,
     /// Steps to simulate.
@@ -72,13 +53,10 @@ pub struct SimulateArgs {
     /// `launch --slow-worker` does. Repeat the flag for several.
     #[arg(long = "slow-worker", value_name = "RANK:FACTOR")]
     pub slow_worker: Vec<syncopate_core::step::Straggler>,
-    /// Scale of the state machines' buffers in (0, 1] (the wire is charged full size);
-    /// default: small enough that all hosts together hold about 50 M values.
-    #[arg(long)]
-    pub scale: Option<f64>,
-    /// Write a Chrome/Perfetto trace of these steps (e.g. 2..4) to --trace.
+    /// Write a Chrome/Perfetto trace of these steps (e.g. 2..4, 0-based, end excluded) to
+    /// --trace.
     #[arg(long, value_name = "A..B")]
-    pub trace_steps: Option<String>,
+    pub trace_steps: Option<StepWindow>,
     /// Trace file (with --trace-steps).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -89,6 +67,10 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 }
+
+/// One simulation of a sweep: strategy, workers, the bandwidth's label and bit rate, and
+/// what it measured.
+type Row = (StrategyKind, usize, String, f64, SimReport);
 
 fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
     s.split(',').map(|p| parse(p.trim())).collect()
@@ -110,22 +92,16 @@ fn profile(model: &str) -> Result<ModelProfile> {
 /// Runs the simulations and prints their figures.
 pub fn run(args: SimulateArgs) -> Result<()> {
     let profile = profile(&args.model)?;
-    let strategies = &args.strategy;
     let workers = list(&args.workers, |w| {
         w.parse::<usize>()
             .with_context(|| format!("--workers '{w}'"))
     })?;
-    let bandwidths = args.net.resolve_sweep(Some(10e9))?;
-    let trace_steps = match &args.trace_steps {
-        Some(r) => {
-            let (a, b) = r
-                .split_once("..")
-                .with_context(|| format!("--trace-steps '{r}' is not A..B"))?;
-            Some(a.trim().parse::<u64>()?..b.trim().parse::<u64>()?)
-        }
-        None => None,
-    };
-    let sweep = strategies.len() * workers.len() * bandwidths.len() > 1;
+    let members: Vec<(StrategyKind, usize)> = (args.sync.strategies.iter())
+        .flat_map(|&s| workers.iter().map(move |&n| (s, n)))
+        .collect();
+    let bandwidths = args
+        .net
+        .resolve_sweep(Some(SimConfig::DEFAULT_BANDWIDTH_BPS))?;
     println!(
         "{:<22} {:>6} {:>7} {:>10} {:>9} {:>11} {:>9} {:>9} {:>8}",
         "strategy",
@@ -138,115 +114,120 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         "s util",
         "wall s"
     );
-    let stepwise_flags =
-        args.stepwise.stepwise_head.is_some() || args.stepwise.full_sync_every.is_some();
-    if stepwise_flags && !strategies.contains(&StrategyKind::Stepwise) {
-        bail!("--stepwise-head and --full-sync-every apply to --strategy stepwise only");
-    }
-    if let Some(flag) = args.dlcp.first_given() {
-        if !strategies.iter().any(|s| s.loss_tolerant()) {
-            bail!("{flag} applies to --strategy dlcp and dlcp-allreduce only");
-        }
-    }
-    let mut rows: Vec<(StrategyKind, usize, String, f64, SimReport)> = Vec::new();
-    for &s in strategies {
-        for &n in &workers {
-            for (name, network) in &bandwidths {
-                let bps = network.bandwidth_bps;
-                let servers = if s.uses_servers() {
-                    args.servers.unwrap_or(n)
-                } else {
-                    0
-                };
-                let mut config = SimConfig::new(s, n, servers);
-                if let Some(k) = args.scheduler {
-                    config.scheduler = k;
-                }
-                config.network = network.clone();
-                config.autotune = args.autotune;
-                config.mesh = args.mesh;
-                config.steps = args.steps;
-                config.batch = args.batch_size;
-                config.jitter = args.jitter;
-                config.seed = args.seed;
-                config.stragglers = args.slow_worker.clone();
-                config.faults = args.faults.config()?;
-                if s == StrategyKind::Stepwise {
-                    let plan = args.stepwise.apply(config.plan())?;
-                    config.stepwise_head = plan.stepwise_head;
-                    config.full_sync_every = plan.full_sync_every;
-                }
-                if s.loss_tolerant() {
-                    config.dlcp = args.dlcp.apply(config.plan())?.dlcp;
-                }
-                config.trace_steps = trace_steps.clone();
-                let hosts = (n + servers) as f64;
-                config.scale = match args.scale {
-                    Some(f) => f,
-                    None => (5e7 / (hosts * profile.param_count().max(1) as f64)).min(1.0),
-                };
-                let start = Instant::now();
-                let report = simulate(&profile, &config).with_context(|| {
-                    format!("simulating {} with {n} workers at {name}", s.name())
-                })?;
-                let wall = start.elapsed().as_secs_f64();
-                let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-                let server_util = if servers == 0 {
-                    "-".to_string()
-                } else {
-                    format!("{:.0}%", mean(&report.server_utilisation) * 100.0)
-                };
-                println!(
-                    "{:<22} {:>6} {:>7} {:>10} {:>9.4} {:>11.1} {:>8.0}% {:>9} {:>8.2}",
-                    format!("{}/{}", s.name(), config.scheduler.name()),
-                    n,
-                    servers,
-                    name,
-                    report.mean_step_seconds,
-                    report.samples_per_sec,
-                    mean(&report.worker_utilisation) * 100.0,
-                    server_util,
-                    wall
-                );
-                let net = &report.network;
-                if network.is_lossy() || net.frames_lost + net.frames_dropped > 0 {
-                    let t = &report.tensor_completion;
-                    println!(
-                        "  network: {} frames lost, {} dropped by queues, {} retransmitted; \
-                         queueing mean {:.1} us, max {:.1} us; tensor completion p50 {:.4} s, \
-                         p99 {:.4} s",
-                        net.frames_lost,
-                        net.frames_dropped,
-                        net.frames_retransmitted,
-                        net.mean_queueing_ns() / 1e3,
-                        net.queueing_ns_max as f64 / 1e3,
-                        t.p50_s,
-                        t.p99_s
-                    );
-                }
-                if let Some(faults) = &report.faults {
-                    print_report(faults, &config)?;
-                }
-                if let Some(tune) = &report.autotune {
-                    println!(
-                        "  {}",
-                        describe_tuning(tune, &report.step_seconds, config.scale)
-                    );
-                }
-                if let (Some(path), Some(_)) = (&args.trace, &trace_steps) {
-                    std::fs::write(path, chrome_trace_json(&report.trace))
-                        .with_context(|| format!("writing {}", path.display()))?;
-                }
-                rows.push((s, n, name.clone(), bps.unwrap_or(f64::NAN), report));
-            }
+    let mut rows: Vec<Row> = Vec::new();
+    for &(s, n) in &members {
+        for (name, network) in &bandwidths {
+            let mut config = sim_config(&args, &profile, s, n, &members)?;
+            config.network = network.clone();
+            let report = run_one(&args, &profile, &config, name)?;
+            let bps = network.bandwidth_bps.unwrap_or(f64::NAN);
+            rows.push((s, n, name.clone(), bps, report));
         }
     }
     if let (Some(path), Some((_, _, _, _, report))) = (&args.json, rows.last()) {
         std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if sweep {
+    if rows.len() > 1 {
         write_sweep(&args, &profile, &rows, bandwidths.len() > 1)?;
+    }
+    Ok(())
+}
+
+/// The simulation of `strategy` on `workers` workers (one member of the sweep over
+/// `members`) that the flags describe, over the default network.
+pub(crate) fn sim_config(
+    args: &SimulateArgs,
+    profile: &ModelProfile,
+    strategy: StrategyKind,
+    workers: usize,
+    members: &[(StrategyKind, usize)],
+) -> Result<SimConfig> {
+    let sync = (args.sync.for_sweep_member(strategy, workers, members))
+        .plan(strategy, workers, workers)
+        .with_context(|| format!("{} with {workers} workers", strategy.name()))?;
+    let hosts = sync.world_size() as f64;
+    let mut config = SimConfig::with_plan(sync);
+    config.steps = args.steps;
+    config.batch = args.batch_size;
+    config.jitter = args.jitter;
+    config.seed = args.seed;
+    config.stragglers = args.slow_worker.clone();
+    config.faults = args.faults.config()?;
+    config.trace_steps = args.trace_steps.clone().map(|w| w.0);
+    config.scale = match args.sync.scale {
+        Some(f) => f,
+        None => (5e7 / (hosts * profile.param_count().max(1) as f64)).min(1.0),
+    };
+    Ok(config)
+}
+
+/// Simulates one member of the run and prints its row (and what its network, faults and
+/// tuner did); writes the trace if one is asked for.
+fn run_one(
+    args: &SimulateArgs,
+    profile: &ModelProfile,
+    config: &SimConfig,
+    bandwidth: &str,
+) -> Result<SimReport> {
+    let (s, n, servers) = (config.strategy, config.workers, config.servers);
+    let start = Instant::now();
+    let report = simulate(profile, config)
+        .with_context(|| format!("simulating {} with {n} workers at {bandwidth}", s.name()))?;
+    let wall = start.elapsed().as_secs_f64();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let server_util = if servers == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.0}%", mean(&report.server_utilisation) * 100.0)
+    };
+    println!(
+        "{:<22} {:>6} {:>7} {:>10} {:>9.4} {:>11.1} {:>8.0}% {:>9} {:>8.2}",
+        format!("{}/{}", s.name(), config.scheduler.name()),
+        n,
+        servers,
+        bandwidth,
+        report.mean_step_seconds,
+        report.samples_per_sec,
+        mean(&report.worker_utilisation) * 100.0,
+        server_util,
+        wall
+    );
+    print_details(&report, config)?;
+    if let (Some(path), Some(_)) = (&args.trace, &args.trace_steps) {
+        std::fs::write(path, chrome_trace_json(&report.trace))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// What the network, the faults and the tuner did in a simulation, where there is anything
+/// to say.
+fn print_details(report: &SimReport, config: &SimConfig) -> Result<()> {
+    let net = &report.network;
+    if config.network.is_lossy() || net.frames_lost + net.frames_dropped > 0 {
+        let t = &report.tensor_completion;
+        println!(
+            "  network: {} frames lost, {} dropped by queues, {} retransmitted; \
+             queueing mean {:.1} us, max {:.1} us; tensor completion p50 {:.4} s, \
+             p99 {:.4} s",
+            net.frames_lost,
+            net.frames_dropped,
+            net.frames_retransmitted,
+            net.mean_queueing_ns() / 1e3,
+            net.queueing_ns_max as f64 / 1e3,
+            t.p50_s,
+            t.p99_s
+        );
+    }
+    if let Some(faults) = &report.faults {
+        print_report(faults, config)?;
+    }
+    if let Some(tune) = &report.autotune {
+        println!(
+            "  {}",
+            describe_tuning(tune, &report.step_seconds, config.scale)
+        );
     }
     Ok(())
 }
@@ -272,7 +253,7 @@ fn describe_tuning(tune: &TuneReport, step_seconds: &[f64], scale: f64) -> Strin
 fn write_sweep(
     args: &SimulateArgs,
     profile: &ModelProfile,
-    rows: &[(StrategyKind, usize, String, f64, SimReport)],
+    rows: &[Row],
     by_bandwidth: bool,
 ) -> Result<()> {
     std::fs::create_dir_all(&args.out)

@@ -12,7 +12,7 @@ use syncopate_runtime::replicas::{
 use syncopate_train::engine::BurnEngine;
 use syncopate_train::model;
 
-use super::dist::JobArgs;
+use super::JobArgs;
 
 /// The folder the workers of this `launch` write their snapshots to, cleared of any
 /// earlier job's; `None` with `--no-replica-stats` or for a profile model (no test set).

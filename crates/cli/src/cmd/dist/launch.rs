@@ -1,0 +1,229 @@
+//! `syncopate launch`: resolves and checks the job once, records it, starts every process
+//! of it on this machine with the resolved job, and completes the job's outputs after.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use syncopate_core::net::NetworkProfile;
+use syncopate_core::strategy::Averaged;
+use syncopate_runtime::auth::{AuthError, JobToken};
+use syncopate_runtime::job::JobLayout;
+use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
+use syncopate_runtime::trace::merge_traces;
+use syncopate_train::model;
+
+use super::summary::merge_loss_stats;
+use super::{replicas, JobArgs, LaunchedJob};
+
+/// `syncopate launch`: every process of the job on this machine, each handed the job as
+/// resolved here.
+pub fn launch_cmd(args: JobArgs) -> Result<()> {
+    let layout = args.layout()?;
+    args.checkpoint_plan()?;
+    let token = args.launch_token()?;
+    if let Some(t) = args.target_accuracy {
+        if !(t > 0.0 && t <= 1.0) {
+            bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
+        }
+    }
+    if let Some(dir) = &args.metrics_dir {
+        write_resolved_config(dir, &args, &layout)?;
+    }
+    if model::is_profile_name(&args.settings.model) && args.settings.steps.is_none() {
+        bail!("profile models replay compute only: give --steps N");
+    }
+    let exe = std::env::current_exe().context("locating the syncopate executable")?;
+    let replicas = replicas::snapshot_dir(&args)?;
+    let handed = LaunchedJob {
+        job: JobArgs {
+            replica_dir: args.replica_dir.clone().or(replicas.clone()),
+            ..args.clone()
+        },
+        sync: layout.sync.clone(),
+        network: layout.network.clone(),
+    };
+    let handed = serde_json::to_string(&handed).context("encoding the resolved job")?;
+    let scale = match args.sync.scale {
+        Some(f) => format!(" (model scaled by {f}: bytes and bandwidth)"),
+        None => String::new(),
+    };
+    eprintln!(
+        "launching {} worker(s) and {} server(s), {}, network {}{scale}",
+        layout.workers,
+        layout.servers,
+        layout.sync_descriptor(),
+        describe_network(&layout.network)
+    );
+    if layout.strategy.averages() == Averaged::Weights {
+        eprintln!("{}", describe_mixing(&layout));
+    }
+    launch(&LaunchPlan {
+        exe,
+        args: vec!["--launched-job".into(), handed.into()],
+        subcommands: ["worker".into(), "server".into()],
+        workers: layout.workers,
+        servers: layout.servers,
+        connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
+        grace: LAUNCH_GRACE,
+        token,
+    })?;
+    if let Some(dir) = &replicas {
+        replicas::report(&args, layout.workers, dir)?;
+    }
+    if let (Some(path), true) = (&args.summary_json, layout.strategy.loss_tolerant()) {
+        merge_loss_stats(path, &layout)?;
+    }
+    if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
+        if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
+            eprintln!(
+                "timeline: {} (open it in https://ui.perfetto.dev)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+impl JobArgs {
+    /// The folder where `launch` keeps a generated token for the job's checkpoints.
+    fn token_home(&self) -> Option<&std::path::Path> {
+        self.checkpoint_dir.as_deref().or(self.resume.as_deref())
+    }
+
+    /// The job's token for `launch`: the given one, else (with checkpoints) the one kept in
+    /// the checkpoint folder, made and kept there on the first run; `None`: a fresh one.
+    fn launch_token(&self) -> Result<Option<JobToken>> {
+        if let Some(token) = self.given_token()? {
+            return Ok(Some(token));
+        }
+        if let Some(dir) = self.resume.as_deref().filter(|d| !d.is_dir()) {
+            bail!("--resume {}: no such folder", dir.display());
+        }
+        let Some(dir) = self.token_home() else {
+            return Ok(None);
+        };
+        let path = dir.join("job.token");
+        if path.exists() {
+            return Ok(Some(JobToken::resolve(None, Some(&path))?));
+        }
+        if self.resume.is_some() && self.checkpoint_dir.is_none() {
+            bail!(
+                "{} has no job.token: resume with the job's --token or --token-file",
+                dir.display()
+            );
+        }
+        let token = JobToken::generate();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_secret(&path, &token.to_hex())?;
+        Ok(Some(token))
+    }
+
+    /// The token given with `--token`, `--token-file` or the environment (`None`: `launch`
+    /// makes a fresh one).
+    fn given_token(&self) -> Result<Option<JobToken>> {
+        match JobToken::resolve(self.token.as_deref(), self.token_file.as_deref()) {
+            Ok(token) => Ok(Some(token)),
+            Err(AuthError::NoToken) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// What `config.toml` in a job's --metrics-dir holds: every flag with its default filled
+/// in, and what the flags resolved to.
+#[derive(Serialize)]
+struct ResolvedConfig<'a> {
+    sync: ResolvedSync,
+    job: &'a JobArgs,
+}
+
+/// The synchronisation settings a job runs with, after defaults and --scale.
+#[derive(Serialize)]
+struct ResolvedSync {
+    strategy: &'static str,
+    scheduler: &'static str,
+    descriptor: String,
+    slice_params: usize,
+    credit_bytes: usize,
+    bucket_bytes: usize,
+    /// The network in words (an absent bandwidth_bps below means unlimited).
+    network_summary: String,
+    network: NetworkProfile,
+}
+
+/// Writes the job's resolved configuration as `dir/config.toml`.
+fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayout) -> Result<()> {
+    let config = ResolvedConfig {
+        sync: ResolvedSync {
+            strategy: layout.strategy.name(),
+            scheduler: layout.scheduler.name(),
+            descriptor: layout.sync_descriptor(),
+            slice_params: layout.slice_params,
+            credit_bytes: layout.credit_bytes,
+            bucket_bytes: layout.bucket_bytes,
+            network_summary: describe_network(&layout.network),
+            network: layout.network.clone(),
+        },
+        job: args,
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("config.toml");
+    let text = toml::to_string_pretty(&config).context("encoding the resolved config")?;
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The network in words for the start-up banner and config.toml.
+fn describe_network(p: &NetworkProfile) -> String {
+    let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
+        format!("{:.3} Gbit/s", b / 1e9)
+    });
+    let loss = if p.is_lossy() {
+        let unit = p
+            .mtu_bytes
+            .map_or("frame".to_string(), |m| format!("{m}-byte packet"));
+        format!(
+            ", loss {:.3} % per {unit} (rto {:.1} ms)",
+            p.loss * 100.0,
+            p.rto_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
+        p.latency_ns as f64 / 1e6,
+        p.buffer_bytes / 1024
+    )
+}
+
+/// What an approximate strategy's mixing amounts to, for the start-up banner.
+fn describe_mixing(layout: &JobLayout) -> String {
+    let sync = match layout.full_sync_every {
+        0 => "never".to_string(),
+        h => format!("every {h} steps"),
+    };
+    format!(
+        "{} averages weights, not gradients (approximate): chain head {}, exact average {sync}; \
+         effective number of contributors {:.2} of {} workers",
+        layout.strategy.name(),
+        layout.stepwise_head.name(),
+        layout.effective_contributors(),
+        layout.workers
+    )
+}
+
+/// Writes `text` to a new file at `path` that only its owner may read.
+fn write_secret(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
