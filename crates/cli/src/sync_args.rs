@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use syncopate_core::net::{parse_probability, parse_size};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    LossFill, PlanError, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES,
-    DEFAULT_CREDIT_BYTES, MESH_MAX_WORKERS,
+    LossFill, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
+    MESH_MAX_WORKERS,
 };
 
 /// How the workers synchronise: the strategy, its servers, the scheduler and every size and
@@ -144,12 +144,18 @@ impl SyncArgs {
         Ok(plan)
     }
 
-    /// Settings of a family of strategies (step-wise averaging, DLCP) that `strategy` is
-    /// not of, given even at their default values, refused with the core's error.
+    /// Settings of a family of strategies (parameter servers, step-wise averaging, DLCP)
+    /// that `strategy` is not of, given even at their default values, refused naming the
+    /// flag (core refuses only values that differ from the defaults, and knows no flags).
     fn refuse_other_families(&self, strategy: StrategyKind) -> Result<()> {
         let name = strategy.name();
+        if let (false, Some(1..)) = (strategy.uses_servers(), self.servers) {
+            bail!("--servers: strategy {name} has no parameter servers (leave --servers out)");
+        }
         if let (false, Some(flag)) = (strategy.loss_tolerant(), self.dlcp.first_given()) {
-            return Err(PlanError::DlcpOnly(name)).context(flag);
+            bail!(
+                "{flag} applies to --strategy dlcp and dlcp-allreduce only (this job runs {name})"
+            );
         }
         let stepwise = [
             ("--stepwise-head", self.stepwise.stepwise_head.is_some()),
@@ -157,15 +163,15 @@ impl SyncArgs {
         ];
         match stepwise.iter().find(|(_, given)| *given) {
             Some((flag, _)) if strategy != StrategyKind::Stepwise => {
-                Err(PlanError::StepwiseOnly(flag, name).into())
+                bail!("{flag} applies to --strategy stepwise only (this job runs {name})")
             }
             _ => Ok(()),
         }
     }
 
     /// These flags as one member of a `simulate` sweep over `members` (strategy, workers)
-    /// takes them: the settings of a family of strategies (step-wise averaging, DLCP,
-    /// `--mesh`) go to the members they apply to, as long as some member takes them (else
+    /// takes them: the settings of a family of strategies (`--servers`, step-wise averaging,
+    /// DLCP, `--mesh`) go to the members they apply to, as long as some member takes them (else
     /// they stay, and the plan refuses them).
     pub fn for_sweep_member(
         &self,
@@ -177,6 +183,9 @@ impl SyncArgs {
             !takes(strategy, workers) && members.iter().any(|&(s, n)| takes(s, n))
         };
         let mut own = self.clone();
+        if some(&|s, _| s.uses_servers()) {
+            own.servers = None;
+        }
         if some(&|s, _| s == StrategyKind::Stepwise) {
             own.stepwise = StepwiseArgs::default();
         }

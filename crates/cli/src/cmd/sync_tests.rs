@@ -125,10 +125,14 @@ fn launch_and_simulate_build_the_same_plan_from_the_same_flags() {
 
 #[test]
 fn another_strategys_setting_is_refused_the_same_way_everywhere() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--strategy", "allreduce", "--servers", "2"],
+            "--servers: strategy allreduce has no parameter servers",
+        ),
         (
             &["--strategy", "p3", "--servers", "1", "--loss-bound", "2%"],
-            "apply to --strategy dlcp",
+            "--loss-bound applies to --strategy dlcp and dlcp-allreduce only",
         ),
         (
             &["--strategy", "allreduce", "--full-sync-every", "3"],
