@@ -59,7 +59,7 @@ enum Command {
 /// workers, read at random, one cache miss after another) costs a TLB miss per cache miss
 /// on 4 KiB pages. Every other command keeps 4 KiB pages, on which a training process's
 /// resident memory neither grows by 10 MiB nor moves in 2 MiB steps (docs/BENCHMARKS.md,
-/// "Found: the allocator's huge pages, not a leak"). The allocator asks for huge pages; a
+/// "Reliability"). The allocator asks for huge pages; a
 /// process that disabled them does not get them. This runs before `main`, before the
 /// allocator maps its first arena (whose first pages would otherwise be huge: 3 MiB more
 /// for every process), from an `.init_array` entry, to which glibc passes `argc` and `argv`.

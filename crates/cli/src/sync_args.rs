@@ -61,7 +61,7 @@ pub struct SyncArgs {
     /// All-reduce with 3 to 8 workers: link every worker to every other and send small
     /// buckets (n copies within 128 KiB) straight to each, one hop instead of n-1 around the
     /// ring; large buckets still go around the ring. Pays where a hop costs network latency
-    /// (2x at 100 us a link); over loopback on few cores it is slower (docs/BENCHMARKS.md).
+    /// (1.8-2.1x at 100 us a link); over loopback on few cores it is slower (docs/BENCHMARKS.md).
     /// In a simulate sweep it goes to the members it applies to.
     #[arg(long)]
     pub mesh: bool,

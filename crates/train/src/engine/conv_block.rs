@@ -2,7 +2,7 @@
 //! (stride 1, zero padding P) with bias, ReLU and an optional 2x2 max-pool, forward and
 //! backward. `lenet` and `vgg-mini` are made of such blocks, and burn-flex's `conv2d` and
 //! `max_pool2d` spend 3-10x the time of these kernels at their shapes
-//! (docs/BENCHMARKS.md, "Step time").
+//! (docs/BENCHMARKS.md, "ResNet-20 and LeNet steps vs PyTorch on the CPU").
 //!
 //! The method: the input is copied once to a zero-padded channels-last image
 //! `[B, H+2P, W+2P, C]`, where one kernel row of a patch is `K*C` contiguous values.
