@@ -14,6 +14,18 @@ pub struct KeyInfo {
     pub layer: usize,
 }
 
+impl KeyInfo {
+    /// One key per size, key `i` on layer `i`: the model most tests synchronise.
+    #[cfg(test)]
+    pub(crate) fn one_per_layer(sizes: &[usize]) -> Vec<KeyInfo> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(layer, &numel)| KeyInfo { numel, layer })
+            .collect()
+    }
+}
+
 /// A contiguous range of one key: the unit of scheduling and of the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Slice {
@@ -199,14 +211,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn keys(sizes: &[usize]) -> Vec<KeyInfo> {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &numel)| KeyInfo { numel, layer: i })
-            .collect()
-    }
-
     proptest! {
         /// Slicing covers every parameter of every key exactly once, in order, with no slice
         /// longer than the limit; every slice has an owner among the servers.
@@ -218,7 +222,7 @@ mod tests {
             round_robin: bool,
         ) {
             let placement = if round_robin { Placement::SlicesRoundRobin } else { Placement::KeysByBytes };
-            let reg = TensorRegistry::new(keys(&sizes), slice_len, servers, placement);
+            let reg = TensorRegistry::new(KeyInfo::one_per_layer(&sizes), slice_len, servers, placement);
             for (key, &n) in sizes.iter().enumerate() {
                 let mut next = 0;
                 for (j, i) in reg.slices_of(key).enumerate() {
@@ -249,7 +253,12 @@ mod tests {
 
     #[test]
     fn keys_by_bytes_balances_keeps_small_keys_whole_and_spreads_big_ones() {
-        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 100, 2, Placement::KeysByBytes);
+        let reg = TensorRegistry::new(
+            KeyInfo::one_per_layer(&[100, 60, 50, 10]),
+            100,
+            2,
+            Placement::KeysByBytes,
+        );
         assert_eq!(reg.server_loads(), vec![110, 110]);
         for key in 0..4 {
             let owners: std::collections::HashSet<_> =
@@ -257,11 +266,21 @@ mod tests {
             assert_eq!(owners.len(), 1);
         }
         // A key of 400 next to small ones: its 4 slices are spread, the loads balanced.
-        let reg = TensorRegistry::new(keys(&[10, 400, 20]), 100, 4, Placement::KeysByBytes);
+        let reg = TensorRegistry::new(
+            KeyInfo::one_per_layer(&[10, 400, 20]),
+            100,
+            4,
+            Placement::KeysByBytes,
+        );
         let owners: std::collections::HashSet<_> = reg.slices_of(1).map(|i| reg.owner(i)).collect();
         assert_eq!(owners.len(), 4);
         assert_eq!(reg.server_loads().iter().max(), Some(&120));
-        let reg = TensorRegistry::new(keys(&[100, 60, 50, 10]), 7, 2, Placement::KeysByBytes);
+        let reg = TensorRegistry::new(
+            KeyInfo::one_per_layer(&[100, 60, 50, 10]),
+            7,
+            2,
+            Placement::KeysByBytes,
+        );
         assert_eq!(reg.find_slice(0, 7, 6), None);
         assert_eq!(reg.find_slice(9, 0, 1), None);
     }

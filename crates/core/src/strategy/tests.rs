@@ -95,11 +95,7 @@ impl Net {
 }
 
 fn keys(sizes: &[usize]) -> Vec<KeyInfo> {
-    sizes
-        .iter()
-        .enumerate()
-        .map(|(layer, &numel)| KeyInfo { numel, layer })
-        .collect()
+    KeyInfo::one_per_layer(sizes)
 }
 
 /// Values with rounding in their sums (0.1 is no binary fraction), so the order of additions

@@ -43,7 +43,9 @@ use mio::{Interest, Poll, Token, Waker};
 
 use crate::sampler::TrafficTotals;
 use crate::timer::PreciseTimer;
+use crate::trace::TraceRecorder;
 use reader::{fresh_header, ReadState, STAGING_BYTES};
+use syncopate_core::buffers::BufferRelay;
 use syncopate_core::liveness::{Liveness, LivenessConfig};
 use syncopate_core::net::{LinkCap, NetCounters, NetworkProfile, Port, Rotation};
 use syncopate_core::strategy::{ProtocolError, Rank};
@@ -185,19 +187,37 @@ pub trait Hooks<E: ?Sized> {
             reason: format!("buffers of step {} on a link that relays none", header.step),
         })
     }
+    /// The relay of worker 0's buffers these hooks keep, if any; the default
+    /// [`Hooks::poll_control`] writes its frames.
+    fn buffer_relay(&mut self) -> Option<&mut BufferRelay> {
+        None
+    }
+    /// The recorder of this process's frame timeline, if it keeps one; the default
+    /// [`Hooks::traces_frames`] asks whether there is one.
+    fn tracer(&self) -> Option<&TraceRecorder> {
+        None
+    }
+    /// The same recorder, to write to; the default [`Hooks::on_frame_sent`] records to it.
+    fn tracer_mut(&mut self) -> Option<&mut TraceRecorder> {
+        None
+    }
     /// The next frame the hooks want written beside the strategy's (relayed buffers), and
     /// its link; the loop asks after every command and every frame received.
     fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
-        None
+        self.buffer_relay()?.poll_transmit()
     }
     /// Whether to report every data frame ([`Hooks::on_frame_sent`],
     /// [`Hooks::on_frame_received`]), for timelines.
     fn traces_frames(&self) -> bool {
-        false
+        self.tracer().is_some()
     }
     /// A data frame went out: handed to the network interface at `queued`, its last byte
     /// written to the socket at `written`.
-    fn on_frame_sent(&mut self, _header: &Header, _queued: Instant, _written: Instant) {}
+    fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
+        if let Some(t) = self.tracer_mut() {
+            t.frame_sent(header, queued, written);
+        }
+    }
     /// A data frame from `peer` came in: its header at `arrived`, its last byte at `read`;
     /// the endpoint had handled it at `handled`.
     fn on_frame_received(

@@ -312,18 +312,16 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
         Ok(())
     }
 
-    fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
-        self.buffers.poll_transmit()
+    fn buffer_relay(&mut self) -> Option<&mut BufferRelay> {
+        Some(&mut self.buffers)
     }
 
-    fn traces_frames(&self) -> bool {
-        self.tracer.is_some()
+    fn tracer(&self) -> Option<&TraceRecorder> {
+        self.tracer.as_ref()
     }
 
-    fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
-        if let Some(t) = self.tracer.as_mut() {
-            t.frame_sent(header, queued, written);
-        }
+    fn tracer_mut(&mut self) -> Option<&mut TraceRecorder> {
+        self.tracer.as_mut()
     }
 
     fn on_frame_received(

@@ -137,8 +137,7 @@ mod tests {
             workers in 1usize..7,
             packet in 1usize..40,
         ) {
-            let keys: Vec<KeyInfo> = sizes.iter().enumerate()
-                .map(|(layer, &numel)| KeyInfo { numel, layer }).collect();
+            let keys = KeyInfo::one_per_layer(&sizes);
             let g = RingChunks::new(&keys, workers, packet);
             for (key, &numel) in sizes.iter().enumerate() {
                 let mut next = 0;

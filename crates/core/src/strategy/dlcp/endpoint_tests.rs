@@ -48,11 +48,7 @@ impl Cluster {
             ..SyncPlan::new(StrategyKind::Dlcp, workers, 1)
         };
         plan.validate().expect("a valid plan");
-        let keys: Vec<KeyInfo> = sizes
-            .iter()
-            .enumerate()
-            .map(|(layer, &numel)| KeyInfo { numel, layer })
-            .collect();
+        let keys = KeyInfo::one_per_layer(sizes);
         let init = sizes.iter().map(|&n| vec![0.0; n]).collect();
         let server = plan
             .server_endpoint(workers, keys.clone(), init, ServerOptim::plain(LR))

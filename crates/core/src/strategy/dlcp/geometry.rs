@@ -159,8 +159,7 @@ mod tests {
             packet in 1usize..64,
             servers in 1usize..4,
         ) {
-            let keys = sizes.iter().enumerate()
-                .map(|(layer, &numel)| KeyInfo { numel, layer }).collect();
+            let keys = KeyInfo::one_per_layer(&sizes);
             let reg = TensorRegistry::new(keys, slice, servers, Placement::SlicesRoundRobin);
             let g = Geometry::new(reg.clone(), packet);
             for (key, &numel) in sizes.iter().enumerate() {

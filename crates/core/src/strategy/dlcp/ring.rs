@@ -506,15 +506,7 @@ impl DlcpRing {
     }
 
     fn handle_probe(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
-        self.check_link(link, h, true)?;
-        let (bucket, c, phase) = self.control_target(link, h)?;
-        if !self.receives_chunk(phase, c) {
-            return Err(ProtocolError::unexpected(
-                link,
-                h,
-                "a probe for a chunk not sent here",
-            ));
-        }
+        let (bucket, c, phase) = self.flowing_control_target(link, h)?;
         if !self.check_incoming_step(link, h, phase == Phase::Reduce)? {
             return Ok(());
         }

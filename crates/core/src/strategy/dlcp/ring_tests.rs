@@ -27,11 +27,7 @@ impl Ring {
             ..SyncPlan::new(StrategyKind::DlcpAllreduce, n, 0)
         };
         plan.validate().expect("a valid plan");
-        let keys: Vec<KeyInfo> = sizes
-            .iter()
-            .enumerate()
-            .map(|(layer, &numel)| KeyInfo { numel, layer })
-            .collect();
+        let keys = KeyInfo::one_per_layer(sizes);
         let workers = (0..n)
             .map(|r| plan.worker_endpoint(r, keys.clone()))
             .collect();

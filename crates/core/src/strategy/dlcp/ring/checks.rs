@@ -4,7 +4,7 @@
 use super::super::ring_hops::Phase;
 use super::DlcpRing;
 use crate::strategy::{ProtocolError, Rank};
-use crate::wire::Header;
+use crate::wire::{FrameKind, Header};
 
 impl DlcpRing {
     /// Checks the step of a frame about a transfer into this worker: `Ok(false)` if it is
@@ -68,6 +68,34 @@ impl DlcpRing {
         Ok((bucket, c, phase))
     }
 
+    /// The bucket, chunk and phase a control frame is about, checked to flow over `link`: a
+    /// Probe comes from the left about a chunk this worker receives, a Stop or a Missing
+    /// from the right about one it sends.
+    pub(super) fn flowing_control_target(
+        &self,
+        link: Rank,
+        h: &Header,
+    ) -> Result<(usize, usize, Phase), ProtocolError> {
+        let probe = h.kind == FrameKind::Probe;
+        self.check_link(link, h, probe)?;
+        let (bucket, c, phase) = self.control_target(link, h)?;
+        if probe && !self.receives_chunk(phase, c) {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "a probe for a chunk not sent here",
+            ));
+        }
+        if !probe && !self.sends_chunk(phase, c) {
+            return Err(ProtocolError::unexpected(
+                link,
+                h,
+                "about a chunk not sent from here",
+            ));
+        }
+        Ok((bucket, c, phase))
+    }
+
     /// A Stop or a Missing about this worker's sending; `Ok(None)` if it is about a step
     /// already over.
     pub(super) fn outgoing_target(
@@ -75,15 +103,7 @@ impl DlcpRing {
         link: Rank,
         h: &Header,
     ) -> Result<Option<(usize, usize, Phase)>, ProtocolError> {
-        self.check_link(link, h, false)?;
-        let (bucket, c, phase) = self.control_target(link, h)?;
-        if !self.sends_chunk(phase, c) {
-            return Err(ProtocolError::unexpected(
-                link,
-                h,
-                "about a chunk not sent from here",
-            ));
-        }
+        let (bucket, c, phase) = self.flowing_control_target(link, h)?;
         if h.step < self.step || !self.begun {
             return Ok(None);
         }
