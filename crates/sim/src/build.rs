@@ -10,8 +10,8 @@ use syncopate_core::strategy::{Rank, ServerOptim, ServerSync, WorkerSync};
 use crate::config::SimConfig;
 use crate::SimError;
 
-/// A rank's state machine.
-pub(crate) enum Role {
+/// A rank's state machine (a worker's or a server's endpoint).
+pub(crate) enum RankEndpoint {
     /// A worker (any strategy).
     Worker(Box<dyn WorkerSync>),
     /// A parameter server.
@@ -65,15 +65,18 @@ pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
 
 /// Every rank's state machine, built by the core's factory as the runtime builds them:
 /// workers `0..N`, then servers (plain SGD from zeros: the simulator times, it does not train).
-pub(crate) fn roles(cfg: &SimConfig, keys: &[KeyInfo]) -> Result<Vec<Role>, SimError> {
+pub(crate) fn rank_endpoints(
+    cfg: &SimConfig,
+    keys: &[KeyInfo],
+) -> Result<Vec<RankEndpoint>, SimError> {
     let plan = cfg.plan();
     let endpoints = plan.endpoints(keys.to_vec());
-    let workers = (0..plan.workers).map(|r| Ok(Role::Worker(endpoints.worker(r))));
+    let workers = (0..plan.workers).map(|r| Ok(RankEndpoint::Worker(endpoints.worker(r))));
     let servers = (plan.workers..plan.world_size()).map(|r| {
         let initial = keys.iter().map(|k| vec![0.0; k.numel]).collect();
         let server = endpoints.server(r, initial, ServerOptim::plain(0.01));
         server
-            .map(Role::Server)
+            .map(RankEndpoint::Server)
             .map_err(|e| SimError::Config(e.to_string()))
     });
     workers.chain(servers).collect()
@@ -120,7 +123,7 @@ mod tests {
             ]
         );
         assert_eq!(owned, vec![0..0, 0..1, 1..1, 1..2]);
-        assert_eq!(roles(&cfg, &keys).ok().map(|r| r.len()), Some(3));
+        assert_eq!(rank_endpoints(&cfg, &keys).ok().map(|r| r.len()), Some(3));
         assert_eq!(peers(&cfg, 0), vec![2]);
         assert_eq!(peers(&cfg, 2), vec![0, 1]);
         let ring = SimConfig::new(StrategyKind::Allreduce, 2, 0);

@@ -12,7 +12,7 @@ use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
 use syncopate_core::strategy::{Endpoint, KeyLoss, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
-use crate::build::{key_owners, model_keys, peers, registry, roles, Role};
+use crate::build::{key_owners, model_keys, peers, rank_endpoints, registry, RankEndpoint};
 use crate::nic::Nic;
 use crate::offer::{Frontier, Outbox};
 use crate::queue::{Event, EventQueue};
@@ -37,10 +37,10 @@ pub(crate) enum Polling {
 }
 
 /// Laid out in the order of use (`repr(C)`, from a cache line's start): a delivery reads the
-/// role and counts the bytes, a sender reads its links and then its NIC.
+/// endpoint and counts the bytes, a sender reads its links and then its NIC.
 #[repr(C, align(64))]
 struct Host {
-    role: Role,
+    endpoint: RankEndpoint,
     traffic: HostTraffic,
     /// The peers, twice over, so that a rotation is a sub-slice.
     links: Vec<Rank>,
@@ -205,13 +205,13 @@ impl<'a> Sim<'a> {
         let layer_keys: Rc<[Range<usize>]> = layer_keys.into();
         let plan = StepPlan::new(cfg.strategy, cfg.steps, layer_keys.to_vec())
             .with_tuning(cfg.plan().tune_spec(&keys));
-        let hosts = roles(cfg, &keys)?
+        let hosts = rank_endpoints(cfg, &keys)?
             .into_iter()
             .enumerate()
-            .map(|(rank, role)| {
+            .map(|(rank, endpoint)| {
                 let p = peers(cfg, rank);
                 Host {
-                    role,
+                    endpoint,
                     links: p.iter().chain(&p).copied().collect(),
                     rotation: Rotation::new(),
                     nic: Nic::new(&cfg.network, cfg.seed, rank as u64),
@@ -407,7 +407,7 @@ impl<'a> Sim<'a> {
     fn send(&mut self, w: usize) -> Result<(), SimError> {
         loop {
             self.fill(w)?;
-            let Role::Worker(ep) = &mut self.hosts[w].role else {
+            let RankEndpoint::Worker(ep) = &mut self.hosts[w].endpoint else {
                 return Ok(());
             };
             let worker = Records::of(
@@ -428,7 +428,7 @@ impl<'a> Sim<'a> {
     fn run_sequencer(&mut self, w: usize) -> Result<bool, SimError> {
         let mut may_send = false;
         let profile = self.profile;
-        let Role::Worker(ep) = &mut self.hosts[w].role else {
+        let RankEndpoint::Worker(ep) = &mut self.hosts[w].endpoint else {
             return Err(self.internal(format!("rank {w} is not a worker")));
         };
         let sequencer = &mut self.sequencers[w];
@@ -509,9 +509,9 @@ impl<'a> Sim<'a> {
             .record(h.step, to, Lane::Receive, (f.recv_start, now), || {
                 frame_name(h, from, to)
             });
-        let ep: &mut dyn Endpoint = match &mut self.hosts[to].role {
-            Role::Worker(w) => w.as_mut(),
-            Role::Server(s) => s.as_mut(),
+        let ep: &mut dyn Endpoint = match &mut self.hosts[to].endpoint {
+            RankEndpoint::Worker(w) => w.as_mut(),
+            RankEndpoint::Server(s) => s.as_mut(),
         };
         let payload = f.buf.get(HEADER_LEN..).unwrap_or_default();
         let result = match ep.recv_slot(from, h).map(f32_bytes_mut) {
@@ -546,8 +546,8 @@ impl<'a> Sim<'a> {
     /// are checked) may reply, a worker's step sequencer may move on and the worker send.
     fn react(&mut self, to: Rank, slice: (u64, u32, u32)) -> Result<(), SimError> {
         let now = self.now;
-        match &mut self.hosts[to].role {
-            Role::Server(s) => {
+        match &mut self.hosts[to].endpoint {
+            RankEndpoint::Server(s) => {
                 let i = to - self.cfg.workers;
                 let updates = s.updates();
                 if !self.checks_replies {
@@ -567,7 +567,7 @@ impl<'a> Sim<'a> {
                     Ok(())
                 }
             }
-            Role::Worker(ep) => {
+            RankEndpoint::Worker(ep) => {
                 let worker = Records::of(
                     to,
                     &mut self.sequencers,
@@ -602,9 +602,9 @@ impl<'a> Sim<'a> {
     /// Inlined into the event loop (once per event; the timer seldom changes).
     #[inline(always)]
     fn arm_timer(&mut self, h: usize) {
-        let ep: &dyn Endpoint = match &self.hosts[h].role {
-            Role::Worker(w) => w.as_ref(),
-            Role::Server(s) => s.as_ref(),
+        let ep: &dyn Endpoint = match &self.hosts[h].endpoint {
+            RankEndpoint::Worker(w) => w.as_ref(),
+            RankEndpoint::Server(s) => s.as_ref(),
         };
         let at = ep.poll_timeout();
         let Some(armed) = self.timers.get_mut(h) else {
@@ -632,12 +632,12 @@ impl<'a> Sim<'a> {
         }
         self.timers[h] = None;
         let now = self.now;
-        match &mut self.hosts[h].role {
-            Role::Worker(ep) => {
+        match &mut self.hosts[h].endpoint {
+            RankEndpoint::Worker(ep) => {
                 ep.handle_timeout(now);
                 self.drive(h, true)
             }
-            Role::Server(ep) => {
+            RankEndpoint::Server(ep) => {
                 ep.handle_timeout(now);
                 self.fill(h)
             }
@@ -647,9 +647,9 @@ impl<'a> Sim<'a> {
     /// Worker `w`'s endpoint, for tests that wrap it.
     #[cfg(test)]
     pub(crate) fn worker_mut(&mut self, w: usize) -> Option<&mut Box<dyn WorkerSync>> {
-        match &mut self.hosts.get_mut(w)?.role {
-            Role::Worker(ep) => Some(ep),
-            Role::Server(_) => None,
+        match &mut self.hosts.get_mut(w)?.endpoint {
+            RankEndpoint::Worker(ep) => Some(ep),
+            RankEndpoint::Server(_) => None,
         }
     }
 
@@ -679,17 +679,17 @@ impl<'a> Sim<'a> {
         let dlcp = self
             .hosts
             .iter()
-            .filter_map(|h| match &h.role {
-                Role::Server(s) => s.loss_stats(),
-                Role::Worker(w) => w.loss_stats(),
+            .filter_map(|h| match &h.endpoint {
+                RankEndpoint::Server(s) => s.loss_stats(),
+                RankEndpoint::Worker(w) => w.loss_stats(),
             })
             .reduce(|mut a, b| {
                 a.add(&b);
                 a
             });
-        let key_loss = KeyLoss::sum(self.hosts.iter().map(|h| match &h.role {
-            Role::Server(s) => s.key_loss(),
-            Role::Worker(w) => w.key_loss(),
+        let key_loss = KeyLoss::sum(self.hosts.iter().map(|h| match &h.endpoint {
+            RankEndpoint::Server(s) => s.key_loss(),
+            RankEndpoint::Worker(w) => w.key_loss(),
         }));
         SimReport {
             model: self.profile.name.clone(),

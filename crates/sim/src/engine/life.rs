@@ -6,7 +6,7 @@ use syncopate_core::liveness::{Failure, Liveness, LostReason};
 use syncopate_core::strategy::Rank;
 
 use super::Sim;
-use crate::build::Role;
+use crate::build::RankEndpoint;
 use crate::faults::{draw_strikes, Ending, Fault, FaultReport, Strike};
 use crate::queue::Event;
 use crate::rng::Jitter;
@@ -350,9 +350,9 @@ impl Sim<'_> {
     /// worker said goodbye to, says goodbye; one that has said and heard every goodbye exits.
     pub(super) fn life_moved(&mut self, h: Rank) {
         let now = self.now;
-        let done = match &self.hosts[h].role {
-            Role::Worker(_) => self.sequencers.get(h).is_some_and(|t| t.finished()),
-            Role::Server(_) => {
+        let done = match &self.hosts[h].endpoint {
+            RankEndpoint::Worker(_) => self.sequencers.get(h).is_some_and(|t| t.finished()),
+            RankEndpoint::Server(_) => {
                 (self.lives.as_ref()).is_some_and(|l| l.hosts[h].heard == l.hosts[h].links.len())
             }
         };
@@ -405,7 +405,7 @@ impl Sim<'_> {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         let keys = self.keys.len();
         for host in &mut self.hosts {
-            let Role::Worker(ep) = &mut host.role else {
+            let RankEndpoint::Worker(ep) = &mut host.endpoint else {
                 continue;
             };
             for key in 0..keys {

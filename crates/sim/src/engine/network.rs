@@ -9,7 +9,7 @@ use syncopate_core::net::{Decision, Fate, FrameMeta};
 use syncopate_core::strategy::Rank;
 
 use super::{decode, flow, frame_name, InFlight, Polling, Sim};
-use crate::build::Role;
+use crate::build::RankEndpoint;
 use crate::queue::Event;
 use crate::report::Lane;
 use crate::SimError;
@@ -62,12 +62,14 @@ impl Sim<'_> {
         let workers = self.cfg.workers;
         let host = &mut self.hosts[h];
         let n = host.links.len() / 2;
-        match &mut host.role {
-            Role::Worker(_) if n == 0 => None,
-            Role::Worker(ep) if self.polling == Polling::Lean && h < self.outboxes.len() => {
+        match &mut host.endpoint {
+            RankEndpoint::Worker(_) if n == 0 => None,
+            RankEndpoint::Worker(ep)
+                if self.polling == Polling::Lean && h < self.outboxes.len() =>
+            {
                 ep.poll_transmit_any(self.outboxes[h].candidates(), buf)
             }
-            Role::Worker(ep) => {
+            RankEndpoint::Worker(ep) => {
                 // The order moves on with each frame sent, not with each poll (core's
                 // rule): lean and exhaustive polling, which poll in vain unequally often,
                 // keep the same order (it matters where frames wait for two links at once).
@@ -77,7 +79,7 @@ impl Sim<'_> {
                 }
                 to
             }
-            Role::Server(ep) => match self.polling {
+            RankEndpoint::Server(ep) => match self.polling {
                 Polling::Lean => {
                     ep.poll_transmit_any(self.frontiers[h - workers].candidates(), buf)
                 }
