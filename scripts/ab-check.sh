@@ -6,11 +6,12 @@
 # Each round runs A then B on every check, so a noisy neighbour hits both alike; the table
 # gives each figure's median over the rounds and B / A.
 #
-# Usage: scripts/ab-check.sh A_DIR B_DIR [--rounds N] [--out DIR]
+# Usage: scripts/ab-check.sh A_DIR B_DIR [--rounds N] [--checks "allreduce p3 scale"] [--out DIR]
 #   A_DIR, B_DIR  folders holding a release `syncopate` and the sim's `scale` example, e.g.
 #                 after `cargo build --release -p syncopate -p syncopate-sim --example scale`:
 #                 mkdir -p B && cp target/release/syncopate target/release/examples/scale B/
 #   --rounds      repetitions (default 3)
+#   --checks      which checks to run (default all three: allreduce p3 scale)
 #   --out         where the raw CSV goes (default target/ab-check)
 set -euo pipefail
 
@@ -19,10 +20,12 @@ usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 A=$1 B=$2
 shift 2
 ROUNDS=3
+CHECKS="allreduce p3 scale"
 OUT=target/ab-check
 while [[ $# -gt 0 ]]; do
     case $1 in
         --rounds) ROUNDS=$2; shift 2 ;;
+        --checks) CHECKS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "ab-check: unknown argument $1" >&2; usage 2 ;;
@@ -67,11 +70,14 @@ scale() { # build dir: appends the 1,024-worker simulation's wall time (s)
 for ROUND in $(seq 1 "$ROUNDS"); do
     echo "round $ROUND of $ROUNDS" >&2
     for build in "$A" "$B"; do
-        allreduce "$build" 2
-        allreduce "$build" 4
-        p3_ps "$build" ps
-        p3_ps "$build" p3
-        scale "$build"
+        for check in $CHECKS; do
+            case $check in
+                allreduce) allreduce "$build" 2; allreduce "$build" 4 ;;
+                p3) p3_ps "$build" ps; p3_ps "$build" p3 ;;
+                scale) scale "$build" ;;
+                *) echo "ab-check: unknown check $check" >&2; exit 2 ;;
+            esac
+        done
     done
 done
 
@@ -81,9 +87,11 @@ raw, a, b = sys.argv[1:]
 values = {}
 for row in csv.DictReader(open(raw)):
     values.setdefault(row["check"], {}).setdefault(row["build"], []).append(float(row["value"]))
-print(f"| check | A ({a}) | B ({b}) | B / A |")
+print(f"| check | A ({a}), each round | B ({b}), each round | median B / A |")
 print("|---|---|---|---|")
 for check, by in values.items():
-    ma, mb = statistics.median(by.get(a, [float("nan")])), statistics.median(by.get(b, [float("nan")]))
-    print(f"| {check} | {ma:.4g} | {mb:.4g} | {mb / ma:.3f} |")
+    va, vb = by.get(a, [float("nan")]), by.get(b, [float("nan")])
+    rounds = lambda vs: " / ".join(f"{v:.4g}" for v in vs)
+    ratio = statistics.median(vb) / statistics.median(va)
+    print(f"| {check} | {rounds(va)} | {rounds(vb)} | {ratio:.3f} |")
 EOF
