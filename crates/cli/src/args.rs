@@ -259,7 +259,7 @@ pub struct NetworkArgs {
     pub mtu: Option<String>,
     /// Paths between two hosts, each with its own serialiser (per-path bandwidth, latency
     /// and loss in the --network profile's [[path]] tables); a flow is hashed to one path
-    /// (ECMP) unless its strategy sprays frames. Default: 1.
+    /// (ECMP) unless its strategy sprays frames. Default: 1; at most 64.
     #[arg(long, value_name = "K")]
     pub paths: Option<usize>,
     /// Retransmission timeout of the reliable (TCP-like) transport: a lost or dropped frame

@@ -114,16 +114,38 @@ fn mesh_where_it_cannot_apply_is_refused_up_front() {
         ["--strategy", "p3", "--workers", "3"],
         ["--strategy", "allreduce", "--workers", "2"],
     ] {
-        let out = Command::new(EXE)
-            .args(["launch", "--model", "mlp", "--steps", "2", "--mesh"])
-            .args(flags)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{flags:?}");
-        assert!(
-            err.contains("--mesh links the workers") && !err.contains("launching"),
-            "{flags:?}: {err}"
-        );
+        let mut flags = flags.to_vec();
+        flags.push("--mesh");
+        refused_before_any_process(&flags, "--mesh links the workers");
+    }
+}
+
+/// `launch --model mlp --steps 2 FLAGS` fails with `why` before it starts any process.
+fn refused_before_any_process(flags: &[&str], why: &str) {
+    let out = Command::new(EXE)
+        .args(["launch", "--model", "mlp", "--steps", "2"])
+        .args(flags)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{flags:?}");
+    assert!(
+        err.contains(why) && !err.contains("launching") && !err.contains("[worker 0]"),
+        "{flags:?}: {err}"
+    );
+}
+
+/// A liveness or network setting that no process could run with is refused by `launch`
+/// itself, before any worker starts, rather than inside every child (or never: a path count
+/// in the billions used to hang).
+#[test]
+fn impossible_timeouts_and_path_counts_are_refused_up_front() {
+    let cases: [(&[&str], &str); 3] = [
+        (&["--peer-timeout", "0"], "--peer-timeout must be positive"),
+        (&["--paths", "100000000000"], "give 1 to 64"),
+        (&["--paths", "0"], "--paths"),
+    ];
+    for (flags, why) in cases {
+        refused_before_any_process(flags, why);
     }
 }

@@ -138,6 +138,11 @@ pub struct PathSpec {
     pub packet_bytes: Option<f64>,
 }
 
+/// Most paths a network profile may have between two hosts. Per-packet spraying (DLCP, MLT)
+/// uses a handful; every path costs a queue per host, and a bound keeps a mistyped `--paths`
+/// an error rather than a host building billions of queues.
+pub const MAX_PATHS: usize = 64;
+
 /// The whole network setting: every knob of the model. The default is a lossless link of
 /// unlimited bandwidth, no latency, a 256 KiB send window, one path, egress only, an
 /// unbounded FIFO queue. Field names extend the older [`LinkProfile`]'s, so its TOML files
@@ -184,7 +189,7 @@ pub struct NetworkProfile {
     /// their size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu_bytes: Option<f64>,
-    /// Number of paths between two hosts.
+    /// Number of paths between two hosts (1 to [`MAX_PATHS`]).
     #[serde(default = "one")]
     pub paths: usize,
     /// Per-path overrides, for paths `0..path.len()` (at most `paths`).
@@ -433,11 +438,11 @@ impl NetworkProfile {
 
     /// Checks the number of paths and each override.
     fn validate_paths(&self) -> Result<(), ProfileError> {
-        if self.paths == 0 {
+        if !(1..=MAX_PATHS).contains(&self.paths) {
             return Err(ProfileError::new(
                 "paths",
                 "--paths",
-                "at least one path is needed".into(),
+                format!("{} paths: give 1 to {MAX_PATHS}", self.paths),
             ));
         }
         if self.path.len() > self.paths {
@@ -547,6 +552,10 @@ mod tests {
         assert!(err(|p| p.loss = f64::NAN).to_string().contains("`loss`"));
         assert!(err(|p| p.loss = -0.1).to_string().contains("--loss"));
         assert_eq!(err(|p| p.paths = 0).field, "paths");
+        assert_eq!(err(|p| p.paths = MAX_PATHS + 1).flag, "--paths");
+        assert!(err(|p| p.paths = 100_000_000_000)
+            .to_string()
+            .contains("1 to 64"));
         assert_eq!(err(|p| p.queue_bytes = Some(0)).field, "queue_bytes");
         assert_eq!(err(|p| p.buffer_bytes = 0).flag, "--send-buffer");
         assert_eq!(err(|p| p.bandwidth_bps = Some(-1.0)).flag, "--bandwidth");

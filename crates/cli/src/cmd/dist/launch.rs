@@ -21,6 +21,8 @@ use super::{replicas, JobArgs, LaunchedJob};
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
     let layout = args.layout()?;
     args.checkpoint_plan()?;
+    // What every process will check, checked here once, before any process starts.
+    args.liveness.config()?;
     let token = args.launch_token()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
