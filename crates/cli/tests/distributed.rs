@@ -977,14 +977,19 @@ fn a_job_stopped_and_resumed_ends_with_the_uninterrupted_weights() {
         );
     }
     let ck = dir.path().join("allreduce-checkpoints");
-    let out = launch_job(&["allreduce", "--workers", "3"], 40, &constant)
-        .arg("--resume")
-        .arg(&ck)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("worker count is 2, this job's is 3"), "{err}");
+    let refused = |workers: &str, steps: u64, why: &str| {
+        let out = launch_job(&["allreduce", "--workers", workers], steps, &constant)
+            .arg("--resume")
+            .arg(&ck)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{why}");
+        assert!(err.contains(why), "{err}");
+    };
+    refused("3", 40, "worker count is 2, this job's is 3");
+    // A checkpoint that already holds every step asked for: refused, not a run of nothing.
+    refused("2", 20, "step 20, and --steps 20 asks for no more");
 }
 
 /// kill -9 of a worker in the middle of a p3 job, then `launch --resume`: the job goes on

@@ -8,6 +8,7 @@ use serde::Serialize;
 use syncopate_core::net::NetworkProfile;
 use syncopate_core::strategy::Averaged;
 use syncopate_runtime::auth::{AuthError, JobToken};
+use syncopate_runtime::checkpoint::newest_complete_any;
 use syncopate_runtime::job::JobLayout;
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 use syncopate_runtime::trace::merge_traces;
@@ -16,6 +17,22 @@ use syncopate_train::model;
 use super::summary::merge_loss_stats;
 use super::{replicas, JobArgs, LaunchedJob};
 
+/// Refuses `--resume` from a checkpoint that already holds every step asked for with
+/// `--steps`: the job would run nothing and report no accuracy.
+fn refuse_a_finished_resume(args: &JobArgs) -> Result<()> {
+    let (Some(dir), Some(steps)) = (args.resume.as_deref(), args.settings.steps) else {
+        return Ok(());
+    };
+    match newest_complete_any(dir) {
+        Some(done) if done >= steps => bail!(
+            "--resume {}: its newest complete checkpoint is at step {done}, and --steps {steps} \
+             asks for no more; give --steps above {done} to train on",
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// `syncopate launch`: every process of the job on this machine, each handed the job as
 /// resolved here.
 pub fn launch_cmd(args: JobArgs) -> Result<()> {
@@ -23,6 +40,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     args.checkpoint_plan()?;
     // What every process will check, checked here once, before any process starts.
     args.liveness.config()?;
+    refuse_a_finished_resume(&args)?;
     let token = args.launch_token()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
