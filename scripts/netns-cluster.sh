@@ -5,23 +5,52 @@
 # torchrun way (RANK, WORLD_SIZE, MASTER_ADDR = host 0's address, MASTER_PORT).
 #
 # Usage: scripts/netns-cluster.sh [--hosts 3] [--strategy allreduce] [--rate 100mbit]
-#                                 [--steps 40] [--emulate] [--out DIR] [-- FLAGS...]
+#                                 [--steps 40] [--emulate] [--out DIR]
+#                                 [--bottleneck RATE [--queue-packets N] [--loss P] [--prio]
+#                                  [--paths K [--degraded-rate RATE]]] [-- FLAGS...]
 #        scripts/netns-cluster.sh --fidelity [--hosts 3] [--steps 40] [--out DIR]
-#   --hosts     hosts (= processes): all workers for ring strategies; for ps and p3 the last
-#               host is the server (default 3)
+#   --hosts     hosts (= processes): all workers for ring strategies; for ps, p3 and dlcp the
+#               last host is the server (default 3)
 #   --strategy  any `syncopate launch --strategy` value (default allreduce)
-#   --rate      htb rate of each host's egress, tc's units (default 100mbit; "none": no htb)
+#   --rate      htb rate of each host's egress, tc's units (default 100mbit; "none": no htb).
+#               With --bottleneck it shapes only the ports that are not the bottleneck and
+#               defaults to none
 #   --emulate   no kernel shaping; our emulator instead (`--bandwidth RATE` on every process)
-#   --steps     training steps (LeNet, synthetic data, batch 32 per worker; default 40)
-#   --out       where each process's log and worker 0's summary.json go
-#               (default target/netns-cluster)
+#   --steps     training steps (default 40; LeNet, synthetic data, batch 32 per worker unless
+#               FLAGS name --model, --dataset or --batch-size)
+#   --out       where each process's log, worker 0's summary.json and (with --bottleneck)
+#               kernel.json and the raw counters in kernel/ go (default target/netns-cluster)
 #   --fidelity  the check: all-reduce and ps at 20mbit, 100mbit and 1gbit, each once with
 #               kernel shaping only and once with our emulator only, interleaved; prints a
 #               Markdown table of the mean step times (after 5 warm-up steps) and their ratio
 #   FLAGS       passed to every process (e.g. --model mlp)
+# A lossy network (all off by default; every one but --bottleneck needs --bottleneck):
+#   --bottleneck RATE   htb at RATE on the bottleneck ports, both directions: the switch's
+#               port toward the server (where the workers' pushes converge: incast) and the
+#               server host's own egress; for ring strategies (no server) every host's port.
+#               GSO is off on every link, so the queues hold and drop real packets
+#   --queue-packets N   each of the bottleneck's leaf queues is `pfifo limit N` (a shallow
+#               buffer: real tail drops under incast). Default: a deep buffer, pfifo limit 1000
+#   --loss P    random loss at the bottleneck ports (e.g. 1% or 0.01), IPv4 packets of TCP and
+#               UDP alike: nftables' `numgen random` drops with counters, in the switch, once
+#               per packet (ps: toward and from the server; rings: on the way into each host).
+#               Needs nftables (installed with apt-get where it is missing and apt is there)
+#   --prio      the bottleneck's htb gets strict-priority leaf classes chosen by the IP DSCP
+#               field (u32 filters): prio 0 DSCP 0 (TCP: control, reliable frames, ACKs),
+#               prio 1-6 DSCP 46-41 (DLCP packet classes 0-5; prio 6 also DSCP 40 and 39,
+#               classes 6 and 7), prio 7 DSCP 8 (drop-eligible); each its own pfifo
+#   --paths K   K bridges (1 to 4): host i is 10.77.p.(i+1) on its eth<p> for path p; the TCP
+#               links and MASTER_ADDR stay on path 0; every path's bottleneck port is shaped
+#   --degraded-rate RATE   the last path's bottleneck at RATE instead (a degraded path)
+# When FLAGS hold `--transport udp`, every process also gets `--udp-addrs` (its address on
+# each path) and, with --paths above 1, `--paths K`. With --bottleneck the run writes
+# OUT/kernel.json: per bottleneck device and direction the kernel's own counters over the job
+# (packets and bytes sent, tail drops of the qdiscs, nftables' random drops, realised loss =
+# drops / packets offered), from `tc -s` and nft counters taken before and after the job,
+# and the totals (a ring's packet crosses two shaped ports and is offered once).
 # Root only (it creates namespaces). SYNCOPATE_BIN=PATH runs that binary instead of building
 # this checkout's. Every namespace, link and process it made is removed on exit, also when
-# interrupted. Addresses: 10.77.0.1, 10.77.0.2, ... inside the namespaces.
+# interrupted. Addresses: 10.77.P.1, 10.77.P.2, ... inside the namespaces (P: the path).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -29,29 +58,95 @@ cd "$root"
 hosts=3
 strategy=allreduce
 rate=100mbit
+rate_given=0
 steps=40
 emulate=0
 fidelity=0
+bottleneck=""
+queue_packets=1000
+queue_given=0
+loss=""
+prio=0
+paths=1
+degraded_rate=""
 out="$root/target/netns-cluster"
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
     --strategy) strategy=$2; shift 2 ;;
-    --rate) rate=$2; shift 2 ;;
+    --rate) rate=$2; rate_given=1; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --emulate) emulate=1; shift ;;
     --fidelity) fidelity=1; shift ;;
     --out) out=$2; shift 2 ;;
+    --bottleneck) bottleneck=$2; shift 2 ;;
+    --queue-packets) queue_packets=$2; queue_given=1; shift 2 ;;
+    --loss) loss=$2; shift 2 ;;
+    --prio) prio=1; shift ;;
+    --paths) paths=$2; shift 2 ;;
+    --degraded-rate) degraded_rate=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "netns-cluster: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] ||
-  { echo "netns-cluster: --hosts must be 2 to 64" >&2; exit 2; }
-[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "netns-cluster: --steps must be a positive integer" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "netns-cluster: needs root (it creates network namespaces)" >&2; exit 2; }
+fail() { echo "netns-cluster: $*" >&2; exit 2; }
+is_rate() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kKmMgGtT]i?)?(bit|bps)$ ]]; }
+[[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || fail "--hosts must be 2 to 64"
+[[ "$steps" =~ ^[1-9][0-9]*$ ]] || fail "--steps must be a positive integer"
+[ "$rate" = none ] || is_rate "$rate" || fail "--rate must be a tc rate such as 100mbit, or none"
+[[ "$paths" =~ ^[1-4]$ ]] || fail "--paths must be 1 to 4"
+[[ "$queue_packets" =~ ^[1-9][0-9]{0,5}$ ]] || fail "--queue-packets must be 1 to 999999 packets"
+if [ -z "$bottleneck" ]; then
+  for given in "$queue_given:--queue-packets" "${loss:+1}:--loss" "$prio:--prio" \
+    "${degraded_rate:+1}:--degraded-rate"; do
+    if [ "${given%%:*}" = 1 ]; then
+      fail "${given#*:} shapes the bottleneck: it needs --bottleneck RATE"
+    fi
+  done
+else
+  is_rate "$bottleneck" || fail "--bottleneck must be a tc rate such as 100mbit"
+  [ "$emulate" = 0 ] || fail "--bottleneck is the kernel's shaping; --emulate is ours: pick one"
+  [ "$rate_given" = 1 ] || rate=none
+fi
+if [ "$fidelity" = 1 ] && { [ -n "$bottleneck" ] || [ "$paths" != 1 ]; }; then
+  fail "--fidelity runs its own fixed cells: no --bottleneck or --paths with it"
+fi
+if [ -n "$degraded_rate" ]; then
+  is_rate "$degraded_rate" || fail "--degraded-rate must be a tc rate such as 20mbit"
+  [ "$paths" -ge 2 ] || fail "--degraded-rate shapes the last of several paths: it needs --paths 2 or more"
+fi
+# The loss as a threshold of `numgen random mod 1000000` (parts per million).
+loss_ppm=0
+if [ -n "$loss" ]; then
+  loss_ppm=$(python3 - "$loss" <<'PY'
+import sys
+text = sys.argv[1].strip()
+try:
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+except ValueError:
+    sys.exit(1)
+if not 0 <= value < 1:
+    sys.exit(1)
+print(round(value * 1_000_000))
+PY
+  ) || fail "--loss must be a fraction in [0, 1) or a percentage such as 1%"
+fi
+[ "$(id -u)" = 0 ] || fail "needs root (it creates network namespaces)"
+for tool in ip tc python3; do
+  command -v "$tool" >/dev/null 2>&1 || fail "needs \`$tool\` on PATH"
+done
+if [ -n "$loss" ] && ! command -v nft >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "netns-cluster: installing nftables (--loss needs nft)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2 ||
+      { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2; } ||
+      fail "could not install nftables with apt-get; --loss needs \`nft\` (nftables)"
+  else
+    fail "--loss needs \`nft\` (nftables), which is missing, and there is no apt-get to install it"
+  fi
+fi
 
 if [ -z "${SYNCOPATE_BIN:-}" ]; then
   cargo build --release -p syncopate >&2
@@ -71,31 +166,249 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The bridge's namespace and one namespace per host, joined by veth pairs.
+# Ring strategies have no server; ps, p3 and dlcp have one, the last host.
+has_server() { case "$1" in ps|p3|ps-no-overlap|dlcp) return 0 ;; *) return 1 ;; esac; }
+# The switch's port of host $1 on path $2.
+port() { echo "h$1p$2"; }
+
+# The bridges' namespace and one namespace per host, joined by veth pairs: path p is bridge
+# br<p>, and host i has eth<p> on it with 10.77.p.(i+1).
 ip netns add "$switch"
 made+=("$switch")
-ip -n "$switch" link add br0 type bridge
-ip -n "$switch" link set br0 up
+for ((p = 0; p < paths; p++)); do
+  ip -n "$switch" link add "br$p" type bridge
+  ip -n "$switch" link set "br$p" up
+done
 for ((i = 0; i < hosts; i++)); do
   ns="$tag-h$i"
   ip netns add "$ns"
   made+=("$ns")
-  ip link add eth0 netns "$ns" type veth peer name "p$i" netns "$switch"
-  ip -n "$switch" link set "p$i" master br0 up
-  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
+  for ((p = 0; p < paths; p++)); do
+    ip link add "eth$p" netns "$ns" type veth peer name "$(port "$i" "$p")" netns "$switch"
+    if [ -n "$bottleneck" ]; then
+      # One packet per skb, so that queues and drops count the packets on the wire.
+      ip -n "$ns" link set dev "eth$p" gso_max_segs 1
+      ip -n "$switch" link set dev "$(port "$i" "$p")" gso_max_segs 1
+    fi
+    ip -n "$switch" link set "$(port "$i" "$p")" master "br$p" up
+    ip -n "$ns" addr add "10.77.$p.$((i + 1))/24" dev "eth$p"
+    ip -n "$ns" link set "eth$p" up
+  done
 done
 
-# htb on every host's egress at RATE (or none).
+# htb at RATE (or none) on device $2 in namespace $1.
+shape_device() {
+  local ns=$1 dev=$2 rate=$3
+  ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+  [ "$rate" = none ] && return 0
+  ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
+  ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" ceil "$rate"
+}
+
+# htb at RATE on every host's egress, every path (or none).
 shape() {
-  local rate=$1
   for ((i = 0; i < hosts; i++)); do
-    ip netns exec "$tag-h$i" tc qdisc del dev eth0 root 2>/dev/null || true
-    [ "$rate" = none ] && continue
-    ip netns exec "$tag-h$i" tc qdisc add dev eth0 root handle 1: htb default 10 r2q 1000
-    ip netns exec "$tag-h$i" tc class add dev eth0 parent 1: classid 1:10 htb rate "$rate" ceil "$rate"
+    for ((p = 0; p < paths; p++)); do shape_device "$tag-h$i" "eth$p" "$1"; done
   done
+}
+
+# DSCP -> leaf class (prio = class - 0x10) of the bottleneck's strict-priority htb: the
+# runtime marks packet class c with DSCP 46 - min(c, 7) and drop-eligible packets with 8.
+dscp_classes=("0 10" "46 11" "45 12" "44 13" "43 14" "42 15" "41 16" "40 16" "39 16" "8 17")
+
+# The bottleneck's htb at RATE on device $2 in namespace $1: one leaf (or, with --prio,
+# eight strict-priority leaves chosen by DSCP), each with pfifo limit --queue-packets.
+shape_bottleneck() {
+  local ns=$1 dev=$2 rate=$3
+  local tc=(ip netns exec "$ns" tc)
+  "${tc[@]}" qdisc del dev "$dev" root 2>/dev/null || true
+  "${tc[@]}" qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
+  "${tc[@]}" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate"
+  if [ "$prio" = 0 ]; then
+    "${tc[@]}" class add dev "$dev" parent 1:1 classid 1:10 htb rate "$rate" ceil "$rate"
+    "${tc[@]}" qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit "$queue_packets"
+    return 0
+  fi
+  # A token guaranteed rate each; the rest is borrowed from 1:1 strictly by prio.
+  for ((c = 0; c < 8; c++)); do
+    "${tc[@]}" class add dev "$dev" parent 1:1 classid "1:1$c" htb rate 8kbit ceil "$rate" \
+      prio "$c" quantum 1514
+    "${tc[@]}" qdisc add dev "$dev" parent "1:1$c" handle "1$c:" pfifo limit "$queue_packets"
+  done
+  local entry
+  for entry in "${dscp_classes[@]}"; do
+    set -- $entry
+    "${tc[@]}" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+      match ip dsfield "$(($1 << 2))" 0xfc flowid "1:$2"
+  done
+}
+
+# The bottleneck ports: one line per shaped device, "host path direction namespace device
+# rate nft-before-qdisc" (to_host: the switch's egress toward the host, where nftables
+# sees a packet before the queue; from_host: the host's own egress, before nftables).
+bottleneck_ports() {
+  local first=0 i p r
+  has_server "$strategy" && first=$((hosts - 1))
+  for ((i = first; i < hosts; i++)); do
+    for ((p = 0; p < paths; p++)); do
+      r=$bottleneck
+      [ -n "$degraded_rate" ] && [ "$p" = $((paths - 1)) ] && r=$degraded_rate
+      echo "$i $p to_host $switch $(port "$i" "$p") $r 1"
+      echo "$i $p from_host $tag-h$i eth$p $r 0"
+    done
+  done
+}
+
+# nftables in the switch: named counters of the IPv4 packets met and dropped per port and
+# direction, the drops `numgen random` below --loss.
+add_random_loss() {
+  local rules=() counters=() i p dir ns dev r before match name
+  while read -r i p dir ns dev r before; do
+    if [ "$dir" = to_host ]; then
+      match="oifname \"$dev\""
+    else
+      has_server "$strategy" || continue # a ring's packet meets its loss on the way in
+      match="iifname \"$(port "$i" "$p")\""
+    fi
+    name="$(port "$i" "$p")_$dir"
+    counters+=("counter ${name}_seen {}" "counter ${name}_drop {}")
+    rules+=("ether type ip $match counter name \"${name}_seen\""
+      "ether type ip $match numgen random mod 1000000 < $loss_ppm counter name \"${name}_drop\" drop")
+  done < <(bottleneck_ports)
+  {
+    echo "table bridge syncopate_loss {"
+    printf '  %s\n' "${counters[@]}"
+    echo "  chain forward {"
+    echo "    type filter hook forward priority 0; policy accept;"
+    printf '    %s\n' "${rules[@]}"
+    echo "  }"
+    echo "}"
+  } | ip netns exec "$switch" nft -f -
+}
+
+# The kernel's counters at the bottleneck into $out/kernel/$1-*: tc -s (text and JSON) of
+# every shaped device, and nftables' ruleset and counters.
+snapshot() {
+  local phase=$1 i p dir ns dev r before
+  mkdir -p "$out/kernel"
+  while read -r i p dir ns dev r before; do
+    local base="$out/kernel/$phase-$dev-$dir"
+    { ip netns exec "$ns" tc -s qdisc show dev "$dev"; ip netns exec "$ns" tc -s class show dev "$dev"; } \
+      > "$base.txt"
+    ip netns exec "$ns" tc -s -j qdisc show dev "$dev" > "$base.qdisc.json"
+    ip netns exec "$ns" tc -s -j class show dev "$dev" > "$base.class.json"
+  done < <(bottleneck_ports)
+  if [ -n "$loss" ]; then
+    ip netns exec "$switch" nft list ruleset > "$out/kernel/$phase-nft.txt"
+    ip netns exec "$switch" nft -j list counters > "$out/kernel/$phase-nft.json"
+  fi
+}
+
+# $out/kernel.json from the snapshots: per port and direction the counters' growth over the
+# job; prints the totals in one line.
+write_kernel_json() {
+  bottleneck_ports > "$out/kernel/ports.txt"
+  python3 - "$out" "$bottleneck" "$queue_packets" "$loss_ppm" "$prio" "$paths" \
+    "${degraded_rate:-none}" "$strategy" "$(has_server "$strategy" && echo ps || echo ring)" <<'PY'
+import json, os, sys
+out, rate, queue, loss_ppm, prio, paths, degraded, strategy, shape = sys.argv[1:]
+kernel = os.path.join(out, "kernel")
+
+def load(name, default):
+    path = os.path.join(kernel, name)
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        text = f.read().strip()
+    return json.loads(text) if text else default
+
+def nft_counters(phase):
+    found = {}
+    for item in load(f"{phase}-nft.json", {"nftables": []})["nftables"]:
+        counter = item.get("counter")
+        if counter:
+            found[counter["name"]] = (counter["packets"], counter["bytes"])
+    return found
+
+def root_qdisc(phase, dev, direction):
+    for q in load(f"{phase}-{dev}-{direction}.qdisc.json", []):
+        if q.get("root"):
+            return q
+    return {}
+
+def leaves(phase, dev, direction):
+    return {q["handle"]: q for q in load(f"{phase}-{dev}-{direction}.qdisc.json", [])
+            if q.get("kind") == "pfifo"}
+
+nft_before, nft_after = nft_counters("before"), nft_counters("after")
+def nft_delta(name):
+    b, a = nft_before.get(name, (0, 0)), nft_after.get(name, (0, 0))
+    return a[0] - b[0]
+
+ports = []
+with open(os.path.join(kernel, "ports.txt")) as f:
+    for line in f:
+        host, path, direction, ns, dev, port_rate, nft_first = line.split()
+        qa, qb = root_qdisc("after", dev, direction), root_qdisc("before", dev, direction)
+        grow = lambda key: qa.get(key, 0) - qb.get(key, 0)
+        sent, sent_bytes, tail = grow("packets"), grow("bytes"), grow("drops")
+        name = f"h{host}p{path}_{direction}"
+        seen, random = nft_delta(name + "_seen"), nft_delta(name + "_drop")
+        # nftables before the queue (toward the host): its drops never reached the qdisc.
+        offered = sent + tail + (random if nft_first == "1" else 0)
+        la, lb = leaves("after", dev, direction), leaves("before", dev, direction)
+        classes = {h: {"parent": q.get("parent"),
+                       "sent_packets": q.get("packets", 0) - lb.get(h, {}).get("packets", 0),
+                       "dropped_packets": q.get("drops", 0) - lb.get(h, {}).get("drops", 0)}
+                   for h, q in la.items()}
+        ports.append({
+            "host": int(host), "path": int(path), "direction": direction,
+            "namespace": ns, "device": dev, "rate": port_rate,
+            "sent_packets": sent, "sent_bytes": sent_bytes,
+            "qdisc_dropped_packets": tail, "nft_seen_packets": seen,
+            "nft_dropped_packets": random, "offered_packets": offered,
+            "realised_loss": (tail + random) / offered if offered else 0.0,
+            "leaf_queues": classes,
+        })
+
+total = {key: sum(p[key] for p in ports) for key in
+         ("sent_packets", "sent_bytes", "qdisc_dropped_packets", "nft_dropped_packets")}
+# Packets that entered the bottleneck, each once: a ring's packet leaves its sender's shaped
+# port and then enters its receiver's, a parameter server's crosses only the server's port.
+total["offered_packets"] = sum(p["offered_packets"] for p in ports
+                               if shape == "ps" or p["direction"] == "from_host")
+drops = total["qdisc_dropped_packets"] + total["nft_dropped_packets"]
+total["realised_loss"] = drops / total["offered_packets"] if total["offered_packets"] else 0.0
+report = {
+    "strategy": strategy, "bottleneck": rate, "queue_packets": int(queue),
+    "loss": int(loss_ppm) / 1_000_000, "prio": prio == "1", "paths": int(paths),
+    "degraded_rate": None if degraded == "none" else degraded,
+    "ports": ports, "total": total,
+}
+with open(os.path.join(out, "kernel.json"), "w") as f:
+    json.dump(report, f, indent=1)
+print(f"netns-cluster: kernel at the bottleneck ({len(ports)} device directions): "
+      f"{total['sent_packets']} packets sent, {total['qdisc_dropped_packets']} dropped by the "
+      f"qdiscs (tail), {total['nft_dropped_packets']} by nftables (random), realised loss "
+      f"{100 * total['realised_loss']:.3f} %; {os.path.join(out, 'kernel.json')}")
+PY
+}
+
+# Whether FLAGS name a flag ($1 or $1=...).
+extra_has() {
+  local f
+  for f in "${extra[@]}"; do [ "$f" = "$1" ] || [[ "$f" == "$1="* ]] && return 0; done
+  return 1
+}
+# Whether FLAGS ask for the datagram transport.
+udp_transport() {
+  local i
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    [ "${extra[$i]}" = --transport=udp ] && return 0
+    [ "${extra[$i]}" = --transport ] && [ "${extra[$((i + 1))]:-}" = udp ] && return 0
+  done
+  return 1
 }
 
 # One job over the hosts: strategy, extra `syncopate` flags; worker 0's summary into $2.
@@ -103,19 +416,30 @@ run_job() {
   local strategy=$1 summary=$2
   shift 2
   local servers=0
-  case "$strategy" in ps|p3|ps-no-overlap) servers=1 ;; esac
+  has_server "$strategy" && servers=1
   local workers=$((hosts - servers))
   local token
   token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-  local flags=(--strategy "$strategy" --workers "$workers" --servers "$servers"
-    --model lenet --dataset synthetic --batch-size 32 --steps "$steps" --quiet
-    --no-replica-stats "$@")
+  local flags=(--strategy "$strategy" --workers "$workers" --servers "$servers" --steps "$steps")
+  # Our defaults, where FLAGS do not choose (a flag given twice is refused).
+  extra_has --model || flags+=(--model lenet)
+  extra_has --dataset || flags+=(--dataset synthetic)
+  extra_has --batch-size || flags+=(--batch-size 32)
+  extra_has --quiet || flags+=(--quiet)
+  extra_has --no-replica-stats || flags+=(--no-replica-stats)
+  flags+=("$@")
   pids=()
   for ((i = 0; i < hosts; i++)); do
     local role=worker
     [ "$i" -ge "$workers" ] && role=server
     local more=()
     [ "$i" = 0 ] && more=(--summary-json "$summary")
+    if udp_transport; then
+      local addrs=() p
+      for ((p = 0; p < paths; p++)); do addrs+=("10.77.$p.$((i + 1))"); done
+      more+=(--udp-addrs "$(IFS=,; echo "${addrs[*]}")")
+      [ "$paths" -gt 1 ] && more+=(--paths "$paths")
+    fi
     ip netns exec "$tag-h$i" env RANK="$i" WORLD_SIZE="$hosts" MASTER_ADDR=10.77.0.1 \
       MASTER_PORT=29500 SYNCOPATE_TOKEN="$token" \
       "$SYNCOPATE_BIN" "$role" "${flags[@]}" "${more[@]}" > "$out/rank$i.log" 2>&1 &
@@ -133,7 +457,7 @@ run_job() {
 
 # Mean step time of a summary after 5 warm-up steps.
 mean_step() {
-  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["worker0"]["step_seconds"][5:]; print(f"{sum(s)/len(s):.4f}")' "$1"
+  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["worker0"]["step_seconds"][5:] or [float("nan")]; print(f"{sum(s)/len(s):.4f}")' "$1"
 }
 
 if [ "$fidelity" = 0 ]; then
@@ -144,14 +468,33 @@ if [ "$fidelity" = 0 ]; then
   else
     shape "$rate"
   fi
-  run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}"
-  echo "netns-cluster: $strategy on $hosts hosts at $rate ($([ "$emulate" = 1 ] && echo emulated || echo htb)):" \
+  if [ -n "$bottleneck" ]; then
+    while read -r i p dir ns dev r before; do shape_bottleneck "$ns" "$dev" "$r"; done \
+      < <(bottleneck_ports)
+    [ -n "$loss" ] && add_random_loss
+    rm -rf "$out/kernel" "$out/kernel.json"
+    snapshot before
+  fi
+  job=0
+  run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
+  if [ -n "$bottleneck" ]; then
+    snapshot after
+    write_kernel_json
+  fi
+  [ "$job" = 0 ] || exit "$job"
+  how="at $rate (htb)"
+  [ "$emulate" = 1 ] && how="at $rate (emulated)"
+  if [ -n "$bottleneck" ]; then
+    how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
+    how+=" prio $prio, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
+  fi
+  echo "netns-cluster: $strategy on $hosts hosts $how:" \
     "mean step $(mean_step "$out/summary.json") s; worker 0's summary: $out/summary.json;" \
     "namespaces $tag-*"
   exit 0
 fi
 
-[ "$steps" -gt 5 ] || { echo "netns-cluster: --fidelity needs --steps above 5" >&2; exit 2; }
+[ "$steps" -gt 5 ] || fail "--fidelity needs --steps above 5"
 echo "| strategy | rate | step s, kernel htb | step s, our emulator | emulator / htb |"
 echo "|---|---|---|---|---|"
 for r in 20mbit 100mbit 1gbit; do
