@@ -293,7 +293,7 @@ snapshot() {
   local phase=$1 i p dir ns dev r before
   mkdir -p "$out/kernel"
   while read -r i p dir ns dev r before; do
-    local base="$out/kernel/$phase-$dev-$dir"
+    local base="$out/kernel/$phase-$(port "$i" "$p")-$dir"
     { ip netns exec "$ns" tc -s qdisc show dev "$dev"; ip netns exec "$ns" tc -s class show dev "$dev"; } \
       > "$base.txt"
     ip netns exec "$ns" tc -s -j qdisc show dev "$dev" > "$base.qdisc.json"
@@ -331,14 +331,14 @@ def nft_counters(phase):
             found[counter["name"]] = (counter["packets"], counter["bytes"])
     return found
 
-def root_qdisc(phase, dev, direction):
-    for q in load(f"{phase}-{dev}-{direction}.qdisc.json", []):
+def root_qdisc(phase, port, direction):
+    for q in load(f"{phase}-{port}-{direction}.qdisc.json", []):
         if q.get("root"):
             return q
     return {}
 
-def leaves(phase, dev, direction):
-    return {q["handle"]: q for q in load(f"{phase}-{dev}-{direction}.qdisc.json", [])
+def leaves(phase, port, direction):
+    return {q["handle"]: q for q in load(f"{phase}-{port}-{direction}.qdisc.json", [])
             if q.get("kind") == "pfifo"}
 
 nft_before, nft_after = nft_counters("before"), nft_counters("after")
@@ -350,14 +350,15 @@ ports = []
 with open(os.path.join(kernel, "ports.txt")) as f:
     for line in f:
         host, path, direction, ns, dev, port_rate, nft_first = line.split()
-        qa, qb = root_qdisc("after", dev, direction), root_qdisc("before", dev, direction)
+        port = f"h{host}p{path}"  # the switch's port of this host and path
+        qa, qb = root_qdisc("after", port, direction), root_qdisc("before", port, direction)
         grow = lambda key: qa.get(key, 0) - qb.get(key, 0)
         sent, sent_bytes, tail = grow("packets"), grow("bytes"), grow("drops")
-        name = f"h{host}p{path}_{direction}"
+        name = f"{port}_{direction}"
         seen, random = nft_delta(name + "_seen"), nft_delta(name + "_drop")
         # nftables before the queue (toward the host): its drops never reached the qdisc.
         offered = sent + tail + (random if nft_first == "1" else 0)
-        la, lb = leaves("after", dev, direction), leaves("before", dev, direction)
+        la, lb = leaves("after", port, direction), leaves("before", port, direction)
         classes = {h: {"parent": q.get("parent"),
                        "sent_packets": q.get("packets", 0) - lb.get(h, {}).get("packets", 0),
                        "dropped_packets": q.get("drops", 0) - lb.get(h, {}).get("drops", 0)}

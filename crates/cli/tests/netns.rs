@@ -1,12 +1,56 @@
 //! `scripts/netns-cluster.sh`: a 2-host job in network namespaces, each host behind the
-//! kernel's htb shaping, started the torchrun way. It needs root and namespaces; where it
-//! cannot have them the test says why it did not run instead of passing silently.
+//! kernel's htb shaping, started the torchrun way; and a job behind its lossy bottleneck
+//! (shallow queue, nftables' random loss, DSCP classes, two paths) whose kernel counters it
+//! records. They need root and namespaces (the second also nftables); where they cannot
+//! have them the tests say why they did not run instead of passing silently.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
 const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
+
+/// Whether `tool` is on PATH.
+fn on_path(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Says on stderr why `test` did not run (the harness captures eprintln! of passing tests).
+fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// Runs `scripts/netns-cluster.sh` with `args` under this build's binary; its stdout and
+/// stderr, after asserting that it succeeded and left no namespace of its own behind.
+fn run_cluster(args: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let o = Command::new("bash")
+        .arg(root.join("scripts/netns-cluster.sh"))
+        .args(args)
+        .env("SYNCOPATE_BIN", EXE)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&[&o.stdout[..], &o.stderr[..]].concat()).into_owned();
+    assert!(o.status.success(), "{args:?}: {text}");
+    assert!(text.contains("mean step"), "{text}");
+    // Nothing of this cluster is left behind.
+    let tag = text
+        .split("namespaces ")
+        .nth(1)
+        .and_then(|t| t.split('*').next())
+        .unwrap_or_else(|| panic!("no namespace tag in: {text}"))
+        .to_string();
+    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        !left.lines().any(|l| l.starts_with(&tag)),
+        "{tag}* left: {left}"
+    );
+    text
+}
 
 /// Why this machine cannot run the cluster (`None`: it can).
 fn cannot_run() -> Option<String> {
@@ -15,11 +59,7 @@ fn cannot_run() -> Option<String> {
         return Some("not root".into());
     }
     for tool in ["ip", "tc", "python3"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
+        if !on_path(tool) {
             return Some(format!("no `{tool}` on PATH"));
         }
     }
@@ -41,47 +81,81 @@ fn cannot_run() -> Option<String> {
 #[test]
 fn a_two_host_job_runs_in_network_namespaces() {
     if let Some(why) = cannot_run() {
-        // Straight to stderr: the test harness captures eprintln! of passing tests.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED a_two_host_job_runs_in_network_namespaces: {why}"
-        );
+        skip("a_two_host_job_runs_in_network_namespaces", &why);
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
     for strategy in ["allreduce", "ps"] {
-        let o = Command::new("bash")
-            .arg(root.join("scripts/netns-cluster.sh"))
-            .args(["--hosts", "2", "--strategy", strategy, "--rate", "200mbit"])
-            .args(["--steps", "8", "--out"])
-            .arg(out.path())
-            .env("SYNCOPATE_BIN", EXE)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        assert!(o.status.success(), "{strategy}: {text}");
-        assert!(text.contains("mean step"), "{text}");
+        run_cluster(&[
+            "--hosts",
+            "2",
+            "--strategy",
+            strategy,
+            "--rate",
+            "200mbit",
+            "--steps",
+            "8",
+            "--out",
+            dir,
+        ]);
         let summary: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap())
                 .unwrap();
         assert_eq!(summary["steps"], 8, "{summary}");
-        // Nothing of this cluster is left behind.
-        let tag = text
-            .split("namespaces ")
-            .nth(1)
-            .and_then(|t| t.split('*').next())
-            .unwrap_or_else(|| panic!("no namespace tag in: {text}"))
-            .to_string();
-        let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
-        let left = String::from_utf8_lossy(&list.stdout).to_string();
-        assert!(
-            !left.lines().any(|l| l.starts_with(&tag)),
-            "{tag}* left: {left}"
+    }
+}
+
+#[test]
+fn a_lossy_bottleneck_records_the_kernels_own_drops() {
+    let test = "a_lossy_bottleneck_records_the_kernels_own_drops";
+    if let Some(why) = cannot_run() {
+        skip(test, &why);
+        return;
+    }
+    if !on_path("nft") {
+        skip(
+            test,
+            "no `nft` on PATH (netns-cluster.sh --loss needs nftables)",
         );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    // P3: two workers push into the server's port, a 16-packet queue behind 100 Mbit/s,
+    // 1 % random loss, DSCP priority classes, and a second path.
+    let flags = "--hosts 3 --strategy p3 --steps 12 --bottleneck 100mbit --queue-packets 16 \
+                 --loss 1% --paths 2 --prio";
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend(["--out", dir]);
+    let text = run_cluster(&args);
+    assert!(text.contains("kernel at the bottleneck"), "{text}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 12, "{summary}");
+    let kernel: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
+    let total = &kernel["total"];
+    let count = |key: &str| {
+        total[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key}: {kernel}"))
+    };
+    // Megabytes of gradients cross the bottleneck: nftables drops about 1 % of them.
+    assert!(count("sent_packets") > 1000, "{kernel}");
+    assert!(count("nft_dropped_packets") > 0, "{kernel}");
+    let loss = total["realised_loss"].as_f64().unwrap();
+    assert!(loss > 0.0 && loss < 0.5, "{kernel}");
+    // The server's port is shaped on both paths, in both directions, the prio leaves each
+    // with its own queue.
+    let ports = kernel["ports"].as_array().unwrap();
+    for path in [0, 1] {
+        for direction in ["to_host", "from_host"] {
+            let port = ports
+                .iter()
+                .find(|p| p["path"] == path && p["direction"] == direction && p["host"] == 2)
+                .unwrap_or_else(|| panic!("no path {path} {direction} port: {kernel}"));
+            assert_eq!(port["leaf_queues"].as_object().unwrap().len(), 8, "{port}");
+        }
     }
 }
