@@ -25,6 +25,7 @@
 //! On a link with frame MACs every frame is followed by a 32-byte tag over its number in
 //! the link's direction, its header and its payload ([`mac`]).
 
+pub mod datagram;
 pub mod mac;
 
 /// Protocol version spoken by this build.
