@@ -31,14 +31,26 @@ const KEY: [u8; 32] = [0x5a; 32];
 /// leaves the opener as it was.
 fn check_open(data: &[u8], max_payload: u32) {
     let mut opener = DatagramOpener::new(&FrameKey::new(KEY));
-    assert!(opener.open(data, max_payload).is_err(), "a forged datagram opened");
-    assert_eq!(opener.window().highest(), None, "a refused datagram moved the window");
+    assert!(
+        opener.open(data, max_payload).is_err(),
+        "a forged datagram opened"
+    );
+    assert_eq!(
+        opener.window().highest(),
+        None,
+        "a refused datagram moved the window"
+    );
 }
 
 /// A data header for the values the input's bytes give, with fields taken from the input.
 fn header_from(data: &[u8], values: u32) -> Header {
     let byte = |i: usize| data.get(i).copied().unwrap_or(0);
-    let kinds = [FrameKind::Push, FrameKind::Params, FrameKind::Reduce, FrameKind::Gather];
+    let kinds = [
+        FrameKind::Push,
+        FrameKind::Params,
+        FrameKind::Reduce,
+        FrameKind::Gather,
+    ];
     let kind = kinds[usize::from(byte(0)) % kinds.len()];
     let mut header = Header::data(kind, u64::from(byte(1)), u32::from(byte(2)), 0, values);
     header.priority = i32::from(byte(3)) - 128;
@@ -72,19 +84,40 @@ fn check_seal(data: &[u8]) {
     };
     let mut opener = DatagramOpener::new(&key);
     match (opener.open(&sealed, DEFAULT_MAX_PAYLOAD), header) {
-        (Ok(Opened::Data { header: h, payload: p, seq: 0, sent_ns: s }), Some(header)) => {
+        (
+            Ok(Opened::Data {
+                header: h,
+                payload: p,
+                seq: 0,
+                sent_ns: s,
+            }),
+            Some(header),
+        ) => {
             assert_eq!((h, p, s), (header, payload, sent_ns));
         }
-        (Ok(Opened::Feedback { feedback: f, seq: 0, sent_ns: s }), None) => {
+        (
+            Ok(Opened::Feedback {
+                feedback: f,
+                seq: 0,
+                sent_ns: s,
+            }),
+            None,
+        ) => {
             assert_eq!((f, s), (fb, sent_ns));
         }
         (other, _) => panic!("a sealed datagram did not open as sealed: {other:?}"),
     }
-    assert!(opener.open(&sealed, DEFAULT_MAX_PAYLOAD).is_err(), "a replay opened");
+    assert!(
+        opener.open(&sealed, DEFAULT_MAX_PAYLOAD).is_err(),
+        "a replay opened"
+    );
     let flip = data.get(1).map_or(0, |&b| usize::from(b)) * 257 % sealed.len();
     sealed[flip] ^= 0x01;
     let mut fresh = DatagramOpener::new(&key);
-    assert!(fresh.open(&sealed, DEFAULT_MAX_PAYLOAD).is_err(), "an altered datagram opened");
+    assert!(
+        fresh.open(&sealed, DEFAULT_MAX_PAYLOAD).is_err(),
+        "an altered datagram opened"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
