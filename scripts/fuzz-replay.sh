@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 cargo build --quiet --release
-for target in decode_frame endpoint_frames; do
+for target in decode_frame endpoint_frames decode_datagram; do
     inputs=()
     for dir in "artifacts-kept/$target" "seeds/$target"; do
         [[ -d $dir ]] && while IFS= read -r f; do inputs+=("$f"); done < <(find "$dir" -type f ! -name '*.md')

@@ -23,8 +23,10 @@
 //! with an error that says what was found.
 //!
 //! On a link with frame MACs every frame is followed by a 32-byte tag over its number in
-//! the link's direction, its header and its payload ([`mac`]).
+//! the link's direction, its header and its payload ([`mac`]). A loss-tolerant frame may
+//! instead travel as one authenticated UDP datagram ([`datagram`]).
 
+pub mod datagram;
 pub mod mac;
 
 /// Protocol version spoken by this build.

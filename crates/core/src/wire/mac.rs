@@ -47,6 +47,18 @@ impl FrameKey {
     pub fn new(bytes: [u8; 32]) -> Self {
         Self(bytes)
     }
+
+    /// Another key derived from this one for the purpose `context` names (BLAKE3's key
+    /// derivation: a hard-coded, globally unique string per purpose), unrelated to it for
+    /// anyone who does not hold it.
+    pub fn derive(&self, context: &str) -> FrameKey {
+        FrameKey(blake3::derive_key(context, &self.0))
+    }
+
+    /// A keyed BLAKE3 hasher under this key (for the wire's other tags).
+    pub(super) fn keyed_hasher(&self) -> blake3::Hasher {
+        blake3::Hasher::new_keyed(&self.0)
+    }
 }
 
 impl fmt::Debug for FrameKey {
