@@ -203,11 +203,17 @@ fn spurious_timeouts_do_nothing() {
     assert_eq!(c.stats().timeouts, 1);
 }
 
-#[test]
-fn stale_and_duplicated_feedback_is_ignored() {
+/// A controller that sent at its rate for 1 ms and heard all of it back; the next seq.
+fn after_one_round_trip() -> (RateController, u64) {
     let mut c = RateController::new(RateConfig::default());
     let seq = send_paced(&mut c, 0, MS, 0);
     c.on_feedback(MS, all_arrived(seq, MS));
+    (c, seq)
+}
+
+#[test]
+fn stale_and_duplicated_feedback_is_ignored() {
+    let (mut c, seq) = after_one_round_trip();
     let (rate, stats) = (c.rate_bps(), c.stats());
     c.on_feedback(2 * MS, all_arrived(seq, MS));
     let backwards = RateSignal {
@@ -223,9 +229,7 @@ fn stale_and_duplicated_feedback_is_ignored() {
 
 #[test]
 fn loss_lowers_the_rate_in_proportion() {
-    let mut c = RateController::new(RateConfig::default());
-    let seq = send_paced(&mut c, 0, MS, 0);
-    c.on_feedback(MS, all_arrived(seq, MS));
+    let (mut c, seq) = after_one_round_trip();
     let before = c.rate_bps();
     // A hundred datagrams over the next round trip, of which `lost` do not arrive.
     for i in 0..100 {
