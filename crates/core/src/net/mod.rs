@@ -14,6 +14,8 @@
 //!   driver offers frames ([`Port::enqueue`]) and collects their fate ([`Port::poll_fate`]).
 //! - [`LinkProfile`] and [`Shaper`]: the lossless FIFO link of earlier versions, kept for
 //!   the callers that need only that; a [`Port`] of the default profile reproduces it exactly.
+//! - [`RateController`]: the congestion controller and pacer of a datagram flow on a real
+//!   network (delay- and loss-driven, TIMELY-like), with its [`RateConfig`].
 //! - [`Rotation`] and [`LinkCap`]: fairness among a host's links, the order they are offered
 //!   to the scheduler in and what one link may hold on an unshaped network.
 //! - the parsers of bandwidths, durations, sizes and probabilities.
@@ -28,6 +30,7 @@ mod paths;
 mod port;
 mod profile;
 mod queue;
+mod rate;
 mod rng;
 mod rotation;
 mod window;
@@ -39,6 +42,9 @@ pub use port::Port;
 pub use profile::{
     BurstLoss, NetworkProfile, PathProfile, PathSpec, ProfileError, QueueDiscipline,
     DEFAULT_DROP_THRESHOLD, DEFAULT_RTO_NS,
+};
+pub use rate::{
+    RateConfig, RateController, RateSignal, RateStats, ADDITIVE_ROUND_NS, MAX_HYPER_INCREASE,
 };
 pub use rng::SplitMix64;
 pub use rotation::{LinkCap, Rotation};
