@@ -1283,6 +1283,33 @@ fn dlcp_flags_are_checked() {
         &[&dlcp[..], &["--pull-loss-bound", "0.7"]].concat(),
         "--pull-loss-bound",
     );
+    refused(
+        &[&dlcp[..], &["--transport", "udp", "--packet-bytes", "2KiB"]].concat(),
+        "must fit a 1500-byte MTU",
+    );
+    refused(
+        &[&dlcp[..], &["--transport", "udp", "--loss", "1%"]].concat(),
+        "emulation flags",
+    );
+    refused(
+        &[&dlcp[..], &["--udp-addrs", "127.0.0.1"]].concat(),
+        "--transport udp only",
+    );
+    refused(
+        &[
+            &dlcp[..],
+            &[
+                "--transport",
+                "udp",
+                "--paths",
+                "2",
+                "--udp-addrs",
+                "127.0.0.1",
+            ],
+        ]
+        .concat(),
+        "one per path",
+    );
     let ring = ["--strategy", "dlcp-allreduce", "--workers", "2"];
     refused(
         &[&ring[..], &["--loss-fill", "rescale"]].concat(),
@@ -1300,4 +1327,90 @@ fn dlcp_flags_are_checked() {
     let p3 = ["--strategy", "p3", "--workers", "2", "--servers", "1"];
     refused(&[&p3[..], &["--loss-bound", "1%"]].concat(), "--loss-bound");
     refused(&[&p3[..], &["--dlcp-no-spray"]].concat(), "--dlcp-no-spray");
+}
+
+/// Sends a datagram of garbage to every port of the ephemeral range at `ip` (where a job's
+/// datagram sockets are bound) until `stop` is set: every one reaches a job's socket, if at
+/// all, from an address no peer has. Returns how many it sent.
+fn spray_garbage(ip: &str, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::sync::atomic::Ordering;
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap_or_else(|_| "32768 60999".into());
+    let mut bounds = range
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u16>().ok());
+    let (low, high) = (
+        bounds.next().unwrap_or(32768),
+        bounds.next().unwrap_or(60999),
+    );
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let garbage = [0x53u8; 200];
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) {
+        for port in low..=high {
+            if socket.send_to(&garbage, (ip, port)).is_ok() {
+                sent += 1;
+            }
+        }
+        // Leave the job a core.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sent
+}
+
+/// DLCP's packets as real UDP datagrams (`--transport udp`) with a loss bound of 0: the
+/// weights of single-process training, on a parameter server (the job's datagram sockets
+/// on 127.0.0.77, under a spray of garbage datagrams from an address no peer has, which
+/// are dropped and counted) and on the ring (two paths: 127.0.0.1 and 127.0.0.2).
+#[test]
+fn dlcp_over_udp_datagrams_reproduces_single_process_training() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (batch, steps) = (8usize, 20u64);
+    let cases: [(&str, usize, &[&str]); 2] = [
+        ("dlcp", 2, &["--servers", "1", "--udp-addrs", "127.0.0.77"]),
+        ("dlcp-allreduce", 3, &["--paths", "2"]),
+    ];
+    for (strategy, workers, extra) in cases {
+        let want = single_process_weights(dir.path(), batch * workers, steps);
+        let out = dir.path().join(format!("{strategy}-udp.safetensors"));
+        let summary = dir.path().join(format!("{strategy}-udp.json"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sprayer = (strategy == "dlcp").then(|| {
+            let stop = stop.clone();
+            std::thread::spawn(move || spray_garbage("127.0.0.77", &stop))
+        });
+        let text = run_ok(
+            Command::new(EXE)
+                .arg("launch")
+                .args(["--strategy", strategy, "--workers", &workers.to_string()])
+                .args(["--transport", "udp", "--loss-bound", "0"])
+                .args(extra)
+                .args(train_flags(batch, steps))
+                .arg("--save")
+                .arg(&out)
+                .arg("--summary-json")
+                .arg(&summary),
+        );
+        stop.store(true, Ordering::Relaxed);
+        let sprayed = sprayer.map(|t| t.join().unwrap());
+        assert_same_weights(&read_weights(&out), &want, strategy);
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+        let d = &json["datagrams"];
+        assert!(
+            d["sent"].as_u64().unwrap() > 0,
+            "{strategy}: {json}\n{text}"
+        );
+        assert!(d["received"].as_u64().unwrap() > 0, "{strategy}: {json}");
+        assert_eq!(d["bad_mac"], 0, "{strategy}: {json}");
+        if let Some(sprayed) = sprayed {
+            assert!(sprayed > 0);
+            assert!(
+                d["unknown_address"].as_u64().unwrap() > 0,
+                "{strategy}: no garbage datagram counted: {json}"
+            );
+        }
+    }
 }

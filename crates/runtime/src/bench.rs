@@ -189,8 +189,10 @@ pub fn run_comm_bench(
     let mut rows = Vec::new();
     // One set of links for every size: each size is one run of the loop, and the goodbye
     // exchange at the end of a run keeps the rounds apart.
-    let links = join(ctx, layout, BENCH_FINGERPRINT)?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
+    let joined = join(ctx, layout, BENCH_FINGERPRINT)?;
+    let (links, sockets) = (joined.links, joined.datagram_sockets);
+    let emulation = layout.emulation(ctx.rank);
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), emulation, sockets)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     for &bytes in sizes {
         let numel = (bytes / 4).max(1);

@@ -1,6 +1,6 @@
 //! Joining a job: rendezvous, then authenticated links to the peers this process needs.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 
 use crate::auth::{PeerInfo, Role};
 use crate::comm::Link;
@@ -44,12 +44,40 @@ pub fn peer_info(ctx: &ProcessContext, layout: &JobLayout, fingerprint: u64) -> 
     .with_frame_mac(ctx.comm.frame_mac)
 }
 
+/// What joining a job gives a process: its links, and its datagram sockets (one per path;
+/// empty without the datagram transport).
+#[derive(Debug)]
+pub struct Joined {
+    /// One authenticated link per peer, sorted by rank.
+    pub links: Vec<Link>,
+    /// Bound UDP sockets, one per path.
+    pub datagram_sockets: Vec<UdpSocket>,
+}
+
+/// Binds this process's datagram sockets (none without the datagram transport) and says
+/// their addresses.
+fn bind_datagrams(ctx: &ProcessContext) -> Result<(Vec<UdpSocket>, Vec<SocketAddr>), JoinError> {
+    let Some(options) = &ctx.comm.datagram else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let listen_error = |source| JoinError::Listen {
+        addr: format!("UDP on {:?}", options.addrs),
+        source,
+    };
+    let sockets = options.bind().map_err(listen_error)?;
+    let addrs = (sockets.iter())
+        .map(UdpSocket::local_addr)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(listen_error)?;
+    Ok((sockets, addrs))
+}
+
 /// Rendezvous with the job and connect to every peer this rank needs.
 pub fn join(
     ctx: &ProcessContext,
     layout: &JobLayout,
     fingerprint: u64,
-) -> Result<Vec<Link>, JoinError> {
+) -> Result<Joined, JoinError> {
     let me = peer_info(ctx, layout, fingerprint);
     let coordinator = if ctx.host_coordinator {
         let listener = TcpListener::bind(ctx.coordinator).map_err(|source| JoinError::Listen {
@@ -81,11 +109,13 @@ pub fn join(
         addr: format!("{}:0", ctx.bind_ip),
         source,
     })?;
+    let (datagram_sockets, datagram_addrs) = bind_datagrams(ctx)?;
     let table = register(
         ctx.coordinator,
         &ctx.token,
         &me,
         data_addr,
+        &datagram_addrs,
         ctx.connect_timeout,
     );
     if let Some(handle) = coordinator {
@@ -100,12 +130,16 @@ pub fn join(
         }
     }
     let table = table?;
-    Ok(connect_mesh(
+    let links = connect_mesh(
         &me,
         &table,
         &layout.peers(ctx.rank),
         &data,
         &ctx.token,
         ctx.connect_timeout,
-    )?)
+    )?;
+    Ok(Joined {
+        links,
+        datagram_sockets,
+    })
 }

@@ -39,7 +39,7 @@ const MAX_ADMISSIONS: usize = 64;
 const RETRY: Duration = Duration::from_millis(100);
 
 /// One process of the job as listed in the rendezvous table.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     /// Rank in the job.
     pub rank: usize,
@@ -47,6 +47,9 @@ pub struct Member {
     pub role: Role,
     /// Where its data listener accepts links.
     pub data_addr: SocketAddr,
+    /// Where its datagram sockets receive, one per path (empty: it sends no datagrams).
+    #[serde(default)]
+    pub datagram_addrs: Vec<SocketAddr>,
 }
 
 /// A member's registration, sent right after its handshake with the coordinator.
@@ -55,6 +58,8 @@ struct Register {
     rank: usize,
     role: Role,
     data_addr: SocketAddr,
+    #[serde(default)]
+    datagram_addrs: Vec<SocketAddr>,
 }
 
 /// The coordinator's answer: every member, sorted by rank.
@@ -258,6 +263,11 @@ fn enroll(
         // Bound to 0.0.0.0 / [::]: peers reach it at the address it connected from.
         r.register.data_addr.set_ip(r.addr.ip());
     }
+    for a in &mut r.register.datagram_addrs {
+        if a.ip().is_unspecified() {
+            a.set_ip(r.addr.ip());
+        }
+    }
     registered.insert(r.register.rank, r);
     Ok(())
 }
@@ -280,6 +290,14 @@ fn check_registration(
             reg.rank,
             reg.role,
             info.describe()
+        ));
+    }
+    if reg.datagram_addrs.len() > syncopate_core::net::MAX_PATHS {
+        return Err(format!(
+            "rank {} registered {} datagram addresses (at most one per path, {} paths)",
+            reg.rank,
+            reg.datagram_addrs.len(),
+            syncopate_core::net::MAX_PATHS
         ));
     }
     if let Some(other) = registered.get(&reg.rank) {
@@ -305,6 +323,7 @@ fn broadcast_table(
             rank: r.register.rank,
             role: r.register.role,
             data_addr: r.register.data_addr,
+            datagram_addrs: r.register.datagram_addrs.clone(),
         })
         .collect();
     let table = Table {
@@ -333,6 +352,7 @@ pub fn register(
     token: &JobToken,
     me: &PeerInfo,
     data_addr: SocketAddr,
+    datagram_addrs: &[SocketAddr],
     timeout: Duration,
 ) -> Result<Vec<Member>, RendezvousError> {
     let peer = format!("the coordinator at {coordinator}");
@@ -357,6 +377,7 @@ pub fn register(
         rank: me.rank,
         role: me.role,
         data_addr,
+        datagram_addrs: datagram_addrs.to_vec(),
     };
     send_control(&mut stream, &register).map_err(exchange)?;
     stream
@@ -459,7 +480,7 @@ fn wanted_members(
             table
                 .iter()
                 .find(|m| m.rank == rank)
-                .copied()
+                .cloned()
                 .ok_or_else(|| {
                     RendezvousError::Invalid(format!("rank {rank} is not in the rendezvous table"))
                 })
@@ -501,6 +522,7 @@ fn dial(
         peer: m.rank,
         stream,
         keys,
+        datagram_addrs: m.datagram_addrs.clone(),
     })
 }
 
@@ -560,11 +582,11 @@ fn keep_link(
     let info = &session.peer;
     let known = expected
         .iter()
-        .any(|m| m.rank == info.rank && m.role == info.role);
-    let reason = match links.entry(info.rank) {
-        _ if !known => "is not expected to link to",
-        Entry::Occupied(_) => "is already linked to",
-        Entry::Vacant(slot) => {
+        .find(|m| m.rank == info.rank && m.role == info.role);
+    let reason = match (links.entry(info.rank), known) {
+        (_, None) => "is not expected to link to",
+        (Entry::Occupied(_), _) => "is already linked to",
+        (Entry::Vacant(slot), Some(member)) => {
             stream
                 .set_nodelay(true)
                 .map_err(|e| format!("{} at {addr}: {e}", info.describe()))?;
@@ -572,6 +594,7 @@ fn keep_link(
                 peer: info.rank,
                 stream,
                 keys: session.keys,
+                datagram_addrs: member.datagram_addrs.clone(),
             });
             return Ok(());
         }

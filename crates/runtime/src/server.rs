@@ -43,6 +43,9 @@ pub struct ServerSummary {
     /// Per key, the gradient values it aggregated and filled in (loss-tolerant servers).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub key_loss: Vec<KeyLoss>,
+    /// What its datagrams did (`--transport udp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datagrams: Option<crate::comm::DatagramReport>,
 }
 
 /// What a server runs with besides the job's layout.
@@ -277,8 +280,10 @@ pub fn run_server(
         restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
     }
     let plan_steps = plan.steps;
-    let links = join(ctx, layout, spec.fingerprint())?;
-    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
+    let joined = join(ctx, layout, spec.fingerprint())?;
+    let (links, sockets) = (joined.links, joined.datagram_sockets);
+    let emulation = layout.emulation(ctx.rank);
+    let (mut comm, _waker) = CommLoop::new(links, ctx.comm.clone(), emulation, sockets)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let tracer = ctx.tracer();
     let checkpoints = plan.checkpoint.map(|plan| ServerCheckpointer {
@@ -301,6 +306,7 @@ pub fn run_server(
         peak_early_values: server.peak_early_values(),
         loss: server.loss_stats(),
         key_loss: server.key_loss(),
+        datagrams: comm.datagram_report(),
         links: comm
             .counters()
             .iter()

@@ -54,6 +54,7 @@ fn start_member(
             &token,
             &me,
             data.local_addr().unwrap(),
+            &[],
             timeout,
         )
     })
@@ -70,7 +71,7 @@ fn four_processes_rendezvous_and_build_a_full_mesh() {
                 let me = worker(rank, 4, 0xfeed);
                 let data = TcpListener::bind("127.0.0.1:0").unwrap();
                 let addr = data.local_addr().unwrap();
-                let table = register(coord_addr, &token, &me, addr, TIMEOUT).unwrap();
+                let table = register(coord_addr, &token, &me, addr, &[], TIMEOUT).unwrap();
                 let peers: Vec<usize> = (0..4).filter(|&r| r != rank).collect();
                 let links = connect_mesh(&me, &table, &peers, &data, &token, TIMEOUT).unwrap();
                 (table, exchange_one_frame(rank, links))
@@ -219,7 +220,9 @@ fn asymmetric_links_time_out_naming_the_missing_rank() {
         .map(|rank| {
             let token = token.clone();
             let addr = addrs[rank];
-            thread::spawn(move || register(coord_addr, &token, &worker(rank, 2, 1), addr, TIMEOUT))
+            thread::spawn(move || {
+                register(coord_addr, &token, &worker(rank, 2, 1), addr, &[], TIMEOUT)
+            })
         })
         .collect();
     let table = coordinator.join().unwrap().unwrap();

@@ -41,7 +41,7 @@ pub use parse::{parse_bandwidth, parse_duration_ns, parse_probability, parse_siz
 pub use port::Port;
 pub use profile::{
     BurstLoss, NetworkProfile, PathProfile, PathSpec, ProfileError, QueueDiscipline,
-    DEFAULT_DROP_THRESHOLD, DEFAULT_RTO_NS,
+    DEFAULT_DROP_THRESHOLD, DEFAULT_RTO_NS, MAX_PATHS,
 };
 pub use rate::{
     RateConfig, RateController, RateSignal, RateStats, ADDITIVE_ROUND_NS, MAX_HYPER_INCREASE,

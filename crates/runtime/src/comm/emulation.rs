@@ -20,8 +20,9 @@ use std::time::Instant;
 use syncopate_core::net::{Fate, FrameMeta, Port};
 use syncopate_core::strategy::{Endpoint, Rank, Transmit};
 use syncopate_core::wire::mac::TAG_LEN;
-use syncopate_core::wire::{Header, HEADER_LEN};
+use syncopate_core::wire::{f32_bytes, Header, HEADER_LEN};
 
+use super::datagram::split_frame;
 use super::writer::OutFrame;
 use super::{CommError, CommLoop, Hooks};
 
@@ -67,10 +68,15 @@ impl CommLoop {
                 return handed;
             }
             self.open.clear();
+            // A link whose datagrams wait for their pacer takes nothing more until they
+            // have left: its next frame (a probe on TCP) must not overtake them.
+            let datagram = self.datagram.as_ref();
             self.open.extend(
-                (self.links.iter())
-                    .filter(|l| cap.admits(l.queued_bytes))
-                    .map(|l| l.peer),
+                (self.links.iter().enumerate())
+                    .filter(|(i, l)| {
+                        datagram.is_none_or(|d| d.is_drained(*i)) && cap.admits(l.queued_bytes)
+                    })
+                    .map(|(_, l)| l.peer),
             );
             if self.open.is_empty() {
                 return handed;
@@ -88,6 +94,11 @@ impl CommLoop {
                 Transmit::Copied(peer) => (peer, None),
                 Transmit::Lent(peer, header) => (peer, Some(header)),
             };
+            if self.hand_to_datagrams(endpoint, peer, lent, &buf) {
+                self.pool.push(buf);
+                handed += 1;
+                continue;
+            }
             let frame = OutFrame::new(buf, lent, Some(Instant::now()), self.options.frame_mac);
             let Some(link) = self.links.iter_mut().find(|l| l.peer == peer) else {
                 // The endpoint named a link it was not offered: a bug, but never leave a lent
@@ -110,6 +121,39 @@ impl CommLoop {
             link.queued_bytes += frame.len();
             link.awaiting.push_back((token, frame));
             handed += 1;
+        }
+    }
+
+    /// Hands a loss-tolerant frame for `peer` (its buffer `buf`, or its header `lent`) to the
+    /// datagram path, if the loop has one; a lent payload is copied and returned to the
+    /// endpoint at once. Returns whether it did.
+    fn hand_to_datagrams<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+        peer: Rank,
+        lent: Option<Header>,
+        buf: &[u8],
+    ) -> bool {
+        let Some(datagram) = self.datagram.as_mut() else {
+            return false;
+        };
+        let Some(i) = self.links.iter().position(|l| l.peer == peer) else {
+            return false;
+        };
+        if let Some(h) = lent {
+            if !h.flags.is_loss_tolerant() {
+                return false;
+            }
+            datagram.enqueue(i, h, f32_bytes(endpoint.lent_payload(&h)));
+            endpoint.handle_sent(peer, &h);
+            return true;
+        }
+        match split_frame(buf) {
+            Some((h, payload)) if h.flags.is_loss_tolerant() => {
+                datagram.enqueue(i, h, payload);
+                true
+            }
+            _ => false,
         }
     }
 

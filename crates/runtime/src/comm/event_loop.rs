@@ -55,7 +55,7 @@ impl CommLoop {
             }
             self.fire_timeout(endpoint);
             finishing = self.transmit(endpoint, hooks, finishing)?;
-            let drained = self.links.iter().all(|l| l.is_drained());
+            let drained = self.is_drained();
             if finishing && drained {
                 if !goodbye_sent {
                     self.say_goodbye();
@@ -90,6 +90,43 @@ impl CommLoop {
         for i in 0..self.links.len() {
             self.read_link(i, endpoint, hooks)?;
         }
+        self.read_datagrams(None, endpoint)
+    }
+
+    /// Sends the datagrams the pacers let go, and the feedback due.
+    fn pump_datagrams(&mut self) {
+        let now_ns = self.now_ns();
+        if let Some(d) = self.datagram.as_mut() {
+            d.pump(now_ns);
+        }
+    }
+
+    /// Whether nothing waits to be written, on any link or as a datagram.
+    fn is_drained(&self) -> bool {
+        let datagrams = self.datagram.as_ref();
+        (self.links.iter().enumerate())
+            .all(|(i, l)| l.is_drained() && datagrams.is_none_or(|d| d.is_drained(i)))
+    }
+
+    /// Reads the datagrams waiting on path `path`'s socket (`None`: every path's) and sends
+    /// what the pacers allow.
+    fn read_datagrams<E: Endpoint + ?Sized>(
+        &mut self,
+        path: Option<usize>,
+        endpoint: &mut E,
+    ) -> Result<(), CommError> {
+        let now_ns = self.now_ns();
+        let Some(d) = self.datagram.as_mut() else {
+            return Ok(());
+        };
+        let paths = match path {
+            Some(j) => j..j + 1,
+            None => 0..d.paths(),
+        };
+        for j in paths {
+            d.receive(j, endpoint, now_ns).map_err(CommError::Local)?;
+        }
+        d.pump(now_ns);
         Ok(())
     }
 
@@ -107,7 +144,12 @@ impl CommLoop {
         let now_ns = self.now_ns();
         loop {
             self.queue_control(hooks)?;
+            // Datagrams the pacer lets go leave before the endpoint is asked for more (a
+            // link is offered again once its datagrams have left), and the ones it hands
+            // over now leave at once if the pacer allows.
+            self.pump_datagrams();
             let handed = self.fill(endpoint);
+            self.pump_datagrams();
             self.release_ingress(endpoint, hooks)?;
             for i in 0..self.links.len() {
                 if let Err(e) = self.flush(i, endpoint, hooks) {
@@ -142,6 +184,10 @@ impl CommLoop {
             }
             if ev.token() == TIMER {
                 self.timer.clear();
+                continue;
+            }
+            if let Some(j) = self.datagram.as_ref().and_then(|d| d.socket_of(ev.token())) {
+                self.read_datagrams(Some(j), endpoint)?;
                 continue;
             }
             let i = ev.token().0;
@@ -229,7 +275,10 @@ impl CommLoop {
             } => Some(at),
             _ => None,
         });
-        let port_times = self.egress.poll_timeout().into_iter().chain(ingress);
+        let datagram = self.datagram.as_ref().and_then(|d| d.next_deadline(now_ns));
+        let port_times = (self.egress.poll_timeout().into_iter())
+            .chain(ingress)
+            .chain(datagram);
         if let Some(at) = port_times.chain(held).min() {
             t = t.min(Duration::from_nanos(at.saturating_sub(now_ns)));
         }

@@ -22,12 +22,15 @@
 //! `writer` (sealed and written), socket, `reader` (parsed, held at the `emulation`'s
 //! ingress gate, its tag checked) and endpoint.
 //!
-//! Every link is a TCP byte stream. Only two functions touch the socket, the reader's
-//! `read_link` and the writer's `write_batch`: the frame parser takes bytes wherever they
-//! landed and the writer's frames are slices, so a datagram link would sit beside those
-//! two and reuse the rest.
+//! - `datagram`: with [`CommOptions::datagram`], the loss-tolerant frames as UDP
+//!   datagrams beside the TCP links: sealed, paced, sent and received there.
+//!
+//! Every link is a TCP byte stream. Only two functions touch its socket, the reader's
+//! `read_link` and the writer's `write_batch`; the datagram sockets are the `datagram`
+//! part's alone.
 
 mod control;
+mod datagram;
 mod emulation;
 mod event_loop;
 mod reader;
@@ -53,6 +56,11 @@ use syncopate_core::wire::mac::{FrameOpener, FrameSealer, IntegrityError, LinkKe
 use syncopate_core::wire::{Header, DEFAULT_MAX_PAYLOAD};
 use writer::OutFrame;
 
+pub use datagram::DatagramOptions;
+use datagram::DatagramPath;
+use syncopate_core::net::RateStats;
+use syncopate_core::wire::datagram::DatagramCounters;
+
 /// The poll token of the waker (other threads' commands).
 const WAKER: Token = Token(usize::MAX);
 /// The poll token of the precise timer (frame releases, the endpoint's timer).
@@ -65,8 +73,11 @@ pub struct Link {
     pub peer: Rank,
     /// The connected, authenticated stream.
     pub stream: std::net::TcpStream,
-    /// The frame keys its handshake derived (used with [`CommOptions::frame_mac`]).
+    /// The frame keys its handshake derived (used with [`CommOptions::frame_mac`], and to
+    /// derive the datagram keys).
     pub keys: LinkKeys,
+    /// The peer's datagram address on each path (empty: the job sends no datagrams).
+    pub datagram_addrs: Vec<std::net::SocketAddr>,
 }
 
 /// Timing knobs of the loop.
@@ -82,6 +93,8 @@ pub struct CommOptions {
     /// Tag every frame sent and check the tag of every frame received (the two ends of a
     /// link must agree; the handshake checks that they do).
     pub frame_mac: bool,
+    /// Loss-tolerant frames as UDP datagrams (`None`: every frame on the TCP links).
+    pub datagram: Option<DatagramOptions>,
 }
 
 impl Default for CommOptions {
@@ -91,6 +104,7 @@ impl Default for CommOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
             busy_poll: Duration::ZERO,
             frame_mac: false,
+            datagram: None,
         }
     }
 }
@@ -299,6 +313,17 @@ pub struct LinkCounters {
     pub ingress: NetCounters,
 }
 
+/// What a loop's datagram path did, for the run summary.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DatagramReport {
+    /// Datagrams and bytes sent and received, and the drops by reason.
+    pub counters: DatagramCounters,
+    /// Datagrams the local kernel refused to send (lost at home).
+    pub send_failures: u64,
+    /// Each link's rate controller: its peer and its figures.
+    pub rates: Vec<(Rank, RateStats)>,
+}
+
 /// The emulated network of one process: the job's profile, and the job's seed and this
 /// host's id, from which its random streams derive (same seed, same losses).
 #[derive(Debug, Clone, Default)]
@@ -344,21 +369,27 @@ pub struct CommLoop {
     rotation: Rotation,
     /// Bytes on all links, for the resource sampler.
     traffic: Arc<TrafficTotals>,
+    /// The datagram path, with `CommOptions::datagram` and its sockets.
+    datagram: Option<DatagramPath>,
 }
 
 impl CommLoop {
-    /// Registers the links, which share one emulated interface of `network`; returns the
-    /// loop and a waker for other threads.
+    /// Registers the links, which share one emulated interface of `network`, and the
+    /// datagram sockets (one per path; empty without `options.datagram`); returns the loop
+    /// and a waker for other threads.
     pub fn new(
         links: Vec<Link>,
         options: CommOptions,
         network: Emulation,
+        datagram_sockets: Vec<std::net::UdpSocket>,
     ) -> io::Result<(Self, Arc<Waker>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let timer = PreciseTimer::new(poll.registry(), TIMER)?;
         let now = Instant::now();
         let traffic = Arc::new(TrafficTotals::for_peers(links.iter().map(|l| l.peer)));
+        let datagram =
+            DatagramPath::for_links(&options, &links, datagram_sockets, poll.registry())?;
         let mut states = Vec::with_capacity(links.len());
         for (i, link) in links.into_iter().enumerate() {
             let mac = options.frame_mac.then(|| LinkMac {
@@ -413,6 +444,7 @@ impl CommLoop {
                 open: Vec::new(),
                 rotation: Rotation::new(),
                 traffic,
+                datagram,
             },
             waker,
         ))
@@ -436,6 +468,19 @@ impl CommLoop {
                     .unwrap_or_default(),
             })
             .collect()
+    }
+
+    /// What the datagram path did: datagrams sent, received and dropped by reason, the
+    /// sends the local kernel refused, and every link's rate controller (`None` without
+    /// datagrams).
+    pub fn datagram_report(&self) -> Option<DatagramReport> {
+        let d = self.datagram.as_ref()?;
+        let (counters, send_failures) = d.counters();
+        Some(DatagramReport {
+            counters,
+            send_failures,
+            rates: d.rate_stats(),
+        })
     }
 
     /// The running byte totals of all links (shared with a sampler).
@@ -486,5 +531,7 @@ fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -
     }
 }
 
+#[cfg(test)]
+mod datagram_tests;
 #[cfg(test)]
 mod tests;

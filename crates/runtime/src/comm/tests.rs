@@ -11,7 +11,7 @@ use super::*;
 
 /// The frame keys of `rank`'s end of a two-rank loopback link (the other end holds them
 /// reversed).
-fn test_keys(rank: Rank) -> LinkKeys {
+pub(super) fn test_keys(rank: Rank) -> LinkKeys {
     let keys = LinkKeys {
         send: FrameKey::new([1; 32]),
         recv: FrameKey::new([2; 32]),
@@ -29,6 +29,7 @@ fn link_to_other(rank: Rank, stream: TcpStream) -> Vec<Link> {
         peer: 1 - rank,
         stream,
         keys: test_keys(rank),
+        datagram_addrs: Vec::new(),
     }]
 }
 
@@ -85,7 +86,7 @@ impl Endpoint for TimerProbe {
 }
 
 /// Finishes once its function says the endpoint is done.
-struct FinishWhen<E>(fn(&E) -> bool);
+pub(super) struct FinishWhen<E>(pub(super) fn(&E) -> bool);
 
 impl<E> Hooks<E> for FinishWhen<E> {
     fn on_commands(&mut self, ep: &mut E) -> Result<Flow, CommError> {
@@ -106,7 +107,7 @@ impl<E> Hooks<E> for FinishWhen<E> {
     }
 }
 
-fn loopback_pair() -> (TcpStream, TcpStream) {
+pub(super) fn loopback_pair() -> (TcpStream, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (b, _) = listener.accept().unwrap();
@@ -116,8 +117,13 @@ fn loopback_pair() -> (TcpStream, TcpStream) {
 /// Runs a loop for `rank` (its peer is `1 - rank`) over `stream` with a probe.
 fn run_probe(rank: Rank, stream: TcpStream, deadlines: Vec<u64>) -> TimerProbe {
     let links = link_to_other(rank, stream);
-    let (mut comm, _waker) =
-        CommLoop::new(links, CommOptions::default(), Emulation::default()).unwrap();
+    let (mut comm, _waker) = CommLoop::new(
+        links,
+        CommOptions::default(),
+        Emulation::default(),
+        Vec::new(),
+    )
+    .unwrap();
     let mut probe = TimerProbe::new(deadlines);
     comm.run(&mut probe, &mut FinishWhen(TimerProbe::done))
         .unwrap();
@@ -246,7 +252,7 @@ fn ring_step_with(
         SchedulerKind::Fifo,
     );
     let links = link_to_other(rank, stream);
-    let (mut comm, _waker) = CommLoop::new(links, options, network).unwrap();
+    let (mut comm, _waker) = CommLoop::new(links, options, network, Vec::new()).unwrap();
     let mut hooks = StepHooks {
         grad,
         started: false,
@@ -440,8 +446,13 @@ fn sink_run(bytes: Vec<u8>, frames: usize) -> SinkRun {
         frame_mac: true,
         ..CommOptions::default()
     };
-    let (mut comm, _waker) =
-        CommLoop::new(link_to_other(0, a), options, Emulation::default()).unwrap();
+    let (mut comm, _waker) = CommLoop::new(
+        link_to_other(0, a),
+        options,
+        Emulation::default(),
+        Vec::new(),
+    )
+    .unwrap();
     let mut sink = Sink {
         slot: Vec::new(),
         handed: Vec::new(),

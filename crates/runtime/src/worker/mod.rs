@@ -23,7 +23,7 @@ use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::{Duration, Evaluation, LocalOptimizer, Observer, OptimConfig};
 
 use crate::checkpoint::{CheckpointPlan, JobIdentity};
-use crate::comm::{CommError, CommLoop, Flow, Hooks, Link, LinkCounters, LinkStatus};
+use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
 use crate::process::join;
@@ -134,6 +134,10 @@ pub struct WorkerSummary {
     /// Per key, the values it received and filled in (loss-tolerant workers).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub key_loss: Vec<KeyLoss>,
+    /// What its datagrams did (`--transport udp`): sent, received, dropped by reason, and
+    /// each link's rate controller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub datagrams: Option<crate::comm::DatagramReport>,
 }
 
 /// One evaluation of the test set during training.
@@ -348,6 +352,8 @@ struct CommOutcome {
     /// What a loss-tolerant endpoint lost and filled in, overall and per key.
     loss: Option<LossStats>,
     key_loss: Vec<KeyLoss>,
+    /// What the datagram path did (`--transport udp`).
+    datagrams: Option<crate::comm::DatagramReport>,
 }
 
 type CommResult = Result<CommOutcome, CommError>;
@@ -436,14 +442,16 @@ impl Comm {
 }
 
 fn start_comm(
-    links: Vec<Link>,
+    joined: crate::process::Joined,
     ctx: &ProcessContext,
     layout: &JobLayout,
     keys: &[KeyInfo],
     mut endpoint: Box<dyn WorkerSync + Send>,
     buffer_values: usize,
 ) -> Result<Comm, RunError> {
-    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), layout.emulation(ctx.rank))
+    let (links, sockets) = (joined.links, joined.datagram_sockets);
+    let emulation = layout.emulation(ctx.rank);
+    let (mut comm_loop, waker) = CommLoop::new(links, ctx.comm.clone(), emulation, sockets)
         .map_err(|e| RunError::Local(format!("setting up the links: {e}")))?;
     let traffic = comm_loop.traffic();
     let (to_tx, to_rx) = channel();
@@ -482,6 +490,7 @@ fn start_comm(
                 frames: hooks.tracer.take(),
                 loss: endpoint.loss_stats(),
                 key_loss: endpoint.key_loss(),
+                datagrams: comm_loop.datagram_report(),
             })
         })
         .map_err(|e| RunError::Local(format!("starting the communication thread: {e}")))?;
@@ -740,6 +749,7 @@ fn summarise(
         tensor_completion: Percentiles::default(),
         loss: outcome.loss,
         key_loss: outcome.key_loss,
+        datagrams: outcome.datagrams,
     }
 }
 
@@ -763,6 +773,7 @@ mod tests {
                 frames: None,
                 loss: None,
                 key_loss: Vec::new(),
+                datagrams: None,
             })
         });
         let mut comm = Comm {

@@ -14,7 +14,7 @@ use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 use syncopate_runtime::trace::merge_traces;
 use syncopate_train::model;
 
-use super::summary::merge_loss_stats;
+use super::summary::{merge_datagrams, merge_loss_stats};
 use super::{replicas, JobArgs, LaunchedJob};
 
 /// Refuses `--resume` from a checkpoint that already holds every step asked for with
@@ -93,6 +93,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     }
     if let (Some(path), true) = (&args.summary_json, layout.strategy.loss_tolerant()) {
         merge_loss_stats(path, &layout)?;
+        merge_datagrams(path, &layout)?;
     }
     if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
         if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {

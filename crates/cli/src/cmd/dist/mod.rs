@@ -6,6 +6,7 @@ mod launch;
 mod replicas;
 mod server;
 mod summary;
+mod transport;
 mod worker;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
@@ -79,6 +80,22 @@ pub struct JobArgs {
     /// an emulated 1 Gbit/s link (docs/BENCHMARKS.md). Every process must be given the same.
     #[arg(long)]
     pub frame_mac: bool,
+    /// How loss-tolerant packets travel (DLCP's pushes and loss-tolerant pulls,
+    /// dlcp-allreduce's hops). tcp: on the TCP links with every other frame, where the
+    /// emulation flags (--loss, --queue, ...) decide their fate. udp: as UDP datagrams the
+    /// real network may drop, each authenticated under its link's keys, paced by a
+    /// congestion controller, marked with its priority class in the IP DSCP field and
+    /// sprayed over the --paths; the handshake, control and reliable frames stay on TCP.
+    /// A packet is then one datagram that fits a 1500-byte MTU (--packet-bytes at most
+    /// 1388, the default). For dlcp and dlcp-allreduce on a real (or kernel-shaped)
+    /// network; every process of the job needs the same.
+    #[arg(long, value_enum, default_value_t = transport::Transport::Tcp)]
+    pub transport: transport::Transport,
+    /// With --transport udp: this process's address on each path, comma-separated, one
+    /// per --paths (default: the address it accepts links on; on loopback 127.0.0.1,
+    /// 127.0.0.2, ... one per path).
+    #[arg(long, value_name = "IP[,IP...]", value_delimiter = ',')]
+    pub udp_addrs: Vec<IpAddr>,
     /// Make worker RANK a straggler: its compute takes FACTOR (>= 1) times as long (the real
     /// engine waits out the difference after every layer; profiles stretch their times).
     /// Repeat the flag for several.
@@ -218,11 +235,13 @@ impl JobArgs {
         let factor = self.scale_factor()?;
         let network = self.net.resolve()?.scaled(factor);
         let strategy = self.sync.strategy()?;
-        let layout = JobLayout {
+        let mut layout = JobLayout {
             sync: self.sync.plan(strategy, self.workers, 0)?.scaled(factor),
             network,
             net_seed: self.settings.seed,
         };
+        let packet_bytes_given = self.sync.dlcp.packet_bytes.is_some();
+        transport::apply(self.transport, &mut layout, packet_bytes_given)?;
         layout.network.validate()?;
         layout.validate()?;
         Straggler::check(&self.slow_worker, self.workers)?;
@@ -355,14 +374,17 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
         .with_context(|| format!("MASTER_ADDR {} has no address", env.master_addr))?;
     let token = JobToken::resolve(args.token.as_deref(), args.token_file.as_deref())?;
     let external = std::env::var_os("SYNCOPATE_EXTERNAL_COORDINATOR").is_some();
+    let bind_ip = args.bind.unwrap_or_else(|| local_ip_towards(coordinator));
+    let mut comm = args.comm_options()?;
+    comm.datagram = transport::options(args.transport, &args.udp_addrs, layout, bind_ip)?;
     Ok(ProcessContext {
         rank: env.rank,
         token,
         coordinator,
         host_coordinator: env.rank == 0 && !external,
-        bind_ip: args.bind.unwrap_or_else(|| local_ip_towards(coordinator)),
+        bind_ip,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
-        comm: args.comm_options()?,
+        comm,
         metrics: args.metrics_dir.as_ref().map(|dir| MetricsOptions {
             dir: dir.clone(),
             interval: Duration::from_secs_f64(args.metrics_interval.max(0.01)),

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use syncopate_core::strategy::{KeyLoss, LossStats};
+use syncopate_core::wire::datagram::DatagramCounters;
 use syncopate_report::summary::JobSummary;
+use syncopate_runtime::comm::DatagramReport;
 use syncopate_runtime::job::JobLayout;
 use syncopate_runtime::worker::WorkerSummary;
 use syncopate_train::trainer::Evaluation;
@@ -99,6 +101,9 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
             };
             let worker: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("parsing {}", path.display()))?;
+            if worker["loss"].is_null() {
+                continue;
+            }
             let loss: LossStats = serde_json::from_value(worker["loss"].clone())
                 .with_context(|| format!("{}: no loss statistics", path.display()))?;
             total.add(&loss);
@@ -126,6 +131,56 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
         total.realised_loss() * 100.0,
         total.packets_ignored,
         total.probes_answered
+    );
+    Ok(())
+}
+
+/// Adds what every process's datagram path did (`--transport udp`), summed, to the job's
+/// summary: `"datagrams": {sent, received, ..., bad_mac, replayed, ..., send_failures}`.
+/// Nothing without datagrams.
+pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> {
+    let mut total = DatagramCounters::default();
+    let mut send_failures = 0;
+    let mut found = false;
+    for rank in 0..layout.world_size() {
+        let role = if rank < layout.workers {
+            "worker"
+        } else {
+            "server"
+        };
+        let path = member_summary_path(summary, role, rank);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let member: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let Some(report) = member.get("datagrams") else {
+            continue;
+        };
+        let report: DatagramReport = serde_json::from_value(report.clone())
+            .with_context(|| format!("{}: malformed datagrams", path.display()))?;
+        total.add(&report.counters);
+        send_failures += report.send_failures;
+        found = true;
+    }
+    if !found {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(summary)
+        .with_context(|| format!("reading {}", summary.display()))?;
+    let mut job: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+    let mut counts = serde_json::to_value(total)?;
+    counts["send_failures"] = send_failures.into();
+    job["datagrams"] = counts;
+    std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
+        .with_context(|| format!("writing {}", summary.display()))?;
+    eprintln!(
+        "datagrams: {} sent, {} received, {} dropped on arrival, {} refused by the kernel",
+        total.sent,
+        total.received,
+        total.drops(),
+        send_failures
     );
     Ok(())
 }

@@ -86,11 +86,13 @@ fn worker_plan(
     })
 }
 
-/// A loss-tolerant worker's own losses, beside the job's summary (for `launch` to add up).
+/// A loss-tolerant worker's own losses and datagram counts, beside the job's summary (for `launch` to add up).
 fn write_own_loss(args: &JobArgs, rank: usize, summary: &WorkerSummary) -> Result<()> {
-    if let (Some(path), Some(loss)) = (&args.summary_json, &summary.loss) {
+    let has_own = summary.loss.is_some() || summary.datagrams.is_some();
+    if let (Some(path), true) = (&args.summary_json, has_own) {
         let path = member_summary_path(path, "worker", rank);
-        let own = serde_json::json!({ "rank": rank, "loss": loss, "key_loss": summary.key_loss });
+        let own = serde_json::json!({ "rank": rank, "loss": summary.loss,
+            "key_loss": summary.key_loss, "datagrams": summary.datagrams });
         std::fs::write(&path, serde_json::to_string_pretty(&own)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
     }
