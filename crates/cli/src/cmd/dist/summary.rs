@@ -154,7 +154,7 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
         };
         let member: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        let Some(report) = member.get("datagrams") else {
+        let Some(report) = member.get("datagrams").filter(|d| !d.is_null()) else {
             continue;
         };
         let report: DatagramReport = serde_json::from_value(report.clone())
