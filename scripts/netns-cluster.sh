@@ -434,7 +434,9 @@ run_job() {
     local role=worker
     [ "$i" -ge "$workers" ] && role=server
     local more=()
-    [ "$i" = 0 ] && more=(--summary-json "$summary")
+    # Worker 0 writes the job's summary; a server, or a worker with losses or datagrams
+    # of its own, writes its own beside it (summary.server-R.json, summary.worker-R.json).
+    more=(--summary-json "$summary")
     if udp_transport; then
       local addrs=() p
       for ((p = 0; p < paths; p++)); do addrs+=("10.77.$p.$((i + 1))"); done

@@ -159,3 +159,50 @@ fn a_lossy_bottleneck_records_the_kernels_own_drops() {
         }
     }
 }
+
+/// DLCP's packets as UDP datagrams through the kernel: two workers and a server behind a
+/// 100 Mbit/s bottleneck that drops 3 % of the packets at random (nftables) on two paths
+/// with DSCP priority classes. The job completes with a 10 % loss bound, its datagrams
+/// sent, received and the kernel's drops counted.
+#[test]
+fn dlcp_over_udp_survives_the_kernels_real_drops() {
+    let test = "dlcp_over_udp_survives_the_kernels_real_drops";
+    if let Some(why) = cannot_run() {
+        skip(test, &why);
+        return;
+    }
+    if !on_path("nft") {
+        skip(
+            test,
+            "no `nft` on PATH (netns-cluster.sh --loss needs nftables)",
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let flags = "--hosts 3 --strategy dlcp --steps 12 --bottleneck 100mbit --loss 3% --paths 2 \
+                 --prio";
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend([
+        "--out",
+        dir,
+        "--",
+        "--transport",
+        "udp",
+        "--loss-bound",
+        "10%",
+    ]);
+    let text = run_cluster(&args);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 12, "{summary}\n{text}");
+    let datagrams = &summary["worker0"]["datagrams"]["counters"];
+    assert!(datagrams["sent"].as_u64().unwrap() > 1000, "{summary}");
+    assert_eq!(datagrams["bad_mac"], 0, "{summary}");
+    let kernel: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
+    assert!(
+        kernel["total"]["nft_dropped_packets"].as_u64().unwrap() > 0,
+        "{kernel}"
+    );
+}

@@ -66,7 +66,7 @@ const MIN_LOSS_COVERAGE: f64 = 1.0 / 64.0;
 /// The defaults suit networks of 10 Mbit/s to 10 Gbit/s with round trips of tens of
 /// microseconds to a few milliseconds (a cluster, a testbed of namespaces).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RateConfig {
     /// Rate a new flow starts at (default 20 Mbit/s: a fifth of a 100 Mbit/s bottleneck, so
     /// four workers starting together do not overflow it; slow start finds more within a

@@ -333,12 +333,12 @@ impl DatagramPath {
     }
 
     /// Reads every datagram waiting on path `j`'s socket and hands the good ones to the
-    /// endpoint.
+    /// endpoint; `origin` is the loop's clock.
     pub(super) fn receive<E: Endpoint + ?Sized>(
         &mut self,
         j: usize,
         endpoint: &mut E,
-        now_ns: u64,
+        origin: std::time::Instant,
     ) -> Result<(), String> {
         loop {
             let Some(socket) = self.sockets.get(j) else {
@@ -352,6 +352,9 @@ impl DatagramPath {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) => return Err(format!("receiving datagrams failed: {e}")),
             };
+            // Each datagram's own time: a batch read in one go spans a while, and a stale
+            // time would shorten the round trips measured from it.
+            let now_ns = super::ns_since(origin);
             let Some(i) = self.peers.iter().position(|p| p.addrs.contains(&from)) else {
                 self.counters.count_drop(DropReason::UnknownAddress);
                 continue;

@@ -115,7 +115,7 @@ impl CommLoop {
         path: Option<usize>,
         endpoint: &mut E,
     ) -> Result<(), CommError> {
-        let now_ns = self.now_ns();
+        let origin = self.origin;
         let Some(d) = self.datagram.as_mut() else {
             return Ok(());
         };
@@ -124,9 +124,9 @@ impl CommLoop {
             None => 0..d.paths(),
         };
         for j in paths {
-            d.receive(j, endpoint, now_ns).map_err(CommError::Local)?;
+            d.receive(j, endpoint, origin).map_err(CommError::Local)?;
         }
-        d.pump(now_ns);
+        d.pump(super::ns_since(origin));
         Ok(())
     }
 

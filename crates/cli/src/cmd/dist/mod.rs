@@ -22,7 +22,7 @@ use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::checkpoint::CheckpointPlan;
-use syncopate_runtime::comm::CommOptions;
+use syncopate_runtime::comm::{CommOptions, DatagramOptions};
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
 use syncopate_train::model;
@@ -96,6 +96,13 @@ pub struct JobArgs {
     /// 127.0.0.2, ... one per path).
     #[arg(long, value_name = "IP[,IP...]", value_delimiter = ',')]
     pub udp_addrs: Vec<IpAddr>,
+    /// With --transport udp: the datagram rate controller's settings, a TOML file with any
+    /// of initial_bps, min_bps, max_bps, additive_bps, beta, t_low_ns, t_high_ns,
+    /// feedback_timeout_floor_ns and burst_bytes (numbers; the others keep their defaults,
+    /// documented in crates/core/src/net/rate.rs). For comparing controllers; every
+    /// process may be given its own.
+    #[arg(long, value_name = "FILE")]
+    pub rate_control: Option<PathBuf>,
     /// Make worker RANK a straggler: its compute takes FACTOR (>= 1) times as long (the real
     /// engine waits out the difference after every layer; profiles stretch their times).
     /// Repeat the flag for several.
@@ -376,7 +383,9 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
     let external = std::env::var_os("SYNCOPATE_EXTERNAL_COORDINATOR").is_some();
     let bind_ip = args.bind.unwrap_or_else(|| local_ip_towards(coordinator));
     let mut comm = args.comm_options()?;
-    comm.datagram = transport::options(args.transport, &args.udp_addrs, layout, bind_ip)?;
+    let rate = transport::rate_config(args.transport, args.rate_control.as_deref())?;
+    comm.datagram = transport::options(args.transport, &args.udp_addrs, layout, bind_ip)?
+        .map(|d| DatagramOptions { rate, ..d });
     Ok(ProcessContext {
         rank: env.rank,
         token,

@@ -2,8 +2,9 @@
 //! packet size that fits one unfragmented datagram, and each process's datagram addresses.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use syncopate_core::net::{NetworkProfile, RateConfig};
@@ -110,6 +111,25 @@ pub fn options(
     }))
 }
 
+/// The rate controller's settings: core's defaults, or `--rate-control FILE` over them
+/// (udp only).
+pub fn rate_config(transport: Transport, file: Option<&Path>) -> Result<RateConfig> {
+    let Some(path) = file else {
+        return Ok(RateConfig::default());
+    };
+    if transport == Transport::Tcp {
+        bail!("--rate-control applies to --transport udp only");
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--rate-control: reading {}", path.display()))?;
+    let config: RateConfig =
+        toml::from_str(&text).with_context(|| format!("--rate-control {}", path.display()))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--rate-control {}: {e}", path.display()))?;
+    Ok(config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +176,24 @@ mod tests {
             l.sync.dlcp.packet_elems,
             SyncPlan::new(StrategyKind::Dlcp, 2, 1).dlcp.packet_elems
         );
+    }
+
+    #[test]
+    fn a_rate_control_file_overrides_some_defaults_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rate.toml");
+        std::fs::write(&file, "t_low_ns = 1000000\nt_high_ns = 4000000\n").unwrap();
+        let c = rate_config(Transport::Udp, Some(&file)).unwrap();
+        assert_eq!((c.t_low_ns, c.t_high_ns), (1_000_000, 4_000_000));
+        assert_eq!(c.beta, RateConfig::default().beta);
+        std::fs::write(&file, "t_low_ns = 5000000\nt_high_ns = 4000000\n").unwrap();
+        assert!(rate_config(Transport::Udp, Some(&file)).is_err());
+        std::fs::write(&file, "t_lo_ns = 1\n").unwrap();
+        assert!(rate_config(Transport::Udp, Some(&file)).is_err());
+        let e = rate_config(Transport::Tcp, Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--transport udp only"), "{e}");
     }
 
     #[test]
