@@ -265,11 +265,13 @@ with open(runs) as f:
         # DLCP's own realised loss: the gradient values its receivers (the servers; the
         # ring's workers) filled in, over all they aggregated.
         entries = filled = 0
-        for name in os.listdir(folder):
-            if name.startswith("summary.") and name.count("-") and name.endswith(".json"):
-                own = (load(os.path.join(folder, name)) or {}).get("loss") or {}
-                entries += own.get("entries", 0)
-                filled += own.get("entries_filled", 0)
+        names = os.listdir(folder)
+        receivers = [n for n in names if n.startswith("summary.server-")] or \
+            [n for n in names if n.startswith("summary.worker-")]
+        for name in receivers:
+            own = (load(os.path.join(folder, name)) or {}).get("loss") or {}
+            entries += own.get("entries", 0)
+            filled += own.get("entries_filled", 0)
         dlcp = {"realised_loss": filled / entries} if entries else {}
         drops = loss_text = "-"
         if kernel:

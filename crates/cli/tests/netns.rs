@@ -63,7 +63,10 @@ fn cannot_run() -> Option<String> {
             return Some(format!("no `{tool}` on PATH"));
         }
     }
-    let ns = format!("syprobe{}", std::process::id());
+    // One name per probe: the tests of this file probe at once, on threads of one process.
+    static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = format!("syprobe{}-{n}", std::process::id());
     let made = Command::new("ip")
         .args(["netns", "add", &ns])
         .output()
