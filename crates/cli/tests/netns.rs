@@ -81,6 +81,19 @@ fn cannot_run() -> Option<String> {
     None
 }
 
+/// Whether a test with a lossy bottleneck (`test`) cannot run here (it needs nftables
+/// besides namespaces); if so, it says why.
+fn cannot_run_lossy(test: &str) -> bool {
+    let why = cannot_run().or_else(|| {
+        (!on_path("nft"))
+            .then(|| "no `nft` on PATH (netns-cluster.sh --loss needs nftables)".to_string())
+    });
+    if let Some(why) = &why {
+        skip(test, why);
+    }
+    why.is_some()
+}
+
 #[test]
 fn a_two_host_job_runs_in_network_namespaces() {
     if let Some(why) = cannot_run() {
@@ -111,16 +124,7 @@ fn a_two_host_job_runs_in_network_namespaces() {
 
 #[test]
 fn a_lossy_bottleneck_records_the_kernels_own_drops() {
-    let test = "a_lossy_bottleneck_records_the_kernels_own_drops";
-    if let Some(why) = cannot_run() {
-        skip(test, &why);
-        return;
-    }
-    if !on_path("nft") {
-        skip(
-            test,
-            "no `nft` on PATH (netns-cluster.sh --loss needs nftables)",
-        );
+    if cannot_run_lossy("a_lossy_bottleneck_records_the_kernels_own_drops") {
         return;
     }
     let out = tempfile::tempdir().unwrap();
@@ -169,16 +173,7 @@ fn a_lossy_bottleneck_records_the_kernels_own_drops() {
 /// sent, received and the kernel's drops counted.
 #[test]
 fn dlcp_over_udp_survives_the_kernels_real_drops() {
-    let test = "dlcp_over_udp_survives_the_kernels_real_drops";
-    if let Some(why) = cannot_run() {
-        skip(test, &why);
-        return;
-    }
-    if !on_path("nft") {
-        skip(
-            test,
-            "no `nft` on PATH (netns-cluster.sh --loss needs nftables)",
-        );
+    if cannot_run_lossy("dlcp_over_udp_survives_the_kernels_real_drops") {
         return;
     }
     let out = tempfile::tempdir().unwrap();

@@ -79,10 +79,7 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
     };
     for rank in ranks {
         let path = member_summary_path(summary, role, rank);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let server: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let server = read_json(&path)?;
         let loss: LossStats = serde_json::from_value(server["loss"].clone())
             .with_context(|| format!("{}: no loss statistics", path.display()))?;
         total.add(&loss);
@@ -96,11 +93,10 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
         // Workers with loss-tolerant pulls count the parameter values they kept stale.
         for rank in 0..layout.workers {
             let path = member_summary_path(summary, "worker", rank);
-            let Ok(text) = std::fs::read_to_string(&path) else {
+            if !path.exists() {
                 continue;
-            };
-            let worker: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("parsing {}", path.display()))?;
+            }
+            let worker = read_json(&path)?;
             if worker["loss"].is_null() {
                 continue;
             }
@@ -113,10 +109,7 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
         .iter()
         .map(KeyLoss::realised_loss)
         .collect();
-    let text = std::fs::read_to_string(summary)
-        .with_context(|| format!("reading {}", summary.display()))?;
-    let mut job: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+    let mut job = read_json(summary)?;
     let mut stats = serde_json::to_value(total)?;
     stats["realised_loss"] = total.realised_loss().into();
     let steps = job["steps"].as_u64().unwrap_or(0).max(1);
@@ -124,8 +117,7 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
     stats["max_key_realised_loss"] = per_key.iter().copied().fold(0.0, f64::max).into();
     stats["realised_loss_per_key"] = per_key.into();
     job["dlcp"] = stats;
-    std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
-        .with_context(|| format!("writing {}", summary.display()))?;
+    write_json(summary, &job)?;
     eprintln!(
         "dlcp: realised loss {:.4} % of gradient values, {} packets ignored, {} probes answered",
         total.realised_loss() * 100.0,
@@ -149,11 +141,10 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
             "server"
         };
         let path = member_summary_path(summary, role, rank);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        if !path.exists() {
             continue;
-        };
-        let member: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        }
+        let member = read_json(&path)?;
         let Some(report) = member.get("datagrams").filter(|d| !d.is_null()) else {
             continue;
         };
@@ -166,15 +157,11 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
     if !found {
         return Ok(());
     }
-    let text = std::fs::read_to_string(summary)
-        .with_context(|| format!("reading {}", summary.display()))?;
-    let mut job: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", summary.display()))?;
+    let mut job = read_json(summary)?;
     let mut counts = serde_json::to_value(total)?;
     counts["send_failures"] = send_failures.into();
     job["datagrams"] = counts;
-    std::fs::write(summary, serde_json::to_string_pretty(&job)? + "\n")
-        .with_context(|| format!("writing {}", summary.display()))?;
+    write_json(summary, &job)?;
     eprintln!(
         "datagrams: {} sent, {} received, {} dropped on arrival, {} refused by the kernel",
         total.sent,
@@ -183,4 +170,17 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
         send_failures
     );
     Ok(())
+}
+
+/// A JSON file, read and parsed, with its path in any error.
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Writes `value` as pretty JSON to `path`.
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
