@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 cargo build --quiet --release
+# Where cargo put the binaries (a CARGO_TARGET_DIR of the caller's, else fuzz/target).
+bins="${CARGO_TARGET_DIR:-target}/release"
 for target in decode_frame endpoint_frames decode_datagram; do
     inputs=()
     for dir in "artifacts-kept/$target" "seeds/$target"; do
@@ -13,5 +15,5 @@ for target in decode_frame endpoint_frames decode_datagram; do
     done
     echo "fuzz replay: $target, ${#inputs[@]} inputs"
     # libFuzzer runs each file once and exits non-zero on the first crash.
-    "target/release/$target" "${inputs[@]}" 2>&1 | tail -n 3
+    "$bins/$target" "${inputs[@]}" 2>&1 | tail -n 3
 done
