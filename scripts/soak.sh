@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Memory under a slow link: p3 and ring all-reduce, side by side, each behind an emulated link
-# 100 times slower than the job needs, for about --minutes minutes; every process samples its
-# resident memory into a metrics CSV, and the script checks that none grows once warm.
+# Memory under a slow link: p3, ring all-reduce, step-wise averaging and DLCP (with 1 % loss
+# and a 10 % loss bound), side by side, each behind an emulated link 100 times slower than the
+# job needs, for about --minutes minutes; every process samples its resident memory into a
+# metrics CSV, and the script checks that none grows once warm.
 #
-# Usage: scripts/soak.sh [--minutes 10] [--slowdown 100] [--out DIR] [--report-only]
-#   --minutes   how long each job runs (default 10; both run at the same time)
+# Usage: scripts/soak.sh [--minutes 10] [--slowdown 100] [--strategies "p3 allreduce stepwise dlcp"]
+#                        [--out DIR] [--report-only]
+#   --minutes   how long each job runs (default 10; all run at the same time)
 #   --slowdown  how many times slower than needed the link is (default 100)
+#   --strategies  which jobs to run (default all four)
 #   --out       where the jobs' metrics go (default target/soak)
 #   --report-only  only judge the metrics already in --out
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
@@ -28,12 +31,14 @@ cd "$root"
 
 minutes=10
 slowdown=100
+strategies="p3 allreduce stepwise dlcp"
 out="$root/target/soak"
 report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
     --slowdown) slowdown=$2; shift 2 ;;
+    --strategies) strategies=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --report-only) report_only=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -53,9 +58,15 @@ mkdir -p "$out"
 
 workers=2
 job=(--model lenet --dataset synthetic --batch-size 64 --workers "$workers" --quiet --no-replica-stats)
-declare -A servers=([p3]=1 [allreduce]=0)
+declare -A servers=([p3]=1 [allreduce]=0 [stepwise]=0 [dlcp]=1)
+# What each strategy runs with besides the link: DLCP loses 1 % of its packets on the way and
+# may leave 10 % of a step's gradient behind.
+declare -A extra=([p3]="" [allreduce]="" [stepwise]="" [dlcp]="--loss-bound 10% --loss 1% --mtu 1500 --rto 20ms")
+for strategy in $strategies; do
+  [ -n "${servers[$strategy]+set}" ] || { echo "soak: unknown strategy '$strategy' (p3, allreduce, stepwise, dlcp)" >&2; exit 2; }
+done
 
-for strategy in p3 allreduce; do
+for strategy in $strategies; do
   "$SYNCOPATE_BIN" launch "${job[@]}" --strategy "$strategy" --servers "${servers[$strategy]}" \
     --steps 20 --summary-json "$out/calibrate-$strategy.json" >/dev/null 2>&1
 done
@@ -75,14 +86,14 @@ EOF
 }
 
 pids=()
-for strategy in p3 allreduce; do
+for strategy in $strategies; do
   funnel=1
   [ "${servers[$strategy]}" -gt 0 ] && funnel=$(( workers / servers[$strategy] ))
   read -r rate steps < <(plan "$out/calibrate-$strategy.json" "$funnel")
   echo "soak: $strategy at ${rate} bit/s (${slowdown}x slower than its need), $steps steps" >&2
   "$SYNCOPATE_BIN" launch "${job[@]}" --strategy "$strategy" --servers "${servers[$strategy]}" \
     --steps "$steps" --eval-every $(( steps / 20 > 0 ? steps / 20 : 1 )) \
-    --bandwidth "${rate}bit" --metrics-dir "$out/$strategy" \
+    ${extra[$strategy]} --bandwidth "${rate}bit" --metrics-dir "$out/$strategy" \
     --metrics-interval 2 --stall-timeout 0 > "$out/$strategy.log" 2>&1 &
   pids+=($!)
 done
