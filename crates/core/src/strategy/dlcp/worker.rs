@@ -44,8 +44,10 @@ pub struct DlcpWorker {
     first_step: u64,
     /// Per server: Stops and Missing bitmaps about the parameters, to send.
     answers: Vec<VecDeque<(Header, Vec<u32>)>>,
-    /// One parameter packet's values as it arrives.
-    packet: Vec<f32>,
+    /// Per server link: one parameter packet's values as it arrives. A driver may read a
+    /// packet in parts, asking for its slot again each time, while whole packets of other
+    /// servers arrive in between: one buffer per link keeps the parts together.
+    packet: Vec<Vec<f32>>,
     stats: LossStats,
 }
 
@@ -85,7 +87,7 @@ impl DlcpWorker {
                 .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
             first_step: 0,
             answers: vec![VecDeque::new(); servers],
-            packet: vec![0.0; opts.packet_elems.max(1)],
+            packet: vec![vec![0.0; opts.packet_elems.max(1)]; servers],
             stats: LossStats::default(),
             geo,
         }
@@ -263,7 +265,14 @@ impl DlcpWorker {
                 .ok_or_else(|| {
                     ProtocolError::unexpected(link, h, "not a packet of that server's share")
                 })?;
-            pull.packet(key, server, h.step, &p, &self.packet[..p.len])
+            let values = self
+                .packet
+                .get(server)
+                .and_then(|packet| packet.get(..p.len))
+                .ok_or_else(|| {
+                    ProtocolError::unexpected(link, h, "a packet longer than a packet")
+                })?;
+            pull.packet(key, server, h.step, &p, values)
         };
         let mut answer = Header::data(FrameKind::Stop, h.step, h.key, 0, 0);
         answer.sender = self.rank as u32;
@@ -428,12 +437,17 @@ impl Endpoint for DlcpWorker {
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         match h.kind {
             FrameKind::Params if self.pull.is_some() => {
-                self.check(link, h)?;
+                let server = self.check(link, h)?;
                 let p = self
                     .geo
                     .locate(h.key as usize, h.offset as usize, h.length as usize)
                     .ok_or_else(|| ProtocolError::unexpected(link, h, "not a packet of the key"))?;
-                Ok(&mut self.packet[..p.len])
+                self.packet
+                    .get_mut(server)
+                    .and_then(|packet| packet.get_mut(..p.len))
+                    .ok_or_else(|| {
+                        ProtocolError::unexpected(link, h, "a packet longer than a packet")
+                    })
             }
             FrameKind::Params => self.inner.recv_slot(link, h),
             FrameKind::Probe if self.pull.is_some() => {
