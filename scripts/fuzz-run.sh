@@ -54,7 +54,10 @@ if [[ -z $bin_dir ]]; then
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
     triple=x86_64-unknown-linux-gnu
-    cov_dir="${CARGO_TARGET_DIR:-$root/fuzz/target}/cov"
+    # Beside the plain build: under the caller's CARGO_TARGET_DIR (relative to fuzz/, as
+    # cargo reads it there), else fuzz/target.
+    cov_dir="$(cd "$root/fuzz" && mkdir -p "${CARGO_TARGET_DIR:-target}/cov" &&
+        cd "${CARGO_TARGET_DIR:-target}/cov" && pwd)"
     echo "fuzz run: building the instrumented targets into $cov_dir"
     (cd "$root/fuzz" && cargo build --quiet --release --target "$triple" --target-dir "$cov_dir")
     unset RUSTFLAGS
