@@ -90,8 +90,10 @@ for target in $targets; do
     for ((j = 0; j < jobs; j++)); do
         wait "${pids[$j]}" || { status=1; echo "fuzz-run: $target process $j failed (log: $logs/$j.log)"; }
     done
+    # libFuzzer's final stats, summed over the processes.
     executed=$(awk '/^stat::number_of_executed_units:/ { n += $2 } END { print n + 0 }' "$logs"/*.log)
-    echo "fuzz run: $target: $executed inputs executed in $jobs x ${seconds} s ($(($executed / seconds)) per second), corpus $(find "$corpus" -type f | wc -l) files"
+    rate=$(awk '/^stat::average_exec_per_sec:/ { n += $2 } END { print n + 0 }' "$logs"/*.log)
+    echo "fuzz run: $target: $executed inputs executed by $jobs process(es) in at most ${seconds} s ($rate per second in all), corpus $(find "$corpus" -type f | wc -l) files"
     if ((status)); then
         failed=1
         for log in "$logs"/*.log; do

@@ -215,7 +215,7 @@ fn loss_bound(u: &mut Unstructured) -> Result<f64> {
 /// DLCP's settings, loss bounds of pushes and pulls (or reduce-scatter and all-gather
 /// hops) included.
 fn dlcp_options(u: &mut Unstructured) -> Result<DlcpOptions> {
-    Ok(DlcpOptions {
+    let opts = DlcpOptions {
         loss_bound: loss_bound(u)?,
         pull_loss_bound: loss_bound(u)?,
         packet_elems: u.int_in_range(1..=64)?,
@@ -223,7 +223,9 @@ fn dlcp_options(u: &mut Unstructured) -> Result<DlcpOptions> {
         drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
         priority: u.arbitrary()?,
         spray: u.arbitrary()?,
-    })
+    };
+    trace!("dlcp: {opts:?}");
+    Ok(opts)
 }
 
 /// The value worker 0's buffer entry `i` has at the evaluation point after `step`.
@@ -944,10 +946,13 @@ impl Cluster {
             14 => {
                 // Drop, duplicate or reorder queued frames.
                 let li = self.pick_link(u)?;
+                let (from, to) = (self.links[li].from, self.links[li].to);
                 let q = &mut self.links[li].queue;
                 if !q.is_empty() {
                     let i = u.choose_index(q.len())?;
-                    match u.int_in_range(0..=2)? {
+                    let what = u.int_in_range(0..=2)?;
+                    trace!("link {from} -> {to}: frame {i} of {} dropped, duplicated or moved ({what})", q.len());
+                    match what {
                         0 => {
                             q.remove(i);
                         }
@@ -961,6 +966,7 @@ impl Cluster {
                         _ if loss_tolerant(&q[i].bytes) => {
                             // A datagram may overtake anything, or fall behind: honest.
                             let j = u.choose_index(q.len())?;
+                            trace!("  datagram moved to {j}");
                             if let Some(f) = q.remove(i) {
                                 q.insert(j, f);
                             }
