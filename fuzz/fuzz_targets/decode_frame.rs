@@ -56,7 +56,10 @@ fn check_mac(data: &[u8]) {
     };
     let key = FrameKey::new([0x5a; 32]);
     let cuts = &data[..8];
-    assert!(!open(&key, header, payload, cuts, tag), "a forged tag passed");
+    assert!(
+        !open(&key, header, payload, cuts, tag),
+        "a forged tag passed"
+    );
     let sealed = FrameSealer::new(&key).seal(header, &[payload]);
     assert!(open(&key, header, payload, cuts, &sealed));
     let flip = usize::from(data[0]) % (HEADER_LEN + payload.len());
@@ -65,7 +68,10 @@ fn check_mac(data: &[u8]) {
         None => header[flip] ^= 0x80,
         Some(i) => payload[i] ^= 0x80,
     }
-    assert!(!open(&key, &header, &payload, cuts, &sealed), "an altered frame passed");
+    assert!(
+        !open(&key, &header, &payload, cuts, &sealed),
+        "an altered frame passed"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

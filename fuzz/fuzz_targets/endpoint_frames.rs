@@ -52,8 +52,11 @@
 
 use std::collections::VecDeque;
 
+mod values;
+
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use syncopate_core::buffers::{BufferRelay, BufferRoute, BUFFER_CHUNK_ELEMS};
 use syncopate_core::optim::{LrSchedule, Sgd, SgdConfig};
 use syncopate_core::registry::{KeyInfo, Placement, TensorRegistry};
 use syncopate_core::sched::SchedulerKind;
@@ -61,24 +64,50 @@ use syncopate_core::strategy::{
     DlcpOptions, Endpoint, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, ServerSync,
     StepwiseHead, StrategyKind, SyncPlan, WorkerEvent, WorkerSync,
 };
-use syncopate_core::wire::{f32_bytes_mut, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+use syncopate_core::wire::{
+    f32_bytes_mut, Flags, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN,
+};
+use values::{Expect, ServerModel, BASE_LR};
 
 /// Most operations one input may run (keeps every input fast).
 const MAX_OPS: usize = 3_000;
 /// Largest payload a forged frame carries (the rest of its slot keeps its old values).
 const MAX_FORGED_PAYLOAD: usize = 4 * 1024;
 
-const KINDS: [FrameKind; 9] = [
-    FrameKind::Control,
-    FrameKind::Push,
-    FrameKind::Params,
-    FrameKind::Reduce,
-    FrameKind::Gather,
-    FrameKind::Heartbeat,
-    FrameKind::Abort,
-    FrameKind::Goodbye,
-    FrameKind::Ack,
-];
+/// Every frame kind the wire knows, found by decoding every possible kind byte, so a kind
+/// added to `FrameKind` is forged from the day it exists.
+fn all_kinds() -> &'static [FrameKind] {
+    static KINDS: std::sync::OnceLock<Vec<FrameKind>> = std::sync::OnceLock::new();
+    KINDS.get_or_init(|| {
+        let mut raw = Header::control(FrameKind::Control, 0).encode();
+        let kinds: Vec<FrameKind> = (0..=u8::MAX)
+            .filter_map(|byte| {
+                raw[3] = byte;
+                Header::decode(&raw, 0).ok().map(|h| h.kind)
+            })
+            .collect();
+        assert!(
+            kinds.contains(&FrameKind::Buffers),
+            "decoding every kind byte found only {kinds:?}"
+        );
+        kinds
+    })
+}
+
+/// The kinds whose payload is `length` values: data frames and the buffers beside them.
+fn value_kinds() -> &'static [FrameKind] {
+    static KINDS: std::sync::OnceLock<Vec<FrameKind>> = std::sync::OnceLock::new();
+    KINDS.get_or_init(|| {
+        all_kinds()
+            .iter()
+            .copied()
+            .filter(|k| k.carries_values())
+            .collect()
+    })
+}
+
+/// Largest payload of a buffers frame the reader takes, whatever the job's maximum.
+const BUFFERS_MAX_PAYLOAD: u32 = 4 * BUFFER_CHUNK_ELEMS as u32;
 
 /// Whether to print what the cluster does (`SYNCOPATE_FUZZ_TRACE=1`, for reading a reproducer).
 fn tracing() -> bool {
@@ -136,20 +165,6 @@ struct Link {
     partial: Option<(Header, bool)>,
 }
 
-/// What the values a worker receives must be.
-enum Expect {
-    /// The input every worker hands (an average of identical inputs).
-    Input,
-    /// The parameters after the step's update by the servers.
-    ServerUpdate {
-        sgd: Sgd,
-        schedule: LrSchedule,
-        /// Parameters and momentum after each step so far (index 0: the initial values).
-        params: Vec<Vec<Vec<f32>>>,
-        velocity: Vec<Vec<f32>>,
-    },
-}
-
 /// What the training thread of one worker has done in its current step.
 struct TrainLoop {
     begun: bool,
@@ -174,9 +189,48 @@ struct Cluster {
     max_payload: u32,
     grad: Vec<f32>,
     expect: Expect,
+    /// Every process's part in relaying worker 0's buffers (batch-norm statistics).
+    relays: Vec<BufferRelay>,
+    /// Buffer values worker 0 sends at an evaluation point.
+    buffer_len: usize,
+    /// The step of the last set of buffers worker 0 sent.
+    buffers_sent: Option<u64>,
     /// Whether a frame that was not sent honestly has been written into an endpoint (the
     /// data check is off from then on).
     tainted: bool,
+}
+
+/// A DLCP loss bound: 0 (every packet needed), 1 %, 10 %, the largest allowed (50 %), or any
+/// in between, in parts per million.
+fn loss_bound(u: &mut Unstructured) -> Result<f64> {
+    Ok(match u.int_in_range(0u8..=4)? {
+        0 => 0.0,
+        1 => 0.01,
+        2 => 0.1,
+        3 => 0.5,
+        _ => f64::from(u.int_in_range(0u32..=500_000)?) / 1e6,
+    })
+}
+
+/// DLCP's settings, loss bounds of pushes and pulls (or reduce-scatter and all-gather
+/// hops) included.
+fn dlcp_options(u: &mut Unstructured) -> Result<DlcpOptions> {
+    let opts = DlcpOptions {
+        loss_bound: loss_bound(u)?,
+        pull_loss_bound: loss_bound(u)?,
+        packet_elems: u.int_in_range(1..=64)?,
+        fill: *u.choose(&syncopate_core::strategy::LossFill::ALL)?,
+        drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
+        priority: u.arbitrary()?,
+        spray: u.arbitrary()?,
+    };
+    trace!("dlcp: {opts:?}");
+    Ok(opts)
+}
+
+/// The value worker 0's buffer entry `i` has at the evaluation point after `step`.
+fn buffer_value(step: u64, i: usize) -> f32 {
+    (i % 1000) as f32 * 0.25 + (step % 1000) as f32
 }
 
 impl Cluster {
@@ -198,6 +252,11 @@ impl Cluster {
             });
         }
         let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
+        let max_numel = sizes.iter().copied().max().unwrap_or(0);
+        let grad: Vec<f32> = (0..max_numel)
+            .map(|i| (i % 17) as f32 * 0.125 - 1.0)
+            .collect();
+        let buffer_len = *u.choose(&[0, 1, 7, 300, BUFFER_CHUNK_ELEMS + 5])?;
         let overlap = u.arbitrary::<bool>()?;
         let scheduler = *u.choose(&SchedulerKind::ALL)?;
         let max_payload = if u.arbitrary::<bool>()? {
@@ -208,7 +267,7 @@ impl Cluster {
         let mut workers: Vec<Box<dyn WorkerSync>> = Vec::new();
         let mut server_eps = Vec::new();
         let mut slices = Vec::new();
-        let mut expect = Expect::Input;
+        let mut expect = Expect::Input(grad.clone());
         let strategy = if ps {
             let slice_len: usize = u.int_in_range(1..=128)?;
             let placement = if u.arbitrary::<bool>()? {
@@ -228,24 +287,21 @@ impl Cluster {
                     min_lr: 0.0,
                 },
             };
+            let sgd_config = SgdConfig {
+                momentum: 0.9,
+                weight_decay: 1e-3,
+            };
             let optim = ServerOptim {
-                sgd: Sgd::new(SgdConfig {
-                    momentum: 0.9,
-                    weight_decay: 1e-3,
-                }),
-                lr: 0.1,
+                sgd: Sgd::new(sgd_config),
+                lr: BASE_LR,
                 schedule,
             };
-            // DLCP (loss bound 0: every packet needed, so its values are P3's) or ps.
-            let dlcp = u.ratio(1, 3)?.then_some(DlcpOptions {
-                loss_bound: 0.0,
-                packet_elems: u.int_in_range(1..=64)?,
-                fill: *u.choose(&syncopate_core::strategy::LossFill::ALL)?,
-                drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
-                priority: u.arbitrary()?,
-                spray: u.arbitrary()?,
-                pull_loss_bound: 0.0,
-            });
+            // DLCP (with loss bounds on pushes and pulls) or ps.
+            let dlcp = if u.ratio(1, 3)? {
+                Some(dlcp_options(u)?)
+            } else {
+                None
+            };
             let plan = dlcp.map(|opts| SyncPlan {
                 slice_params: slice_len,
                 dlcp: opts,
@@ -264,12 +320,13 @@ impl Cluster {
                 .iter()
                 .map(|&len| (0..len).map(|i| i as f32 * 0.01).collect())
                 .collect();
-            expect = Expect::ServerUpdate {
-                sgd: optim.sgd,
+            expect = Expect::ServerUpdate(Box::new(ServerModel::new(
+                sgd_config,
                 schedule,
-                params: vec![init.clone()],
-                velocity: sizes.iter().map(|&len| vec![0.0; len]).collect(),
-            };
+                n,
+                grad.clone(),
+                init.clone(),
+            )));
             if let Some(plan) = &plan {
                 for r in n..n + servers {
                     let server = plan.server_endpoint(r, keys.clone(), init.clone(), optim);
@@ -309,18 +366,10 @@ impl Cluster {
                 }
             }
         } else if u.ratio(1, 3)? {
-            // DLCP over the ring with a loss bound of 0: every packet is needed, so its
-            // averages are exact whatever is dropped (lost packets are probed for).
+            // DLCP over the ring, with loss bounds on the reduce-scatter and all-gather hops.
             let plan = SyncPlan {
                 bucket_bytes: 4 * u.int_in_range(1..=600)?,
-                dlcp: DlcpOptions {
-                    loss_bound: 0.0,
-                    packet_elems: u.int_in_range(1..=64)?,
-                    drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
-                    priority: u.arbitrary()?,
-                    spray: u.arbitrary()?,
-                    ..DlcpOptions::default()
-                },
+                dlcp: dlcp_options(u)?,
                 ..SyncPlan::new(StrategyKind::DlcpAllreduce, n, 0)
             };
             for r in 0..n {
@@ -375,7 +424,12 @@ impl Cluster {
             }
         }
         let peers = (0..total).map(|r| strategy.peers(n, servers, r)).collect();
-        let max_numel = sizes.iter().copied().max().unwrap_or(0);
+        let relays = (0..total)
+            .map(|r| {
+                let route = BufferRoute::of(strategy, n, servers, r);
+                BufferRelay::new(route, (r < n).then_some(buffer_len))
+            })
+            .collect();
         Ok(Self {
             workers,
             servers: server_eps,
@@ -395,49 +449,23 @@ impl Cluster {
             peers,
             seen: Vec::new(),
             max_payload,
-            grad: (0..max_numel)
-                .map(|i| (i % 17) as f32 * 0.125 - 1.0)
-                .collect(),
+            grad,
             expect,
+            relays,
+            buffer_len,
+            buffers_sent: None,
             tainted: false,
         })
     }
 
-    /// What worker values of `key` at step `step` must be (`None`: unknown, the step is far
-    /// beyond any an input reaches).
-    fn expected(&mut self, step: u64, key: usize) -> Option<&[f32]> {
-        let n = self.n;
-        let grad = &self.grad;
-        match &mut self.expect {
-            Expect::Input => Some(&grad[..self.sizes[key]]),
-            Expect::ServerUpdate {
-                sgd,
-                schedule,
-                params,
-                velocity,
-            } => {
-                let step = usize::try_from(step).ok().filter(|&s| s < 100_000)?;
-                while params.len() <= step + 1 {
-                    let s = params.len() as u64 - 1;
-                    let mut next = params[params.len() - 1].clone();
-                    for (k, (p, v)) in next.iter_mut().zip(velocity.iter_mut()).enumerate() {
-                        // As the server does: the pushes summed in rank order, then the mean.
-                        let mut acc = vec![0.0f32; p.len()];
-                        for _ in 0..n {
-                            for (a, g) in acc.iter_mut().zip(&grad[..p.len()]) {
-                                *a += g;
-                            }
-                        }
-                        let inv = 1.0 / n as f32;
-                        acc.iter_mut().for_each(|a| *a *= inv);
-                        let _ = k;
-                        sgd.step(schedule.lr_at(0.1, s), p, &acc, v);
-                    }
-                    params.push(next);
-                }
-                Some(&params[step + 1][key])
-            }
-        }
+    /// Whether the job has lost a packet: a server or worker filled in a value, or kept a
+    /// stale one, for want of a packet (see `values.rs`).
+    fn lossy(&self) -> bool {
+        let lost = |s: Option<syncopate_core::strategy::LossStats>| {
+            s.is_some_and(|s| s.entries_filled > 0 || s.entries_stale > 0)
+        };
+        self.workers.iter().any(|w| lost(w.loss_stats()))
+            || self.servers.iter().any(|s| lost(s.loss_stats()))
     }
 
     /// Checks the values worker `w` received for `key`, unless a dishonest frame got in.
@@ -446,22 +474,9 @@ impl Cluster {
             return;
         }
         let step = self.loops[w].step;
-        let Some(want) = self.expected(step, key) else {
-            return;
-        };
-        assert_eq!(
-            values.len(),
-            want.len(),
-            "rank {w}: key {key} has {} values",
-            values.len()
-        );
-        for (i, (&got, &want)) in values.iter().zip(want).enumerate() {
-            assert!(
-                (got - want).abs() <= 1e-4 * want.abs().max(1.0),
-                "rank {w}, step {step}, key {key}[{i}]: received {got}, the honest result is \
-                 {want} (no dishonest frame was written into any endpoint)"
-            );
-        }
+        let lossy = self.lossy();
+        let len = self.sizes[key];
+        self.expect.check(w, (step, key, len), values, lossy);
     }
 
     fn total(&self) -> usize {
@@ -597,14 +612,21 @@ impl Cluster {
         let Some(hb) = frame.first_chunk::<HEADER_LEN>() else {
             return;
         };
-        let Ok(h) = Header::decode(hb, self.max_payload) else {
+        let Ok(h) = Header::decode(hb, self.max_payload.max(BUFFERS_MAX_PAYLOAD)) else {
             return;
         };
-        if !h.kind.is_data() {
+        let payload = &frame[HEADER_LEN..];
+        if h.kind == FrameKind::Buffers {
+            // Beside the strategy's frames, to the process's buffer relay.
+            let r = self.relays[to].handle_frame(from, &h, payload);
+            trace!("rank {from} -> {to}: buffers {h:?}: {r:?}");
+            self.tainted |= r.is_ok() && !honest;
+            return;
+        }
+        if !h.kind.is_data() || h.payload_len > self.max_payload {
             // Control, heartbeat, abort and goodbye frames never reach the endpoint.
             return;
         }
-        let payload = &frame[HEADER_LEN..];
         trace!("rank {from} -> {to}: delivering {h:?}");
         let ep = self.ep(to);
         let written = match ep.recv_slot(from, &h) {
@@ -651,7 +673,61 @@ impl Cluster {
                     WorkerEvent::StepDone => self.loops[w].step_done = true,
                 }
             }
+            while let Some((step, values)) = self.relays[w].poll_delivered() {
+                self.check_buffers(w, step, &values);
+            }
         }
+    }
+
+    /// Checks a set of buffers worker `w` installs: worker 0's, as it sent them.
+    fn check_buffers(&self, w: usize, step: u64, values: &[f32]) {
+        if self.tainted {
+            return;
+        }
+        assert_eq!(
+            values.len(),
+            self.buffer_len,
+            "rank {w}: buffers of step {step}"
+        );
+        assert!(
+            self.buffers_sent.is_some_and(|s| step <= s),
+            "rank {w}: buffers of step {step}, which worker 0 never sent"
+        );
+        for (i, &v) in values.iter().enumerate() {
+            assert_eq!(
+                v.to_bits(),
+                buffer_value(step, i).to_bits(),
+                "rank {w}: buffer {i} of step {step}"
+            );
+        }
+    }
+
+    /// Worker 0 sends its buffers at an evaluation point (after its current step).
+    fn sync_buffers(&mut self) {
+        let step = self.loops[0].step;
+        if self.buffers_sent.is_some_and(|s| s >= step) {
+            return;
+        }
+        self.buffers_sent = Some(step);
+        let values: Vec<f32> = (0..self.buffer_len)
+            .map(|i| buffer_value(step, i))
+            .collect();
+        trace!("rank 0: buffers of step {step}");
+        self.relays[0].handle_local(step, &values);
+    }
+
+    /// Process `from`'s buffer relay writes its next frame, if it has one.
+    fn transmit_buffers(&mut self, from: Rank) {
+        let Some((to, bytes)) = self.relays[from].poll_transmit() else {
+            return;
+        };
+        let li = self
+            .link_index(from, to)
+            .unwrap_or_else(|| panic!("rank {from} relays buffers to itself"));
+        self.links[li].queue.push_back(Queued {
+            bytes,
+            honest: true,
+        });
     }
 
     /// The honest cluster makes progress for `rounds` rounds.
@@ -664,6 +740,7 @@ impl Cluster {
                 for _ in 0..4 {
                     self.transmit(r, None, round);
                 }
+                self.transmit_buffers(r);
             }
             for li in 0..self.links.len() {
                 for _ in 0..4 {
@@ -679,7 +756,7 @@ impl Cluster {
         let mut h = if !self.seen.is_empty() && u.arbitrary::<bool>()? {
             *u.choose(&self.seen)?
         } else {
-            let kind = *u.choose(&KINDS[1..5])?;
+            let kind = *u.choose(value_kinds())?;
             let step = u64::from(u.int_in_range(0u8..=3)?);
             let (key, offset, len) = if !self.slices.is_empty() && u.arbitrary::<bool>()? {
                 *u.choose(&self.slices)?
@@ -690,13 +767,19 @@ impl Cluster {
                     usize::from(u.int_in_range(0u8..=130)?),
                 )
             };
+            // Probe, Stop and Ack carry no values; a Missing bitmap is a word or two.
+            let len = match kind {
+                FrameKind::Probe | FrameKind::Stop | FrameKind::Ack => 0,
+                FrameKind::Missing => len % 3,
+                _ => len,
+            };
             let mut h = Header::data(kind, step, key as u32, offset as u32, len as u32);
             h.sequence = u64::from(u.int_in_range(0u8..=4)?);
             h
         };
         let mask: u16 = u.arbitrary()?;
         if mask & 1 != 0 {
-            h.kind = *u.choose(&KINDS)?;
+            h.kind = *u.choose(all_kinds())?;
         }
         if mask & 2 != 0 {
             h.step = h.step.wrapping_add(i64::from(u.arbitrary::<i8>()?) as u64);
@@ -738,7 +821,11 @@ impl Cluster {
             h.priority = u.arbitrary()?;
             h.sender = u.arbitrary()?;
         }
-        h.payload_len = if h.kind.is_data() {
+        if mask & 512 != 0 {
+            // Any known flags: loss-tolerant, drop-eligible, sprayed, any class.
+            h.flags = Flags::from_bits(u.int_in_range(0..=63)?).unwrap_or_default();
+        }
+        h.payload_len = if h.kind.carries_values() {
             h.length.saturating_mul(4)
         } else {
             0
@@ -789,7 +876,7 @@ impl Cluster {
 
     fn step(&mut self, u: &mut Unstructured) -> Result<()> {
         let op: u8 = u.arbitrary()?;
-        match op % 16 {
+        match op % 17 {
             0..=1 => {
                 let w = u.choose_index(self.n)?;
                 self.local(w);
@@ -859,10 +946,13 @@ impl Cluster {
             14 => {
                 // Drop, duplicate or reorder queued frames.
                 let li = self.pick_link(u)?;
+                let (from, to) = (self.links[li].from, self.links[li].to);
                 let q = &mut self.links[li].queue;
                 if !q.is_empty() {
                     let i = u.choose_index(q.len())?;
-                    match u.int_in_range(0..=2)? {
+                    let what = u.int_in_range(0..=2)?;
+                    trace!("link {from} -> {to}: frame {i} of {} dropped, duplicated or moved ({what})", q.len());
+                    match what {
                         0 => {
                             q.remove(i);
                         }
@@ -872,6 +962,14 @@ impl Cluster {
                                 honest: q[i].honest,
                             };
                             q.insert(i, f);
+                        }
+                        _ if loss_tolerant(&q[i].bytes) => {
+                            // A datagram may overtake anything, or fall behind: honest.
+                            let j = u.choose_index(q.len())?;
+                            trace!("  datagram moved to {j}");
+                            if let Some(f) = q.remove(i) {
+                                q.insert(j, f);
+                            }
                         }
                         _ => {
                             // TCP never reorders: what a reordered frame does is not checked.
@@ -883,6 +981,15 @@ impl Cluster {
                             }
                         }
                     }
+                }
+            }
+            16 => {
+                // Worker 0 reaches an evaluation point, or a relay writes a buffers frame.
+                if u.arbitrary::<bool>()? {
+                    self.sync_buffers();
+                } else {
+                    let from = u.choose_index(self.total())?;
+                    self.transmit_buffers(from);
                 }
             }
             _ => {
@@ -902,6 +1009,14 @@ impl Cluster {
         self.drain();
         Ok(())
     }
+}
+
+/// Whether a queued frame is a loss-tolerant packet (a datagram: it may be reordered).
+fn loss_tolerant(frame: &[u8]) -> bool {
+    frame
+        .first_chunk::<HEADER_LEN>()
+        .and_then(|hb| Header::decode(hb, u32::MAX).ok())
+        .is_some_and(|h| h.flags.is_loss_tolerant())
 }
 
 fn run(data: &[u8]) -> Result<()> {
