@@ -66,6 +66,9 @@ pub struct WorkerPlan {
     pub checkpoint: Option<CheckpointPlan>,
     /// A checkpoint folder to resume from (its newest step every process completed).
     pub resume: Option<std::path::PathBuf>,
+    /// The training settings that change the weights, which its checkpoints record and a
+    /// resumed job must repeat (every process of the job is given the same).
+    pub weight_settings: crate::checkpoint::WeightSettings,
 }
 
 /// Time spent in each phase over the run, seconds.
@@ -609,7 +612,7 @@ fn starting_state<E: LayerwiseEngine>(
         checkpoint::load(engine, path)?;
     }
     let mut optimizer = LocalOptimizer::new(plan.optim, sizes);
-    let job = layout.identity(&ctx.token, engine.spec());
+    let job = layout.identity(&ctx.token, engine.spec(), &plan.weight_settings);
     let (first_step, carried) = match &plan.resume {
         Some(dir) => checkpointing::resume(dir, &job, ctx.rank, engine, &mut optimizer)?,
         None => (0, None),

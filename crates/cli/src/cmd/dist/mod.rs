@@ -21,12 +21,12 @@ use syncopate_core::net::NetworkProfile;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::checkpoint::CheckpointPlan;
+use syncopate_runtime::checkpoint::{settings_of, CheckpointPlan, WeightSettings};
 use syncopate_runtime::comm::{CommOptions, DatagramOptions};
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
 use syncopate_train::model;
-use syncopate_train::trainer::Duration as TrainDuration;
+use syncopate_train::trainer::{Duration as TrainDuration, OptimConfig};
 
 use crate::args::{parse_seconds, LivenessArgs, NetworkArgs, StepWindow, TrainSettings};
 use crate::sync_args::SyncArgs;
@@ -318,6 +318,24 @@ impl JobArgs {
             dir: dir.clone(),
             every,
         }))
+    }
+
+    /// The training settings that change the weights, as the job's checkpoints record them
+    /// (with `optim`, the optimizer they resolve to: its schedule spans the run's steps).
+    fn weight_settings(&self, optim: &OptimConfig) -> WeightSettings {
+        let s = &self.settings;
+        let mut out = settings_of("optimizer", optim, &[]);
+        let shape = s.synthetic_shape.clone().unwrap_or_default();
+        for (flag, value) in [
+            ("--batch-size", s.batch_size.to_string()),
+            ("--seed", s.seed.to_string()),
+            ("--dataset", format!("{:?}", s.dataset)),
+            ("--synthetic-samples", s.synthetic_samples.to_string()),
+            ("--synthetic-shape", shape),
+        ] {
+            out.insert(flag.to_string(), value);
+        }
+        out
     }
 
     /// `--stall-timeout` in nanoseconds, or its default for a model of `params` parameters.
