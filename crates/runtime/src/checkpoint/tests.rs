@@ -58,11 +58,8 @@ fn the_newest_step_every_rank_completed_is_chosen() {
     write_all(dir.path(), 20, &j, 2..3);
     assert_eq!(newest_complete(dir.path(), &j).unwrap().step, 20);
     std::fs::write(step_dir(dir.path(), 20).join(record_name(0)), b"x").unwrap();
-    let err = newest_complete(dir.path(), &j).unwrap_err().to_string();
-    assert!(
-        err.contains("step 20: rank 0's state"),
-        "a corrupt record: {err}"
-    );
+    let p = newest_complete(dir.path(), &j).unwrap();
+    assert_eq!(p.step, 10, "a corrupt record");
 }
 
 #[test]
