@@ -24,7 +24,6 @@ mod identity;
 mod tests;
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -161,14 +160,10 @@ fn has_mac(job: &JobIdentity, file: (&str, u64, usize), bytes: &[u8], want: &str
     with_mac_input(job, file, bytes, |parts| job.key.verifies(parts, want))
 }
 
-/// Writes `bytes` to `path` atomically and durably: a temporary file, fsync, rename (the
-/// caller syncs the folder).
+/// Writes `bytes` to `path` atomically and durably (temporary file, fsync, rename, fsync
+/// of the folder).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(bytes).map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    syncopate_train::checkpoint::write_durably(path, bytes).map_err(io(path))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
