@@ -72,7 +72,7 @@ fn a_resume_with_other_settings_is_refused_naming_each_difference() {
     for said in [
         "plan.slice_params is 1000, this job's is 1001",
         "--batch-size is 8, this job's is 4",
-        "optimizer.lr is 0.05, this job's is 0.07",
+        "--lr is 0.05, this job's is 0.07",
         "--seed is 3, this job's is 9",
     ] {
         assert!(log.contains(said), "{said:?} missing from:\n{log}");
@@ -107,7 +107,7 @@ fn a_resume_with_other_settings_is_refused_naming_each_difference() {
 fn a_checkpoint_does_not_grow_with_the_steps_done() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
-    run_ok(launch(
+    run_ok(&mut launch(
         60,
         &[
             "--strategy",
@@ -124,7 +124,7 @@ fn a_checkpoint_does_not_grow_with_the_steps_done() {
     ));
     let size = |step: &str| {
         let at = ck.join(format!("step-000000{step}"));
-        ["rank-0.json", "rank-0.safetensors"]
+        ["rank-1.json", "rank-1.safetensors"]
             .iter()
             .map(|f| std::fs::metadata(at.join(f)).unwrap().len())
             .sum::<u64>()
