@@ -8,7 +8,7 @@ use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::Rank;
 
 use crate::auth::JobToken;
-use crate::checkpoint::JobIdentity;
+use crate::checkpoint::{settings_of, JobIdentity, WeightSettings};
 use crate::comm::CommOptions;
 
 pub use syncopate_core::strategy::{StrategyKind, SyncPlan};
@@ -47,19 +47,33 @@ impl JobLayout {
         }
     }
 
-    /// The identity of this job, training `spec` under `token`, as its checkpoints name it.
+    /// The identity of this job, training `spec` under `token`, as its checkpoints name it:
+    /// with every field of the plan that changes the weights (`plan.<field>`; the
+    /// scheduler, the credit and its tuning only change when bytes move) and `training`,
+    /// the training settings that do.
     pub fn identity(
         &self,
         token: &JobToken,
         spec: &syncopate_train::model::ModelSpec,
+        training: &WeightSettings,
     ) -> JobIdentity {
+        const TIMING_ONLY: [&str; 6] = [
+            "strategy",
+            "workers",
+            "servers",
+            "scheduler",
+            "credit_bytes",
+            "autotune",
+        ];
+        let mut settings = settings_of("plan", &self.sync, &TIMING_ONLY);
+        settings.extend(training.clone());
         JobIdentity::new(
             &spec.name,
             spec.fingerprint(),
             self.strategy.name(),
-            self.workers,
-            self.servers,
+            (self.workers, self.servers),
             token,
+            settings,
         )
     }
 }

@@ -61,6 +61,9 @@ pub struct ServerPlan {
     pub checkpoint: Option<CheckpointPlan>,
     /// A checkpoint folder to resume from (its newest step every process completed).
     pub resume: Option<std::path::PathBuf>,
+    /// The training settings that change the weights, which its checkpoints record and a
+    /// resumed job must repeat (every process of the job is given the same).
+    pub weight_settings: crate::checkpoint::WeightSettings,
 }
 
 /// Writes a server's checkpoints: the values and momentum of the keys it owns.
@@ -275,7 +278,7 @@ pub fn run_server(
     let mut server = layout
         .server_endpoint(ctx.rank, key_infos(spec), plan.initial, optim)
         .map_err(|e| RunError::Local(e.to_string()))?;
-    let job = layout.identity(&ctx.token, spec);
+    let job = layout.identity(&ctx.token, spec, &plan.weight_settings);
     if let Some(dir) = &plan.resume {
         restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
     }

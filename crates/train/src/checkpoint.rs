@@ -86,8 +86,9 @@ pub fn encode(
     safetensors::serialize(views, &Some(metadata)).map_err(|e| err(e.to_string()))
 }
 
-/// Writes every parameter and buffer of `engine` to `path` (atomically: a temporary file
-/// renamed into place, so an interrupted save never leaves a truncated checkpoint).
+/// Writes every parameter and buffer of `engine` to `path`, atomically and durably (see
+/// [`write_durably`]): an interrupted save, or a crash after it, never leaves a truncated
+/// or lost file.
 pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
     let bytes = encode(
         engine.spec(),
@@ -95,7 +96,6 @@ pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
         BTreeMap::new(),
         path,
     )?;
-    let tmp = path.with_extension("safetensors.tmp");
     let io = |source| TrainError::Io {
         path: path.to_path_buf(),
         source,
@@ -103,9 +103,26 @@ pub fn save(engine: &dyn LayerwiseEngine, path: &Path) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(())
+    write_durably(path, &bytes).map_err(io)
+}
+
+/// Writes `bytes` to `path` atomically and durably: into `path` with `.tmp` appended to
+/// its extension, fsynced, renamed over `path`, and the folder fsynced, so that after a
+/// crash `path` holds either its old contents or all of `bytes`.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// A checkpoint file read into memory: its tensors by name and its metadata.

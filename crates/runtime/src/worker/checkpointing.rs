@@ -9,6 +9,7 @@ use syncopate_train::checkpoint::{encode, engine_tensors, Decoded, NamedTensor};
 use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::LocalOptimizer;
 
+use super::step_rows::RowsMark;
 use super::{EvalLog, WorkerTimes};
 use crate::checkpoint::{
     newest_complete, write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint,
@@ -21,7 +22,7 @@ fn momentum_name(key_name: &str) -> String {
 }
 
 /// What a checkpoint keeps of what a worker's training loop measured, so that a resumed job
-/// reports the whole job: its evaluations, times and step rows, and its training time so far.
+/// reports the whole job: its evaluations, times and where its step rows went, and its training time so far.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct CarriedRecord {
     /// Per-phase times.
@@ -32,10 +33,9 @@ pub(super) struct CarriedRecord {
     pub(super) epoch_accuracy: Vec<f64>,
     /// Every evaluation.
     pub(super) evals: EvalLog,
-    /// Wall time of every step.
-    pub(super) step_seconds: Vec<f64>,
-    /// `steps-rank<R>.csv` so far.
-    pub(super) step_rows: String,
+    /// How far `steps-rank<R>.csv`'s rows went (kept in their own file, see
+    /// [`super::step_rows`]; `None`: this worker kept none).
+    pub(super) rows: Option<RowsMark>,
     /// Training seconds so far (evaluations left out).
     pub(super) trained: f64,
 }

@@ -31,6 +31,7 @@ use crate::trace::{TraceRecorder, SEND};
 
 mod checkpointing;
 mod step_loop;
+mod step_rows;
 use checkpointing::CarriedRecord;
 use checkpointing::Checkpointer;
 use step_loop::{Record, StepLoop};
@@ -66,6 +67,9 @@ pub struct WorkerPlan {
     pub checkpoint: Option<CheckpointPlan>,
     /// A checkpoint folder to resume from (its newest step every process completed).
     pub resume: Option<std::path::PathBuf>,
+    /// The training settings that change the weights, which its checkpoints record and a
+    /// resumed job must repeat (every process of the job is given the same).
+    pub weight_settings: crate::checkpoint::WeightSettings,
 }
 
 /// Time spent in each phase over the run, seconds.
@@ -561,9 +565,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     run.slowdown = plan.slowdown;
     run.rank = ctx.rank;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
-    if let Some(carried) = start.carried {
-        run.record = Record::resumed(carried);
-    }
+    run.record = starting_record(ctx, plan, start.carried)?;
     run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
         plan,
         job: start.job,
@@ -572,7 +574,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
     let tensor_completion = run.tensors.run().summary();
-    let (record, tracer) = (run.record, run.tracer);
+    let (mut record, tracer) = (run.record, run.tracer);
     if ctx.rank == 0 {
         if let Some(path) = &plan.save {
             checkpoint::save(&engine, path)?;
@@ -580,11 +582,36 @@ pub fn run_worker<E: LayerwiseEngine>(
     }
     let mut outcome = comm.finish()?;
     crate::sampler::finish_sampler(resources)?;
-    write_outputs(ctx, tracer, outcome.frames.take(), &record, evaluates)?;
+    write_outputs(ctx, tracer, outcome.frames.take(), &mut record, evaluates)?;
     let model_bytes = (spec.num_params() * 4) as f64;
     let mut summary = summarise(ctx.rank, plan, layout, model_bytes, record, outcome, &seq);
     summary.tensor_completion = tensor_completion;
     Ok(summary)
+}
+
+/// The record a worker starts with: a new one, or a resumed job's (`carried`) going on;
+/// either way with its step rows' file open (see [`step_rows`]).
+fn starting_record(
+    ctx: &ProcessContext,
+    plan: &WorkerPlan,
+    carried: Option<CarriedRecord>,
+) -> Result<Record, RunError> {
+    let checkpoints = plan.checkpoint.as_ref().map(|c| c.dir.as_path());
+    let metrics = ctx.metrics.as_ref().map(|m| m.dir.as_path());
+    let resumed = match (&carried, &plan.resume) {
+        (
+            Some(CarriedRecord {
+                rows: Some(mark), ..
+            }),
+            Some(dir),
+        ) => Some((dir.as_path(), mark)),
+        _ => None,
+    };
+    let (rows, step_seconds) = step_rows::open(ctx.rank, checkpoints, metrics, resumed)?;
+    Ok(match carried {
+        Some(carried) => Record::resumed(carried, rows, step_seconds),
+        None => Record::new(rows),
+    })
 }
 
 /// Where a worker starts: its optimizer, the steps already done and what was measured
@@ -609,7 +636,7 @@ fn starting_state<E: LayerwiseEngine>(
         checkpoint::load(engine, path)?;
     }
     let mut optimizer = LocalOptimizer::new(plan.optim, sizes);
-    let job = layout.identity(&ctx.token, engine.spec());
+    let job = layout.identity(&ctx.token, engine.spec(), &plan.weight_settings);
     let (first_step, carried) = match &plan.resume {
         Some(dir) => checkpointing::resume(dir, &job, ctx.rank, engine, &mut optimizer)?,
         None => (0, None),
@@ -672,20 +699,21 @@ fn write_outputs(
     ctx: &ProcessContext,
     mut tracer: Option<TraceRecorder>,
     frame_trace: Option<TraceRecorder>,
-    record: &Record,
+    record: &mut Record,
     evaluates: bool,
 ) -> Result<(), RunError> {
     if let (Some(t), Some(frames)) = (tracer.as_mut(), frame_trace) {
         t.absorb(frames);
     }
     let Some(m) = &ctx.metrics else {
-        return Ok(());
+        return record.step_rows.finish(None);
     };
     let write = |name: String, text: &str| {
         std::fs::write(m.dir.join(&name), text)
             .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
     };
-    write(format!("steps-rank{}.csv", ctx.rank), &record.step_rows)?;
+    let steps_csv = step_rows::steps_csv_in(&m.dir, ctx.rank);
+    record.step_rows.finish(Some(&steps_csv))?;
     if let Some(t) = &tracer {
         t.write(&m.dir, &format!("worker {}", ctx.rank))
             .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;

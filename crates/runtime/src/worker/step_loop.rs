@@ -15,6 +15,7 @@ use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
 use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
 use super::checkpointing::{CarriedRecord, Checkpointer};
+use super::step_rows::StepRows;
 use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
@@ -35,8 +36,8 @@ pub(super) struct Record {
     pub excluded_seconds: f64,
     /// Wall time of every step.
     pub step_seconds: Vec<f64>,
-    /// `steps-rank<R>.csv`.
-    pub step_rows: String,
+    /// `steps-rank<R>.csv`, appended to its file.
+    pub step_rows: StepRows,
     /// The evaluation after the last step.
     pub test: Option<Evaluation>,
     /// When training started.
@@ -48,7 +49,8 @@ pub(super) struct Record {
 }
 
 impl Record {
-    fn new() -> Self {
+    /// A new record whose step rows go to `step_rows`.
+    pub fn new(step_rows: StepRows) -> Self {
         Self {
             times: WorkerTimes::default(),
             recent: VecDeque::new(),
@@ -56,9 +58,7 @@ impl Record {
             evals: EvalLog::default(),
             excluded_seconds: 0.0,
             step_seconds: Vec::new(),
-            step_rows: String::from(
-                "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,tensor_p50_s,tensor_p99_s\n",
-            ),
+            step_rows,
             test: None,
             start: Instant::now(),
             trained: 0.0,
@@ -78,9 +78,9 @@ impl Record {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// What a checkpoint keeps of this record.
-    pub fn carry(&self) -> CarriedRecord {
-        CarriedRecord {
+    /// What a checkpoint keeps of this record (its step rows made durable first).
+    pub fn carry(&mut self) -> Result<CarriedRecord, RunError> {
+        Ok(CarriedRecord {
             times: self.times,
             recent: self.recent.clone(),
             epoch_accuracy: self.epoch_accuracy.clone(),
@@ -88,23 +88,23 @@ impl Record {
                 csv: self.evals.csv.clone(),
                 points: self.evals.points.clone(),
             },
-            step_seconds: self.step_seconds.clone(),
-            step_rows: self.step_rows.clone(),
+            rows: self.step_rows.mark()?,
             trained: self.train_seconds(),
-        }
+        })
     }
 
-    /// A record that goes on from `carried`, a resumed job's earlier part.
-    pub fn resumed(carried: CarriedRecord) -> Self {
+    /// A record that goes on from `carried`, a resumed job's earlier part, whose step rows
+    /// `step_rows` goes on from and whose steps took `step_seconds`.
+    pub fn resumed(carried: CarriedRecord, step_rows: StepRows, step_seconds: Vec<f64>) -> Self {
         Self {
             times: carried.times,
             recent: carried.recent,
             epoch_accuracy: carried.epoch_accuracy,
             evals: carried.evals,
-            step_seconds: carried.step_seconds,
-            step_rows: carried.step_rows,
+            step_seconds,
+            step_rows,
             carried: carried.trained,
-            ..Self::new()
+            ..Self::new(StepRows::default())
         }
     }
 }
@@ -182,7 +182,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             rank: 0,
             snapshots: None,
             checkpoints: None,
-            record: Record::new(),
+            record: Record::new(StepRows::default()),
             first_step: 0,
             step: 0,
             epoch: 0,
@@ -421,7 +421,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         r.step_seconds.push(step_s);
         let (now, before) = (r.times, self.times_at_step_start);
         let tensors = self.tensors.take_interval();
-        r.step_rows.push_str(&format!(
+        r.step_rows.push(&format!(
             "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6}\n",
             step + 1,
             r.train_seconds(),
@@ -434,7 +434,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             tensors.count,
             tensors.p50_s,
             tensors.p99_s
-        ));
+        ))?;
         let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
             / r.train_seconds().max(1e-9);
         self.observer.on_step(step + 1, steps, &out, rate);
@@ -496,12 +496,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     fn checkpoint(&mut self, step: u64) -> Result<(), RunError> {
         let t = Instant::now();
         if let Some(c) = &self.checkpoints {
-            c.write(
-                &*self.engine,
-                &self.optimizer,
-                step + 1,
-                &self.record.carry(),
-            )?;
+            let carried = self.record.carry()?;
+            c.write(&*self.engine, &self.optimizer, step + 1, &carried)?;
             self.observer.on_checkpoint(step + 1);
         }
         self.record.excluded_seconds += t.elapsed().as_secs_f64();

@@ -21,12 +21,12 @@ use syncopate_core::net::NetworkProfile;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::checkpoint::CheckpointPlan;
+use syncopate_runtime::checkpoint::{CheckpointPlan, WeightSettings};
 use syncopate_runtime::comm::{CommOptions, DatagramOptions};
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
 use syncopate_train::model;
-use syncopate_train::trainer::Duration as TrainDuration;
+use syncopate_train::trainer::{Duration as TrainDuration, OptimConfig};
 
 use crate::args::{parse_seconds, LivenessArgs, NetworkArgs, StepWindow, TrainSettings};
 use crate::sync_args::SyncArgs;
@@ -121,7 +121,8 @@ pub struct JobArgs {
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
     /// Every process writes its state (weights, momentum, steps done; servers their shards)
-    /// every N steps into --checkpoint-dir (or the --resume folder), keeping the last two.
+    /// every N steps into --checkpoint-dir (or the --resume folder), keeping the two newest
+    /// steps every process completed and any newer ones.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: Option<u64>,
     /// Folder of the job's checkpoints (`step-<S>/rank-<R>.safetensors` and a manifest per
@@ -132,7 +133,9 @@ pub struct JobArgs {
     /// Restart the job from the newest checkpoint in DIR that every process completed; the
     /// run goes on to the same --steps/--epochs and ends with the weights an uninterrupted
     /// run would have had. A checkpoint of another model, strategy, worker or server count
-    /// or token is refused.
+    /// or token, or written with other settings that change the weights (slicing, buckets,
+    /// DLCP bounds, batch size, learning rate and schedule, momentum, seed, dataset), is
+    /// refused before training, naming each difference.
     #[arg(long, value_name = "DIR", conflicts_with = "load")]
     pub resume: Option<PathBuf>,
     /// Every process samples its CPU, memory, disk and network into
@@ -318,6 +321,28 @@ impl JobArgs {
             dir: dir.clone(),
             every,
         }))
+    }
+
+    /// The training settings that change the weights, as the job's checkpoints record them
+    /// (with `optim`, the optimizer they resolve to: its schedule spans the run's steps).
+    fn weight_settings(&self, optim: &OptimConfig) -> WeightSettings {
+        let s = &self.settings;
+        let mut out = WeightSettings::new();
+        let shape = s.synthetic_shape.clone().unwrap_or_default();
+        for (flag, value) in [
+            ("--lr", optim.lr.to_string()),
+            ("--momentum", optim.sgd.momentum.to_string()),
+            ("--weight-decay", optim.sgd.weight_decay.to_string()),
+            ("--lr-schedule", format!("{:?}", optim.schedule)),
+            ("--batch-size", s.batch_size.to_string()),
+            ("--seed", s.seed.to_string()),
+            ("--dataset", format!("{:?}", s.dataset)),
+            ("--synthetic-samples", s.synthetic_samples.to_string()),
+            ("--synthetic-shape", shape),
+        ] {
+            out.insert(flag.to_string(), value);
+        }
+        out
     }
 
     /// `--stall-timeout` in nanoseconds, or its default for a model of `params` parameters.

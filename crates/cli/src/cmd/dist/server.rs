@@ -25,9 +25,11 @@ pub fn server_cmd(member: MemberArgs) -> Result<()> {
         s.batch_size,
         layout.workers,
     );
+    let optim = s.optim(steps_hint)?;
     let plan = ServerPlan {
         initial,
-        optim: s.optim(steps_hint)?,
+        optim,
+        weight_settings: args.weight_settings(&optim),
         steps: steps_hint,
         checkpoint: args.checkpoint_plan()?,
         resume: args.resume.clone(),

@@ -64,10 +64,12 @@ fn worker_plan(
     steps_hint: u64,
 ) -> Result<WorkerPlan> {
     let s = &args.settings;
+    let optim = s.optim(steps_hint)?;
     Ok(WorkerPlan {
         batch_size: s.batch_size,
         duration,
-        optim: s.optim(steps_hint)?,
+        optim,
+        weight_settings: args.weight_settings(&optim),
         seed: s.seed,
         load: args.load.clone(),
         // A job with a metrics directory keeps its final weights there (real models only).
