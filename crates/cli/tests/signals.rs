@@ -3,6 +3,7 @@
 //! resume to the weights of an uninterrupted job; SIGKILL to `launch` kills its processes
 //! too (their parent-death signal). The job token is on no process's command line.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -93,9 +94,9 @@ fn send(signal: i32, pid: u32) {
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
-/// Waits for `condition`, failing with `what` after [`PATIENCE`].
-fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
+/// Waits for `condition`, failing with `what` after `patience`.
+fn wait_until(what: &str, patience: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + patience;
     while !condition() {
         assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(5));
@@ -131,10 +132,12 @@ fn a_signalled_launch_stops_its_job_and_leaves_it_resumable() {
             .spawn()
             .unwrap();
         let workers = wait_for_workers(&mut stopped, &token);
-        wait_until("no checkpoint after step 10", || checkpointed(&ck, 10));
+        wait_until("no checkpoint after step 10", PATIENCE, || {
+            checkpointed(&ck, 10)
+        });
         send(signal, stopped.id());
         let mut status = None;
-        wait_until("launch did not exit after the signal", || {
+        wait_until("launch did not exit after the signal", PATIENCE, || {
             status = stopped.try_wait().unwrap();
             status.is_some()
         });
@@ -166,18 +169,30 @@ fn resume(steps: u64, token: &str, ck: &Path, save: &Path) {
 }
 
 /// SIGKILL to `launch`, which can do nothing about it: its processes die all the same.
+/// They are slowed down (compute 200 times as long) so that none writes a line between
+/// the kill and the check (one writing to its dead `launch`'s pipe would die of that).
 #[test]
 fn the_processes_of_a_killed_launch_die_with_it() {
     let token = "7a".repeat(32);
     let mut killed = launch(100_000_000, &token)
+        .args(["--slow-worker", "0:200", "--slow-worker", "1:200"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let workers = wait_for_workers(&mut killed, &token);
+    // Past the rendezvous (which `launch` hosts), the workers need `launch` no more.
+    let said = BufReader::new(killed.stderr.take().unwrap());
+    let training = said
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("rank 1: joined the job"));
+    assert!(training, "the workers never started training");
     send(SIGKILL, killed.id());
     let _ = killed.wait();
-    wait_until("a worker outlived its killed launch", || {
+    // They die at once; without a parent-death signal they would train on for minutes.
+    let kill_lag = Duration::from_secs(10);
+    wait_until("a worker outlived its killed launch", kill_lag, || {
         workers.iter().all(|&pid| !running(pid))
     });
 }
