@@ -143,7 +143,12 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            // `launch` stopped by a signal ends as a shell reports it: 128 + the signal.
+            let stopped = e.downcast_ref::<syncopate_runtime::launch::LaunchError>();
+            match stopped.and_then(syncopate_runtime::launch::LaunchError::exit_code) {
+                Some(code) => std::process::ExitCode::from(code),
+                None => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }

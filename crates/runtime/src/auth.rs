@@ -42,7 +42,7 @@ use sha2::Sha256;
 use syncopate_core::wire::mac::{FrameKey, LinkKeys};
 use syncopate_core::wire::VERSION;
 
-use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
+use crate::frame_io::{recv_unauthenticated, send_abort, send_control, FrameIoError};
 
 /// Environment variable holding the job token as 64 hex digits.
 pub const TOKEN_ENV: &str = "SYNCOPATE_TOKEN";
@@ -605,9 +605,10 @@ fn send(stream: &mut TcpStream, peer: &str, msg: &Message) -> Result<(), AuthErr
     })
 }
 
-/// Receives the next handshake message; an Abort from the peer becomes `Refused`.
+/// Receives the next handshake message, under the bounds for a peer that has not
+/// authenticated; an Abort from the peer becomes `Refused` with its reason cut short.
 fn receive(stream: &mut TcpStream, peer: &str) -> Result<Message, AuthError> {
-    recv_control(stream).map_err(|source| match source {
+    recv_unauthenticated(stream).map_err(|source| match source {
         FrameIoError::PeerAborted(reason) => AuthError::Refused {
             by: peer.to_owned(),
             reason,

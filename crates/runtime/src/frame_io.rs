@@ -4,7 +4,10 @@
 //! (in practice a [`std::net::TcpStream`] with timeouts set). The data plane has its own,
 //! non-blocking path; this module is for the few control messages exchanged before it
 //! starts. Nothing read from the peer is trusted: payload lengths are bounded before any
-//! allocation and every failure is an error, never a panic.
+//! allocation and every failure is an error, never a panic. Before a peer has
+//! authenticated, far tighter bounds apply ([`recv_unauthenticated`]): at most
+//! [`HANDSHAKE_MAX_PAYLOAD`] bytes of a frame are read, and at most
+//! [`UNAUTHENTICATED_TEXT_MAX`] bytes of what it says are kept.
 
 use std::io::{self, Read, Write};
 
@@ -15,8 +18,17 @@ use syncopate_core::wire::{FrameKind, Header, WireError, HEADER_LEN};
 /// Upper bound on the payload of a control frame (1 MiB).
 pub const CONTROL_MAX_PAYLOAD: u32 = 1 << 20;
 
-/// Longest abort reason sent; longer ones are truncated.
+/// Longest abort reason sent (and kept from an authenticated peer); longer ones are cut.
 const MAX_ABORT_REASON: usize = 4096;
+
+/// Largest frame payload read from a peer that has not authenticated yet (16 KiB): every
+/// handshake message is a few hundred bytes, and a frame announcing more is refused from its
+/// header, before any of its payload is read.
+pub const HANDSHAKE_MAX_PAYLOAD: u32 = 16 << 10;
+
+/// Longest text kept of what a peer that has not authenticated says (an Abort's reason):
+/// anything longer is cut, so no connection can make an error message grow.
+pub const UNAUTHENTICATED_TEXT_MAX: usize = 256;
 
 /// Why a frame could not be read or a control message understood.
 #[derive(Debug, thiserror::Error)]
@@ -111,16 +123,50 @@ pub fn send_control<T: Serialize>(
     Ok(())
 }
 
-/// Receives a JSON control message; an Abort frame becomes [`FrameIoError::PeerAborted`].
+/// Receives a JSON control message from an authenticated peer; an Abort frame becomes
+/// [`FrameIoError::PeerAborted`] with its reason (printable, at most 4 KiB).
 pub fn recv_control<T: DeserializeOwned>(stream: &mut impl Read) -> Result<T, FrameIoError> {
-    let (header, payload) = read_frame(stream, CONTROL_MAX_PAYLOAD)?;
+    recv_control_within(stream, CONTROL_MAX_PAYLOAD, MAX_ABORT_REASON)
+}
+
+/// Receives a JSON control message from a peer that has not authenticated yet: a frame
+/// announcing more than [`HANDSHAKE_MAX_PAYLOAD`] bytes is refused unread, and an Abort's
+/// reason is kept printable and at most [`UNAUTHENTICATED_TEXT_MAX`] bytes long.
+pub fn recv_unauthenticated<T: DeserializeOwned>(
+    stream: &mut impl Read,
+) -> Result<T, FrameIoError> {
+    recv_control_within(stream, HANDSHAKE_MAX_PAYLOAD, UNAUTHENTICATED_TEXT_MAX)
+}
+
+fn recv_control_within<T: DeserializeOwned>(
+    stream: &mut impl Read,
+    max_payload: u32,
+    max_reason: usize,
+) -> Result<T, FrameIoError> {
+    let (header, payload) = read_frame(stream, max_payload)?;
     match header.kind {
         FrameKind::Control => Ok(serde_json::from_slice(&payload)?),
-        FrameKind::Abort => Err(FrameIoError::PeerAborted(
-            String::from_utf8_lossy(&payload).into_owned(),
-        )),
+        FrameKind::Abort => Err(FrameIoError::PeerAborted(printable_prefix(
+            &payload, max_reason,
+        ))),
         other => Err(FrameIoError::UnexpectedKind(other)),
     }
+}
+
+/// What a peer sent, made fit for a log or an error message: invalid UTF-8 and control
+/// characters (line breaks, terminal escapes) become U+FFFD, and text longer than `max`
+/// bytes is cut on a character boundary and says how long it was.
+pub fn printable_prefix(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let kept = truncate_at_char(&text, max);
+    let mut out: String = kept
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    if kept.len() < text.len() {
+        out.push_str(&format!("... ({} bytes)", bytes.len()));
+    }
+    out
 }
 
 /// Tells the peer why we are giving up (best effort: failures are only logged).
@@ -242,6 +288,56 @@ mod tests {
             recv_control::<Msg>(&mut Cursor::new(buf)),
             Err(FrameIoError::Json(_))
         ));
+    }
+
+    #[test]
+    fn unauthenticated_aborts_are_cut_short_and_printable() {
+        let mut buf = Vec::new();
+        let reason = format!("\x1b[2Jfake\nline{}", "x".repeat(10_000));
+        write_frame(
+            &mut buf,
+            &Header::control(FrameKind::Abort, 0),
+            reason.as_bytes(),
+        )
+        .unwrap();
+        let Err(FrameIoError::PeerAborted(kept)) =
+            recv_unauthenticated::<Msg>(&mut Cursor::new(buf))
+        else {
+            panic!("an Abort must become PeerAborted");
+        };
+        assert!(
+            kept.len() <= UNAUTHENTICATED_TEXT_MAX + 32,
+            "{} bytes kept",
+            kept.len()
+        );
+        assert!(
+            kept.ends_with(&format!("({} bytes)", reason.len())),
+            "{kept}"
+        );
+        assert!(!kept.chars().any(char::is_control), "{kept:?}");
+        assert!(kept.contains("fake\u{fffd}line"), "{kept:?}");
+    }
+
+    #[test]
+    fn oversized_unauthenticated_frames_are_refused_unread() {
+        // The header alone announces 1 MiB: refused without waiting for the payload.
+        let header = Header::control(FrameKind::Abort, CONTROL_MAX_PAYLOAD).encode();
+        let e = recv_unauthenticated::<Msg>(&mut Cursor::new(header.to_vec())).unwrap_err();
+        assert!(
+            matches!(e, FrameIoError::Wire(WireError::TooLarge { .. })),
+            "{e}"
+        );
+        // An authenticated peer may send as much.
+        let mut buf = Vec::new();
+        let reason = "y".repeat(CONTROL_MAX_PAYLOAD as usize);
+        write_frame(
+            &mut buf,
+            &Header::control(FrameKind::Abort, 0),
+            reason.as_bytes(),
+        )
+        .unwrap();
+        let e = recv_control::<Msg>(&mut Cursor::new(buf)).unwrap_err();
+        assert!(matches!(&e, FrameIoError::PeerAborted(r) if r.len() < MAX_ABORT_REASON + 32));
     }
 
     #[test]

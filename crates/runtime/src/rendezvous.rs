@@ -11,10 +11,14 @@
 //!
 //! A slow or hostile connection never blocks the others: every accepted connection is
 //! handshaken on its own thread (at most 64 at once), cut off if it has not authenticated
-//! and registered within 5 s, and everything is bounded by the caller's timeout.
+//! and registered within 5 s, and everything is bounded by the caller's timeout. Nothing a
+//! connection that never authenticates sends can grow this process's memory: handshake
+//! frames are read under tight bounds ([`crate::frame_io::recv_unauthenticated`]), and of
+//! the connections that fail only a count and the first and last few, each cut to a short
+//! text, are kept ([`FAILURES_KEPT`], [`FAILURE_TEXT_MAX`]).
 
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc};
@@ -25,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{compat_mismatch, handshake, AuthError, JobToken, PeerInfo, Role, Session};
 use crate::comm::Link;
-use crate::frame_io::{recv_control, send_abort, send_control, FrameIoError};
+use crate::frame_io::{printable_prefix, recv_control, send_abort, send_control, FrameIoError};
 
 /// How often the accept loop polls its listener while idle.
 const POLL: Duration = Duration::from_millis(10);
@@ -37,6 +41,11 @@ const ADMISSION_DEADLINE: Duration = Duration::from_secs(5);
 const MAX_ADMISSIONS: usize = 64;
 /// Pause between attempts to reach a peer that is not listening yet.
 const RETRY: Duration = Duration::from_millis(100);
+/// Failed connections remembered at each end of a rendezvous (the first and the last
+/// this many); the others are only counted.
+pub const FAILURES_KEPT: usize = 4;
+/// Longest text kept of one failed connection; longer ones are cut.
+pub const FAILURE_TEXT_MAX: usize = 512;
 
 /// One process of the job as listed in the rendezvous table.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -186,7 +195,7 @@ pub fn serve_coordinator(
         move |stream, addr| admit_registration(stream, addr, &token, &info, timeout)
     };
     let mut registered = BTreeMap::new();
-    let mut failures = Vec::new();
+    let mut failures = FailureLog::default();
     let take = |r: Registration| {
         let rank = r.register.rank;
         enroll(r, &mut registered, world_size)?;
@@ -207,7 +216,7 @@ pub fn serve_coordinator(
             what: "registrations",
             waited: timeout,
             missing,
-            failures,
+            failures: failures.into_list(),
         });
     }
     broadcast_table(registered)
@@ -552,7 +561,7 @@ fn accept_links(
         keep_link(stream, addr, session, me, expected, &mut links)?;
         Ok(links.len() == expected.len())
     };
-    let mut failures = Vec::new();
+    let mut failures = FailureLog::default();
     let complete = accept_until(listener, deadline, admit, take, &mut failures)?;
     if !complete {
         return Err(RendezvousError::Timeout {
@@ -564,7 +573,7 @@ fn accept_links(
                 .map(|m| m.rank)
                 .filter(|r| !links.contains_key(r))
                 .collect(),
-            failures,
+            failures: failures.into_list(),
         });
     }
     Ok(links.into_values().collect())
@@ -609,13 +618,13 @@ fn keep_link(
 ///
 /// Each connection is admitted by `admit` (the handshake) on its own thread, so a slow or
 /// hostile peer delays nobody; admitted connections are handed to `take` on this thread.
-/// Failed admissions and refusals by `take` are logged and collected in `failures`.
+/// Failed admissions and refusals by `take` are logged and noted in `failures`.
 fn accept_until<T, A, K>(
     listener: &TcpListener,
     deadline: Instant,
     admit: A,
     mut take: K,
-    failures: &mut Vec<String>,
+    failures: &mut FailureLog,
 ) -> Result<bool, RendezvousError>
 where
     T: Send + 'static,
@@ -634,14 +643,11 @@ where
         for a in admitting.iter().filter(expired) {
             // The blocked read fails, and the thread ends.
             let _ = a.stream.shutdown(std::net::Shutdown::Both);
-            note_failure(
-                failures,
-                format!(
-                    "{}: not authenticated and registered within {:.0} s; cut off",
-                    a.addr,
-                    a.allowed.as_secs_f64()
-                ),
-            );
+            failures.note(&format!(
+                "{}: not authenticated and registered within {:.0} s; cut off",
+                a.addr,
+                a.allowed.as_secs_f64()
+            ));
         }
         admitting.retain(|a| Instant::now() < a.deadline);
         while admitting.len() < MAX_ADMISSIONS {
@@ -654,9 +660,9 @@ where
             Ok(Ok(item)) => match take(item) {
                 Ok(true) => break true,
                 Ok(false) => {}
-                Err(refusal) => note_failure(failures, refusal),
+                Err(refusal) => failures.note(&refusal),
             },
-            Ok(Err(failure)) => note_failure(failures, failure),
+            Ok(Err(failure)) => failures.note(&failure),
             Err(_) => {}
         }
         if Instant::now() >= deadline {
@@ -738,7 +744,72 @@ where
     }
 }
 
-fn note_failure(failures: &mut Vec<String>, failure: String) {
-    tracing::warn!("rendezvous: {failure}");
-    failures.push(failure);
+/// The connections that failed during a rendezvous, in bounded memory: how many, and the
+/// first and last [`FAILURES_KEPT`], each cut to [`FAILURE_TEXT_MAX`] bytes.
+#[derive(Debug, Default)]
+struct FailureLog {
+    count: usize,
+    first: Vec<String>,
+    last: VecDeque<String>,
+}
+
+impl FailureLog {
+    /// Logs `failure` and remembers it if it is among the first or the last few.
+    fn note(&mut self, failure: &str) {
+        let text = printable_prefix(failure.as_bytes(), FAILURE_TEXT_MAX);
+        tracing::warn!("rendezvous: {text}");
+        self.count = self.count.saturating_add(1);
+        if self.first.len() < FAILURES_KEPT {
+            self.first.push(text);
+            return;
+        }
+        if self.last.len() == FAILURES_KEPT {
+            self.last.pop_front();
+        }
+        self.last.push_back(text);
+    }
+
+    /// The failures kept, oldest first, with a line saying how many were left out.
+    fn into_list(self) -> Vec<String> {
+        let left_out = (self.count)
+            .saturating_sub(self.first.len())
+            .saturating_sub(self.last.len());
+        let mut list = self.first;
+        if left_out > 0 {
+            list.push(format!("{left_out} more not shown"));
+        }
+        list.extend(self.last);
+        list
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_failure_log_keeps_a_count_and_the_first_and_last_few_cut_short() {
+        let mut log = FailureLog::default();
+        for i in 0..1000 {
+            log.note(&format!("connection {i}: {}", "z".repeat(1 << 20)));
+        }
+        let list = log.into_list();
+        assert_eq!(list.len(), 2 * FAILURES_KEPT + 1, "{list:?}");
+        assert!(list[0].starts_with("connection 0:"));
+        assert_eq!(
+            list[FAILURES_KEPT],
+            format!("{} more not shown", 1000 - 2 * FAILURES_KEPT)
+        );
+        assert!(list[2 * FAILURES_KEPT].starts_with("connection 999:"));
+        assert!(list.iter().all(|f| f.len() <= FAILURE_TEXT_MAX + 32));
+    }
+
+    #[test]
+    fn a_short_failure_log_is_kept_whole() {
+        let mut log = FailureLog::default();
+        (0..FAILURES_KEPT + 2).for_each(|i| log.note(&i.to_string()));
+        let list = log.into_list();
+        let want: Vec<String> = (0..FAILURES_KEPT + 2).map(|i| i.to_string()).collect();
+        assert_eq!(list, want);
+    }
 }

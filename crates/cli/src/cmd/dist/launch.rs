@@ -55,15 +55,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     }
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
     let replicas = replicas::snapshot_dir(&args)?;
-    let handed = LaunchedJob {
-        job: JobArgs {
-            replica_dir: args.replica_dir.clone().or(replicas.clone()),
-            ..args.clone()
-        },
-        sync: layout.sync.clone(),
-        network: layout.network.clone(),
-    };
-    let handed = serde_json::to_string(&handed).context("encoding the resolved job")?;
+    let handed = handed_job(&args, &layout, replicas.clone())?;
     let scale = match args.sync.scale {
         Some(f) => format!(" (model scaled by {f}: bytes and bandwidth)"),
         None => String::new(),
@@ -104,6 +96,26 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The job as handed to every process on its command line (`--launched-job`): the flags
+/// with what `launch` filled in, never the token (which every user of the machine could
+/// read there; the processes get it in their environment).
+fn handed_job(
+    args: &JobArgs,
+    layout: &JobLayout,
+    replicas: Option<std::path::PathBuf>,
+) -> Result<String> {
+    let handed = LaunchedJob {
+        job: JobArgs {
+            replica_dir: args.replica_dir.clone().or(replicas),
+            token: None,
+            ..args.clone()
+        },
+        sync: layout.sync.clone(),
+        network: layout.network.clone(),
+    };
+    serde_json::to_string(&handed).context("encoding the resolved job")
 }
 
 impl JobArgs {
@@ -247,4 +259,28 @@ fn write_secret(path: &std::path::Path, text: &str) -> Result<()> {
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
         .with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Launch {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    #[test]
+    fn the_handed_job_holds_no_token() {
+        let token = "cd".repeat(32);
+        let args = Launch::try_parse_from(["launch", "--workers", "2", "--token", &token])
+            .unwrap()
+            .job;
+        assert_eq!(args.token.as_deref(), Some(token.as_str()));
+        let handed = handed_job(&args, &args.layout().unwrap(), None).unwrap();
+        assert!(!handed.contains(&token), "{handed}");
+        assert!(handed.contains("\"workers\":2"), "{handed}");
+    }
 }
