@@ -704,6 +704,15 @@ impl Endpoint for DlcpRing {
         self.maybe_step_done();
     }
 
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        link == self.left
+            && match h.kind {
+                FrameKind::Reduce => true,
+                FrameKind::Gather => !self.phase_reliable(Phase::Gather),
+                _ => false,
+            }
+    }
+
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {
         match h.kind {
             FrameKind::Reduce | FrameKind::Gather => {

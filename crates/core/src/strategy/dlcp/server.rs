@@ -501,6 +501,10 @@ impl Endpoint for DlcpServer {
         }
     }
 
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        h.kind == FrameKind::Push && link < self.workers
+    }
+
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         match h.kind {
             FrameKind::Push => self.handle_packet(link, h),

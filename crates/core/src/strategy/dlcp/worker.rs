@@ -461,6 +461,10 @@ impl Endpoint for DlcpWorker {
         }
     }
 
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        h.kind == FrameKind::Params && self.pull.is_some() && self.server_of(link).is_some()
+    }
+
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         match h.kind {
             FrameKind::Params | FrameKind::Probe if self.pull.is_some() => {
