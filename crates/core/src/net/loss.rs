@@ -1,5 +1,8 @@
 //! Random loss on a path: Bernoulli, or bursty (Gilbert-Elliott), from a seeded stream;
 //! per frame, or per packet of a frame (a frame is lost when any of its packets is).
+//! Bernoulli loss of a frame with a draw key is a pure function of the path's seed and the
+//! key (the frame's identity), whatever came before it; the bursty chain's state moves
+//! frame by frame in arrival order, so it draws from the stream.
 
 use super::profile::{BurstLoss, PathSpec};
 use super::rng::SplitMix64;
@@ -14,6 +17,8 @@ pub(crate) struct LossProcess {
     /// Bytes of one packet when loss strikes packets (`None`: it strikes whole frames).
     packet_bytes: Option<f64>,
     rng: SplitMix64,
+    /// The seed of keyed draws (from the path's stream, before any draw).
+    key_seed: u64,
 }
 
 impl LossProcess {
@@ -24,6 +29,7 @@ impl LossProcess {
             burst: spec.loss_burst,
             in_burst: false,
             packet_bytes: spec.packet_bytes,
+            key_seed: rng.clone().next_u64(),
             rng,
         }
     }
@@ -37,9 +43,22 @@ impl LossProcess {
     pub fn lose(&mut self, bytes: usize) -> u64 {
         let packets = self.packets(bytes);
         let Some(b) = self.burst else {
-            return self.lose_bernoulli(packets);
+            return lose_bernoulli(self.good, packets, &mut self.rng);
         };
         (0..packets).map(|_| self.lose_one(b) as u64).sum()
+    }
+
+    /// [`LossProcess::lose`] for a frame whose draws come from `key` (its identity's draw
+    /// key): without bursts, the same key on a path of the same seed loses the same packets
+    /// whatever was decided before; with bursts, or without a key, the stream decides.
+    pub fn lose_keyed(&mut self, bytes: usize, key: Option<u64>) -> u64 {
+        match key {
+            Some(key) if self.burst.is_none() => {
+                let mut rng = SplitMix64::derive(&[self.key_seed, key]);
+                lose_bernoulli(self.good, self.packets(bytes), &mut rng)
+            }
+            _ => self.lose(bytes),
+        }
     }
 
     /// Whether no frame is ever lost (no loss rate, no bursts).
@@ -67,27 +86,6 @@ impl LossProcess {
         }
     }
 
-    /// Lost packets out of `n`, each lost with the good state's `p`, independently.
-    fn lose_bernoulli(&mut self, n: u64) -> u64 {
-        let p = self.good;
-        let any = any_of(p, n);
-        if !(any > 0.0 && self.rng.chance(any)) {
-            return 0;
-        }
-        if n == 1 {
-            return 1;
-        }
-        if p >= 1.0 {
-            return n;
-        }
-        // The first loss, given that there is one: P(i) = (1 - p)^i p / any, by inversion.
-        let u = self.rng.next_f64();
-        let first = ((-u * any).ln_1p() / (-p).ln_1p()).ceil() - 1.0;
-        let first = (first.max(0.0) as u64).min(n - 1);
-        let after = (first + 1..n).filter(|_| self.rng.chance(p)).count() as u64;
-        1 + after
-    }
-
     /// One step of the Gilbert-Elliott chain: whether this unit is lost, then the move.
     fn lose_one(&mut self, b: BurstLoss) -> bool {
         let p = if self.in_burst {
@@ -102,6 +100,26 @@ impl LossProcess {
         }
         lost
     }
+}
+
+/// Lost packets out of `n`, each lost with `p`, independently, drawn from `rng`.
+fn lose_bernoulli(p: f64, n: u64, rng: &mut SplitMix64) -> u64 {
+    let any = any_of(p, n);
+    if !(any > 0.0 && rng.chance(any)) {
+        return 0;
+    }
+    if n == 1 {
+        return 1;
+    }
+    if p >= 1.0 {
+        return n;
+    }
+    // The first loss, given that there is one: P(i) = (1 - p)^i p / any, by inversion.
+    let u = rng.next_f64();
+    let first = ((-u * any).ln_1p() / (-p).ln_1p()).ceil() - 1.0;
+    let first = (first.max(0.0) as u64).min(n - 1);
+    let after = (first + 1..n).filter(|_| rng.chance(p)).count() as u64;
+    1 + after
 }
 
 /// Probability that at least one of `n` independent units, each lost with `p`, is lost:

@@ -3,7 +3,9 @@
 //! Both drivers use it: the runtime to emulate a constrained network on real sockets, the
 //! simulator to move frames on virtual time. It is sans-IO like the rest of the core: time
 //! comes in as `now` (nanoseconds from any fixed origin), and every random choice comes from
-//! a seeded stream, so the same seed gives the same losses.
+//! the job's seed: a frame's loss is drawn from a key of the seed and the frame's identity
+//! ([`FrameIdentity`]: flow, step, packet, attempt), so every run loses the same packets
+//! whatever order they reach the port in.
 //!
 //! - [`NetworkProfile`]: every knob (bandwidth, latency, send window, ingress bottleneck,
 //!   finite queues and their discipline, Bernoulli and Gilbert-Elliott loss, several paths,
@@ -20,6 +22,7 @@
 //!   to the scheduler in and what one link may hold on an unshaped network.
 //! - the parsers of bandwidths, durations, sizes and probabilities.
 
+mod attempts;
 mod counters;
 mod flow_map;
 mod link;
@@ -75,6 +78,37 @@ pub struct FrameMeta {
     /// retransmission timeout and deliveries on the flow stay in order. Otherwise the frame
     /// is simply lost ([`Fate::Lost`], [`Fate::Dropped`]).
     pub reliable: bool,
+    /// Which frame this is (its loss is drawn from a key of it): `None` draws from the
+    /// path's stream in arrival order.
+    pub identity: Option<FrameIdentity>,
+}
+
+/// What identifies a frame within its flow for the loss draws: its step and a hash of its
+/// kind, key and place in the key. Resends of the same packet are told apart by the port
+/// (each offer is a new attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FrameIdentity {
+    /// The training step the frame belongs to.
+    pub step: u64,
+    /// The packet within the step: a hash of the frame's kind, key, offset and length.
+    pub packet: u64,
+}
+
+impl FrameIdentity {
+    /// The identity of the frame with header `header`.
+    pub fn of_header(header: &crate::wire::Header) -> Self {
+        let kind = header.kind as u64;
+        let place = [
+            kind,
+            header.key.into(),
+            header.offset.into(),
+            header.length.into(),
+        ];
+        Self {
+            step: header.step,
+            packet: rng::hash(&place),
+        }
+    }
 }
 
 impl FrameMeta {
@@ -101,6 +135,7 @@ impl FrameMeta {
             flow,
             spray: f.is_sprayed(),
             reliable: !f.is_loss_tolerant(),
+            identity: Some(FrameIdentity::of_header(header)),
         }
     }
 }

@@ -44,6 +44,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::attempts::Attempts;
 use super::counters::NetCounters;
 use super::flow_map::FlowTable;
 use super::order::FlowSeq;
@@ -75,6 +76,9 @@ struct Held {
     wire_bytes: usize,
     /// Its flow's place in the port's flow table (looked up once, on entry).
     slot: usize,
+    /// The key its loss draws come from (with the retransmission count), if it has an
+    /// identity and the port may lose frames.
+    draw: Option<u64>,
 }
 
 /// What a port reads and updates of a flow at every frame, in one cache line: a frame
@@ -134,6 +138,10 @@ pub struct Port {
     direct: bool,
     /// The send window in closed form, where the port has one path of a valid rate.
     one_path: Option<OnePath>,
+    /// Whether any path may lose a frame (only then are draw keys kept).
+    lossy: bool,
+    /// Per frame identity, its offers so far (each one an attempt with draws of its own).
+    attempts: Attempts,
 }
 
 impl Port {
@@ -193,7 +201,10 @@ impl Port {
             clock: 0,
             direct: false,
             one_path: None,
+            lossy: false,
+            attempts: Attempts::default(),
         };
+        port.lossy = port.paths.iter().any(|p| !p.loss.never_loses());
         port.direct = port.direct_path_applies(direction);
         port.one_path = match port.paths.as_slice() {
             [only] => OnePath::new(only.spec.bandwidth_bps, port.window),
@@ -245,6 +256,10 @@ impl Port {
         } else {
             0
         };
+        let draw = match meta.identity {
+            Some(id) if self.lossy => Some(self.attempts.draw_key(meta.flow, id)),
+            _ => None,
+        };
         let held = Held {
             token,
             meta,
@@ -253,6 +268,7 @@ impl Port {
             retransmissions: 0,
             wire_bytes: meta.bytes,
             slot,
+            draw,
         };
         if self.one_per_flow {
             let gate = &mut flow.gate;
@@ -427,7 +443,8 @@ impl Port {
         let done = start.saturating_add(tx).max(held.offered);
         path.free_at = done;
         path.queue.serialising(done, bytes);
-        let lost_packets = path.loss.lose(bytes);
+        let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
+        let lost_packets = path.loss.lose_keyed(bytes, draw);
         let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
@@ -518,3 +535,7 @@ impl Port {
 mod direct;
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "port/keyed_tests.rs"]
+mod keyed_tests;

@@ -269,6 +269,14 @@ pub trait Endpoint {
     /// The payload announced by `header` has been written into the slot.
     fn handle_payload(&mut self, link: Rank, header: &Header) -> Result<(), ProtocolError>;
 
+    /// Whether a data frame like `header` from `link` belongs to one of this endpoint's
+    /// loss-tolerant flows (the protocol completes without it): only such a frame may an
+    /// emulated network lose on its way in, whatever its sender's header claims. Default:
+    /// none.
+    fn accepts_loss(&self, _link: Rank, _header: &Header) -> bool {
+        false
+    }
+
     /// When the endpoint next wants [`Endpoint::handle_timeout`] called: absolute
     /// nanoseconds on the driver's clock, `None` for no timer. Read it after the transmit
     /// polls (see the module docs); the answer replaces any earlier one. The default: never.

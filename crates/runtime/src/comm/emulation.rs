@@ -34,15 +34,19 @@ use super::{CommError, CommLoop, Hooks};
 pub(super) enum Gate {
     /// Not yet offered to the port.
     New,
-    /// Offered; its fate is not decided yet.
-    Waiting,
+    /// Offered; its fate is not decided yet (`droppable`: the receiving endpoint takes the
+    /// frame's flow as loss-tolerant, so the port may lose it).
+    Waiting {
+        /// Whether the port was told it may lose the frame.
+        droppable: bool,
+    },
     /// Released at this time (the loop's clock).
     DueAt(u64),
     /// Readable (released, or no ingress port).
     Open,
-    /// Lost or dropped by the port, a loss-tolerant frame: read, but never handed to the
-    /// endpoint (its payload lands in the slot the endpoint gave, and
-    /// [`Endpoint::handle_payload`] is not called).
+    /// Lost or dropped by the port, a frame of a flow the endpoint takes as loss-tolerant:
+    /// read into the link's discard buffer, never into the endpoint's slot, and never
+    /// handed to the endpoint.
     Discard,
 }
 
@@ -213,16 +217,25 @@ impl CommLoop {
             let link = usize::try_from(token)
                 .ok()
                 .and_then(|i| self.links.get_mut(i));
-            if let Some((gate, header)) = link.and_then(|l| l.read.gate()) {
-                if *gate == Gate::Waiting {
-                    *gate = match fate {
-                        Fate::Delivered { at, .. } => Gate::DueAt(at),
-                        Fate::Lost { .. } | Fate::Dropped if header.flags.is_loss_tolerant() => {
-                            Gate::Discard
-                        }
-                        Fate::Lost { .. } | Fate::Dropped => Gate::DueAt(now_ns),
-                    };
-                }
+            let Some(link) = link else {
+                continue;
+            };
+            let Some((gate, header)) = link.read.gate() else {
+                continue;
+            };
+            let Gate::Waiting { droppable } = *gate else {
+                continue;
+            };
+            *gate = match fate {
+                Fate::Delivered { at, .. } => Gate::DueAt(at),
+                Fate::Lost { .. } | Fate::Dropped if droppable => Gate::Discard,
+                Fate::Lost { .. } | Fate::Dropped => Gate::DueAt(now_ns),
+            };
+            if *gate == Gate::Discard {
+                // The payload is read here, not into the endpoint's slot.
+                let len = header.payload_len as usize;
+                link.discard.clear();
+                link.discard.resize(len, 0);
             }
         }
         for i in 0..self.links.len() {
@@ -249,17 +262,34 @@ impl CommLoop {
     }
 }
 
-/// Whether the data frame being read on link `index` (from `peer`; `gate` and `header`
-/// its) may be read past its header: at once without an ingress port; with one, once the
-/// port has released it. A frame's first asking offers it to the port, with its bytes on
-/// the wire (`tagged`: a frame MAC follows it).
-pub(super) fn ingress_open(
-    gate: &mut Gate,
+/// What the ingress port sees of a data frame with `header` from `peer` (`tagged`: a frame
+/// MAC follows it): its class and marks as its sender declared them, but loss-tolerant only
+/// if the receiving endpoint takes its flow as such (`accepts_loss`,
+/// [`Endpoint::accepts_loss`]); a frame flagged loss-tolerant on any other flow is reliable
+/// to the port (delayed by a loss, never lost).
+pub(super) fn ingress_meta(
     header: &Header,
-    ingress: Option<&mut Port>,
-    index: usize,
     peer: Rank,
     tagged: bool,
+    accepts_loss: bool,
+) -> FrameMeta {
+    let tag = if tagged { TAG_LEN } else { 0 };
+    let bytes = HEADER_LEN + header.payload_len as usize + tag;
+    let meta = FrameMeta::of_frame(header, bytes, peer as u64);
+    FrameMeta {
+        reliable: meta.reliable || !accepts_loss,
+        ..meta
+    }
+}
+
+/// Whether the data frame being read on link `index` (`gate` its) may be read past its
+/// header: at once without an ingress port; with one, once the port has released it. A
+/// frame's first asking offers it to the port as `meta` ([`ingress_meta`]).
+pub(super) fn ingress_open(
+    gate: &mut Gate,
+    meta: impl FnOnce() -> FrameMeta,
+    ingress: Option<&mut Port>,
+    index: usize,
     now_ns: u64,
 ) -> bool {
     match (*gate, ingress) {
@@ -269,14 +299,14 @@ pub(super) fn ingress_open(
             true
         }
         (Gate::New, Some(port)) => {
-            let tag = if tagged { TAG_LEN } else { 0 };
-            let bytes = HEADER_LEN + header.payload_len as usize + tag;
-            let meta = FrameMeta::of_frame(header, bytes, peer as u64);
+            let meta = meta();
             port.enqueue(now_ns, index as u64, meta);
-            *gate = Gate::Waiting;
+            *gate = Gate::Waiting {
+                droppable: !meta.reliable,
+            };
             false
         }
-        (Gate::Waiting | Gate::DueAt(_), _) => false,
+        (Gate::Waiting { .. } | Gate::DueAt(_), _) => false,
     }
 }
 

@@ -261,6 +261,9 @@ struct LinkState {
     /// Bytes read from the socket and not yet parsed are `staging[staged]`; they stay there
     /// past a goodbye, for the next run of the loop.
     staging: Box<[u8]>,
+    /// Where the payload of a data frame the ingress port lost is read to: never the
+    /// endpoint's slot, so a lost frame leaves no trace in the endpoint's state.
+    discard: Vec<u8>,
     staged: std::ops::Range<usize>,
     /// Frames offered to the emulated interface whose fate it has not yet decided, with
     /// their tokens.
@@ -410,6 +413,7 @@ impl CommLoop {
                 read: fresh_header(),
                 staging: vec![0; STAGING_BYTES].into_boxed_slice(),
                 staged: 0..0,
+                discard: Vec::new(),
                 awaiting: VecDeque::new(),
                 scheduled: VecDeque::new(),
                 last_release: 0,
@@ -535,3 +539,7 @@ fn protocol<E: ?Sized>(hooks: &dyn Hooks<E>, peer: Rank, error: ProtocolError) -
 mod datagram_tests;
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "ingress_tests.rs"]
+mod ingress_tests;

@@ -17,7 +17,7 @@ use syncopate_core::wire::mac::{FrameOpener, Tag, TAG_LEN};
 use syncopate_core::wire::{f32_bytes, f32_bytes_mut, FrameKind, Header, WireError, HEADER_LEN};
 
 use super::control::handle_control;
-use super::emulation::{ingress_open, Gate};
+use super::emulation::{ingress_meta, ingress_open, Gate};
 use super::{integrity, lost, ns_since, protocol, CommError, CommLoop, Hooks, LinkState};
 
 /// Where a link's reader stands in the frame being read.
@@ -127,7 +127,9 @@ impl CommLoop {
             let tagged = link.mac.is_some();
             if let Some((gate, header)) = link.read.gate() {
                 let ingress = self.ingress.as_mut();
-                if !ingress_open(gate, header, ingress, i, peer, tagged, now_ns) {
+                let meta =
+                    || ingress_meta(header, peer, tagged, endpoint.accepts_loss(peer, header));
+                if !ingress_open(gate, meta, ingress, i, now_ns) {
                     return Ok(());
                 }
             }
@@ -136,7 +138,7 @@ impl CommLoop {
             }
             let direct = link.read.payload_left() >= DIRECT_READ_BYTES;
             let read = if direct {
-                let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
+                let dest = destination(&mut link.read, &mut link.discard, endpoint, peer, &*hooks)?;
                 link.stream.read(dest)
             } else {
                 link.staged = 0..0;
@@ -173,7 +175,13 @@ fn parse_staged<E: Endpoint + ?Sized>(
     if staged.is_empty() {
         return Ok(false);
     }
-    let dest = destination(&mut link.read, endpoint, link.peer, &*hooks)?;
+    let dest = destination(
+        &mut link.read,
+        &mut link.discard,
+        endpoint,
+        link.peer,
+        &*hooks,
+    )?;
     let n = dest.len().min(staged.len());
     dest[..n].copy_from_slice(&staged[..n]);
     link.staged.start += n;
@@ -182,16 +190,22 @@ fn parse_staged<E: Endpoint + ?Sized>(
 }
 
 /// Where the next bytes of the frame being read go: the rest of its header, of the slot the
-/// endpoint designates for its payload (which must hold exactly the payload), or of a
-/// control frame's payload.
-fn destination<'a, E: Endpoint + ?Sized>(
+/// endpoint designates for its payload (which must hold exactly the payload; `discard`
+/// instead for a frame the ingress port lost), or of a control frame's payload.
+pub(super) fn destination<'a, E: Endpoint + ?Sized>(
     read: &'a mut ReadState,
+    discard: &'a mut [u8],
     endpoint: &'a mut E,
     peer: Rank,
     hooks: &dyn Hooks<E>,
 ) -> Result<&'a mut [u8], CommError> {
     Ok(match read {
         ReadState::Header { buf, filled } => buf.get_mut(*filled..).unwrap_or_default(),
+        ReadState::Data {
+            gate: Gate::Discard,
+            done,
+            ..
+        } => discard.get_mut(*done..).unwrap_or_default(),
         ReadState::Data { header, done, .. } => {
             let slot = endpoint
                 .recv_slot(peer, header)
@@ -337,7 +351,16 @@ fn payload_landed<E: Endpoint + ?Sized>(
     *done += n;
     if let Some(mac) = &mut link.mac {
         let landed = *done;
-        feed_payload(&mut mac.open, endpoint, peer, header, hashed, landed, hooks)?;
+        if *gate == Gate::Discard {
+            // A lost frame's payload is in the discard buffer, whole once it has landed.
+            if landed == header.payload_len as usize {
+                mac.open
+                    .update(link.discard.get(*hashed..).unwrap_or_default());
+                *hashed = landed;
+            }
+        } else {
+            feed_payload(&mut mac.open, endpoint, peer, header, hashed, landed, hooks)?;
+        }
     }
     if *done < header.payload_len as usize {
         return Ok(Landed::More);

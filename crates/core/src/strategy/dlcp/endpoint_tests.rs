@@ -376,3 +376,47 @@ fn a_pull_bound_keeps_the_step_befores_parameters() {
         .count();
     assert!(sent >= 2, "the workers stopped the server's sends");
 }
+
+/// The bitmaps of the Missing frames `server` has queued for worker link 0.
+fn queued_missing(server: &mut dyn Endpoint) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut bitmaps = Vec::new();
+    while server.poll_transmit(0, &mut out) {
+        if decode(&out).kind == FrameKind::Missing {
+            let words = out[HEADER_LEN..].chunks_exact(4);
+            bitmaps.push(
+                words
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+            );
+        }
+        out.clear();
+    }
+    bitmaps
+}
+
+/// A worker that probes again and again without reading the answers leaves one Missing
+/// queued at the server, and it names what is missing after the latest probe.
+#[test]
+fn repeated_probes_queue_one_missing_with_the_latest_bitmap() {
+    let mut c = Cluster::new(1, &[8], exact(1));
+    let mut packets = Vec::new();
+    let mut out = Vec::new();
+    while c.workers[0].poll_transmit(1, &mut out) {
+        if decode(&out).kind == FrameKind::Push {
+            packets.push(out.clone());
+        }
+        out.clear();
+    }
+    assert_eq!(packets.len(), 8);
+    let mut probe = Vec::new();
+    crate::wire::encode_data_frame(&mut probe, &Header::data(FrameKind::Probe, 0, 0, 0, 0), &[]);
+    for p in &packets[..5] {
+        deliver(c.server.as_mut(), 0, p);
+        for _ in 0..100 {
+            deliver(c.server.as_mut(), 0, &probe);
+        }
+    }
+    assert_eq!(queued_missing(c.server.as_mut()), vec![vec![0b1110_0000]]);
+    assert!(!c.server.has_pending_replies());
+}

@@ -26,6 +26,7 @@
 //! With `loss_bound` 0 every pushed packet is needed, and the result is exactly P3's.
 
 mod chunks;
+mod control;
 mod geometry;
 mod pull;
 mod ring;

@@ -24,7 +24,8 @@ use std::collections::{BTreeSet, VecDeque};
 mod checks;
 
 use super::chunks::RingChunks;
-use super::ring_hops::{ChunkSend, Control, Hops, Phase, Round};
+use super::control::ControlQueue;
+use super::ring_hops::{ChunkSend, Hops, Phase, Round};
 use super::tally::{indices_of, PacketTally};
 use super::{class_of_layer, drop_eligible, DlcpOptions, KeyLoss, LossStats};
 use crate::aggregate::{add_assign, scale};
@@ -66,7 +67,8 @@ pub struct DlcpRing {
     sends: Vec<ChunkSend>,
     sends_open: usize,
     active: BTreeSet<(usize, Phase, usize, usize)>,
-    control: VecDeque<Control>,
+    /// Stops and Missing bitmaps for the left-hand neighbour.
+    control: ControlQueue,
     events: VecDeque<WorkerEvent>,
     step_done: bool,
     lent: LentFrames,
@@ -133,7 +135,7 @@ impl DlcpRing {
             sends: vec![ChunkSend::default(); keys.len() * n * 2],
             sends_open: 0,
             active: BTreeSet::new(),
-            control: VecDeque::new(),
+            control: ControlQueue::default(),
             events: VecDeque::new(),
             step_done: true,
             lent: LentFrames::default(),
@@ -485,10 +487,7 @@ impl DlcpRing {
         if !self.phase_reliable(phase) {
             self.stats.stops += 1;
             let header = self.control_header(FrameKind::Stop, x, bucket, c, phase);
-            self.control.push_back(Control {
-                header,
-                words: Vec::new(),
-            });
+            self.control.push_stop(header);
         }
         let forward = match phase {
             Phase::Reduce => current,
@@ -526,10 +525,8 @@ impl DlcpRing {
         hops.probed[idx] = false;
         let words = hops.tally[idx].missing_words();
         self.stats.probes_answered += 1;
-        let mut header = self.control_header(FrameKind::Missing, h.step, bucket, c, phase);
-        header.length = words.len() as u32;
-        header.payload_len = header.length.saturating_mul(4);
-        self.control.push_back(Control { header, words });
+        let header = self.control_header(FrameKind::Missing, h.step, bucket, c, phase);
+        self.control.push_missing(header, words);
         Ok(())
     }
 
@@ -683,12 +680,8 @@ impl Endpoint for DlcpRing {
         if self.n < 2 {
             return None;
         }
-        if links.contains(&self.left) {
-            if let Some(c) = self.control.pop_front() {
-                let values: Vec<f32> = c.words.iter().map(|&w| f32::from_bits(w)).collect();
-                encode_data_frame(out, &c.header, &values);
-                return Some(Transmit::Copied(self.left));
-            }
+        if links.contains(&self.left) && self.control.encode_next(out) {
+            return Some(Transmit::Copied(self.left));
         }
         if !links.contains(&self.right) {
             return None;
@@ -709,6 +702,15 @@ impl Endpoint for DlcpRing {
     fn handle_sent(&mut self, _link: Rank, _h: &Header) {
         self.lent.returned();
         self.maybe_step_done();
+    }
+
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        link == self.left
+            && match h.kind {
+                FrameKind::Reduce => true,
+                FrameKind::Gather => !self.phase_reliable(Phase::Gather),
+                _ => false,
+            }
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {

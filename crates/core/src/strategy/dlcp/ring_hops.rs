@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use super::chunks::RingChunks;
 use super::tally::{packets_needed, PacketTally};
-use crate::wire::{FrameKind, Header};
+use crate::wire::FrameKind;
 
 /// The two halves of the ring all-reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -99,10 +99,4 @@ pub(super) struct ChunkSend {
     pub(super) handed: usize,
     pub(super) stopped: bool,
     pub(super) probing: bool,
-}
-
-/// A control frame for the left-hand neighbour: a Stop, or a Missing and its bitmap.
-pub(super) struct Control {
-    pub(super) header: Header,
-    pub(super) words: Vec<u32>,
 }

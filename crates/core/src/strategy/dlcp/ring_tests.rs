@@ -350,3 +350,36 @@ fn packets_carry_class_marks_and_spraying() {
         .filter(|(_, _, h)| h.kind == FrameKind::Reduce)
         .all(|(_, _, h)| !h.flags.is_sprayed() && !h.flags.is_drop_eligible()));
 }
+
+/// A left-hand neighbour that probes again and again without reading the answers leaves
+/// one Missing queued, naming what is missing after the latest probe.
+#[test]
+fn repeated_probes_queue_one_missing_with_the_latest_bitmap() {
+    let mut ring = Ring::new(2, &[16], opts(0.0, 1));
+    let (mut packets, mut probe) = (Vec::new(), None);
+    let mut out = Vec::new();
+    while probe.is_none() && ring.workers[0].poll_transmit(1, &mut out) {
+        match decode(&out).kind {
+            FrameKind::Reduce => packets.push(out.clone()),
+            FrameKind::Probe => probe = Some(out.clone()),
+            _ => {}
+        }
+        out.clear();
+    }
+    let probe = probe.expect("worker 0 probes once its chunk is out");
+    assert_eq!(packets.len(), 8);
+    for p in &packets[..3] {
+        deliver(ring.workers[1].as_mut(), 0, p);
+        for _ in 0..100 {
+            deliver(ring.workers[1].as_mut(), 0, &probe);
+        }
+    }
+    let mut bitmaps = Vec::new();
+    while ring.workers[1].poll_transmit(0, &mut out) {
+        if decode(&out).kind == FrameKind::Missing {
+            bitmaps.push(out[crate::wire::HEADER_LEN..].to_vec());
+        }
+        out.clear();
+    }
+    assert_eq!(bitmaps, vec![0b1111_1000u32.to_le_bytes().to_vec()]);
+}

@@ -3,8 +3,7 @@
 //! shares (lost values filled in) to a P3 server, which sums them in rank order, applies
 //! SGD and answers with the parameters.
 
-use std::collections::VecDeque;
-
+use super::control::ControlQueue;
 use super::geometry::{Geometry, PacketId};
 use super::pull::{PullFrame, PullSender};
 use super::tally::{indices_of, packets_needed, Marked, PacketTally};
@@ -20,12 +19,6 @@ struct Share {
     complete: usize,
 }
 
-/// A control frame queued for a worker: a Stop, or a Missing and its bitmap.
-struct Control {
-    header: Header,
-    words: Vec<u32>,
-}
-
 /// The server side of `--strategy dlcp`.
 pub struct DlcpServer {
     inner: PsServer,
@@ -39,7 +32,8 @@ pub struct DlcpServer {
     /// share only once it is counted, so a lost, late or duplicated one leaves no trace.
     scratch: Vec<Vec<f32>>,
     spare: Vec<Vec<f32>>,
-    control: Vec<VecDeque<Control>>,
+    /// Per worker link: Stops and Missing bitmaps to send.
+    control: Vec<ControlQueue>,
     stats: LossStats,
     /// Per key: values aggregated and filled in.
     key_loss: Vec<KeyLoss>,
@@ -88,7 +82,7 @@ impl DlcpServer {
             slice_missing: vec![0; slices],
             scratch: vec![vec![0.0; opts.packet_elems]; workers],
             spare: Vec::new(),
-            control: (0..workers).map(|_| VecDeque::new()).collect(),
+            control: (0..workers).map(|_| ControlQueue::default()).collect(),
             stats: LossStats::default(),
             key_loss: vec![KeyLoss::default(); keys.len()],
             pulls: if opts.pull_loss_bound_ppm() > 0 {
@@ -152,10 +146,16 @@ impl DlcpServer {
         Ok((id, late))
     }
 
+    /// Queues a Stop (empty `words`) or a Missing for `link` about `key`'s share of `step`;
+    /// a Missing replaces one still pending for that share.
     fn queue_control(&mut self, link: Rank, kind: FrameKind, step: u64, key: u32, words: Vec<u32>) {
-        let mut header = Header::data(kind, step, key, 0, words.len() as u32);
+        let mut header = Header::data(kind, step, key, 0, 0);
         header.sender = (self.workers + self.index) as u32;
-        self.control[link].push_back(Control { header, words });
+        if kind == FrameKind::Missing {
+            self.control[link].push_missing(header, words);
+        } else {
+            self.control[link].push_stop(header);
+        }
     }
 
     fn handle_packet(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
@@ -411,10 +411,7 @@ impl DlcpServer {
             .iter()
             .copied()
             .find(|&l| self.control.get(l).is_some_and(|q| !q.is_empty()))?;
-        let c = self.control[link].pop_front()?;
-        let words: Vec<f32> = c.words.iter().map(|&w| f32::from_bits(w)).collect();
-        encode_data_frame(out, &c.header, &words);
-        Some(link)
+        self.control[link].encode_next(out).then_some(link)
     }
 }
 
@@ -502,6 +499,10 @@ impl Endpoint for DlcpServer {
                 "a DLCP server expects packets and probes",
             )),
         }
+    }
+
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        h.kind == FrameKind::Push && link < self.workers
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use super::control::ControlQueue;
 use super::geometry::{Geometry, PacketId};
 use super::pull::{PullEvent, PullReceiver};
 use super::tally::indices_of;
@@ -43,7 +44,7 @@ pub struct DlcpWorker {
     /// The run's first step (its pulls need every packet).
     first_step: u64,
     /// Per server: Stops and Missing bitmaps about the parameters, to send.
-    answers: Vec<VecDeque<(Header, Vec<u32>)>>,
+    answers: Vec<ControlQueue>,
     /// Per server link: one parameter packet's values as it arrives. A driver may read a
     /// packet in parts, asking for its slot again each time, while whole packets of other
     /// servers arrive in between: one buffer per link keeps the parts together.
@@ -86,7 +87,7 @@ impl DlcpWorker {
             pull: (opts.pull_loss_bound_ppm() > 0)
                 .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
             first_step: 0,
-            answers: vec![VecDeque::new(); servers],
+            answers: (0..servers).map(|_| ControlQueue::default()).collect(),
             packet: vec![vec![0.0; opts.packet_elems.max(1)]; servers],
             stats: LossStats::default(),
             geo,
@@ -281,14 +282,11 @@ impl DlcpWorker {
             PullEvent::Nothing => Ok(()),
             PullEvent::Missing(words) => {
                 self.stats.probes_answered += 1;
-                answer.kind = FrameKind::Missing;
-                answer.length = words.len() as u32;
-                answer.payload_len = answer.length.saturating_mul(4);
-                self.answers[server].push_back((answer, words));
+                self.answers[server].push_missing(answer, words);
                 Ok(())
             }
             PullEvent::Complete => {
-                self.answers[server].push_back((answer, Vec::new()));
+                self.answers[server].push_stop(answer);
                 self.hand_over_params(link, server, key)
             }
         }
@@ -335,10 +333,7 @@ impl DlcpWorker {
                 .is_some_and(|s| !self.answers[s].is_empty())
         })?;
         let server = self.server_of(link)?;
-        let (h, words) = self.answers[server].pop_front()?;
-        let values: Vec<f32> = words.iter().map(|&w| f32::from_bits(w)).collect();
-        crate::wire::encode_data_frame(out, &h, &values);
-        Some(link)
+        self.answers[server].encode_next(out).then_some(link)
     }
 }
 
@@ -478,6 +473,10 @@ impl Endpoint for DlcpWorker {
                 "a DLCP worker expects parameters, stops and bitmaps",
             )),
         }
+    }
+
+    fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
+        h.kind == FrameKind::Params && self.pull.is_some() && self.server_of(link).is_some()
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
