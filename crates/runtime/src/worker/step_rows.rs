@@ -80,10 +80,19 @@ fn failed<'a>(path: &'a Path, what: &'a str) -> impl FnOnce(std::io::Error) -> R
     move |e| RunError::Local(format!("{what} {}: {e}", path.display()))
 }
 
+/// Creates (or empties) the file at `path`, and the folders above it: a job's first rows come
+/// before its first checkpoint creates the checkpoint folder.
+fn create_file(path: &Path) -> Result<File, RunError> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(failed(parent, "creating"))?;
+    }
+    File::create(path).map_err(failed(path, "creating"))
+}
+
 impl StepRows {
     /// A new rows file at `path`, holding the header.
     pub(super) fn create(path: &Path) -> Result<Self, RunError> {
-        let file = File::create(path).map_err(failed(path, "creating"))?;
+        let file = create_file(path)?;
         let mut rows = Self::open(path, file, Vec::new())?;
         rows.push(HEADER)?;
         Ok(rows)
@@ -128,7 +137,7 @@ impl StepRows {
                 .map_err(failed(path, "cutting back"))?;
             file
         } else {
-            let mut file = File::create(path).map_err(failed(path, "creating"))?;
+            let mut file = create_file(path)?;
             file.write_all(&prefix).map_err(failed(path, "writing"))?;
             file
         };
@@ -229,6 +238,17 @@ mod tests {
         let want = format!("{HEADER}{}{}{}", row(1), row(2), row(3));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
         assert_eq!(std::fs::read_to_string(&copy).unwrap(), want);
+    }
+
+    #[test]
+    fn the_rows_file_creates_the_folder_it_lives_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoints/not-yet").join("rows.csv");
+        let mut rows = StepRows::create(&path).unwrap();
+        rows.push(&row(1)).unwrap();
+        rows.finish(None).unwrap();
+        let want = format!("{HEADER}{}", row(1));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
     }
 
     #[test]
