@@ -99,11 +99,6 @@ pub(super) const STAGING_BYTES: usize = 64 << 10;
 /// A payload with at least this many bytes still to come is read straight into its slot
 /// (no copy); shorter ones go through the staging buffer, many frames to a read.
 const DIRECT_READ_BYTES: usize = 32 << 10;
-/// At most this many payload bytes are read straight into a slot at a time on a link with
-/// frame MACs, so that they are hashed right after the read, while they are still in the
-/// core's cache (a read of several MiB would leave its start in memory for the hash to
-/// fetch again). A multiple of [`HASH_BLOCK`](syncopate_core::wire::mac::HASH_BLOCK).
-const HASHED_READ_BYTES: usize = 256 << 10;
 /// Largest payload of a control frame (an Abort's reason is at most 4 KiB): larger ones are
 /// refused at their header, before anything is allocated.
 const MAX_CONTROL_PAYLOAD: u32 = 64 << 10;
@@ -142,13 +137,7 @@ impl CommLoop {
             let direct = link.read.payload_left() >= DIRECT_READ_BYTES;
             let read = if direct {
                 let dest = destination(&mut link.read, endpoint, peer, &*hooks)?;
-                let most = if tagged {
-                    HASHED_READ_BYTES
-                } else {
-                    dest.len()
-                };
-                let (head, _) = dest.split_at_mut(most.min(dest.len()));
-                link.stream.read(head)
+                link.stream.read(dest)
             } else {
                 link.staged = 0..0;
                 link.stream.read(&mut link.staging[..])
