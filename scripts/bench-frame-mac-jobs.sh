@@ -69,13 +69,13 @@ run() {
         --no-replica-stats --summary-json "$dir/s.json" "${flag[@]}" > "$dir/log" 2>&1 \
         || { cat "$dir/log" >&2; exit 1; }
       /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' \
-        "$dir/s.json" | sed "s/^/lenet samples per s,$mac,$round,/" >> "$raw" ;;
+        "$dir/s.json" | sed "s|^|lenet 4 workers samples/s,$mac,$round,|" >> "$raw" ;;
     vgg19)
       "$syncopate" launch --strategy p3 --workers 4 --servers 4 --model profile:vgg19 \
         --scale "$scale" --bandwidth 6gbit --steps 8 --batch-size 128 --metrics-dir "$dir" \
         "${flag[@]}" > "$dir/log" 2>&1 || { cat "$dir/log" >&2; exit 1; }
       awk -F, -v m="$mac" -v r="$round" 'NR > 1 && $1 > 3 { t += $3; n++ }
-        END { printf "vgg19 p3 6gbit step s,%s,%s,%.4f\n", m, r, t / n }' \
+        END { printf "vgg19 p3 6gbit step (s),%s,%s,%.4f\n", m, r, t / n }' \
         "$dir/steps-rank0.csv" >> "$raw" ;;
     *) echo "bench-frame-mac-jobs: unknown job '$job'" >&2; exit 2 ;;
   esac
@@ -99,7 +99,7 @@ for job, rounds in figures.items():
     if not pairs:
         continue
     # A throughput falls with the cost, a step time rises.
-    cost = (lambda r: r["on"] / r["off"] - 1) if job.endswith(" s") else (lambda r: 1 - r["on"] / r["off"])
+    cost = (lambda r: r["on"] / r["off"] - 1) if "step" in job else (lambda r: 1 - r["on"] / r["off"])
     costs = sorted(cost(r) for r in pairs)
     lines.append("| %s | %s | %s | **%.1f %%** | %s |" % (
         job, " / ".join("%.4g" % r["off"] for r in pairs),
