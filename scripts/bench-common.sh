@@ -1,5 +1,5 @@
-# Shared by the benchmark scripts that run `syncopate bench-comm` in rounds
-# (compare-allreduce.sh, bench-frame-mac.sh); source it after setting the defaults of
+# Shared by the benchmark scripts that run `syncopate` in rounds
+# (compare-allreduce.sh, bench-frame-mac.sh, bench-frame-mac-jobs.sh); source it after setting the defaults of
 # ranks, sizes, rounds, min_time, bench_args and out, and root (the repository).
 
 # Parses the options every such script takes (--ranks, --sizes, --rounds, --min-time,
@@ -43,4 +43,17 @@ bench_release_binary() {
     cargo build --release -p syncopate --quiet
     syncopate="$root/target/release/syncopate"
   fi
+}
+
+# Runs `$1 ITEM MAC ROUND` for each of $rounds rounds and each ITEM of $2, MAC being off
+# then on in odd rounds and on then off in even ones (frame MACs measured in pairs, back to
+# back, so that a noisy neighbour hits both alike).
+bench_alternate_macs() {
+  local run=$1 items=$2 round item mac order
+  for round in $(seq 1 "$rounds"); do
+    for item in $items; do
+      if [ $((round % 2)) = 1 ]; then order="off on"; else order="on off"; fi
+      for mac in $order; do "$run" "$item" "$mac" "$round"; done
+    done
+  done
 }

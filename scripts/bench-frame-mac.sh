@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# What per-frame MACs cost: ring all-reduce bus bandwidth (`syncopate bench-comm`) without
-# and with --frame-mac, alternated in one run (for each round and rank count, both runs back
+# What per-frame MACs cost: ring all-reduce bus bandwidth (`syncopate bench-comm`) with
+# --no-frame-mac and with frame MACs (the default), alternated in one run (for each round and rank count, both runs back
 # to back, their order swapped every round) so that a noisy neighbour hits both alike; the
 # cost is taken from each round's pair, never across runs.
 #
-# Usage: scripts/bench-frame-mac.sh [--ranks "2 4"] [--sizes "64K 100M"] [--rounds 5]
+# Usage: scripts/bench-frame-mac.sh [--ranks "2 4"] [--sizes "4K 64K 1M 16M 100M"] [--rounds 5]
 #                                   [--min-time 1] [--bench-args "ARGS"] [--out DIR]
 #   --ranks     process counts (default "2 4")
-#   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 64K 100M)
+#   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 4K 64K 1M 16M 100M)
 #   --rounds    repetitions; the table shows medians and the range of the per-round costs
 #   --min-time  seconds of timed operations per size and run (default 1)
 #   --bench-args  more bench-comm flags for every run, e.g. "--bandwidth 1gbit"
@@ -21,7 +21,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 ranks="2 4"
-sizes="64K 100M"
+sizes="4K 64K 1M 16M 100M"
 rounds=5
 min_time=1
 bench_args=""
@@ -36,10 +36,10 @@ raw="$out/raw.csv"
 echo "mac,round,size_bytes,ranks,median_s,busbw_GBps" > "$raw"
 bench_sizes=$(echo "$sizes" | tr ' ' ',')
 
-# Runs bench-comm once and appends its rows under mac=$1 (off/on), round $2, ranks $3.
+# Runs bench-comm once with $1 ranks and appends its rows under mac=$2 (off/on), round $3.
 run() {
-  local mac=$1 round=$2 n=$3 flag=()
-  [ "$mac" = on ] && flag=(--frame-mac)
+  local n=$1 mac=$2 round=$3 flag=()
+  [ "$mac" = off ] && flag=(--no-frame-mac)
   echo "round $round/$rounds, $n ranks, frame MACs $mac" >&2
   # shellcheck disable=SC2086
   "$syncopate" bench-comm --strategy allreduce --workers "$n" --sizes "$bench_sizes" \
@@ -47,12 +47,7 @@ run() {
     | grep -E '^[0-9]' | cut -d, -f1-4 | sed "s/^/$mac,$round,/" >> "$raw"
 }
 
-for round in $(seq 1 "$rounds"); do
-  for n in $ranks; do
-    if [ $((round % 2)) = 1 ]; then order="off on"; else order="on off"; fi
-    for mac in $order; do run "$mac" "$round" "$n"; done
-  done
-done
+bench_alternate_macs run "$ranks"
 
 PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
 import statistics

@@ -12,7 +12,8 @@
 #   --sizes     message sizes in bytes, K/M/G = KiB/MiB/GiB (default 4K 64K 1M 16M 100M)
 #   --rounds    repetitions of the whole matrix; the table shows each figure's median
 #   --min-time  seconds of timed operations per size and implementation (default 1)
-#   --bench-args  more flags for our runs (bench-comm), e.g. "--frame-mac"
+#   --bench-args  more flags for our runs (bench-comm); default "--no-frame-mac", since the
+#               references authenticate nothing (give "" to measure ours with frame MACs)
 #   --out       where the raw CSVs and the table go (default target/compare-allreduce)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's.
 # Every implementation runs twice: back to back (rank 0 times its calls one after the other,
@@ -31,11 +32,11 @@ ranks="2 4"
 sizes="4K 64K 1M 16M 100M"
 rounds=3
 min_time=1
-bench_args=""
+bench_args="--no-frame-mac"
 out="$root/target/compare-allreduce"
 # shellcheck source=scripts/bench-common.sh
 source "$root/scripts/bench-common.sh"
-bench_parse_args compare-allreduce 25 "$@"
+bench_parse_args compare-allreduce 26 "$@"
 bench_binary
 have_mpi=1
 have_gloo=1

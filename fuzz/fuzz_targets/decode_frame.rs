@@ -1,7 +1,7 @@
 //! Fuzzes the frame header decoder: any 48 bytes must decode or be refused, never panic, and
 //! whatever decodes must re-encode to a header that decodes to itself.
 //!
-//! It also fuzzes the frame MACs that follow each frame on links with `--frame-mac`
+//! It also fuzzes the frame MACs that follow each frame unless a job says `--no-frame-mac`
 //! (`syncopate_core::wire::mac`): an input of at least 80 bytes, taken as a header, a
 //! payload and a tag, the payload fed to the checker in pieces of input-chosen sizes, must
 //! never pass (no input forges a tag), while the same frame tagged by the sender must pass,

@@ -129,7 +129,13 @@ fn bench_comm_measures_every_size() {
             "--mesh",
             "--barrier",
         ],
-        &["--strategy", "allreduce", "--workers", "2", "--frame-mac"],
+        &[
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "2",
+            "--no-frame-mac",
+        ],
         &[
             "--strategy",
             "allreduce",
@@ -234,20 +240,24 @@ fn synchronous_strategies_reproduce_single_process_training() {
     }
 }
 
-/// With every frame tagged and checked (`--frame-mac`, which `launch` passes to every
-/// process), ring all-reduce and the parameter server still reproduce single-process
-/// training: the MACs change what goes on the wire, never what arrives.
+/// With every frame tagged and checked (the default, which `launch` passes to every
+/// process) and with `--no-frame-mac`, ring all-reduce and the parameter server reproduce
+/// single-process training: the MACs change what goes on the wire, never what arrives.
 #[test]
-fn frame_macs_leave_training_exact() {
+fn frame_macs_on_or_off_leave_training_exact() {
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps, workers) = (8usize, 6u64, 2usize);
     let want = single_process_weights(dir.path(), batch * workers, steps);
-    for (strategy, servers) in [("allreduce", 0), ("ps", 2)] {
+    let cases: [(&str, usize, &[&str], bool); 2] = [
+        ("allreduce", 0, &[], true),
+        ("ps", 2, &["--no-frame-mac"], false),
+    ];
+    for (strategy, servers, flags, on) in cases {
         let out = dir.path().join(format!("{strategy}-mac.safetensors"));
         let metrics = dir.path().join(format!("{strategy}-metrics"));
         run_ok(
             launch(strategy, workers, servers)
-                .arg("--frame-mac")
+                .args(flags)
                 .args(train_flags(batch, steps))
                 .arg("--save")
                 .arg(&out)
@@ -257,10 +267,10 @@ fn frame_macs_leave_training_exact() {
         assert_same_weights(
             &read_weights(&out),
             &want,
-            &format!("{strategy} with frame MACs"),
+            &format!("{strategy} with frame MACs {on}"),
         );
         let config = std::fs::read_to_string(metrics.join("config.toml")).unwrap();
-        assert!(config.contains("frame_mac = true"), "{config}");
+        assert!(config.contains(&format!("frame_mac = {on}")), "{config}");
     }
 }
 
@@ -353,7 +363,8 @@ fn an_autotuned_credit_keeps_training_exact_and_is_recorded() {
     );
 }
 
-/// Processes that disagree about frame MACs are refused at the rendezvous, naming the flag.
+/// Processes that disagree about frame MACs (one left at the default, one given
+/// `--no-frame-mac`) are refused at the rendezvous, naming the flag.
 #[test]
 fn processes_must_agree_on_frame_macs() {
     let token = JobToken::generate();
@@ -362,8 +373,8 @@ fn processes_must_agree_on_frame_macs() {
     let flags = |mac: bool| {
         let mut f = ONE_ALLREDUCE_STEP.to_vec();
         f.extend(["--quiet", "--connect-timeout", "10"]);
-        if mac {
-            f.push("--frame-mac");
+        if !mac {
+            f.push("--no-frame-mac");
         }
         f
     };
@@ -388,7 +399,7 @@ fn processes_must_agree_on_frame_macs() {
         .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
         .collect();
     assert!(stderr.contains("frame MACs"), "{stderr}");
-    assert!(stderr.contains("--frame-mac"), "{stderr}");
+    assert!(stderr.contains("--no-frame-mac"), "{stderr}");
 }
 
 /// Ring reduce with 3 workers (a chain whose middle both adds and forwards) reproduces
@@ -1117,9 +1128,9 @@ fn dlcp_with_bound_zero_recovers_every_loss_and_reproduces_single_process_traini
     let dir = tempfile::tempdir().unwrap();
     let (batch, steps) = (8usize, 20u64);
     let want = single_process_weights(dir.path(), batch * 2, steps);
-    // Losses at the sender's egress (never written), then also at the server's ingress
-    // (read, tag checked, thrown away) with frame MACs on.
-    let variants: [&[&str]; 2] = [&[], &["--ingress", "--frame-mac"]];
+    // Losses at the sender's egress (never written) without frame MACs, then also at the
+    // server's ingress (read, tag checked, thrown away) with them (the default).
+    let variants: [&[&str]; 2] = [&["--no-frame-mac"], &["--ingress"]];
     for (i, extra) in variants.into_iter().enumerate() {
         let out = dir.path().join(format!("dlcp-{i}.safetensors"));
         let summary = dir.path().join(format!("dlcp-{i}.json"));

@@ -186,8 +186,8 @@ pub struct PeerInfo {
     /// Parameter servers in the job.
     pub servers: usize,
     /// Whether the process tags its frames with MACs and wants its peers' tagged
-    /// (`--frame-mac`; false for coordinators and launchers, which exchange no frames
-    /// after the handshake).
+    /// (on unless `--no-frame-mac`; false for coordinators and launchers, which exchange no
+    /// frames after the handshake).
     #[serde(default)]
     pub frame_mac: bool,
 }
@@ -364,7 +364,7 @@ pub(crate) fn compat_mismatch(
     if t.frame_mac != o.frame_mac {
         let on_off = |on: bool| if on { "on" } else { "off" };
         return Some(format!(
-            "frame MACs {} differ from {label} {} (give every process the same --frame-mac)",
+            "frame MACs {} differ from {label} {} (give --no-frame-mac to every process or to none)",
             on_off(t.frame_mac),
             on_off(o.frame_mac)
         ));

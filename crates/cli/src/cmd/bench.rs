@@ -15,6 +15,7 @@ use syncopate_runtime::job::{JobLayout, ProcessContext};
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 
 use crate::args::NetworkArgs;
+use crate::cmd::dist::FrameMacArgs;
 use crate::sync_args::SyncArgs;
 
 /// The benchmark's send window unless one is given: 4 MiB, one largest frame.
@@ -66,10 +67,9 @@ pub struct BenchArgs {
     /// sleeping process costs more than the transfer.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 200)]
     busy_poll_us: u64,
-    /// Tag every frame with a MAC and check it on arrival, as a job with --frame-mac does
-    /// (to measure what frame integrity costs).
-    #[arg(long)]
-    frame_mac: bool,
+    // Frame MACs, on by default as in a job (`--no-frame-mac` measures without them).
+    #[command(flatten)]
+    frame_mac: FrameMacArgs,
 }
 
 impl BenchArgs {
@@ -173,7 +173,7 @@ pub fn bench_process(args: BenchArgs) -> Result<()> {
         connect_timeout: Duration::from_secs(60),
         comm: CommOptions {
             busy_poll: Duration::from_micros(args.busy_poll_us),
-            frame_mac: args.frame_mac,
+            frame_mac: args.frame_mac.on(),
             ..CommOptions::default()
         },
         metrics: None,

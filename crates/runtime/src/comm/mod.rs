@@ -91,7 +91,7 @@ pub struct CommOptions {
     /// something happens). Trades CPU for latency, as MPI's progress loop does.
     pub busy_poll: Duration,
     /// Tag every frame sent and check the tag of every frame received (the two ends of a
-    /// link must agree; the handshake checks that they do).
+    /// link must agree; the handshake checks that they do). On by default.
     pub frame_mac: bool,
     /// Loss-tolerant frames as UDP datagrams (`None`: every frame on the TCP links).
     pub datagram: Option<DatagramOptions>,
@@ -103,7 +103,7 @@ impl Default for CommOptions {
             liveness: LivenessConfig::default(),
             max_payload: DEFAULT_MAX_PAYLOAD,
             busy_poll: Duration::ZERO,
-            frame_mac: false,
+            frame_mac: true,
             datagram: None,
         }
     }

@@ -429,10 +429,15 @@ impl RawPeer {
 /// the other end read.
 type SinkRun = (Result<(), CommError>, Vec<(Header, Vec<f32>)>, Vec<u8>);
 
-/// Runs a sink with frame MACs (rank 0) until it has been handed `frames` frames, while rank
-/// 1 writes `bytes` by hand and then reads until the sink's end closes; returns the loop's
-/// result, what the sink was handed and what rank 1 read.
+/// Runs a sink with the default options (frame MACs on) as rank 0 until it has been handed
+/// `frames` frames, while rank 1 writes `bytes` by hand and then reads until the sink's end
+/// closes; returns the loop's result, what the sink was handed and what rank 1 read.
 fn sink_run(bytes: Vec<u8>, frames: usize) -> SinkRun {
+    sink_run_with(bytes, frames, CommOptions::default())
+}
+
+/// [`sink_run`] with `options`.
+fn sink_run_with(bytes: Vec<u8>, frames: usize, options: CommOptions) -> SinkRun {
     let (a, mut b) = loopback_pair();
     let peer = std::thread::spawn(move || {
         // The sink may stop reading at a bad frame: what is left unwritten does not matter.
@@ -442,10 +447,6 @@ fn sink_run(bytes: Vec<u8>, frames: usize) -> SinkRun {
         let _ = b.read_to_end(&mut read);
         read
     });
-    let options = CommOptions {
-        frame_mac: true,
-        ..CommOptions::default()
-    };
     let (mut comm, _waker) = CommLoop::new(
         link_to_other(0, a),
         options,
@@ -592,4 +593,33 @@ fn a_tampered_abort_is_not_believed() {
     abort[HEADER_LEN] = b'R';
     let e = integrity_failure(abort, 0, 0);
     assert!(!e.to_string().contains("gives up"), "{e}");
+}
+
+/// Frames are authenticated unless a job turns MACs off: by default a frame written without
+/// a tag (injected by someone without the link's keys) is refused before it is handed over;
+/// with `frame_mac: false` the same bytes are taken as they come.
+#[test]
+fn untagged_frames_are_refused_by_default_and_taken_with_macs_off() {
+    assert!(CommOptions::default().frame_mac);
+    let header = Header::data(FrameKind::Push, 0, 0, 0, 3);
+    let untagged = |values: &[f32]| {
+        let payload: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let header = Header {
+            payload_len: payload.len() as u32,
+            ..header
+        };
+        [&header.encode()[..], &payload].concat()
+    };
+    let injected = [untagged(&[1.0; 3]), untagged(&[2.0; 3])].concat();
+    integrity_failure(injected.clone(), 0, 0);
+
+    let off = CommOptions {
+        frame_mac: false,
+        ..CommOptions::default()
+    };
+    let goodbye = Header::control(FrameKind::Goodbye, 0).encode();
+    let (result, handed, _) = sink_run_with([&injected[..], &goodbye].concat(), 2, off);
+    result.unwrap();
+    let values: Vec<f32> = handed.iter().map(|(_, v)| v[0]).collect();
+    assert_eq!(values, [1.0, 2.0]);
 }

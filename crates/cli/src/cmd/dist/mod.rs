@@ -2,6 +2,8 @@
 //! This module holds the job's flags and what every process makes of them; `launch`,
 //! `worker`, `server`, the job's summary and the replica statistics have a module each.
 
+#[cfg(test)]
+mod frame_mac_tests;
 mod launch;
 mod replicas;
 mod server;
@@ -34,6 +36,34 @@ use crate::sync_args::SyncArgs;
 pub use launch::launch_cmd;
 pub use server::server_cmd;
 pub use worker::worker_cmd;
+
+/// Frame integrity after the handshake, as `launch`, `worker`, `server` and `bench-comm`
+/// take it: on unless `--no-frame-mac`.
+#[derive(Debug, Clone, Copy, Args, Serialize, Deserialize)]
+pub struct FrameMacArgs {
+    /// Send frames after the handshake without MACs. By default every frame carries one
+    /// (keyed BLAKE3 under a key of its connection and direction, over its number, header
+    /// and payload), so a frame injected, altered, replayed, reordered or dropped on the way
+    /// stops the job with an error naming the peer; without them only connections are
+    /// authenticated (see the README's trust model). Hashing costs CPU time per byte: 1-3 %
+    /// of training jobs on a 2-core machine, 37-63 % of a raw all-reduce's bus bandwidth
+    /// over its loopback (docs/BENCHMARKS.md, "Frame MACs"). Every process of a job must be
+    /// given the same.
+    #[arg(long = "no-frame-mac", action = clap::ArgAction::SetFalse)]
+    #[serde(rename = "frame_mac")]
+    enabled: bool,
+    /// Frame MACs on: the default, accepted so that a command may say so.
+    #[arg(long = "frame-mac", conflicts_with = "enabled")]
+    #[serde(skip)]
+    explicitly_on: bool,
+}
+
+impl FrameMacArgs {
+    /// Whether every frame is tagged and checked.
+    pub fn on(&self) -> bool {
+        self.enabled
+    }
+}
 
 /// Everything a distributed job needs; `launch`, `worker` and `server` take the same flags.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
@@ -71,15 +101,9 @@ pub struct JobArgs {
     /// CPU time taken from compute); 0: it sleeps until something happens.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     pub busy_poll_us: u64,
-    /// Protect every frame's integrity after the handshake: each frame carries a MAC (keyed
-    /// BLAKE3 under a key of its connection and direction, over its number, header and
-    /// payload), so a frame altered, replayed, reordered or dropped on the way stops the job
-    /// with an error naming the peer. Without it only connections are authenticated (see
-    /// the README's trust model). Off by default: hashing costs CPU time per byte, about
-    /// 40 % of all-reduce bus bandwidth over loopback at 100 MiB, and nothing measurable on
-    /// an emulated 1 Gbit/s link (docs/BENCHMARKS.md). Every process must be given the same.
-    #[arg(long)]
-    pub frame_mac: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub frame_mac: FrameMacArgs,
     /// How loss-tolerant packets travel (DLCP's pushes and loss-tolerant pulls,
     /// dlcp-allreduce's hops). tcp: on the TCP links with every other frame, where the
     /// emulation flags (--loss, --queue, ...) decide their fate. udp: as UDP datagrams the
@@ -304,7 +328,7 @@ impl JobArgs {
         Ok(CommOptions {
             liveness: self.liveness.config()?,
             busy_poll: Duration::from_micros(self.busy_poll_us),
-            frame_mac: self.frame_mac,
+            frame_mac: self.frame_mac.on(),
             ..CommOptions::default()
         })
     }
