@@ -116,7 +116,7 @@ fn checkpointed(dir: &Path, step: u64) -> bool {
 fn a_signalled_launch_stops_its_job_and_leaves_it_resumable() {
     let dir = tempfile::tempdir().unwrap();
     let token = "5e".repeat(32);
-    let steps = 60;
+    let steps = 200;
     let full = dir.path().join("full.safetensors");
     run_ok(launch(steps, &token).arg("--save").arg(&full));
     for (signal, code) in [(SIGTERM, 143), (SIGINT, 130)] {
