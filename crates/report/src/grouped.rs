@@ -12,6 +12,22 @@ pub enum BarStyle {
     Filled,
     /// An outline only (a reference figure next to a measurement).
     Outline,
+    /// A filled bar in a lighter shade of the series' colour: shade `k` (1, 2, ...) is
+    /// lighter the larger `k` (down to a quarter of the colour), to tell apart series that
+    /// share a colour.
+    Shaded(u8),
+}
+
+impl BarStyle {
+    /// How much of the colour a bar's fill keeps over the white background (1 for a
+    /// filled bar; 0 for an outline, which has no fill).
+    pub fn opacity(self) -> f64 {
+        match self {
+            BarStyle::Filled => 1.0,
+            BarStyle::Outline => 0.0,
+            BarStyle::Shaded(k) => (1.0 - 0.3 * f64::from(k)).max(0.25),
+        }
+    }
 }
 
 /// One series of a [`GroupedBars`] chart: one value per category.
@@ -154,5 +170,6 @@ fn bar_style(s: &BarSeries, position: usize) -> ShapeStyle {
     match s.style {
         BarStyle::Filled => c.filled(),
         BarStyle::Outline => c.stroke_width(2),
+        BarStyle::Shaded(_) => c.mix(s.style.opacity()).filled(),
     }
 }

@@ -17,7 +17,7 @@ pub use html::HtmlReport;
 use plotters::coord::combinators::WithKeyPoints;
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::{RangedCoordf64, RangedCoordusize};
-use plotters::element::DashedPathElement;
+use plotters::element::IntoDynElement;
 use plotters::prelude::*;
 
 /// The smallest chart width and height, in pixels, that [`LineChart::to_svg`] and
@@ -95,6 +95,45 @@ pub enum LineStyle {
     Dashed,
     /// Markers only, no line.
     Points,
+    /// A dotted line.
+    Dotted,
+    /// A line of long dashes.
+    LongDashed,
+    /// A solid line with a marker on every point.
+    SolidMarked,
+    /// A dashed line with a marker on every point.
+    DashedMarked,
+}
+
+impl LineStyle {
+    /// The styles that tell lines of one colour apart, in the order they are handed out
+    /// (cycling past the end).
+    pub const DISTINCT: [LineStyle; 6] = [
+        LineStyle::Solid,
+        LineStyle::Dashed,
+        LineStyle::Dotted,
+        LineStyle::LongDashed,
+        LineStyle::SolidMarked,
+        LineStyle::DashedMarked,
+    ];
+
+    /// Dash and gap lengths in pixels of a broken line (`None`: a solid line or no line).
+    pub fn dash_pattern(self) -> Option<(u32, u32)> {
+        match self {
+            LineStyle::Dashed | LineStyle::DashedMarked => Some((8, 5)),
+            LineStyle::Dotted => Some((2, 4)),
+            LineStyle::LongDashed => Some((16, 6)),
+            LineStyle::Solid | LineStyle::SolidMarked | LineStyle::Points => None,
+        }
+    }
+
+    /// Whether every point carries a marker.
+    pub fn marks_points(self) -> bool {
+        matches!(
+            self,
+            LineStyle::Points | LineStyle::SolidMarked | LineStyle::DashedMarked
+        )
+    }
 }
 
 /// Axis scale.
@@ -373,17 +412,21 @@ impl LineChart {
                 .split(|&(x, y)| !(usable(x, self.x_scale) && usable(y, self.y_scale)));
             for run in runs.filter(|r| !r.is_empty()) {
                 let markers = || run.iter().map(|&p| Circle::new(p, 3, c.filled()));
-                match s.style {
-                    _ if run.len() == 1 => chart.draw_series(markers()).map(drop),
-                    LineStyle::Solid => chart
-                        .draw_series(LineSeries::new(run.to_vec(), line))
-                        .map(drop),
-                    LineStyle::Dashed => chart
-                        .draw_series(DashedLineSeries::new(run.to_vec(), 8, 5, line))
-                        .map(drop),
-                    LineStyle::Points => chart.draw_series(markers()).map(drop),
+                if run.len() == 1 || s.style.marks_points() {
+                    chart.draw_series(markers()).map_err(render)?;
                 }
-                .map_err(render)?;
+                if run.len() > 1 {
+                    match (s.style, s.style.dash_pattern()) {
+                        (LineStyle::Points, _) => Ok(()),
+                        (_, Some((dash, gap))) => chart
+                            .draw_series(DashedLineSeries::new(run.to_vec(), dash, gap, line))
+                            .map(drop),
+                        (_, None) => chart
+                            .draw_series(LineSeries::new(run.to_vec(), line))
+                            .map(drop),
+                    }
+                    .map_err(render)?;
+                }
             }
             // An empty element carries the legend entry, so even a series with no usable
             // point is listed.
@@ -391,23 +434,42 @@ impl LineChart {
                 .draw_series(Vec::<PathElement<(f64, f64)>>::new())
                 .map_err(render)?;
             anno.label(s.name.as_str());
-            match s.style {
-                LineStyle::Solid => {
-                    anno.legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line))
-                }
-                LineStyle::Dashed => anno.legend(move |(x, y)| {
-                    DashedPathElement::new(vec![(x, y), (x + 20, y)], 5, 3, line)
-                }),
-                LineStyle::Points => {
-                    anno.legend(move |(x, y)| Circle::new((x + 10, y), 3, c.filled()))
-                }
-            };
+            let style = s.style;
+            anno.legend(move |(x, y)| legend_swatch(style, c, (x, y)));
         }
         if !self.series.is_empty() {
             draw_series_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         }
         Ok(())
     }
+}
+
+/// A legend entry's swatch: 24 pixels of the line in its style (four dashes at most), its
+/// marker in the middle.
+fn legend_swatch<'a, DB: DrawingBackend + 'a>(
+    style: LineStyle,
+    c: RGBColor,
+    (x, y): (i32, i32),
+) -> impl IntoDynElement<'a, DB, (i32, i32)> {
+    const WIDTH: i32 = 24;
+    let line = c.stroke_width(2);
+    let (dash, gap) = match (style, style.dash_pattern()) {
+        (LineStyle::Points, _) => (0, WIDTH),
+        (_, Some((dash, gap))) => (dash as i32, gap as i32),
+        (_, None) => (WIDTH / 4, 0),
+    };
+    let segment = |k: i32| {
+        let start = (k * (dash + gap)).min(WIDTH);
+        let end = (start + dash).min(WIDTH);
+        PathElement::new(vec![(x + start, y), (x + end, y)], line)
+    };
+    let marker = if style.marks_points() { 3 } else { 0 };
+    EmptyElement::at((0, 0))
+        + segment(0)
+        + segment(1)
+        + segment(2)
+        + segment(3)
+        + Circle::new((x + WIDTH / 2, y), marker, c.filled())
 }
 
 impl StackedBars {

@@ -376,3 +376,54 @@ fn unit_axis_is_zero_to_one_and_colours_are_fixed() {
         .any(|t| t.parse::<f64>().is_ok_and(|v| v > 1.0)));
     assert_eq!(axis_range([0.3, 0.4].into_iter(), Scale::Unit), (0.0, 1.0));
 }
+
+#[test]
+fn every_distinct_line_style_draws_differently_and_marks_where_it_says() {
+    let points: Vec<(f64, f64)> = (0..5).map(|i| (i as f64, (i * i) as f64)).collect();
+    let mut drawn = Vec::new();
+    let mut solid_pieces = None;
+    for style in LineStyle::DISTINCT {
+        let svg = chart(
+            vec![series("v", points.clone(), style)],
+            Scale::Linear,
+            Scale::Linear,
+        )
+        .to_svg()
+        .unwrap();
+        svg_ok(&svg);
+        // Markers are circles of radius 3: one per point and one in the legend.
+        let markers = svg.matches("r=\"3\"").count();
+        let want = if style.marks_points() { 5 + 1 } else { 0 };
+        assert_eq!(markers, want, "{style:?}");
+        // A broken line is drawn as many short pieces (the axes' lines are pieces too).
+        let pieces = svg.matches("<polyline").count();
+        let solid = *solid_pieces.get_or_insert(pieces);
+        assert_eq!(
+            pieces > solid + 4,
+            style.dash_pattern().is_some(),
+            "{style:?}: {pieces} pieces, {solid} for a solid line"
+        );
+        drawn.push(svg);
+    }
+    for (i, a) in drawn.iter().enumerate() {
+        for b in &drawn[i + 1..] {
+            assert_ne!(a, b, "two styles drew the same chart");
+        }
+    }
+}
+
+#[test]
+fn shaded_bars_keep_their_colour_and_get_lighter() {
+    let mut g = grouped();
+    g.series[1].style = BarStyle::Shaded(1);
+    let svg = g.to_svg().unwrap();
+    assert!(svg.contains(&colour_hex(3)));
+    assert!(svg.contains("opacity=\"0.7\""), "{svg}");
+    assert_eq!(BarStyle::Shaded(2).opacity(), 1.0 - 0.6);
+    assert_eq!(
+        BarStyle::Shaded(9).opacity(),
+        0.25,
+        "never fainter than a quarter"
+    );
+    assert_eq!(BarStyle::Filled.opacity(), 1.0);
+}

@@ -2,39 +2,18 @@
 //! metric with every variant in it, and the training curves over time with one line per
 //! variant. Each variant keeps one colour in every chart of the report.
 
-use std::path::Path;
-
-use anyhow::Result;
-use syncopate_report::summary::Evaluation;
-use syncopate_report::{
-    BarSeries, BarStyle, GroupedBars, HtmlReport, LineChart, LineStyle, Scale, Series, PALETTE_LEN,
-};
+use syncopate_report::{BarSeries, BarStyle, GroupedBars, LineChart, LineStyle, Scale, Series};
 
 use crate::config::StudyConfig;
 use crate::metrics::mean_finite;
 use crate::rows::RunRow;
+use crate::styles::Styles;
 
-/// Each variant's palette index, in the order the study file lists the variants (cycling
-/// when there are more variants than colours). A label listed twice keeps its first colour.
-pub fn variant_colours(config: &StudyConfig) -> Vec<(String, usize)> {
-    config
-        .variants
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (v.label.clone(), i % PALETTE_LEN))
-        .collect()
-}
-
-/// The palette index of `label` (`None`: not a variant of the study).
-pub fn colour_of(colours: &[(String, usize)], label: &str) -> Option<usize> {
-    colours.iter().find(|(l, _)| l == label).map(|&(_, c)| c)
-}
-
-/// What every comparative chart of a study shares: each variant's colour, and how many seeds
+/// What every comparative chart of a study shares: each variant's style, and how many seeds
 /// each bar (their mean) or curve (the first) stands for.
 pub struct ChartContext {
-    /// Each variant's palette index ([`variant_colours`]).
-    pub colours: Vec<(String, usize)>,
+    /// Each variant's colour, line and bar style ([`Styles`]).
+    pub styles: Styles,
     /// Seeds of the study.
     pub seeds: usize,
 }
@@ -43,24 +22,32 @@ impl ChartContext {
     /// The context of `config`'s charts.
     pub fn of(config: &StudyConfig) -> Self {
         Self {
-            colours: variant_colours(config),
+            styles: Styles::of(config),
             seeds: config.seeds.len(),
         }
     }
 
-    /// The palette index of variant `label`.
-    fn colour(&self, label: &str) -> Option<usize> {
-        colour_of(&self.colours, label)
+    /// A line of variant `label` through `points`, in its colour and line style.
+    pub fn series(&self, label: &str, points: Vec<(f64, f64)>) -> Series {
+        Series {
+            name: label.to_string(),
+            points,
+            style: self.styles.line(label),
+            colour: self.styles.colour(label),
+        }
     }
 }
 
-/// The runs of one model and worker count, with their bandwidths and variants in study order.
+/// The runs of one model and worker count, with their networks and variants in study order.
 pub struct Group<'a> {
     /// Heading: the model, and the worker count when the study has several.
     pub title: String,
-    rows: Vec<&'a RunRow>,
-    bandwidths: Vec<String>,
-    variants: Vec<String>,
+    /// The runs.
+    pub rows: Vec<&'a RunRow>,
+    /// The networks the runs have, in order of first appearance.
+    pub networks: Vec<String>,
+    /// The variants the runs have, in study order.
+    pub variants: Vec<String>,
 }
 
 /// The groups of `rows`: models in study order, then worker counts.
@@ -82,7 +69,7 @@ pub fn groups<'a>(config: &StudyConfig, rows: &'a [RunRow]) -> Vec<Group<'a>> {
             };
             out.push(Group {
                 title,
-                bandwidths: firsts(of.iter().map(|r| r.bandwidth.as_str())),
+                networks: firsts(of.iter().map(|r| r.network.as_str())),
                 variants: config
                     .variants
                     .iter()
@@ -108,32 +95,32 @@ fn firsts<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
 }
 
 impl Group<'_> {
-    /// Per bandwidth, the mean over seeds of `value` of `variant`'s runs (NaN: none has it).
+    /// Per network, the mean over seeds of `value` of `variant`'s runs (NaN: none has it).
     fn cells(&self, variant: &str, value: fn(&RunRow) -> f64) -> Vec<f64> {
-        self.bandwidths
+        self.networks
             .iter()
-            .map(|bw| {
+            .map(|net| {
                 mean_finite(
                     self.rows
                         .iter()
-                        .filter(|r| r.variant == variant && &r.bandwidth == bw)
+                        .filter(|r| r.variant == variant && &r.network == net)
                         .map(|r| value(r)),
                 )
             })
             .collect()
     }
 
-    /// The first run (first seed) of `variant` at `bandwidth`.
-    fn first_run(&self, variant: &str, bandwidth: &str) -> Option<&RunRow> {
+    /// The first run (first seed) of `variant` on `network`.
+    pub fn first_run(&self, variant: &str, network: &str) -> Option<&RunRow> {
         self.rows
             .iter()
-            .find(|r| r.variant == variant && r.bandwidth == bandwidth)
+            .find(|r| r.variant == variant && r.network == network)
             .copied()
     }
 }
 
 /// The y label of divergence charts: what the figure is.
-const DIVERGENCE: &str = "mean over workers of |x_i - mean|² / |mean|²";
+pub const DIVERGENCE: &str = "mean over workers of |x_i - mean|² / |mean|²";
 
 /// A figure of a run.
 pub type Value = fn(&RunRow) -> f64;
@@ -186,6 +173,17 @@ pub fn metrics() -> Vec<Metric> {
         m("training time", "seconds of training", |r| {
             r.time_to_accuracy
         }),
+        m("MB sent per worker to the target", "MB per worker", |r| {
+            r.bytes_to_accuracy / 1e6
+        }),
+        Metric {
+            fraction: true,
+            ..m(
+                "compute utilisation (worker 0)",
+                "compute seconds / wall seconds",
+                |r| r.compute_utilisation,
+            )
+        },
         fraction("final accuracy of worker 0", |r| r.test_accuracy),
         fraction("final accuracy of the replicas' average", |r| {
             r.average_accuracy
@@ -215,15 +213,20 @@ pub fn metrics() -> Vec<Metric> {
 /// The chart's title: group, metric, target (time to accuracy) and how seeds are combined.
 fn metric_title(group: &Group, m: &Metric, seeds: usize) -> String {
     let mut title = format!("{}: {}", group.title, m.name);
-    if m.name == "training time" {
+    if m.name == "training time" || m.name.ends_with("to the target") {
         let target = group
             .rows
             .iter()
             .map(|r| r.target_accuracy)
             .find(|t| t.is_finite())
             .unwrap_or(f64::NAN);
+        let to = if m.name == "training time" {
+            " to"
+        } else {
+            ","
+        };
         title.push_str(&format!(
-            " to {:.1} % test accuracy (no bar: not reached)",
+            "{to} {:.1} % test accuracy (no bar: not reached)",
             target * 100.0
         ));
     }
@@ -237,7 +240,7 @@ fn metric_title(group: &Group, m: &Metric, seeds: usize) -> String {
 pub fn metric_chart(group: &Group, m: &Metric, context: &ChartContext) -> Option<GroupedBars> {
     let mut series = Vec::new();
     for v in &group.variants {
-        let colour = context.colour(v);
+        let colour = context.styles.colour(v);
         let values = group.cells(v, m.value);
         series.push(BarSeries {
             name: if values.iter().any(|v| v.is_finite()) {
@@ -247,7 +250,7 @@ pub fn metric_chart(group: &Group, m: &Metric, context: &ChartContext) -> Option
             },
             values,
             colour,
-            style: BarStyle::Filled,
+            style: context.styles.bar(v),
         });
         if let Some((what, value)) = m.reference {
             series.push(BarSeries {
@@ -262,137 +265,29 @@ pub fn metric_chart(group: &Group, m: &Metric, context: &ChartContext) -> Option
     if !series.iter().any(any) {
         return None;
     }
-    series.retain(|s| s.style == BarStyle::Filled || any(s));
+    series.retain(|s| s.style != BarStyle::Outline || any(s));
     Some(GroupedBars {
         title: metric_title(group, m, context.seeds),
         y_label: m.y_label.into(),
-        categories: group.bandwidths.clone(),
+        categories: group.networks.clone(),
         series,
         y_max: m.fraction.then_some(1.0),
-        width: 820.max(40 * (group.variants.len() * group.bandwidths.len()) as u32 + 300),
+        width: 820.max(40 * (group.variants.len() * group.networks.len()) as u32 + 300),
         height: 420,
     })
-}
-
-/// A curve over training time of a run: a column of an evaluation or the loss of
-/// `steps-rank0.csv`.
-#[derive(Clone, Copy)]
-enum Curve {
-    Loss,
-    Eval(fn(&Evaluation) -> f64),
-}
-
-/// The curves over time: name, y label, fixed [0, 1] axis, where the points come from.
-fn curves() -> [(&'static str, &'static str, bool, Curve); 4] {
-    [
-        (
-            "accuracy of worker 0",
-            "test accuracy",
-            true,
-            Curve::Eval(|e| e.accuracy),
-        ),
-        (
-            "accuracy of the replicas' average",
-            "test accuracy",
-            true,
-            Curve::Eval(|e| e.average_accuracy.unwrap_or(f64::NAN)),
-        ),
-        (
-            "replica divergence",
-            DIVERGENCE,
-            false,
-            Curve::Eval(|e| e.divergence.unwrap_or(f64::NAN)),
-        ),
-        ("training loss", "loss (worker 0)", false, Curve::Loss),
-    ]
-}
-
-fn curve_points(dir: &Path, run: &RunRow, curve: Curve) -> Vec<(f64, f64)> {
-    match curve {
-        Curve::Loss => csv_points(
-            &dir.join("runs").join(&run.id).join("steps-rank0.csv"),
-            1,
-            3,
-        ),
-        Curve::Eval(f) => run
-            .evaluations
-            .iter()
-            .map(|e| (e.seconds, f(e)))
-            .filter(|p| p.1.is_finite())
-            .collect(),
-    }
-}
-
-/// Per bandwidth, each curve against training time with one line per variant (its first
-/// seed); curves no run has are left out.
-pub fn time_charts(dir: &Path, group: &Group, context: &ChartContext) -> Vec<LineChart> {
-    let note = if context.seeds > 1 {
-        " (first seed)"
-    } else {
-        ""
-    };
-    let mut charts = Vec::new();
-    for bw in &group.bandwidths {
-        for (what, y_label, fraction, curve) in curves() {
-            let series: Vec<Series> = group
-                .variants
-                .iter()
-                .filter_map(|v| group.first_run(v, bw))
-                .map(|r| Series {
-                    name: r.variant.clone(),
-                    points: curve_points(dir, r, curve),
-                    style: LineStyle::Solid,
-                    colour: context.colour(&r.variant),
-                })
-                .filter(|s| !s.points.is_empty())
-                .collect();
-            if series.is_empty() {
-                continue;
-            }
-            charts.push(LineChart {
-                title: format!("{} @ {bw}: {what} vs wall time{note}", group.title),
-                x_label: "seconds of training".into(),
-                y_label: y_label.into(),
-                x_scale: Scale::Linear,
-                y_scale: if fraction { Scale::Unit } else { Scale::Linear },
-                series,
-                width: 820,
-                height: 420,
-            });
-        }
-    }
-    charts
-}
-
-/// `(x, y)` columns of a CSV file, rows with non-finite values left out.
-fn csv_points(path: &Path, x: usize, y: usize) -> Vec<(f64, f64)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let v: Vec<f64> = l
-                .split(',')
-                .map(|c| c.parse().unwrap_or(f64::NAN))
-                .collect();
-            Some((*v.get(x)?, *v.get(y)?))
-        })
-        .filter(|(a, b)| a.is_finite() && b.is_finite())
-        .collect()
 }
 
 /// Throughput against bandwidth (log axis) per variant next to the ideal bound, for groups
 /// whose model has one (profile models); `None` otherwise.
 pub fn ideal_chart(group: &Group, context: &ChartContext) -> Option<LineChart> {
-    let gbps = |bw: &String| {
+    let gbps = |net: &String| {
         group
             .rows
             .iter()
-            .find(|r| &r.bandwidth == bw)
+            .find(|r| &r.network == net)
             .map_or(f64::NAN, |r| r.bandwidth_gbps)
     };
-    let xs: Vec<f64> = group.bandwidths.iter().map(gbps).collect();
+    let xs: Vec<f64> = group.networks.iter().map(gbps).collect();
     let line = |values: Vec<f64>| xs.iter().copied().zip(values).collect::<Vec<_>>();
     let ideal: Vec<(f64, f64)> = line(mean_per_bandwidth(group, |r| r.ideal_samples_per_sec))
         .into_iter()
@@ -404,19 +299,13 @@ pub fn ideal_chart(group: &Group, context: &ChartContext) -> Option<LineChart> {
     let mut series: Vec<Series> = group
         .variants
         .iter()
-        .map(|v| Series {
-            name: v.clone(),
-            points: line(group.cells(v, |r| r.samples_per_sec)),
-            style: LineStyle::Solid,
-            colour: context.colour(v),
-        })
+        .map(|v| context.series(v, line(group.cells(v, |r| r.samples_per_sec))))
         .collect();
     series.push(Series {
         name: "ideal max(compute, comm)".into(),
         points: ideal,
         style: LineStyle::Dashed,
-        // Past the variants' colours.
-        colour: Some(context.colours.len()),
+        colour: Some(context.styles.spare_colour()),
     });
     let note = if context.seeds > 1 {
         " (mean of seeds)"
@@ -438,46 +327,21 @@ pub fn ideal_chart(group: &Group, context: &ChartContext) -> Option<LineChart> {
     })
 }
 
-/// Per bandwidth, the mean of `value` over every run of the group.
+/// Per network, the mean of `value` over every run of the group.
 fn mean_per_bandwidth(group: &Group, value: fn(&RunRow) -> f64) -> Vec<f64> {
     group
-        .bandwidths
+        .networks
         .iter()
-        .map(|bw| {
+        .map(|net| {
             mean_finite(
                 group
                     .rows
                     .iter()
-                    .filter(|r| &r.bandwidth == bw)
+                    .filter(|r| &r.network == net)
                     .map(|r| value(r)),
             )
         })
         .collect()
-}
-
-/// Every comparative chart of the study, group by group, under a heading each.
-pub fn comparative_section(
-    html: &mut HtmlReport,
-    config: &StudyConfig,
-    dir: &Path,
-    rows: &[RunRow],
-) -> Result<()> {
-    let context = ChartContext::of(config);
-    for group in groups(config, rows) {
-        html.heading(&group.title);
-        if let Some(chart) = ideal_chart(&group, &context) {
-            html.svg(&chart.to_svg()?);
-        }
-        for m in metrics() {
-            if let Some(chart) = metric_chart(&group, &m, &context) {
-                html.svg(&chart.to_svg()?);
-            }
-        }
-        for chart in time_charts(dir, &group, &context) {
-            html.svg(&chart.to_svg()?);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -496,27 +360,10 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn colours_follow_the_study_file_and_cycle() {
-        let labels: Vec<String> = (0..PALETTE_LEN + 2).map(|i| format!("v{i}")).collect();
-        let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
-        let colours = variant_colours(&study(&refs));
-        for (i, (label, c)) in colours.iter().enumerate() {
-            assert_eq!((label.as_str(), *c), (refs[i], i % PALETTE_LEN));
-        }
-        assert_eq!(colour_of(&colours, "v1"), Some(1));
-        assert_eq!(colour_of(&colours, &format!("v{PALETTE_LEN}")), Some(0));
-        assert_eq!(colour_of(&colours, "nope"), None);
-        // The study file's order decides, not the labels.
-        let swapped = variant_colours(&study(&["b", "a"]));
-        assert_eq!(colour_of(&swapped, "b"), Some(0));
-        assert_eq!(colour_of(&swapped, "a"), Some(1));
-    }
-
-    fn row(variant: &str, bandwidth: &str, seed: u64, value: f64) -> RunRow {
+    fn row(variant: &str, network: &str, seed: u64, value: f64) -> RunRow {
         RunRow {
             variant: variant.into(),
-            bandwidth: bandwidth.into(),
+            network: network.into(),
             seed,
             samples_per_sec: value,
             test_accuracy: value / 1000.0,
@@ -542,12 +389,22 @@ mod tests {
             let Some(chart) = metric_chart(g, &m, &context) else {
                 continue;
             };
-            let by_name: Vec<(&str, Option<usize>)> = chart
+            let by_name: Vec<(&str, Option<usize>, BarStyle)> = chart
                 .series
                 .iter()
-                .map(|s| (s.name.as_str(), s.colour))
+                .map(|s| (s.name.as_str(), s.colour, s.style))
                 .collect();
-            assert_eq!(by_name, [("ps", Some(0)), ("p3", Some(1))], "{}", m.name);
+            // Both variants are of the parameter server's technique: its colour, the second
+            // a lighter shade of it.
+            assert_eq!(
+                by_name,
+                [
+                    ("ps", Some(8), BarStyle::Filled),
+                    ("p3", Some(8), BarStyle::Shaded(1))
+                ],
+                "{}",
+                m.name
+            );
             assert_eq!(chart.y_max, m.fraction.then_some(1.0));
         }
         let tput = metric_chart(g, &metrics()[0], &context).unwrap();

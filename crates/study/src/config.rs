@@ -1,4 +1,6 @@
-//! A study file: the matrix of runs (models x variants x bandwidths x workers x seeds).
+//! A study file: the matrix of runs (models x variants x networks x workers x seeds), each a
+//! `syncopate launch` of real training or, for a `kind = "simulate"` study, a `syncopate
+//! simulate` on virtual time.
 
 use std::path::Path;
 
@@ -30,9 +32,16 @@ pub struct StudyConfig {
     /// Seeds.
     #[serde(default = "default_seeds")]
     pub seeds: Vec<u64>,
-    /// Bandwidths of the models that do not list their own ("unlimited" allowed).
+    /// What each run is: real training (`launch`, the default) or the simulator (`simulate`).
+    #[serde(default)]
+    pub kind: StudyKind,
+    /// Bandwidths of the models that do not list their own ("unlimited" allowed): each a
+    /// network of that bandwidth and no added latency, named by it.
     #[serde(default)]
     pub bandwidths: Vec<String>,
+    /// Named networks of the models that do not list their own, after `bandwidths`.
+    #[serde(default)]
+    pub networks: Vec<NetworkEntry>,
     /// `--scale` of profile models (e.g. "1/16").
     pub scale: Option<String>,
     /// Extra flags for every run.
@@ -57,6 +66,70 @@ fn default_seeds() -> Vec<u64> {
     vec![42]
 }
 
+/// What a study's runs are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StudyKind {
+    /// Real training: every run a `syncopate launch` of processes over emulated links.
+    #[default]
+    Launch,
+    /// The simulator: every run a `syncopate simulate` of a profile model on virtual time
+    /// (seconds for a run of 1,024 workers), for questions of scale.
+    Simulate,
+}
+
+impl StudyKind {
+    /// The `syncopate` subcommand that runs one cell.
+    pub fn command(self) -> &'static str {
+        match self {
+            StudyKind::Launch => "launch",
+            StudyKind::Simulate => "simulate",
+        }
+    }
+}
+
+/// A named network: every process's interface at `bandwidth`, every link `latency` long
+/// (one way), e.g. a wide-area link of 100 Mbit/s with 50 ms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkEntry {
+    /// Name in run ids, tables and charts (default: the bandwidth, and the latency when one
+    /// is given, e.g. `100mbit+50ms`).
+    pub label: Option<String>,
+    /// `--bandwidth` (e.g. `100mbit`, `unlimited`).
+    pub bandwidth: String,
+    /// `--latency`, one way (e.g. `50ms`; default none).
+    pub latency: Option<String>,
+}
+
+impl NetworkEntry {
+    /// A network of `bandwidth` alone, named by it (what an entry of `bandwidths` is).
+    pub fn of_bandwidth(bandwidth: &str) -> Self {
+        Self {
+            label: None,
+            bandwidth: bandwidth.to_string(),
+            latency: None,
+        }
+    }
+
+    /// The name runs and charts show.
+    pub fn display_name(&self) -> String {
+        match (&self.label, &self.latency) {
+            (Some(label), _) => label.clone(),
+            (None, Some(latency)) => format!("{}+{latency}", self.bandwidth),
+            (None, None) => self.bandwidth.clone(),
+        }
+    }
+
+    /// The one-way latency in milliseconds (0 without one).
+    pub fn latency_ms(&self) -> Result<f64> {
+        match &self.latency {
+            Some(l) => Ok(syncopate_core::net::parse_duration_ns(l)? as f64 / 1e6),
+            None => Ok(0.0),
+        }
+    }
+}
+
 /// One model of the matrix.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,9 +139,13 @@ pub struct ModelEntry {
     /// Name in run ids, tables and charts (default: `name`), to run one model twice with
     /// other flags (e.g. on two datasets).
     pub label: Option<String>,
-    /// Bandwidths for this model (default: the study's).
+    /// Bandwidths for this model (default, with `networks`: the study's).
     #[serde(default)]
     pub bandwidths: Vec<String>,
+    /// Named networks for this model, after `bandwidths` (default, with `bandwidths`: the
+    /// study's).
+    #[serde(default)]
+    pub networks: Vec<NetworkEntry>,
     /// Extra flags for this model's runs (e.g. `--dataset mnist`).
     #[serde(default)]
     pub args: Vec<String>,
@@ -89,8 +166,14 @@ pub struct Variant {
     pub label: String,
     /// `--strategy`.
     pub strategy: String,
+    /// The technique whose colour the variant is drawn in (default: the strategy, without
+    /// a `-no-overlap` suffix).
+    pub technique: Option<String>,
     /// `--scheduler` (default: the strategy's).
     pub scheduler: Option<String>,
+    /// Steps of this variant's runs (default: the study's), e.g. a whole averaging period
+    /// of a simulated local SGD.
+    pub steps: Option<u64>,
     /// Extra flags.
     #[serde(default)]
     pub args: Vec<String>,
@@ -105,14 +188,29 @@ pub struct RunSpec {
     pub model: String,
     /// Variant label.
     pub variant: String,
+    /// The network's name (its bandwidth as written for an entry of `bandwidths`).
+    pub network: String,
     /// Bandwidth as written ("unlimited" when none).
     pub bandwidth: String,
+    /// One-way latency of every link, milliseconds (0: none added).
+    pub latency_ms: f64,
     /// Workers.
     pub workers: usize,
     /// Seed.
     pub seed: u64,
     /// The `syncopate launch` arguments.
     pub args: Vec<String>,
+}
+
+impl RunSpec {
+    /// The value given to `flag` in the run's arguments (the last, when given twice).
+    pub fn arg(&self, flag: &str) -> Option<&str> {
+        self.args
+            .iter()
+            .rposition(|a| a == flag)
+            .and_then(|i| self.args.get(i + 1))
+            .map(String::as_str)
+    }
 }
 
 impl StudyConfig {
@@ -140,12 +238,34 @@ impl StudyConfig {
             bail!("workers and seeds must be non-empty lists (workers >= 1)");
         }
         for m in &self.models {
-            if m.bandwidths.is_empty() && self.bandwidths.is_empty() {
+            let networks = self.networks_of(m);
+            if networks.is_empty() {
                 bail!(
-                    "model {} has no bandwidths (give `bandwidths` in the study or the model)",
+                    "model {} has no networks (give `bandwidths` or `networks` in the study or \
+                     the model)",
                     m.name
                 );
             }
+            for n in &networks {
+                let name = || format!("network '{}'", n.display_name());
+                syncopate_core::net::parse_bandwidth(&n.bandwidth).with_context(name)?;
+                n.latency_ms().with_context(name)?;
+            }
+        }
+        if let (StudyKind::Simulate, Some(m)) = (
+            self.kind,
+            self.models
+                .iter()
+                .find(|m| !syncopate_train::model::is_profile_name(&m.name)),
+        ) {
+            bail!(
+                "model {}: a simulated study replays profiles (profile:resnet50, \
+                 profile:vgg16, ...)",
+                m.name
+            );
+        }
+        if self.variants.iter().any(|v| v.steps == Some(0)) {
+            bail!("a variant's steps must be at least 1");
         }
         if let Some(v) = self
             .variants
@@ -172,20 +292,30 @@ impl StudyConfig {
         Ok(())
     }
 
+    /// The networks of `model`: its own `bandwidths` then `networks` when it lists any, else
+    /// the study's.
+    pub fn networks_of(&self, model: &ModelEntry) -> Vec<NetworkEntry> {
+        let (bandwidths, networks) = if model.bandwidths.is_empty() && model.networks.is_empty() {
+            (&self.bandwidths, &self.networks)
+        } else {
+            (&model.bandwidths, &model.networks)
+        };
+        bandwidths
+            .iter()
+            .map(|b| NetworkEntry::of_bandwidth(b))
+            .chain(networks.iter().cloned())
+            .collect()
+    }
+
     /// Every run, in the order they execute.
     pub fn runs(&self) -> Vec<RunSpec> {
         let mut runs = Vec::new();
         for model in &self.models {
-            let bandwidths = if model.bandwidths.is_empty() {
-                &self.bandwidths
-            } else {
-                &model.bandwidths
-            };
-            for bandwidth in bandwidths {
+            for network in self.networks_of(model) {
                 for &workers in &self.workers {
                     for variant in &self.variants {
                         for &seed in &self.seeds {
-                            runs.push(self.run(model, variant, bandwidth, workers, seed));
+                            runs.push(self.run(model, variant, &network, workers, seed));
                         }
                     }
                 }
@@ -198,10 +328,11 @@ impl StudyConfig {
         &self,
         model: &ModelEntry,
         variant: &Variant,
-        bandwidth: &str,
+        network: &NetworkEntry,
         workers: usize,
         seed: u64,
     ) -> RunSpec {
+        let bandwidth = network.bandwidth.as_str();
         let uses_servers = syncopate_core::strategy::StrategyKind::from_name(&variant.strategy)
             .is_some_and(|s| s.uses_servers());
         let servers = if uses_servers {
@@ -219,7 +350,7 @@ impl StudyConfig {
             "--servers",
             &servers.to_string(),
             "--steps",
-            &self.steps.to_string(),
+            &variant.steps.unwrap_or(self.steps).to_string(),
             "--batch-size",
             &self.batch_size.to_string(),
             "--seed",
@@ -230,6 +361,9 @@ impl StudyConfig {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(latency) = &network.latency {
+            args.extend(["--latency".to_string(), latency.clone()]);
+        }
         if let Some(s) = &variant.scheduler {
             args.extend(["--scheduler".to_string(), s.clone()]);
         }
@@ -243,7 +377,7 @@ impl StudyConfig {
             "{}-{}-{}-w{}-s{}",
             model.display_name(),
             variant.label,
-            bandwidth,
+            network.display_name(),
             workers,
             seed
         ));
@@ -251,7 +385,10 @@ impl StudyConfig {
             id,
             model: model.display_name().to_string(),
             variant: variant.label.clone(),
+            network: network.display_name(),
             bandwidth: bandwidth.to_string(),
+            // Checked by `validate`.
+            latency_ms: network.latency_ms().unwrap_or(f64::NAN),
             workers,
             seed,
             args,
@@ -273,76 +410,5 @@ fn sanitize(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const STUDY: &str = r#"
-name = "t"
-steps = 4
-workers = [2, 4]
-bandwidths = ["1gbit", "10gbit"]
-scale = "1/16"
-[[models]]
-name = "profile:vgg19"
-[[models]]
-name = "lenet"
-bandwidths = ["100mbit"]
-[[variants]]
-label = "ps (fifo)"
-strategy = "ps"
-[[variants]]
-label = "p3"
-strategy = "p3"
-scheduler = "priority"
-"#;
-
-    #[test]
-    fn expands_the_matrix() {
-        let c: StudyConfig = toml::from_str(STUDY).unwrap();
-        c.validate().unwrap();
-        let runs = c.runs();
-        assert_eq!(runs.len(), 2 * 2 * 2 + 2 * 2);
-        let ids: std::collections::HashSet<_> = runs.iter().map(|r| &r.id).collect();
-        assert_eq!(ids.len(), runs.len(), "run ids are unique");
-        let first = &runs[0];
-        assert_eq!(first.id, "profile_vgg19-ps_fifo_-1gbit-w2-s42");
-        assert!(first.args.windows(2).any(|w| w == ["--scale", "1/16"]));
-        assert!(first.args.windows(2).any(|w| w == ["--servers", "2"]));
-        let lenet = runs.iter().find(|r| r.model == "lenet").unwrap();
-        assert!(!lenet.args.iter().any(|a| a == "--scale"));
-    }
-
-    #[test]
-    fn rejects_bad_studies() {
-        let bad = STUDY.replace("steps = 4", "steps = 0");
-        let c: StudyConfig = toml::from_str(&bad).unwrap();
-        assert!(c.validate().is_err());
-        assert!(toml::from_str::<StudyConfig>(&STUDY.replace("steps = 4", "stepz = 4")).is_err());
-    }
-
-    #[test]
-    fn runs_that_would_share_a_directory_are_refused() {
-        // "ps [fifo]" and "ps (fifo)" make the same file-name-safe id.
-        let text = format!("{STUDY}\n[[variants]]\nlabel = \"ps [fifo]\"\nstrategy = \"ps\"\n");
-        let config: StudyConfig = toml::from_str(&text).unwrap();
-        let err = config.validate().unwrap_err().to_string();
-        assert!(err.contains("share the directory"), "{err}");
-    }
-
-    /// Every study shipped in `studies/` loads and validates (names, strategies, distinct run
-    /// directories), so a typo there is a test failure, not a surprise an hour into a study.
-    #[test]
-    fn the_shipped_studies_are_valid() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies");
-        let mut seen = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "toml") {
-                let config = StudyConfig::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
-                assert!(!config.runs().is_empty(), "{}", path.display());
-                seen += 1;
-            }
-        }
-        assert!(seen >= 5, "{seen} studies in {}", dir.display());
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

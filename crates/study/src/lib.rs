@@ -6,18 +6,23 @@
 
 mod compare;
 mod config;
+mod curves;
 mod metrics;
 mod report;
 mod rows;
 mod run;
+mod scale;
+mod sim_rows;
+mod styles;
 mod table;
+mod traffic;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-pub use config::{ModelEntry, RunSpec, StudyConfig, Variant};
+pub use config::{ModelEntry, NetworkEntry, RunSpec, StudyConfig, StudyKind, Variant};
 use run::RunOutcome;
 
 /// How to run a study.
@@ -85,11 +90,31 @@ pub fn rebuild_report(dir: &Path) -> Result<()> {
 
 /// Prints the terminal table of the finished runs and writes the report; returns its path.
 fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
-    let rows = rows::collect(config, dir)?;
+    let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {
         println!("{line}");
     }
     report::write_report(config, dir, &rows)
+}
+
+/// Reads every finished run of `config` under `dir`.
+fn collect_rows(config: &StudyConfig, dir: &Path) -> Result<Vec<rows::RunRow>> {
+    let mut rows = Vec::new();
+    for run in config.runs() {
+        let run_dir = dir.join("runs").join(&run.id);
+        let path = run::summary_path(&run_dir);
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let row = match config.kind {
+            StudyKind::Launch => rows::launch_row(config, &run, &run_dir, &text),
+            StudyKind::Simulate => crate::sim_rows::row(config, &run, &text),
+        };
+        rows.push(row.with_context(|| format!("reading {}", path.display()))?);
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -7,43 +7,57 @@ use std::path::Path;
 use anyhow::Result;
 use syncopate_report::{HtmlReport, LineChart, LineStyle, Scale, Series};
 
-use crate::compare::{colour_of, comparative_section, variant_colours};
-use crate::config::StudyConfig;
+use crate::compare::{groups, ideal_chart, metric_chart, metrics, ChartContext};
+use crate::config::{StudyConfig, StudyKind};
+use crate::curves::curve_charts;
 use crate::metrics::{self, MetricsTable};
 use crate::rows::RunRow;
+use crate::scale::scale_section;
+use crate::styles::Styles;
 use crate::table::summary_table;
 
 /// The columns of `results.csv`.
-const CSV_HEADER: &str = "id,model,variant,bandwidth,bandwidth_gbps,workers,seed,step_seconds,\
-    samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,wait_per_step,\
-    test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,average_accuracy,divergence,\
-    bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,\
-    frames_lost,realised_loss,tensor_p50_s,tensor_p99_s\n";
+const CSV_HEADER: &str = "id,model,variant,network,bandwidth,bandwidth_gbps,latency_ms,workers,\
+    seed,step_seconds,samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,\
+    wait_per_step,test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,\
+    average_accuracy,divergence,bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,\
+    peak_rss_bytes,net_bytes,disk_bytes,frames_lost,realised_loss,tensor_p50_s,tensor_p99_s,\
+    steps_to_accuracy,bytes_to_accuracy,compute_utilisation\n";
 
 /// One row of `results.csv`.
 fn csv_row(r: &RunRow) -> String {
-    format!(
-        "{},{},{},{},{},{},{},{:.4},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.2},{},{:.2},\
-         {:.4},{:.6},{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6},{:.6},{:.6}\n",
+    let place = format!(
+        "{},{},{},{},{},{},{},{},{}",
         r.id,
-        r.model,
+        quote(&r.model),
         quote(&r.variant),
+        quote(&r.network),
         r.bandwidth,
         r.bandwidth_gbps,
+        r.latency_ms,
         r.workers,
         r.seed,
+    );
+    let speed = format!(
+        "{:.4},{:.2},{:.2},{:.4},{:.4},{:.4}",
         r.step_seconds,
         r.samples_per_sec,
         r.ideal_samples_per_sec,
         r.fraction_of_ideal,
         r.compute_per_step,
         r.wait_per_step,
+    );
+    let learning = format!(
+        "{:.4},{:.2},{},{:.2},{:.4},{:.6}",
         r.test_accuracy,
         r.wall_seconds,
         r.target_accuracy,
         r.time_to_accuracy,
         r.average_accuracy,
         r.divergence,
+    );
+    let resources = format!(
+        "{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6},{:.6},{:.6}",
         r.bytes_per_step,
         r.textbook_bytes_per_step,
         r.mean_cpu_percent,
@@ -53,9 +67,36 @@ fn csv_row(r: &RunRow) -> String {
         r.frames_lost,
         r.realised_loss,
         r.tensor_p50_s,
-        r.tensor_p99_s
+        r.tensor_p99_s,
+    );
+    format!(
+        "{place},{speed},{learning},{resources},{},{:.0},{:.4}\n",
+        r.steps_to_accuracy, r.bytes_to_accuracy, r.compute_utilisation
     )
 }
+
+/// What the figures that need a definition are.
+const DEFINITIONS: &str = "Time to the target: seconds of training (evaluations, and the \
+    evaluation of the exact average, left out) until worker 0's first evaluation at or above the target \
+    accuracy. Bytes to the target: what a worker had sent on all its links (frames, headers \
+    and heartbeats; the mean over workers) by the end of that evaluation's step, summed from \
+    the sent_bytes column of steps-rank<R>.csv (runs without it: bytes per step times the \
+    steps). Bytes per step: a worker's bytes sent over the run over its steps, the mean over \
+    workers. Compute utilisation: worker 0's forward, backward and optimizer seconds over the \
+    training loop's wall seconds (evaluations excluded), so 1 - utilisation is the share of \
+    wall time spent loading data or waiting on communication; in a simulated run, the \
+    profile's forward and backward over the simulated step. Final accuracy of the average: the \
+    test accuracy of the exact mean of every worker's weights at the last evaluation (for \
+    exact strategies, every replica's own).";
+
+/// What a simulated study's figures are.
+const SIMULATED: &str = "Every run is `syncopate simulate`: the strategies' own state \
+    machines on virtual time, compute replayed from the model's per-layer profile, every \
+    host's NIC serialising at the bandwidth. Step time: the mean simulated step after the \
+    warm-up steps (a variant that averages every H steps runs a multiple of H steps, so its \
+    mean carries its averaging). Bytes per worker per step: what each worker put on the \
+    network over the run (full-size bytes, headers included) over the steps, the mean over \
+    workers.";
 
 /// Writes `results.csv` and `report.html` under `dir`; returns the report's path.
 pub fn write_report(
@@ -73,15 +114,25 @@ pub fn write_report(
     }
     html.paragraph(&format!(
         "{} finished runs; {} steps each, the first {} left out of the throughput; batch {} per \
-         worker. Each variant has one colour in every chart; where the study has several seeds, \
-         bars are the mean over them and curves over time show the first seed. The ideal bound \
-         of a profile model is workers x batch / max(compute, model bytes / bandwidth).",
+         worker. Each technique has one colour in every chart, and each variant of a technique \
+         its own dash pattern or markers (curves) and shade (bars), as the legend below shows; \
+         where the study has several seeds, bars are the mean over them and curves show the \
+         first seed. The ideal bound of a profile model is workers x batch / max(compute, model \
+         bytes / bandwidth).",
         rows.len(),
         config.steps,
         config.warmup_steps,
         config.batch_size
     ));
-    comparative_section(&mut html, config, dir, rows)?;
+    html.paragraph(DEFINITIONS);
+    html.svg(&Styles::of(config).legend_svg());
+    match config.kind {
+        StudyKind::Launch => comparative_section(&mut html, config, dir, rows)?,
+        StudyKind::Simulate => {
+            html.paragraph(SIMULATED);
+            scale_section(&mut html, config, rows)?;
+        }
+    }
     html.heading("All runs");
     let (header, table) = summary_table(rows);
     html.table(&header, &table);
@@ -124,9 +175,9 @@ fn resource_charts(
         RESOURCE_CHART_RUNS.min(with_metrics.len()),
         with_metrics.len()
     ));
-    let colours = variant_colours(config);
+    let styles = Styles::of(config);
     for r in with_metrics.into_iter().take(RESOURCE_CHART_RUNS) {
-        for chart in run_resource_charts(dir, r, colour_of(&colours, &r.variant)) {
+        for chart in run_resource_charts(dir, r, styles.colour(&r.variant)) {
             html.svg(&chart.to_svg()?);
         }
     }
@@ -157,7 +208,7 @@ fn run_resource_charts(dir: &Path, r: &RunRow, colour: Option<usize>) -> Vec<Lin
                 })
                 .collect();
             LineChart {
-                title: format!("{} - {} @ {}: {what}", r.model, r.variant, r.bandwidth),
+                title: format!("{} - {} @ {}: {what}", r.model, r.variant, r.network),
                 x_label: "seconds since the process started".into(),
                 y_label: unit.into(),
                 x_scale: Scale::Linear,
@@ -196,4 +247,29 @@ fn quote(s: &str) -> String {
     } else {
         s.to_string()
     }
+}
+
+/// Every comparative chart of the study, group by group, under a heading each.
+fn comparative_section(
+    html: &mut HtmlReport,
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[RunRow],
+) -> Result<()> {
+    let context = ChartContext::of(config);
+    for group in groups(config, rows) {
+        html.heading(&group.title);
+        if let Some(chart) = ideal_chart(&group, &context) {
+            html.svg(&chart.to_svg()?);
+        }
+        for m in metrics() {
+            if let Some(chart) = metric_chart(&group, &m, &context) {
+                html.svg(&chart.to_svg()?);
+            }
+        }
+        for chart in curve_charts(dir, &group, &context) {
+            html.svg(&chart.to_svg()?);
+        }
+    }
+    Ok(())
 }

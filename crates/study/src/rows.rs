@@ -11,7 +11,7 @@ use syncopate_train::model::{self, LayerOp};
 
 use crate::config::{RunSpec, StudyConfig};
 use crate::metrics::{worker_resources, WorkerResources};
-use crate::run::summary_path;
+use crate::traffic::SentByStep;
 
 /// The figures of one finished run.
 #[derive(Debug, Clone, Serialize)]
@@ -22,8 +22,12 @@ pub struct RunRow {
     pub model: String,
     /// Variant label.
     pub variant: String,
+    /// The network's name (the bandwidth as written for an entry of `bandwidths`).
+    pub network: String,
     /// Bandwidth as written.
     pub bandwidth: String,
+    /// One-way latency of every link, milliseconds.
+    pub latency_ms: f64,
     /// Bandwidth in Gbit/s (NaN when unlimited).
     pub bandwidth_gbps: f64,
     /// Workers.
@@ -76,28 +80,43 @@ pub struct RunRow {
     pub net_bytes: f64,
     /// Bytes read and written on storage per worker over the run (NaN: no metrics).
     pub disk_bytes: f64,
+    /// Steps until an evaluation first reached the target (NaN: never, or no target).
+    pub steps_to_accuracy: f64,
+    /// Bytes a worker sent (mean over workers) until that evaluation: measured step by step
+    /// where the rows record it, else bytes per step times those steps (NaN: not reached).
+    pub bytes_to_accuracy: f64,
+    /// Compute utilisation of worker 0: its forward, backward and optimizer seconds over the
+    /// training loop's wall seconds (evaluations excluded); for a simulated run, the
+    /// profile's forward and backward over the simulated step time (NaN: not recorded).
+    pub compute_utilisation: f64,
     /// Rank 0's evaluations during training (those with a time).
     #[serde(skip)]
     pub evaluations: Vec<Evaluation>,
+    /// Per evaluation, the bytes a worker had sent by then (see `bytes_to_accuracy`).
+    #[serde(skip)]
+    pub evaluation_bytes: Vec<f64>,
 }
 
-/// Reads every finished run of `config` under `dir`.
-pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<RunRow>> {
-    let mut rows = Vec::new();
-    for run in config.runs() {
-        let run_dir = dir.join("runs").join(&run.id);
-        let path = summary_path(&run_dir);
-        if !path.is_file() {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let summary: JobSummary =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        let resources = worker_resources(&run_dir, run.workers);
-        rows.push(row(config, &run, &summary, resources)?);
-    }
-    Ok(rows)
+/// The row of a `launch` run from its summary (`text`) and the files in `run_dir`.
+pub fn launch_row(
+    config: &StudyConfig,
+    run: &RunSpec,
+    run_dir: &Path,
+    text: &str,
+) -> Result<RunRow> {
+    let summary: JobSummary = serde_json::from_str(text).context("parsing the summary")?;
+    let resources = worker_resources(run_dir, run.workers);
+    let mut row = row(config, run, &summary, resources)?;
+    let sent = SentByStep::read(run_dir, run.workers, row.bytes_per_step);
+    row.bytes_to_accuracy = summary
+        .steps_to_accuracy
+        .map_or(f64::NAN, |s| sent.by_step(s));
+    row.evaluation_bytes = row
+        .evaluations
+        .iter()
+        .map(|e| sent.by_step(e.step))
+        .collect();
+    Ok(row)
 }
 
 /// The first of `figures` that is a number (not NaN); NaN when none is.
@@ -131,7 +150,9 @@ fn row(
         id: run.id.clone(),
         model: run.model.clone(),
         variant: run.variant.clone(),
+        network: run.network.clone(),
         bandwidth: run.bandwidth.clone(),
+        latency_ms: run.latency_ms,
         bandwidth_gbps: bandwidth_bps.map_or(f64::NAN, |b| b / 1e9),
         workers: run.workers,
         seed: run.seed,
@@ -160,8 +181,24 @@ fn row(
         peak_rss_bytes: resources.peak_rss_bytes,
         net_bytes: resources.net_bytes,
         disk_bytes: resources.disk_bytes,
+        steps_to_accuracy: summary.steps_to_accuracy.map_or(f64::NAN, |s| s as f64),
+        bytes_to_accuracy: f64::NAN,
+        compute_utilisation: compute_utilisation(summary),
         evaluations: timed_evaluations(summary),
+        evaluation_bytes: Vec::new(),
     })
+}
+
+/// Worker 0's forward, backward and optimizer seconds over the training loop's wall seconds
+/// (evaluations excluded); NaN when either is not recorded.
+fn compute_utilisation(summary: &JobSummary) -> f64 {
+    let times = &summary.worker0.times;
+    let busy = times.compute + times.optimizer;
+    if summary.wall_seconds > 0.0 {
+        busy / summary.wall_seconds
+    } else {
+        f64::NAN
+    }
 }
 
 /// Rank 0's evaluations that say when they were made.
@@ -210,17 +247,17 @@ pub fn ideal_step_seconds(model_name: &str, bandwidth_bps: Option<f64>) -> Optio
     Some((compute_ns as f64 * 1e-9).max(comm))
 }
 
-/// A row with only its place in the matrix set and every figure NaN, for tests.
-#[cfg(test)]
 impl RunRow {
-    /// A row of `model` with `workers` workers and nothing else.
+    /// A row of `model` with `workers` workers and nothing else: every figure NaN.
     pub fn empty(model: &str, workers: usize) -> Self {
         let nan = f64::NAN;
         RunRow {
             id: String::new(),
             model: model.into(),
             variant: String::new(),
+            network: String::new(),
             bandwidth: String::new(),
+            latency_ms: nan,
             bandwidth_gbps: nan,
             workers,
             seed: 0,
@@ -246,7 +283,11 @@ impl RunRow {
             peak_rss_bytes: nan,
             net_bytes: nan,
             disk_bytes: nan,
+            steps_to_accuracy: nan,
+            bytes_to_accuracy: nan,
+            compute_utilisation: nan,
             evaluations: Vec::new(),
+            evaluation_bytes: Vec::new(),
         }
     }
 }

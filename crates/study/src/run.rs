@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncopate_runtime::checkpoint::newest_complete_any;
 
-use crate::config::{RunSpec, StudyConfig};
+use crate::config::{RunSpec, StudyConfig, StudyKind};
 
 /// Outcome of one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub fn run_matrix(
         let outcome = if summary_path(&run_dir).is_file() {
             RunOutcome::Skipped
         } else {
-            match execute(exe, &run, &run_dir, run_timeout) {
+            match execute(exe, config.kind, &run, &run_dir, run_timeout) {
                 Ok(()) => RunOutcome::Done,
                 Err(e) => {
                     let msg = format!("{e:#}");
@@ -112,8 +112,14 @@ pub fn stale_runs(runs: &[RunSpec], dir: &Path) -> Vec<String> {
 /// One run: writes its place in the matrix as `run.toml` and its output as `log.txt`;
 /// `launch` adds the job's resolved `config.toml`, the metrics, the final weights and (on
 /// success) `summary.json`, written to a temporary name first so a killed run never looks
-/// finished.
-fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Result<()> {
+/// finished; `simulate` adds its report as `summary.json` the same way.
+fn execute(
+    exe: &Path,
+    kind: StudyKind,
+    run: &RunSpec,
+    run_dir: &Path,
+    timeout: Duration,
+) -> Result<()> {
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::write(
         run_dir.join("run.toml"),
@@ -121,7 +127,10 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
     )?;
     let partial = run_dir.join("summary.json.partial");
     let checkpoints = run_dir.join("checkpoints");
-    let every = checkpoint_every(&run.args);
+    let every = match kind {
+        StudyKind::Launch => checkpoint_every(&run.args),
+        StudyKind::Simulate => None,
+    };
     let resume = every.and_then(|_| newest_complete_any(&checkpoints));
     let mut log = std::fs::OpenOptions::new()
         .create(true)
@@ -130,7 +139,7 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
         .truncate(resume.is_none())
         .open(run_dir.join("log.txt"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("launch").args(&run.args);
+    cmd.arg(kind.command()).args(&run.args);
     if let Some(every) = every {
         cmd.arg("--checkpoint-every")
             .arg(every.to_string())
@@ -144,36 +153,26 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
         )?;
         cmd.arg("--resume").arg(&checkpoints);
     }
-    let mut child = cmd
-        .arg("--quiet")
-        .arg("--summary-json")
-        .arg(&partial)
-        .arg("--metrics-dir")
-        .arg(run_dir)
+    match kind {
+        StudyKind::Launch => cmd
+            .arg("--quiet")
+            .arg("--summary-json")
+            .arg(&partial)
+            .arg("--metrics-dir")
+            .arg(run_dir),
+        StudyKind::Simulate => cmd.arg("--json").arg(&partial),
+    };
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
-        .context("starting syncopate launch")?;
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            anyhow::bail!(
-                "no result after {} s (see {})",
-                timeout.as_secs(),
-                run_dir.join("log.txt").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        .with_context(|| format!("starting syncopate {}", kind.command()))?;
+    let status = wait_for(child, timeout, run_dir)?;
     if !status.success() {
         anyhow::bail!(
-            "launch exited with {status} (see {})",
+            "{} exited with {status} (see {})",
+            kind.command(),
             run_dir.join("log.txt").display()
         );
     }
@@ -185,6 +184,30 @@ fn execute(exe: &Path, run: &RunSpec, run_dir: &Path, timeout: Duration) -> Resu
             .with_context(|| format!("removing {}", checkpoints.display()))?;
     }
     Ok(())
+}
+
+/// Waits for `child` to exit, killing it after `timeout`.
+fn wait_for(
+    mut child: std::process::Child,
+    timeout: Duration,
+    run_dir: &Path,
+) -> Result<std::process::ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "no result after {} s (see {})",
+                timeout.as_secs(),
+                run_dir.join("log.txt").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// How often a run with launch arguments `args` checkpoints: every tenth of its `--steps`
@@ -214,7 +237,9 @@ mod tests {
             id: "lenet-ps".into(),
             model: "lenet".into(),
             variant: "ps".into(),
+            network: "1gbit".into(),
             bandwidth: "1gbit".into(),
+            latency_ms: 0.0,
             workers: 2,
             seed: 1,
             args: vec!["--steps".into(), steps.into()],

@@ -31,8 +31,9 @@ fn summary(optional: bool, scale: f64) -> serde_json::Value {
     };
     let mut s = serde_json::json!({
         "test_accuracy": 0.8 * scale, "wall_seconds": 2.0, "target_accuracy": 0.5,
-        "time_to_accuracy_s": 1.0 * scale,
-        "worker0": {"step_seconds": [0.5, 0.4, 0.4, 0.4], "times": {"compute": 1.0, "wait": 0.4},
+        "time_to_accuracy_s": 1.0 * scale, "steps_to_accuracy": 2,
+        "worker0": {"step_seconds": [0.5, 0.4, 0.4, 0.4],
+            "times": {"compute": 1.0, "wait": 0.4, "optimizer": 0.2},
             "evaluations": [eval(1, 0.4 * scale), eval(2, 0.8 * scale)]},
     });
     if optional {
@@ -62,11 +63,17 @@ fn write_run(dir: &Path, id: &str, optional: bool, scale: f64) {
         )
         .unwrap();
     }
-    std::fs::write(
-        run.join("steps-rank0.csv"),
-        "step,t_end_s,step_s,loss\n1,0.5,0.5,2.0\n2,1.0,0.5,1.5\n",
-    )
-    .unwrap();
+    // The first variant's rows record the bytes sent per step (worker 1 sends three times
+    // worker 0's); the second's are from before they did.
+    for rank in 0..2 {
+        let rows = if optional {
+            let b = 1e6 * (1.0 + 2.0 * rank as f64);
+            format!("step,t_end_s,step_s,loss,sent_bytes\n1,0.5,0.5,2.0,{b}\n2,1.0,0.5,1.5,{b}\n")
+        } else {
+            "step,t_end_s,step_s,loss\n1,0.5,0.5,2.0\n2,1.0,0.5,1.5\n".to_string()
+        };
+        std::fs::write(run.join(format!("steps-rank{rank}.csv")), rows).unwrap();
+    }
 }
 
 /// A study directory with every run finished, as `syncopate study` leaves it.
@@ -130,6 +137,14 @@ fn report_compares_every_variant_per_metric() {
     let texts = syncopate_report::svg_texts(acc);
     assert!(texts.contains(&"alpha (old)".into()) && texts.contains(&"1".into()));
     chart_titled(&html, "lenet @ 100mbit: accuracy of the replicas' average");
+    // Accuracy against the bytes a worker sent: the first variant's evaluations at steps 1
+    // and 2 (2 and 4 MB, log axis); the second has no bytes per step at all.
+    let by_bytes = chart_titled(&html, "lenet @ 1gbit: accuracy of worker 0 vs MB sent");
+    let texts = syncopate_report::svg_texts(by_bytes);
+    assert!(texts.contains(&"zeta (new)".into()), "{texts:?}");
+    assert!(!texts.contains(&"alpha (old)".into()), "{texts:?}");
+    // The legend: every variant with its technique.
+    assert!(html.contains("zeta (new) (ps)") && html.contains("alpha (old) (allreduce)"));
     // Per-run detail below the comparison.
     assert!(html.contains("Resources per process"));
     chart_titled(&html, "lenet - alpha (old) @ 1gbit: CPU");
@@ -140,19 +155,26 @@ fn report_compares_every_variant_per_metric() {
     assert!(lines[0].ends_with(
         "average_accuracy,divergence,bytes_per_step,textbook_bytes_per_step,\
          mean_cpu_percent,peak_rss_bytes,net_bytes,disk_bytes,frames_lost,realised_loss,\
-         tensor_p50_s,tensor_p99_s"
+         tensor_p50_s,tensor_p99_s,steps_to_accuracy,bytes_to_accuracy,compute_utilisation"
     ));
+    assert!(lines[0].starts_with("id,model,variant,network,bandwidth,bandwidth_gbps,latency_ms,"));
     let zeta = lines.iter().find(|l| l.contains("zeta")).unwrap();
     assert!(
         zeta.ends_with(
             "0.8500,0.002000,2000000,1800000,75.0,2000000,3000000,12288,7,0.012500,\
-             0.010000,0.030000"
+             0.010000,0.030000,2,4000000,0.6000"
         ),
+        "{zeta}"
+    );
+    // Bytes to the target: the workers' sent_bytes to step 2 (2 and 6 MB), their mean;
+    // compute utilisation: (compute 1.0 + optimizer 0.2) / wall 2.0.
+    assert!(
+        zeta.contains(",lenet,zeta (new),1gbit,1gbit,1,0,"),
         "{zeta}"
     );
     let alpha = lines.iter().find(|l| l.contains("alpha")).unwrap();
     assert!(
-        alpha.ends_with("NaN,NaN,NaN,NaN,75.0,2000000,3000000,12288,NaN,NaN,NaN,NaN"),
+        alpha.ends_with("NaN,NaN,NaN,NaN,75.0,2000000,3000000,12288,NaN,NaN,NaN,NaN,2,NaN,0.6000"),
         "{alpha}"
     );
 }

@@ -143,6 +143,9 @@ pub(super) struct StepLoop<'a, E> {
     out: Option<StepOutput>,
     step_start: Instant,
     times_at_step_start: WorkerTimes,
+    /// Bytes this worker had sent on all its links when the last step ended (each step's
+    /// row records what it sent since).
+    sent_before: u64,
     /// Per-tensor completion times (hand-over to values back), on `record.start`'s clock.
     pub tensors: TensorTimes,
     /// Worker 0's buffers, relayed here before this worker reached their evaluation point.
@@ -190,6 +193,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             out: None,
             step_start: Instant::now(),
             times_at_step_start: WorkerTimes::default(),
+            sent_before: 0,
             tensors: TensorTimes::new(key_sizes.len()),
             relayed: None,
         }
@@ -421,8 +425,15 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         r.step_seconds.push(step_s);
         let (now, before) = (r.times, self.times_at_step_start);
         let tensors = self.tensors.take_interval();
+        let sent = self
+            .comm
+            .traffic
+            .sent
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let sent_in_step = sent.saturating_sub(self.sent_before);
+        self.sent_before = sent;
         r.step_rows.push(&format!(
-            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6}\n",
+            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6},{}\n",
             step + 1,
             r.train_seconds(),
             step_s,
@@ -433,7 +444,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             now.optimizer - before.optimizer,
             tensors.count,
             tensors.p50_s,
-            tensors.p99_s
+            tensors.p99_s,
+            sent_in_step
         ))?;
         let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
             / r.train_seconds().max(1e-9);
