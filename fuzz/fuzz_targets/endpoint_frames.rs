@@ -377,16 +377,38 @@ impl Cluster {
             }
             StrategyKind::DlcpAllreduce
         } else if u.ratio(1, 2)? {
-            // The chain strategies, built as every driver builds them.
-            let strategy = *u.choose(&[StrategyKind::RingReduce, StrategyKind::Stepwise])?;
-            let stepwise = strategy == StrategyKind::Stepwise;
+            // The chain strategies and the weight-averaging ones (local SGD, gossip, step-wise
+            // with a period), built as every driver builds them: with every worker handing
+            // over the same values, every average is those values.
+            let strategy = *u.choose(&[
+                StrategyKind::RingReduce,
+                StrategyKind::Stepwise,
+                StrategyKind::LocalSgd,
+                StrategyKind::Gossip,
+            ])?;
+            let defaults = SyncPlan::new(strategy, n, 0);
+            let info = strategy.info();
             let plan = SyncPlan {
                 scheduler,
                 bucket_bytes: 4 * u.int_in_range(1..=600)?,
                 chain_segment_elems: u.int_in_range(1..=128)?,
-                stepwise_head: *u.choose(&StepwiseHead::ALL)?,
-                full_sync_every: if stepwise { u.int_in_range(0..=3)? } else { 0 },
-                ..SyncPlan::new(strategy, n, 0)
+                frame_elems: u.int_in_range(1..=512)?,
+                stepwise_head: if info.stepwise_settings {
+                    *u.choose(&StepwiseHead::ALL)?
+                } else {
+                    defaults.stepwise_head
+                },
+                full_sync_every: if info.full_syncs {
+                    u.int_in_range(0..=3)?
+                } else {
+                    0
+                },
+                average_every: if info.average_every > 0 {
+                    u.int_in_range(1..=3)?
+                } else {
+                    0
+                },
+                ..defaults
             };
             for r in 0..n {
                 workers.push(plan.worker_endpoint(r, keys.clone()));

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use syncopate_core::net::{parse_probability, parse_size};
 use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::{
-    LossFill, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES, DEFAULT_CREDIT_BYTES,
-    MESH_MAX_WORKERS,
+    LossFill, OuterOptions, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES,
+    DEFAULT_CREDIT_BYTES, MESH_MAX_WORKERS,
 };
 
 /// How the workers synchronise: the strategy, its servers, the scheduler and every size and
@@ -74,7 +74,7 @@ pub struct SyncArgs {
     #[arg(long, value_name = "F", value_parser = parse_scale)]
     pub scale: Option<f64>,
     #[command(flatten)]
-    pub stepwise: StepwiseArgs,
+    pub averaging: AveragingArgs,
     #[command(flatten)]
     pub dlcp: DlcpArgs,
 }
@@ -139,7 +139,7 @@ impl SyncArgs {
             ..defaults
         };
         self.refuse_other_families(strategy)?;
-        let plan = self.dlcp.apply(self.stepwise.apply(plan))?;
+        let plan = self.dlcp.apply(self.averaging.apply(plan))?;
         plan.validate()?;
         Ok(plan)
     }
@@ -157,15 +157,11 @@ impl SyncArgs {
                 "{flag} applies to --strategy dlcp and dlcp-allreduce only (this job runs {name})"
             );
         }
-        let stepwise = [
-            ("--stepwise-head", self.stepwise.stepwise_head.is_some()),
-            ("--full-sync-every", self.stepwise.full_sync_every.is_some()),
-        ];
-        match stepwise.iter().find(|(_, given)| *given) {
-            Some((flag, _)) if strategy != StrategyKind::Stepwise => {
-                bail!("{flag} applies to --strategy stepwise only (this job runs {name})")
+        match self.averaging.refused_by(strategy) {
+            Some((flag, applies_to)) => {
+                bail!("{flag} applies to --strategy {applies_to} only (this job runs {name})")
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -186,9 +182,8 @@ impl SyncArgs {
         if some(&|s, _| s.uses_servers()) {
             own.servers = None;
         }
-        if some(&|s, _| s == StrategyKind::Stepwise) {
-            own.stepwise = StepwiseArgs::default();
-        }
+        let strategies: Vec<StrategyKind> = members.iter().map(|&(s, _)| s).collect();
+        own.averaging = self.averaging.for_member(strategy, &strategies);
         if some(&|s, _| s.loss_tolerant()) {
             own.dlcp = DlcpArgs::default();
         }
@@ -225,27 +220,107 @@ fn stepwise_head_parser() -> impl TypedValueParser<Value = StepwiseHead> {
     })
 }
 
-/// The settings of step-wise averaging (`--strategy stepwise` only; the plan refuses them
-/// for another strategy).
+/// The settings of the averaging strategies (step-wise averaging, local SGD, DiLoCo,
+/// gossip), each refused for a strategy it does not apply to.
 #[derive(Debug, Clone, Default, Args, Serialize, Deserialize)]
-pub struct StepwiseArgs {
+pub struct AveragingArgs {
     /// Step-wise averaging: where each step's chain starts (default rotate).
     #[arg(long, value_parser = stepwise_head_parser())]
     pub stepwise_head: Option<StepwiseHead>,
-    /// Step-wise averaging: every H steps an exact average of the weights (all-reduce
-    /// style: the sum along the chain, the average back around) so the replicas meet
-    /// again; 0 (the default): never.
+    /// Step-wise averaging and gossip: every H-th step an exact average of the weights
+    /// (step-wise: the sum along the chain and the average back around; gossip: a ring
+    /// all-reduce) so the replicas meet again; 0 (the default): never. With
+    /// --average-every, step-wise averaging counts it in chain passes.
     #[arg(long, value_name = "H")]
     pub full_sync_every: Option<u64>,
+    /// Local SGD, DiLoCo and step-wise averaging: synchronise every H-th step only, each
+    /// worker stepping alone in between (local SGD: exact average of the weights; DiLoCo:
+    /// the outer step; step-wise: one chain pass). Default: local-sgd 8, diloco 16,
+    /// stepwise 1 (every step).
+    #[arg(long, value_name = "H", visible_alias = "stepwise-every")]
+    pub average_every: Option<u64>,
+    /// DiLoCo: the outer optimizer's learning rate (default 0.7).
+    #[arg(long, value_name = "LR")]
+    pub outer_lr: Option<f32>,
+    /// DiLoCo: the outer optimizer's Nesterov momentum in [0, 1) (default 0.9).
+    #[arg(long, value_name = "M")]
+    pub outer_momentum: Option<f32>,
 }
 
-impl StepwiseArgs {
+impl AveragingArgs {
     /// `plan` with the settings given.
     fn apply(&self, plan: SyncPlan) -> SyncPlan {
         SyncPlan {
             stepwise_head: self.stepwise_head.unwrap_or(plan.stepwise_head),
             full_sync_every: self.full_sync_every.unwrap_or(plan.full_sync_every),
+            average_every: self.average_every.unwrap_or(plan.average_every),
+            outer: OuterOptions {
+                lr: self.outer_lr.unwrap_or(plan.outer.lr),
+                momentum: self.outer_momentum.unwrap_or(plan.outer.momentum),
+            },
             ..plan
+        }
+    }
+
+    /// Each flag with the strategies it applies to, and whether `strategy` is one of them.
+    fn flags(&self, strategy: StrategyKind) -> [(&'static str, &'static str, bool, bool); 5] {
+        let info = strategy.info();
+        [
+            (
+                "--stepwise-head",
+                "stepwise",
+                self.stepwise_head.is_some(),
+                info.stepwise_settings,
+            ),
+            (
+                "--full-sync-every",
+                "stepwise or gossip",
+                self.full_sync_every.is_some(),
+                info.full_syncs,
+            ),
+            (
+                "--average-every",
+                "local-sgd, diloco or stepwise",
+                self.average_every.is_some(),
+                info.average_every > 0,
+            ),
+            (
+                "--outer-lr",
+                "diloco",
+                self.outer_lr.is_some(),
+                info.outer_optimizer,
+            ),
+            (
+                "--outer-momentum",
+                "diloco",
+                self.outer_momentum.is_some(),
+                info.outer_optimizer,
+            ),
+        ]
+    }
+
+    /// The first flag given that `strategy` does not take, with the strategies that do.
+    fn refused_by(&self, strategy: StrategyKind) -> Option<(&'static str, &'static str)> {
+        self.flags(strategy)
+            .into_iter()
+            .find(|&(_, _, given, applies)| given && !applies)
+            .map(|(flag, applies_to, _, _)| (flag, applies_to))
+    }
+
+    /// These settings as `strategy`, one member of a sweep over `members`, takes them: each
+    /// flag it does not take is left out where some member takes it (else it stays, and
+    /// the plan refuses it).
+    fn for_member(&self, strategy: StrategyKind, members: &[StrategyKind]) -> Self {
+        let applies = |s: StrategyKind| self.flags(s).map(|(_, _, _, applies)| applies);
+        let own = applies(strategy);
+        let anyone = |i: usize| members.iter().any(|&m| applies(m)[i]);
+        let keep = |i: usize| own[i] || !anyone(i);
+        Self {
+            stepwise_head: self.stepwise_head.filter(|_| keep(0)),
+            full_sync_every: self.full_sync_every.filter(|_| keep(1)),
+            average_every: self.average_every.filter(|_| keep(2)),
+            outer_lr: self.outer_lr.filter(|_| keep(3)),
+            outer_momentum: self.outer_momentum.filter(|_| keep(4)),
         }
     }
 }

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use syncopate_runtime::auth::{JobToken, PeerInfo, Role};
 use syncopate_runtime::rendezvous::serve_coordinator;
 
+mod common;
+use common::{read_weights, run_ok};
+
 const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
 
 /// Common flags: LeNet on a small synthetic set, a few steps.
@@ -38,25 +41,6 @@ fn train_flags(batch: usize, steps: u64) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-fn read_weights(path: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| {
-            let v = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            (name, v)
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
 }
 
 /// Asserts that `got` equals the single-process weights `want` to float tolerance.
@@ -98,17 +82,6 @@ fn launch(strategy: &str, workers: usize, servers: usize) -> Command {
         &servers.to_string(),
     ]);
     cmd
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "command failed:\n{text}");
-    text
 }
 
 /// `bench-comm` completes for ring all-reduce (busy polling and sleeping, back to back and

@@ -3,7 +3,10 @@
 //! checkpoint's size does not grow with the steps done.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
+
+mod common;
+use common::{run_ok, text};
 
 const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
 
@@ -16,21 +19,6 @@ fn launch(steps: u64, flags: &[&str]) -> Command {
         .args(["--steps", &steps.to_string(), "--quiet"])
         .args(flags);
     cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    let text = text(&out);
-    assert!(out.status.success(), "command failed:\n{text}");
-    text
 }
 
 fn path(p: &Path) -> &str {

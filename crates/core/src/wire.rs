@@ -76,6 +76,9 @@ pub enum FrameKind {
     /// `key` values in all (see [`crate::buffers`]). Travels beside the strategy's frames,
     /// as control frames do.
     Buffers = 13,
+    /// A gossip worker's weights of one step sent to a ring neighbour, which mixes them
+    /// with its own (decentralised SGD): `length` values of `key` starting at `offset`.
+    Mix = 14,
 }
 
 impl FrameKind {
@@ -91,6 +94,7 @@ impl FrameKind {
                 | FrameKind::Probe
                 | FrameKind::Stop
                 | FrameKind::Missing
+                | FrameKind::Mix
         )
     }
 
@@ -115,6 +119,7 @@ impl FrameKind {
             8 => FrameKind::Goodbye,
             9 => FrameKind::Ack,
             13 => FrameKind::Buffers,
+            14 => FrameKind::Mix,
             _ => return None,
         })
     }
@@ -413,6 +418,19 @@ mod tests {
     }
 
     #[test]
+    fn mix_frames_are_data_frames() {
+        let h = Header::data(FrameKind::Mix, 3, 1, 8, 4);
+        assert!(FrameKind::Mix.is_data());
+        assert_eq!(Header::decode(&h.encode(), DEFAULT_MAX_PAYLOAD), Ok(h));
+        let mut short = h;
+        short.payload_len = 12;
+        assert!(matches!(
+            Header::decode(&short.encode(), DEFAULT_MAX_PAYLOAD),
+            Err(WireError::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
     fn rejects_bad_frames_with_clear_errors() {
         let mut b = sample().encode();
         b[2] = 9;
@@ -459,7 +477,7 @@ mod tests {
             // And with a valid prefix, so the deeper checks are reached too.
             b[0..2].copy_from_slice(&MAGIC);
             b[2] = VERSION;
-            b[3] = 1 + bytes[3] % 8;
+            b[3] = 1 + bytes[3] % 14;
             if let Ok(h) = Header::decode(&b, DEFAULT_MAX_PAYLOAD) {
                 prop_assert!(h.payload_len <= DEFAULT_MAX_PAYLOAD);
                 prop_assert_eq!(Header::decode(&h.encode(), DEFAULT_MAX_PAYLOAD), Ok(h));

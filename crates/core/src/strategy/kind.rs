@@ -68,6 +68,16 @@ pub enum StrategyKind {
     /// the loss bound (lost contributions are missing from the sum), with packet priority,
     /// priority dropping and per-packet paths.
     DlcpAllreduce,
+    /// Local SGD (periodic model averaging): every worker steps alone; every H-th step the
+    /// weights are averaged exactly by ring all-reduce.
+    LocalSgd,
+    /// DiLoCo: H steps of each worker's own optimizer, then the weights' change since the
+    /// last outer step is averaged by ring all-reduce and applied by an outer Nesterov
+    /// step.
+    Diloco,
+    /// Gossip (decentralised SGD): each step every worker mixes its weights with its two
+    /// ring neighbours'; optionally an exact average every H-th step.
+    Gossip,
 }
 
 /// What a strategy averages across the workers.
@@ -110,8 +120,15 @@ pub struct StrategyInfo {
     pub overlaps: bool,
     /// Whether its workers may be linked in a full mesh (see [`StrategyKind::can_mesh`]).
     pub mesh: bool,
-    /// Whether the step-wise averaging settings (chain head, full syncs) apply to it.
+    /// Whether the step-wise averaging settings (chain head) apply to it.
     pub stepwise_settings: bool,
+    /// Whether an exact average every H-th step (`full_sync_every`) applies to it.
+    pub full_syncs: bool,
+    /// Steps from one averaging to the next when none is asked for (`average_every`); 0
+    /// where the setting does not apply (the strategy synchronises every step).
+    pub average_every: u64,
+    /// Whether it has an outer optimizer (`outer_lr`, `outer_momentum`: DiLoCo).
+    pub outer_optimizer: bool,
     /// The scheduler used when none is asked for.
     pub scheduler: SchedulerKind,
     /// Parameter-server slice size in parameters when none is asked for.
@@ -136,6 +153,9 @@ impl StrategyInfo {
         overlaps: true,
         mesh: false,
         stepwise_settings: false,
+        full_syncs: false,
+        average_every: 0,
+        outer_optimizer: false,
         scheduler: SchedulerKind::Fifo,
         slice_params: FRAME_ELEMS,
         bucket_bytes: DEFAULT_BUCKET_BYTES,
@@ -200,6 +220,8 @@ const STEPWISE: StrategyInfo = StrategyInfo {
     averages: Averaged::Weights,
     topology: Topology::Chain,
     stepwise_settings: true,
+    full_syncs: true,
+    average_every: 1,
     ..StrategyInfo::BASE
 };
 
@@ -222,9 +244,46 @@ const DLCP_ALLREDUCE: StrategyInfo = StrategyInfo {
     ..StrategyInfo::BASE
 };
 
+const LOCAL_SGD: StrategyInfo = StrategyInfo {
+    name: "local-sgd",
+    description: "local SGD (approximate): every worker steps alone, every H-th step \
+                  (--average-every) the weights are averaged exactly by ring all-reduce \
+                  (~2M/H bytes per step)",
+    averages: Averaged::Weights,
+    average_every: DEFAULT_LOCAL_SGD_EVERY,
+    ..StrategyInfo::BASE
+};
+
+const DILOCO: StrategyInfo = StrategyInfo {
+    name: "diloco",
+    description: "DiLoCo (approximate): H inner steps of each worker's optimizer, then the \
+                  change since the last outer step averaged by ring all-reduce and applied \
+                  by an outer Nesterov step (--outer-lr, --outer-momentum; ~2M/H bytes per step)",
+    averages: Averaged::Weights,
+    average_every: DEFAULT_DILOCO_EVERY,
+    outer_optimizer: true,
+    ..StrategyInfo::BASE
+};
+
+const GOSSIP: StrategyInfo = StrategyInfo {
+    name: "gossip",
+    description: "gossip (approximate): each step every worker mixes its weights with its two \
+                  ring neighbours' (1/3 each), optionally an exact average every H-th step \
+                  (--full-sync-every; ~2M bytes per step whatever the workers)",
+    averages: Averaged::Weights,
+    full_syncs: true,
+    ..StrategyInfo::BASE
+};
+
+/// Local SGD's steps between two averagings when none is asked for.
+pub const DEFAULT_LOCAL_SGD_EVERY: u64 = 8;
+
+/// DiLoCo's inner steps between two outer steps when none is asked for.
+pub const DEFAULT_DILOCO_EVERY: u64 = 16;
+
 impl StrategyKind {
     /// Every strategy.
-    pub const ALL: [StrategyKind; 9] = [
+    pub const ALL: [StrategyKind; 12] = [
         StrategyKind::Ps,
         StrategyKind::PsNoOverlap,
         StrategyKind::Allreduce,
@@ -234,6 +293,9 @@ impl StrategyKind {
         StrategyKind::Stepwise,
         StrategyKind::Dlcp,
         StrategyKind::DlcpAllreduce,
+        StrategyKind::LocalSgd,
+        StrategyKind::Diloco,
+        StrategyKind::Gossip,
     ];
 
     /// The strategy's row: everything that follows from the strategy alone.
@@ -248,6 +310,9 @@ impl StrategyKind {
             StrategyKind::Stepwise => &STEPWISE,
             StrategyKind::Dlcp => &DLCP,
             StrategyKind::DlcpAllreduce => &DLCP_ALLREDUCE,
+            StrategyKind::LocalSgd => &LOCAL_SGD,
+            StrategyKind::Diloco => &DILOCO,
+            StrategyKind::Gossip => &GOSSIP,
         }
     }
 
@@ -408,18 +473,27 @@ mod tests {
             StrategyKind::ALL.into_iter().filter(|&s| has(s)).collect()
         };
         fn approximate(s: StrategyKind) -> bool {
-            matches!(s, Stepwise | Dlcp | DlcpAllreduce)
+            matches!(
+                s,
+                Stepwise | Dlcp | DlcpAllreduce | LocalSgd | Diloco | Gossip
+            )
         }
         assert_eq!(which(StrategyKind::exact), which(|s| !approximate(s)));
         assert_eq!(
             which(StrategyKind::forward_overlap),
-            [Ps, P3, Stepwise, Dlcp]
+            [Ps, P3, Stepwise, Dlcp, LocalSgd, Diloco, Gossip]
         );
         assert_eq!(
             which(StrategyKind::uses_servers),
             [Ps, PsNoOverlap, P3, Dlcp]
         );
         assert_eq!(which(StrategyKind::chain), [RingReduce, Stepwise]);
+        assert_eq!(
+            which(|s| s.info().average_every > 0),
+            [Stepwise, LocalSgd, Diloco]
+        );
+        assert_eq!(which(|s| s.info().full_syncs), [Stepwise, Gossip]);
+        assert_eq!(which(|s| s.info().outer_optimizer), [Diloco]);
         for s in StrategyKind::ALL {
             let info = s.info();
             assert_eq!(info.bucket_bytes, DEFAULT_BUCKET_BYTES, "{}", info.name);

@@ -35,8 +35,11 @@
 mod bucket;
 mod chain;
 mod dlcp;
+mod gossip;
 mod kind;
 mod mixing;
+mod outer;
+mod periodic;
 mod plan;
 mod ps;
 mod ring;
@@ -47,11 +50,15 @@ mod traffic;
 
 pub use chain::ChainPass;
 pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
+pub use gossip::{gossip_matrix, gossip_peers, gossip_weights, mix_into, Gossip, MixWeights};
 pub use kind::{
     Averaged, StrategyInfo, StrategyKind, Topology, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES,
-    DEFAULT_CREDIT_BYTES, DIRECT_SHARE_ELEMS, FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
+    DEFAULT_CREDIT_BYTES, DEFAULT_DILOCO_EVERY, DEFAULT_LOCAL_SGD_EVERY, DIRECT_SHARE_ELEMS,
+    FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
 };
 pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
+pub use outer::{OuterNesterov, OuterOptions};
+pub use periodic::Periodic;
 pub use plan::{Endpoints, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;
@@ -166,6 +173,33 @@ pub trait WorkerSync: Endpoint {
     /// [`WorkerSync::loss_stats`] is `None`).
     fn key_loss(&self) -> Vec<KeyLoss> {
         Vec::new()
+    }
+
+    /// Before the first step of a job that does not resume: `key`'s initial weights, for
+    /// strategies that keep a copy of the weights of their own (DiLoCo's anchor). Default:
+    /// ignored.
+    fn handle_initial_weights(&mut self, key: usize, weights: &[f32]) {
+        let _ = (key, weights);
+    }
+
+    /// The state this strategy keeps besides the model's weights and momentum, which a
+    /// checkpoint must hold for a resume to be exact (DiLoCo's anchor and outer momentum),
+    /// as tensors in a fixed order; empty (the default) for strategies that keep none. Read
+    /// between steps, once every value of the step is in.
+    fn sync_state(&self) -> Vec<Vec<f32>> {
+        Vec::new()
+    }
+
+    /// Before the first step of a resumed job: restores what [`WorkerSync::sync_state`]
+    /// gave; refuses a state of another shape.
+    fn restore_sync_state(&mut self, state: Vec<Vec<f32>>) -> Result<(), String> {
+        match state.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "this strategy keeps no state of its own, the checkpoint holds {} tensors of one",
+                state.len()
+            )),
+        }
     }
 }
 

@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::dlcp::Geometry;
 use super::kind::{CHAIN_SEGMENT_ELEMS, DIRECT_SHARE_ELEMS, FRAME_ELEMS};
 use super::{
-    ChainPass, ChainSchedule, DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, PsServer, PsWorker,
-    Rank, RingAllReduce, ServerOptim, ServerSync, StepwiseHead, StrategyKind, WorkerSync,
+    ChainPass, ChainSchedule, DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, Gossip, OuterNesterov,
+    OuterOptions, Periodic, PsServer, PsWorker, Rank, RingAllReduce, ServerOptim, ServerSync,
+    StepwiseHead, StrategyKind, WorkerSync,
 };
 use crate::registry::{KeyInfo, TensorRegistry};
 use crate::scale::scale_count;
@@ -40,9 +41,19 @@ pub enum PlanError {
         /// Processes in the job, one past the last server rank.
         world: usize,
     },
-    /// A step-wise averaging setting (the plan's field) given to another strategy.
-    #[error("{0} applies to the stepwise strategy only (this job runs {1})")]
-    StepwiseOnly(&'static str, &'static str),
+    /// A setting (the plan's field) given to a strategy it does not apply to.
+    #[error("{setting} applies to {applies_to} only (this job runs {strategy})")]
+    NotApplicable {
+        /// The plan's field.
+        setting: &'static str,
+        /// The strategies it applies to.
+        applies_to: &'static str,
+        /// The job's strategy.
+        strategy: &'static str,
+    },
+    /// DiLoCo's outer optimizer settings out of range.
+    #[error("{0}")]
+    Outer(String),
     /// A DLCP setting given to another strategy.
     #[error("the DLCP settings (loss bound, packet size, loss fill, pull loss bound, priority, drop quantile, spraying) apply to the dlcp and dlcp-allreduce strategies only (this job runs {0})")]
     DlcpOnly(&'static str),
@@ -84,9 +95,18 @@ pub struct SyncPlan {
     /// Where step-wise averaging's chain starts each step.
     #[serde(default)]
     pub stepwise_head: StepwiseHead,
-    /// Step-wise averaging: every this many steps an exact average instead (0: never).
+    /// Step-wise averaging and gossip: every this many steps an exact average instead (0:
+    /// never; with a period, counted in step-wise averaging's chain passes).
     #[serde(default)]
     pub full_sync_every: u64,
+    /// Local SGD, DiLoCo and step-wise averaging: steps from one averaging to the next
+    /// (the sync step is every H-th; 1: every step). 0 for the strategies it does not apply
+    /// to.
+    #[serde(default)]
+    pub average_every: u64,
+    /// DiLoCo's outer optimizer.
+    #[serde(default)]
+    pub outer: OuterOptions,
     /// DLCP's settings (`--strategy dlcp` only).
     #[serde(default)]
     pub dlcp: DlcpOptions,
@@ -123,6 +143,8 @@ impl SyncPlan {
             chain_segment_elems: CHAIN_SEGMENT_ELEMS,
             stepwise_head: StepwiseHead::default(),
             full_sync_every: 0,
+            average_every: strategy.info().average_every,
+            outer: OuterOptions::default(),
             dlcp: DlcpOptions::default(),
             autotune: false,
             mesh: false,
@@ -194,15 +216,33 @@ impl SyncPlan {
         if self.autotune && !self.scheduler.uses_credit() {
             return Err(PlanError::AutotuneNeedsCredit(self.scheduler.name()));
         }
-        if !self.strategy.info().stepwise_settings {
-            if self.full_sync_every > 0 {
-                return Err(PlanError::StepwiseOnly("full_sync_every", name));
-            }
-            if self.stepwise_head != StepwiseHead::default() {
-                return Err(PlanError::StepwiseOnly("stepwise_head", name));
-            }
+        self.validate_averaging()
+    }
+
+    /// The settings of the averaging strategies: each only where it applies.
+    fn validate_averaging(&self) -> Result<(), PlanError> {
+        let info = self.strategy.info();
+        let not_applicable = |setting, applies_to| PlanError::NotApplicable {
+            setting,
+            applies_to,
+            strategy: info.name,
+        };
+        if !info.stepwise_settings && self.stepwise_head != StepwiseHead::default() {
+            return Err(not_applicable("stepwise_head", "stepwise"));
         }
-        Ok(())
+        if !info.full_syncs && self.full_sync_every > 0 {
+            return Err(not_applicable("full_sync_every", "stepwise and gossip"));
+        }
+        let periodic = "local-sgd, diloco and stepwise";
+        match (info.average_every > 0, self.average_every) {
+            (true, 0) => return Err(PlanError::Zero("average_every")),
+            (false, 1..) => return Err(not_applicable("average_every", periodic)),
+            _ => {}
+        }
+        if !info.outer_optimizer && self.outer != OuterOptions::default() {
+            return Err(not_applicable("outer_lr and outer_momentum", "diloco"));
+        }
+        self.outer.validate().map_err(PlanError::Outer)
     }
 
     /// What one DLCP strategy supports and the other does not.
@@ -259,12 +299,19 @@ impl SyncPlan {
         if self.strategy.chain() {
             d.push_str(&format!("/segment={}", self.chain_segment_elems));
         }
-        if self.strategy.info().stepwise_settings {
-            d.push_str(&format!(
-                "/head={}/full-sync={}",
-                self.stepwise_head.name(),
-                self.full_sync_every
-            ));
+        let info = self.strategy.info();
+        if info.stepwise_settings {
+            d.push_str(&format!("/head={}", self.stepwise_head.name()));
+        }
+        if info.full_syncs {
+            d.push_str(&format!("/full-sync={}", self.full_sync_every));
+        }
+        if info.average_every > 0 {
+            d.push_str(&format!("/every={}", self.average_every));
+        }
+        if info.outer_optimizer {
+            let OuterOptions { lr, momentum } = self.outer;
+            d.push_str(&format!("/outer-lr={lr}/outer-momentum={momentum}"));
         }
         if self.strategy.loss_tolerant() {
             d.push_str(&self.dlcp.descriptor());
@@ -320,8 +367,24 @@ impl SyncPlan {
             | StrategyKind::AllreduceNoOverlap
             | StrategyKind::P3
             | StrategyKind::Dlcp
-            | StrategyKind::DlcpAllreduce => None,
+            | StrategyKind::DlcpAllreduce
+            | StrategyKind::LocalSgd
+            | StrategyKind::Diloco
+            | StrategyKind::Gossip => None,
         }
+    }
+
+    /// Steps from one synchronisation to the next: [`SyncPlan::average_every`] where it
+    /// applies, 1 for the strategies that synchronise every step.
+    pub fn sync_period(&self) -> u64 {
+        self.average_every.max(1)
+    }
+
+    /// The textbook bytes a worker sends per step for a model of `model_bytes`
+    /// ([`super::textbook_bytes_per_step`] of each sync step, spread over the period).
+    pub fn textbook_bytes_per_step(&self, model_bytes: f64) -> f64 {
+        super::textbook_bytes_per_step(self.strategy, self.workers, model_bytes)
+            / self.sync_period() as f64
     }
 
     fn ring_reduce_schedule(&self) -> ChainSchedule {
@@ -346,6 +409,49 @@ impl SyncPlan {
             Some(schedule) => schedule.effective_contributors(),
             None => self.workers as f64,
         }
+    }
+
+    /// What an approximate strategy's averaging amounts to, in words, for start-up banners:
+    /// `local-sgd averages weights, not gradients (approximate): an exact average every 8
+    /// steps; effective number of contributors 4.00 of 4 workers`.
+    pub fn describe_averaging(&self) -> String {
+        let (every, full) = (self.sync_period(), self.full_sync_every);
+        let exact = |unit: &str| match full {
+            0 => "never".to_string(),
+            h => format!("every {h} {unit}"),
+        };
+        let how = match self.strategy {
+            StrategyKind::Stepwise => format!(
+                "a chain pass every {every} step(s), chain head {}, exact average {}",
+                self.stepwise_head.name(),
+                exact(if every > 1 { "chain passes" } else { "steps" })
+            ),
+            StrategyKind::LocalSgd => {
+                format!("an exact average of the weights every {every} steps")
+            }
+            StrategyKind::Diloco => format!(
+                "every {every} steps an outer Nesterov step (lr {}, momentum {}) on the mean \
+                 change of the weights",
+                self.outer.lr, self.outer.momentum
+            ),
+            StrategyKind::Gossip => format!(
+                "each step a mix with both ring neighbours, exact average {}",
+                exact("steps")
+            ),
+            other if other.loss_tolerant() => "lost values are missing from the sums".into(),
+            _ => "exact every step".into(),
+        };
+        format!(
+            "{} averages {}, not gradients (approximate): {how}; effective number of \
+             contributors {:.2} of {} workers",
+            self.strategy.name(),
+            match self.strategy.averages() {
+                super::Averaged::Weights => "weights",
+                super::Averaged::Gradients => "gradients",
+            },
+            self.effective_contributors(),
+            self.workers
+        )
     }
 
     /// The state machine of worker `rank` for a model with these keys.
@@ -402,16 +508,7 @@ impl Endpoints<'_> {
                 Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp))
             }
             StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap => {
-                let ring = RingAllReduce::new(
-                    rank,
-                    plan.workers,
-                    self.keys.clone(),
-                    plan.bucket_elems(),
-                    plan.frame_elems,
-                    plan.strategy.overlaps(),
-                    plan.scheduler,
-                );
-                let ring = ring.with_direct_below(plan.direct_share_elems);
+                let ring = self.ring(rank);
                 if plan.meshed() {
                     return Box::new(ring.over_mesh());
                 }
@@ -422,8 +519,68 @@ impl Endpoints<'_> {
                 Box::new(DlcpRing::new(rank, plan.workers, keys, bucket, plan.dlcp))
             }
             StrategyKind::RingReduce => self.chain(rank, plan.ring_reduce_schedule()),
+            StrategyKind::Stepwise if plan.sync_period() > 1 => {
+                let chain = self.chain(rank, plan.stepwise_schedule());
+                Box::new(Periodic::averaging(
+                    plan.sync_period(),
+                    self.keys.len(),
+                    chain,
+                ))
+            }
             StrategyKind::Stepwise => self.chain(rank, plan.stepwise_schedule()),
+            StrategyKind::LocalSgd => {
+                let ring = self.exact_ring(rank);
+                Box::new(Periodic::averaging(
+                    plan.sync_period(),
+                    self.keys.len(),
+                    ring,
+                ))
+            }
+            StrategyKind::Diloco => {
+                let sizes: Vec<usize> = self.keys.iter().map(|k| k.numel).collect();
+                let outer = OuterNesterov::new(&sizes, plan.outer);
+                let (every, keys) = (plan.sync_period(), self.keys.len());
+                Box::new(Periodic::outer(every, keys, self.exact_ring(rank), outer))
+            }
+            StrategyKind::Gossip => {
+                let gossip = Box::new(Gossip::new(
+                    rank,
+                    plan.workers,
+                    self.keys.clone(),
+                    plan.frame_elems,
+                    plan.scheduler,
+                ));
+                match plan.full_sync_every {
+                    0 => gossip,
+                    every => {
+                        let ring = self.exact_ring(rank);
+                        Box::new(Periodic::alternating(every, self.keys.len(), ring, gossip))
+                    }
+                }
+            }
         }
+    }
+
+    /// The ring all-reduce of worker `rank`: the mean of what every worker hands over, over
+    /// the ring only.
+    fn ring(&self, rank: Rank) -> RingAllReduce {
+        let plan = self.plan;
+        let ring = RingAllReduce::new(
+            rank,
+            plan.workers,
+            self.keys.clone(),
+            plan.bucket_elems(),
+            plan.frame_elems,
+            plan.strategy.overlaps(),
+            plan.scheduler,
+        );
+        ring.with_direct_below(plan.direct_share_elems)
+    }
+
+    /// The ring all-reduce that averages exactly what the workers hand over (weights, or
+    /// DiLoCo's outer gradients) at the sync steps of the periodic strategies.
+    fn exact_ring(&self, rank: Rank) -> Box<dyn WorkerSync + Send> {
+        Box::new(self.ring(rank))
     }
 
     /// The parameter-server worker `rank`, its frames ordered by `scheduler`.
@@ -482,7 +639,10 @@ impl Endpoints<'_> {
             | StrategyKind::AllreduceNoOverlap
             | StrategyKind::DlcpAllreduce
             | StrategyKind::RingReduce
-            | StrategyKind::Stepwise => Err(not_a_server),
+            | StrategyKind::Stepwise
+            | StrategyKind::LocalSgd
+            | StrategyKind::Diloco
+            | StrategyKind::Gossip => Err(not_a_server),
         }
     }
 }

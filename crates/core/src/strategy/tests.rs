@@ -14,6 +14,9 @@ use crate::registry::{KeyInfo, Placement, TensorRegistry};
 use crate::sched::SchedulerKind;
 use crate::wire::{Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
+#[path = "periodic_tests.rs"]
+mod periodic;
+
 /// A frame handed to a link.
 enum Queued {
     /// Encoded, on the wire.

@@ -20,6 +20,11 @@ use super::StrategyKind;
 /// - `stepwise`: (N−1)/N·M: one pass of M along N−1 hops, nothing back (steps that are full
 ///   syncs cost as ring reduce). Each worker sends M except the last of the step's chain:
 ///   with a fixed head, worker 0 always sends M and the last worker nothing.
+/// - `local-sgd`, `diloco`: 2(N−1)/N·M on a sync step (ring all-reduce of the weights or
+///   of the outer gradient), nothing in between; [`super::SyncPlan::textbook_bytes_per_step`]
+///   spreads it over the period.
+/// - `gossip`: 2M, the model to each ring neighbour (M with two workers, 0 alone),
+///   whatever N.
 ///
 /// A run's measured `bytes_per_step` is worker 0's, so on the chain strategies it is not
 /// the mean this returns.
@@ -33,8 +38,12 @@ pub fn textbook_bytes_per_step(strategy: StrategyKind, workers: usize, model_byt
         StrategyKind::Allreduce
         | StrategyKind::AllreduceNoOverlap
         | StrategyKind::RingReduce
-        | StrategyKind::DlcpAllreduce => 2.0 * hops * model_bytes,
+        | StrategyKind::DlcpAllreduce
+        | StrategyKind::LocalSgd
+        | StrategyKind::Diloco => 2.0 * hops * model_bytes,
         StrategyKind::Stepwise => hops * model_bytes,
+        // Each neighbour gets the whole model (one neighbour with two workers, none alone).
+        StrategyKind::Gossip => (workers.clamp(1, 3) - 1) as f64 * model_bytes,
     }
 }
 

@@ -1,6 +1,7 @@
 //! A worker's checkpoint: its weights and buffers (every worker holds its own: under
-//! step-wise averaging they differ), its momentum and the steps done; the data sampler's
-//! position and the learning rate's follow from the steps.
+//! the averaging strategies they differ), its momentum, the strategy's own state (DiLoCo's
+//! anchor and outer momentum) and the steps done; the data sampler's position, the learning
+//! rate's and the inner step within an averaging period follow from the steps.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -19,6 +20,11 @@ use crate::error::RunError;
 /// The name of `key`'s momentum in a worker's checkpoint.
 fn momentum_name(key_name: &str) -> String {
     format!("momentum.{key_name}")
+}
+
+/// The name of tensor `index` of the strategy's own state in a worker's checkpoint.
+fn sync_state_name(index: usize) -> String {
+    format!("strategy.{index}")
 }
 
 /// What a checkpoint keeps of what a worker's training loop measured, so that a resumed job
@@ -48,14 +54,19 @@ pub(crate) struct Checkpointer {
     pub job: JobIdentity,
     /// This worker's rank.
     pub rank: usize,
+    /// Whether the strategy keeps state of its own to checkpoint
+    /// ([`syncopate_core::strategy::WorkerSync::sync_state`]).
+    pub keeps_sync_state: bool,
 }
 
 impl Checkpointer {
-    /// Writes the state of `engine` and `optimizer` after `steps` steps.
+    /// Writes the state of `engine`, `optimizer` and the strategy (`sync_state`) after
+    /// `steps` steps.
     pub fn write(
         &self,
         engine: &dyn LayerwiseEngine,
         optimizer: &LocalOptimizer,
+        sync_state: Vec<Vec<f32>>,
         steps: u64,
         record: &CarriedRecord,
     ) -> Result<(), RunError> {
@@ -66,6 +77,13 @@ impl Checkpointer {
                 name: momentum_name(&k.name),
                 shape: vec![v.len()],
                 values: v.clone(),
+            });
+        }
+        for (i, values) in sync_state.into_iter().enumerate() {
+            tensors.push(NamedTensor {
+                name: sync_state_name(i),
+                shape: vec![values.len()],
+                values,
             });
         }
         let metadata = BTreeMap::from([("steps".to_string(), steps.to_string())]);
@@ -82,52 +100,75 @@ impl Checkpointer {
     }
 }
 
+/// What a resume loads into: the model, its optimizer, and the sizes of the strategy's own
+/// state tensors (none for most strategies).
+pub(crate) struct ResumeInto<'a> {
+    pub engine: &'a mut dyn LayerwiseEngine,
+    pub optimizer: &'a mut LocalOptimizer,
+    pub state_sizes: &'a [usize],
+}
+
+/// What a resume found besides the model and optimizer it loaded.
+pub(crate) struct Resumed {
+    /// The steps the checkpoint holds.
+    pub steps: u64,
+    /// What had been measured until then (`None`: the checkpoint holds no record).
+    pub carried: Option<CarriedRecord>,
+    /// The strategy's own state.
+    pub sync_state: Vec<Vec<f32>>,
+}
+
 /// Resumes worker `rank` of `job` from the newest complete checkpoint in `dir`: loads its
-/// state into `engine` and `optimizer`, and returns the steps done and what it had measured.
+/// state into `into`, and returns the steps done, what it had measured and the strategy's
+/// own state.
 pub(crate) fn resume(
     dir: &Path,
     job: &JobIdentity,
     rank: usize,
-    engine: &mut dyn LayerwiseEngine,
-    optimizer: &mut LocalOptimizer,
-) -> Result<(u64, Option<CarriedRecord>), RunError> {
+    into: ResumeInto<'_>,
+) -> Result<Resumed, RunError> {
     let point = newest_complete(dir, job)?;
-    let carried = restore(&point, rank, engine, optimizer)?;
+    let resumed = restore(&point, rank, into)?;
     tracing::info!(
         rank,
         steps = point.step,
         "resuming from {}",
         point.dir.display()
     );
-    Ok((point.step, carried))
+    Ok(resumed)
 }
 
-/// Loads worker `rank`'s state from `point` into `engine` and `optimizer`; returns what it
-/// had measured until then (`None`: the checkpoint holds no record).
-fn restore(
-    point: &ResumePoint,
-    rank: usize,
-    engine: &mut dyn LayerwiseEngine,
-    optimizer: &mut LocalOptimizer,
-) -> Result<Option<CarriedRecord>, RunError> {
+/// Loads worker `rank`'s state from `point` into `into`.
+fn restore(point: &ResumePoint, rank: usize, into: ResumeInto<'_>) -> Result<Resumed, RunError> {
     let bytes = point.read_state(rank)?;
     let path = point.dir.join(format!("rank-{rank}.safetensors"));
     let decoded = Decoded::parse(&bytes, Path::new(&path))?;
-    decoded.load_into(engine)?;
-    let velocity = engine
+    decoded.load_into(into.engine)?;
+    let velocity = into
+        .engine
         .spec()
         .keys()
         .iter()
         .map(|k| decoded.tensor(&momentum_name(&k.name), &[k.shape.iter().product()]))
         .collect::<Result<Vec<_>, _>>()?;
-    optimizer.restore(velocity, point.step)?;
-    let Some(record) = point.read_record(rank)? else {
-        return Ok(None);
+    into.optimizer.restore(velocity, point.step)?;
+    let sync_state = into
+        .state_sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| decoded.tensor(&sync_state_name(i), &[len]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let carried = match point.read_record(rank)? {
+        None => None,
+        Some(record) => Some(serde_json::from_slice(&record).map_err(|e| {
+            RunError::Local(format!(
+                "reading rank {rank}'s record in its checkpoint: {e}"
+            ))
+        })?),
     };
-    let record = serde_json::from_slice(&record).map_err(|e| {
-        RunError::Local(format!(
-            "reading rank {rank}'s record in its checkpoint: {e}"
-        ))
-    })?;
-    Ok(Some(record))
+    Ok(Resumed {
+        steps: point.step,
+        carried,
+        sync_state,
+    })
 }

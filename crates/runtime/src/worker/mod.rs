@@ -13,9 +13,7 @@ use syncopate_core::latency::Percentiles;
 use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::step::{CheckpointSchedule, EvalSchedule, StepPlan, StepSequencer};
-use syncopate_core::strategy::{
-    textbook_bytes_per_step, KeyLoss, LossStats, ProtocolError, Rank, WorkerEvent, WorkerSync,
-};
+use syncopate_core::strategy::{KeyLoss, LossStats, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::tune::{Knobs, TuneReport};
 use syncopate_train::checkpoint;
 use syncopate_train::data::{Dataset, EpochSampler, Loader};
@@ -206,6 +204,8 @@ enum ToComm {
     BackwardDone,
     /// Worker 0's buffers at the evaluation point after this step, to relay.
     Buffers(u64, Vec<f32>),
+    /// The strategy's own state, for a checkpoint ([`WorkerSync::sync_state`]).
+    SyncState,
     Finish,
 }
 
@@ -214,6 +214,8 @@ enum FromComm {
     Event(WorkerEvent, Vec<f32>),
     /// Worker 0's buffers at the evaluation point after this step, relayed here.
     Buffers(u64, Vec<f32>),
+    /// The strategy's own state, as asked for with [`ToComm::SyncState`].
+    SyncState(Vec<Vec<f32>>),
     Failed,
 }
 
@@ -279,6 +281,9 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
                 Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
                 Ok(ToComm::Retune(knobs)) => ep.retune(knobs),
                 Ok(ToComm::Buffers(step, values)) => self.buffers.handle_local(step, &values),
+                Ok(ToComm::SyncState) => {
+                    let _ = self.tx.send(FromComm::SyncState(ep.sync_state()));
+                }
                 Ok(ToComm::Finish) => return Ok(Flow::Finish),
                 Err(std::sync::mpsc::TryRecvError::Empty) => break,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -523,19 +528,15 @@ pub fn run_worker<E: LayerwiseEngine>(
     let spec = engine.spec().clone();
     let keys: Vec<KeyInfo> = key_infos(&spec);
     let sizes: Vec<usize> = keys.iter().map(|k| k.numel).collect();
-    let start = starting_state(ctx, layout, plan, &mut engine, &sizes)?;
+    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.clone());
+    let state_sizes: Vec<usize> = endpoint.sync_state().iter().map(Vec::len).collect();
+    let start = starting_state(ctx, layout, plan, &mut engine, &sizes, &state_sizes)?;
+    start_endpoint(endpoint.as_mut(), &engine, &start)?;
     let evaluates = ctx.rank == 0 && !spec.is_profile();
     let snapshots = plan.replica_dir.clone().filter(|_| !spec.is_profile());
     let buffer_values = engine.buffers()?.iter().map(|(_, v)| v.len()).sum();
     let fingerprint = spec.fingerprint();
-    let mut comm = connect(
-        ctx,
-        layout,
-        &keys,
-        start.first_step,
-        buffer_values,
-        fingerprint,
-    )?;
+    let mut comm = connect(ctx, layout, &keys, endpoint, buffer_values, fingerprint)?;
     let resources = ctx.start_sampler(comm.traffic.clone())?;
 
     let sampler = EpochSampler::new(
@@ -570,6 +571,7 @@ pub fn run_worker<E: LayerwiseEngine>(
         plan,
         job: start.job,
         rank: ctx.rank,
+        keeps_sync_state: !state_sizes.is_empty(),
     });
     run.global_batch = plan.batch_size * layout.workers;
     run.run(&mut seq)?;
@@ -621,47 +623,77 @@ struct StartingState {
     first_step: u64,
     carried: Option<CarriedRecord>,
     job: JobIdentity,
+    /// The strategy's own state in the checkpoint resumed from (`None`: not resumed).
+    sync_state: Option<Vec<Vec<f32>>>,
+}
+
+/// Readies `endpoint` for the first step of this run: its own state restored from the
+/// checkpoint resumed from, or else the model's initial weights handed over.
+fn start_endpoint(
+    endpoint: &mut dyn WorkerSync,
+    engine: &dyn LayerwiseEngine,
+    start: &StartingState,
+) -> Result<(), RunError> {
+    endpoint.start_at(start.first_step);
+    if let Some(state) = &start.sync_state {
+        return endpoint
+            .restore_sync_state(state.clone())
+            .map_err(|e| RunError::Local(format!("resuming the strategy's state: {e}")));
+    }
+    for key in 0..engine.spec().keys().len() {
+        let values = engine.param(key)?;
+        endpoint.handle_initial_weights(key, &values);
+    }
+    Ok(())
 }
 
 /// Loads the initial weights into `engine` (`plan.load`) and resumes from the newest
-/// complete checkpoint (`plan.resume`), if asked; `sizes` are the model's key sizes.
+/// complete checkpoint (`plan.resume`), if asked; `sizes` are the model's key sizes,
+/// `state_sizes` those of the strategy's own state.
 fn starting_state<E: LayerwiseEngine>(
     ctx: &ProcessContext,
     layout: &JobLayout,
     plan: &WorkerPlan,
     engine: &mut E,
     sizes: &[usize],
+    state_sizes: &[usize],
 ) -> Result<StartingState, RunError> {
     if let Some(path) = &plan.load {
         checkpoint::load(engine, path)?;
     }
     let mut optimizer = LocalOptimizer::new(plan.optim, sizes);
     let job = layout.identity(&ctx.token, engine.spec(), &plan.weight_settings);
-    let (first_step, carried) = match &plan.resume {
-        Some(dir) => checkpointing::resume(dir, &job, ctx.rank, engine, &mut optimizer)?,
-        None => (0, None),
+    let into = checkpointing::ResumeInto {
+        engine,
+        optimizer: &mut optimizer,
+        state_sizes,
+    };
+    let (first_step, carried, sync_state) = match &plan.resume {
+        Some(dir) => {
+            let resumed = checkpointing::resume(dir, &job, ctx.rank, into)?;
+            (resumed.steps, resumed.carried, Some(resumed.sync_state))
+        }
+        None => (0, None, None),
     };
     Ok(StartingState {
         optimizer,
         first_step,
         carried,
         job,
+        sync_state,
     })
 }
 
-/// Joins the job (with the model's `fingerprint`) and starts the communication thread, its
-/// endpoint starting at `first_step` and relaying `buffer_values` values of worker 0's
-/// buffers.
+/// Joins the job (with the model's `fingerprint`) and starts the communication thread
+/// driving `endpoint` and relaying `buffer_values` values of worker 0's buffers.
 fn connect(
     ctx: &ProcessContext,
     layout: &JobLayout,
     keys: &[KeyInfo],
-    first_step: u64,
+    endpoint: Box<dyn WorkerSync + Send>,
     buffer_values: usize,
     fingerprint: u64,
 ) -> Result<Comm, RunError> {
-    let mut endpoint = layout.worker_endpoint(ctx.rank, keys.to_vec());
-    endpoint.start_at(first_step);
     let links = join(ctx, layout, fingerprint)?;
     start_comm(links, ctx, layout, keys, endpoint, buffer_values)
 }
@@ -767,7 +799,7 @@ fn summarise(
             .collect(),
         bytes_per_step: per_step(counters.iter().map(|c| c.sent).sum()),
         received_bytes_per_step: per_step(counters.iter().map(|c| c.received).sum()),
-        textbook_bytes_per_step: textbook_bytes_per_step(layout.strategy, workers, model_bytes),
+        textbook_bytes_per_step: layout.sync.textbook_bytes_per_step(model_bytes),
         network: counters.iter().fold(Default::default(), |mut sum, c| {
             sum.add(&c.net);
             sum.add(&c.ingress);

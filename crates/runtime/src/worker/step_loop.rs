@@ -274,6 +274,25 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         Ok(())
     }
 
+    /// The strategy's own state, from the communication thread (asked between steps, once
+    /// every value of the step is in, so no strategy event can come first; relayed buffers
+    /// can, and are kept).
+    fn sync_state(&mut self) -> Result<Vec<Vec<f32>>, RunError> {
+        self.comm.send(ToComm::SyncState)?;
+        loop {
+            match self.comm.recv()? {
+                FromComm::SyncState(state) => return Ok(state),
+                FromComm::Buffers(step, values) => self.relayed = Some((step, values)),
+                FromComm::Event(event, _) => {
+                    return Err(RunError::Local(format!(
+                        "the strategy's {event:?} came while its state was read between steps"
+                    )))
+                }
+                FromComm::Failed => unreachable!("recv turns failures into errors"),
+            }
+        }
+    }
+
     /// Takes the next message of the communication thread: a strategy event goes to the
     /// engine and the sequencer, relayed buffers are kept for their evaluation point.
     fn receive(&mut self, seq: &mut StepSequencer) -> Result<(), RunError> {
@@ -282,6 +301,11 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             FromComm::Buffers(step, values) => {
                 self.relayed = Some((step, values));
                 return Ok(());
+            }
+            FromComm::SyncState(_) => {
+                return Err(RunError::Local(
+                    "the strategy's state came unasked for".into(),
+                ))
             }
             FromComm::Failed => unreachable!("recv turns failures into errors"),
         };
@@ -507,9 +531,23 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
     /// of training time.
     fn checkpoint(&mut self, step: u64) -> Result<(), RunError> {
         let t = Instant::now();
+        let keeps_state = self
+            .checkpoints
+            .as_ref()
+            .is_some_and(|c| c.keeps_sync_state);
+        let sync_state = match keeps_state {
+            true => self.sync_state()?,
+            false => Vec::new(),
+        };
         if let Some(c) = &self.checkpoints {
             let carried = self.record.carry()?;
-            c.write(&*self.engine, &self.optimizer, step + 1, &carried)?;
+            c.write(
+                &*self.engine,
+                &self.optimizer,
+                sync_state,
+                step + 1,
+                &carried,
+            )?;
             self.observer.on_checkpoint(step + 1);
         }
         self.record.excluded_seconds += t.elapsed().as_secs_f64();

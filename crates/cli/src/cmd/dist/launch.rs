@@ -68,7 +68,7 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         describe_network(&layout.network)
     );
     if layout.strategy.averages() == Averaged::Weights {
-        eprintln!("{}", describe_mixing(&layout));
+        eprintln!("{}", layout.describe_averaging());
     }
     launch(&LaunchPlan {
         exe,
@@ -227,22 +227,6 @@ fn describe_network(p: &NetworkProfile) -> String {
         "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
         p.latency_ns as f64 / 1e6,
         p.buffer_bytes / 1024
-    )
-}
-
-/// What an approximate strategy's mixing amounts to, for the start-up banner.
-fn describe_mixing(layout: &JobLayout) -> String {
-    let sync = match layout.full_sync_every {
-        0 => "never".to_string(),
-        h => format!("every {h} steps"),
-    };
-    format!(
-        "{} averages weights, not gradients (approximate): chain head {}, exact average {sync}; \
-         effective number of contributors {:.2} of {} workers",
-        layout.strategy.name(),
-        layout.stepwise_head.name(),
-        layout.effective_contributors(),
-        layout.workers
     )
 }
 
