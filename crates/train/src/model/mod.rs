@@ -45,10 +45,8 @@ pub fn load_profile(model: &str) -> Result<ModelProfile> {
             ModelProfile::builtin_names().join(", ")
         )));
     }
-    let text = std::fs::read_to_string(what).map_err(|source| TrainError::Io {
-        path: what.into(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(what)
+        .map_err(|e| TrainError::Model(format!("cannot read profile file {what}: {e}")))?;
     let file_name = std::path::Path::new(what)
         .file_name()
         .map_or_else(|| what.to_string(), |s| s.to_string_lossy().into_owned());
