@@ -225,7 +225,8 @@ def build_profile(
                 b.copy_(buffers[k])
 
     def median_ms(which: int, i: int) -> float:
-        return statistics.median(run[which][i] for run in runs) / 1e6
+        # Whole nanoseconds, as the file holds them, so a profile reads back equal.
+        return round(statistics.median(run[which][i] for run in runs) / 1e6, 6)
 
     count = len(modules)
     fwd = [median_ms(0, i) for i in range(count)]
