@@ -65,3 +65,44 @@ pub fn profile_model(model: &str, scale: f64) -> Result<ModelSpec> {
         .map_err(|e| TrainError::Model(format!("profile {}: {e}", profile.name)))?;
     Ok(ModelSpec::from_profile(&profile))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_files_resolve_with_one_key_per_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.graph.txt");
+        let text = "# batch_size: 8\n\
+            a -- Conv -- forward_compute_time=1, backward_compute_time=2, parameter_size=40, \
+            parameter_tensors=8;2\n\
+            b -- ReLU -- forward_compute_time=1, backward_compute_time=1, parameter_size=0\n\
+            c -- Linear -- forward_compute_time=1, backward_compute_time=1, parameter_size=12\n";
+        std::fs::write(&path, text).unwrap();
+        let model = format!("{PROFILE_PREFIX}{}", path.display());
+        let profile = load_profile(&model).unwrap();
+        assert_eq!(
+            (profile.name.as_str(), profile.batch_size),
+            ("tiny", Some(8))
+        );
+        let spec = profile_model(&model, 1.0).unwrap();
+        let keys: Vec<(String, usize)> = (spec.keys().into_iter())
+            .map(|k| (k.name, k.numel))
+            .collect();
+        let want = [("a.params0", 8), ("a.params1", 2), ("c.params", 3)];
+        assert_eq!(keys, want.map(|(n, s)| (n.to_string(), s)));
+
+        let missing = dir.path().join("gone.txt");
+        let e = load_profile(&format!("profile:{}", missing.display())).unwrap_err();
+        assert!(e.to_string().contains("cannot read profile file"), "{e}");
+        let e = load_profile("profile:lenet").unwrap_err().to_string();
+        assert!(e.contains("not a built-in (resnet50"), "{e}");
+        std::fs::write(&path, text.replace("8;2", "8;3")).unwrap();
+        let e = load_profile(&model).unwrap_err().to_string();
+        assert!(
+            e.contains("tiny.graph.txt: line 2: parameter_tensors"),
+            "{e}"
+        );
+    }
+}
