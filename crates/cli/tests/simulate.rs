@@ -226,3 +226,73 @@ fn simulate_injects_seeded_faults_and_names_bad_ones() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--fault-freeze"), "{err}");
 }
+
+/// A profile as `syncopate.torch.profile` writes it: headers, module names, tensor sizes.
+const TORCH_PROFILE: &str = "# model: tiny
+# batch_size: 32
+# parameters: 488
+conv1 -- Conv2d(3, 16) -- forward_compute_time=1.000000, backward_compute_time=2.000000, parameter_size=1728
+relu -- ReLU() -- forward_compute_time=0.500000, backward_compute_time=0.500000, parameter_size=0
+fc -- Linear(in_features=3, out_features=14) -- forward_compute_time=1.000000, backward_compute_time=2.000000, parameter_size=224, parameter_tensors=42;14
+\tconv1 -- relu
+\trelu -- fc
+";
+
+/// Runs `syncopate simulate --model profile:FILE` with `flags` and its JSON report; the
+/// (success, stderr, report).
+fn simulate_file(file: &std::path::Path, flags: &[&str]) -> (bool, String, serde_json::Value) {
+    let json = file.with_extension("json");
+    let out = Command::new(EXE)
+        .arg("simulate")
+        .arg("--model")
+        .arg(format!("profile:{}", file.display()))
+        .args(["--workers", "2", "--steps", "3", "--json"])
+        .arg(&json)
+        .args(flags)
+        .output()
+        .unwrap();
+    let report = std::fs::read(&json)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), stderr, report)
+}
+
+#[test]
+fn simulate_reads_a_torch_profile_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tiny.graph.txt");
+    std::fs::write(&file, TORCH_PROFILE).unwrap();
+    // Compute-bound at 10 Gbit/s: a step is forward + backward (7 ms); samples/s counts the
+    // profile's batch of 32 per worker.
+    let (ok, stderr, report) = simulate_file(&file, &["--strategy", "allreduce"]);
+    assert!(ok, "{stderr}");
+    let step = report["mean_step_seconds"].as_f64().unwrap();
+    assert!((step - 0.007).abs() < 0.0005, "{step}");
+    let samples = report["samples_per_sec"].as_f64().unwrap();
+    assert!((samples * step - 64.0).abs() < 1e-6, "{samples}");
+    // One key per parameter tensor: conv1's, fc's weight and fc's bias.
+    let (ok, stderr, report) = simulate_file(&file, &["--strategy", "dlcp"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        report["realised_loss_per_key"].as_array().map(Vec::len),
+        Some(3)
+    );
+
+    let bad = dir.path().join("bad.graph.txt");
+    std::fs::write(&bad, TORCH_PROFILE.replace("42;14", "42;15")).unwrap();
+    let (ok, stderr, _) = simulate_file(&bad, &[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("bad.graph.txt")
+            && stderr.contains("line 6: parameter_tensors sum to 57 values"),
+        "{stderr}"
+    );
+    let (ok, stderr, _) = simulate_file(&dir.path().join("missing.graph.txt"), &[]);
+    assert!(
+        !ok && stderr.contains("cannot read profile file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

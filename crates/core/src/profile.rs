@@ -1,7 +1,17 @@
-//! Per-layer compute profiles of real models: forward/backward time and parameter count of
+//! Per-layer compute profiles of real models: forward/backward time and parameter tensors of
 //! every layer, in execution order. The runtime replays a model's compute from a profile
 //! (sleeping while parameter-sized buffers travel for real) and the simulator uses the same
 //! numbers. Sans-IO: parsing takes `&str`; the built-in profiles are embedded in the crate.
+//!
+//! One text format: PipeDream's `graph.txt` (node lines `name -- op -- metrics`, edge lines
+//! `\tnodeA -- nodeB`), with two backward-compatible extensions that profiles written by
+//! Syncopate's PyTorch profiler use:
+//! - a node metric `parameter_tensors=N1;N2;...`: the sizes (in `f32` values) of the layer's
+//!   parameter tensors, in the model's order, summing to `parameter_size / 4`; without it a
+//!   layer's parameters are one tensor;
+//! - lines starting with `#` are comments; `# batch_size: N` and `# parameters: N` are
+//!   headers (the batch the times were measured at; the model's parameter total, checked
+//!   against the layers).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -10,6 +20,8 @@ use std::collections::{BinaryHeap, HashMap};
 const RESNET50_GRAPH: &str = include_str!("../profiles/resnet50.graph.txt");
 const VGG16_GRAPH: &str = include_str!("../profiles/vgg16.graph.txt");
 const BUILTIN_NAMES: &[&str] = &["resnet50", "vgg16", "vgg19", "sockeye"];
+/// The batch size of the PipeDream measurements.
+const PIPEDREAM_BATCH: usize = 128;
 
 /// Why a profile could not be parsed or built. The `usize` fields are 1-based line numbers.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -17,7 +29,8 @@ pub enum ProfileError {
     /// The text holds no node lines.
     #[error("profile has no nodes")]
     NoNodes,
-    /// (line, reason): the line has neither the node nor the edge shape.
+    /// (line, reason): the line has neither the node, the edge nor the header shape, or what
+    /// it says contradicts itself or the rest of the profile.
     #[error("line {0}: {1}")]
     Malformed(usize, String),
     /// (line, field): a node line lacks a metric.
@@ -63,6 +76,26 @@ pub struct LayerProfile {
     pub backward_ns: u64,
     /// Number of `f32` parameters (`parameter_size / 4`); 0 for layers without parameters.
     pub param_count: usize,
+    /// The sizes of the layer's parameter tensors in the model's order (e.g. a convolution's
+    /// weight, then its bias), summing to `param_count`. Empty: the layer's parameters are
+    /// one tensor of `param_count` values (all PipeDream profiles); the parser leaves a
+    /// single size out too, so two profiles of the same tensors compare equal.
+    pub tensors: Vec<usize>,
+}
+
+impl LayerProfile {
+    /// The sizes of the layer's parameter tensors (one key each): `tensors`, or one tensor
+    /// of `param_count` where `tensors` is empty; nothing for a layer without parameters.
+    pub fn tensor_sizes(&self) -> Vec<usize> {
+        if self.tensors.is_empty() {
+            (self.param_count > 0)
+                .then_some(self.param_count)
+                .into_iter()
+                .collect()
+        } else {
+            self.tensors.clone()
+        }
+    }
 }
 
 /// A model's profile: layers in execution order from the input.
@@ -75,6 +108,9 @@ pub struct ModelProfile {
     pub name: String,
     /// Layers in execution order, input first.
     pub layers: Vec<LayerProfile>,
+    /// The batch size the times were measured at, where the profile says it
+    /// (`# batch_size: N`).
+    pub batch_size: Option<usize>,
 }
 
 /// A metric's value times `scale`: finite, non-negative and below `max` (keeps casts exact).
@@ -91,6 +127,30 @@ fn number(
     }
 }
 
+/// Integers are exact in f64 below 2^53: the bound of every count a profile holds.
+const COUNT_MAX: f64 = (1u64 << 53) as f64;
+
+/// A whole, non-negative count below 2^53 (parameter bytes, tensor sizes, header values).
+fn count(line: usize, field: &str, value: &str) -> Result<u64, ProfileError> {
+    match number(line, field, value, 1.0, COUNT_MAX)? {
+        v if v.fract() == 0.0 => Ok(v as u64),
+        _ => Err(ProfileError::BadNumber(line, field.into(), value.into())),
+    }
+}
+
+/// The sizes in `parameter_tensors=N1;N2;...`: each a positive whole number.
+fn tensor_sizes(line: usize, value: &str) -> Result<Vec<usize>, ProfileError> {
+    const FIELD: &str = "parameter_tensors";
+    value
+        .split(';')
+        .map(|size| match count(line, FIELD, size)? {
+            0 => Err(ProfileError::BadNumber(line, FIELD.into(), size.into())),
+            n => usize::try_from(n)
+                .map_err(|_| ProfileError::BadNumber(line, FIELD.into(), size.into())),
+        })
+        .collect()
+}
+
 /// Parses one node line, `name -- op -- metrics` (`line` is its number, for errors). The op
 /// is what lies between the first and the last ` -- `, so it may itself contain one.
 fn parse_node(line: usize, text: &str) -> Result<LayerProfile, ProfileError> {
@@ -104,9 +164,8 @@ fn parse_node(line: usize, text: &str) -> Result<LayerProfile, ProfileError> {
     if name.is_empty() || name.contains(char::is_whitespace) {
         return Err(malformed("bad node name"));
     }
-    let (mut fwd, mut bwd, mut bytes) = (None, None, None);
+    let (mut fwd, mut bwd, mut bytes, mut tensors) = (None, None, None, Vec::new());
     let ns_max = (1u64 << 63) as f64; // about 292 years
-    let bytes_max = (1u64 << 53) as f64; // integers are exact in f64 below 2^53
     for item in text[last + SEP.len()..].split(',').map(str::trim) {
         let Some((key, value)) = item.split_once('=') else {
             if item.is_empty() {
@@ -117,10 +176,8 @@ fn parse_node(line: usize, text: &str) -> Result<LayerProfile, ProfileError> {
         match key.trim() {
             k @ "forward_compute_time" => fwd = Some(number(line, k, value, 1e6, ns_max)?),
             k @ "backward_compute_time" => bwd = Some(number(line, k, value, 1e6, ns_max)?),
-            k @ "parameter_size" => match number(line, k, value, 1.0, bytes_max)? {
-                b if b.fract() == 0.0 => bytes = Some(b as u64),
-                _ => return Err(ProfileError::BadNumber(line, k.into(), value.into())),
-            },
+            k @ "parameter_size" => bytes = Some(count(line, k, value)?),
+            "parameter_tensors" => tensors = tensor_sizes(line, value)?,
             _ => {} // activation_size and anything else is not used
         }
     }
@@ -129,14 +186,24 @@ fn parse_node(line: usize, text: &str) -> Result<LayerProfile, ProfileError> {
     if !bytes.is_multiple_of(4) {
         return Err(ProfileError::ParamBytes(line, bytes));
     }
+    let param_count = usize::try_from(bytes / 4)
+        .map_err(|_| ProfileError::BadNumber(line, "parameter_size".into(), bytes.to_string()))?;
+    let tensor_total = tensors.iter().fold(0usize, |s, &n| s.saturating_add(n));
+    if !tensors.is_empty() && tensor_total != param_count {
+        return Err(malformed(&format!(
+            "parameter_tensors sum to {tensor_total} values, parameter_size holds {param_count}"
+        )));
+    }
+    if tensors.len() == 1 {
+        tensors.clear(); // one tensor is what no sizes mean
+    }
     Ok(LayerProfile {
         name: name.into(),
         op: text[first + SEP.len()..last].trim().into(),
         forward_ns: fwd.ok_or_else(|| missing("forward_compute_time"))?.round() as u64,
         backward_ns: bwd.ok_or_else(|| missing("backward_compute_time"))?.round() as u64,
-        param_count: usize::try_from(bytes / 4).map_err(|_| {
-            ProfileError::BadNumber(line, "parameter_size".into(), bytes.to_string())
-        })?,
+        param_count,
+        tensors,
     })
 }
 
@@ -154,87 +221,196 @@ fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
     })
 }
 
-impl ModelProfile {
-    /// Parses a PipeDream `graph.txt` profile and orders its nodes by a topological sort of
-    /// its edges (Kahn's algorithm, ties broken by node number, smallest first).
-    pub fn parse(name: &str, text: &str) -> Result<Self, ProfileError> {
-        let mut nodes: Vec<(usize, LayerProfile)> = Vec::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
-        let mut edges: Vec<(usize, &str, &str)> = Vec::new();
-        for (line, raw) in text.lines().enumerate().map(|(i, raw)| (i + 1, raw)) {
-            if raw.trim().is_empty() {
-                continue;
-            } else if raw.starts_with('\t') {
-                let Some((a, b)) = raw.trim().split_once(" -- ") else {
-                    return Err(ProfileError::Malformed(
-                        line,
-                        "edge is not `\\tnodeA -- nodeB`".into(),
-                    ));
-                };
-                edges.push((line, a.trim(), b.trim()));
-                continue;
-            }
+/// The headers a profile may carry (`# key: value` lines), with the line each was on.
+#[derive(Debug, Default)]
+struct Headers {
+    /// `# batch_size: N`.
+    batch_size: Option<(usize, usize)>,
+    /// `# parameters: N`: the model's parameter total.
+    parameters: Option<(usize, usize)>,
+}
+
+impl Headers {
+    /// Reads a comment line (`text` after its `#`): a known header is recorded, anything
+    /// else is a comment and ignored.
+    fn read(&mut self, line: usize, text: &str) -> Result<(), ProfileError> {
+        let Some((key, value)) = text.split_once(':') else {
+            return Ok(());
+        };
+        let slot = match key.trim() {
+            "batch_size" => &mut self.batch_size,
+            "parameters" => &mut self.parameters,
+            _ => return Ok(()),
+        };
+        if slot.is_some() {
+            let why = format!("second `{}` header", key.trim());
+            return Err(ProfileError::Malformed(line, why));
+        }
+        let n = usize::try_from(count(line, key.trim(), value)?)
+            .map_err(|_| ProfileError::BadNumber(line, key.trim().into(), value.into()))?;
+        *slot = Some((line, n));
+        Ok(())
+    }
+}
+
+/// A profile's lines sorted out: node lines (with their line numbers), the index of each
+/// node by name, edges `(line, from, to)` and the headers.
+type Lines<'a> = (
+    Vec<(usize, LayerProfile)>,
+    HashMap<String, usize>,
+    Vec<(usize, &'a str, &'a str)>,
+    Headers,
+);
+
+/// Splits a profile's text into node lines, edges and headers, parsing the node lines.
+fn read_lines(text: &str) -> Result<Lines<'_>, ProfileError> {
+    let (mut nodes, mut index, mut edges) = (Vec::new(), HashMap::new(), Vec::new());
+    let mut headers = Headers::default();
+    for (line, raw) in text.lines().enumerate().map(|(i, raw)| (i + 1, raw)) {
+        if raw.trim().is_empty() {
+            continue;
+        } else if let Some(comment) = raw.strip_prefix('#') {
+            headers.read(line, comment)?;
+        } else if raw.starts_with('\t') {
+            let Some((a, b)) = raw.trim().split_once(" -- ") else {
+                let why = "edge is not `\\tnodeA -- nodeB`";
+                return Err(ProfileError::Malformed(line, why.into()));
+            };
+            edges.push((line, a.trim(), b.trim()));
+        } else {
             let layer = parse_node(line, raw)?;
             if index.insert(layer.name.clone(), nodes.len()).is_some() {
                 return Err(ProfileError::DuplicateNode(line, layer.name));
             }
             nodes.push((line, layer));
         }
+    }
+    Ok((nodes, index, edges, headers))
+}
+
+/// The nodes' execution order: a topological sort of the edges (Kahn's algorithm, ties
+/// broken by node number, smallest first), as indices into `nodes`.
+fn execution_order(
+    nodes: &[(usize, LayerProfile)],
+    index: &HashMap<String, usize>,
+    edges: &[(usize, &str, &str)],
+) -> Result<Vec<usize>, ProfileError> {
+    let (mut successors, mut in_degree) =
+        (vec![Vec::new(); nodes.len()], vec![0usize; nodes.len()]);
+    for &(line, a, b) in edges {
+        let find = |n: &str| {
+            index
+                .get(n)
+                .copied()
+                .ok_or_else(|| ProfileError::UnknownNode(line, n.into()))
+        };
+        let (from, to) = (find(a)?, find(b)?);
+        successors[from].push(to);
+        in_degree[to] += 1;
+    }
+    let key = |i: usize| Reverse((order_key(&nodes[i].1.name), i));
+    let mut ready: BinaryHeap<_> = (0..nodes.len())
+        .filter(|&i| in_degree[i] == 0)
+        .map(key)
+        .collect();
+    let mut order = Vec::with_capacity(nodes.len());
+    while let Some(Reverse((_, i))) = ready.pop() {
+        order.push(i);
+        for &j in &successors[i] {
+            in_degree[j] -= 1;
+            if in_degree[j] == 0 {
+                ready.push(key(j));
+            }
+        }
+    }
+    if let Some(stuck) = (0..nodes.len()).find(|&i| in_degree[i] > 0) {
+        // Nodes are stored in line order, so this is the first stuck node by line.
+        return Err(ProfileError::Cycle(
+            nodes[stuck].0,
+            nodes[stuck].1.name.clone(),
+        ));
+    }
+    Ok(order)
+}
+
+impl ModelProfile {
+    /// Parses a profile in the `graph.txt` format (see the module docs) and orders its nodes
+    /// by a topological sort of its edges (Kahn's algorithm, ties broken by node number,
+    /// smallest first). A `# parameters: N` header must equal the layers' total.
+    pub fn parse(name: &str, text: &str) -> Result<Self, ProfileError> {
+        let (nodes, index, edges, headers) = read_lines(text)?;
         if nodes.is_empty() {
             return Err(ProfileError::NoNodes);
         }
-        let (mut successors, mut in_degree) =
-            (vec![Vec::new(); nodes.len()], vec![0usize; nodes.len()]);
-        for &(line, a, b) in &edges {
-            let find = |n: &str| {
-                index
-                    .get(n)
-                    .copied()
-                    .ok_or_else(|| ProfileError::UnknownNode(line, n.into()))
-            };
-            let (from, to) = (find(a)?, find(b)?);
-            successors[from].push(to);
-            in_degree[to] += 1;
-        }
-        let key = |i: usize| Reverse((order_key(&nodes[i].1.name), i));
-        let mut ready: BinaryHeap<_> = (0..nodes.len())
-            .filter(|&i| in_degree[i] == 0)
-            .map(key)
-            .collect();
-        let mut order = Vec::with_capacity(nodes.len());
-        while let Some(Reverse((_, i))) = ready.pop() {
-            order.push(i);
-            for &j in &successors[i] {
-                in_degree[j] -= 1;
-                if in_degree[j] == 0 {
-                    ready.push(key(j));
-                }
-            }
-        }
-        if let Some(stuck) = (0..nodes.len()).find(|&i| in_degree[i] > 0) {
-            // Nodes are stored in line order, so this is the first stuck node by line.
-            return Err(ProfileError::Cycle(
-                nodes[stuck].0,
-                nodes[stuck].1.name.clone(),
-            ));
-        }
+        let order = execution_order(&nodes, &index, &edges)?;
         let mut slots: Vec<Option<LayerProfile>> =
             nodes.into_iter().map(|(_, l)| Some(l)).collect();
         let layers = order.into_iter().filter_map(|i| slots[i].take()).collect();
-        Ok(Self {
+        let profile = Self {
             name: name.into(),
             layers,
-        })
+            batch_size: headers.batch_size.map(|(_, n)| n),
+        };
+        if let Some((line, n)) = headers.parameters {
+            if n != profile.param_count() {
+                let why = format!(
+                    "header says {n} parameters, the layers hold {}",
+                    profile.param_count()
+                );
+                return Err(ProfileError::Malformed(line, why));
+            }
+        }
+        Ok(profile)
+    }
+
+    /// The profile in the `graph.txt` format (see the module docs), which
+    /// [`ModelProfile::parse`] reads back to an equal profile (the name aside) where node
+    /// names are unique and free of whitespace and ops hold no line break, as parsed ones
+    /// are: the headers, node lines in execution order, and a chain of edges that fixes it.
+    pub fn to_graph_text(&self) -> String {
+        use std::fmt::Write as _;
+        let ms = |ns: u64| format!("{}.{:06}", ns / 1_000_000, ns % 1_000_000);
+        let mut text = format!("# model: {}\n", self.name);
+        if let Some(batch) = self.batch_size {
+            let _ = writeln!(text, "# batch_size: {batch}");
+        }
+        let _ = writeln!(text, "# parameters: {}", self.param_count());
+        for l in &self.layers {
+            let _ = write!(
+                text,
+                "{} -- {} -- forward_compute_time={}, backward_compute_time={}, \
+                 parameter_size={}",
+                l.name,
+                l.op,
+                ms(l.forward_ns),
+                ms(l.backward_ns),
+                l.param_count as u128 * 4
+            );
+            if !l.tensors.is_empty() {
+                let sizes: Vec<String> = l.tensors.iter().map(usize::to_string).collect();
+                let _ = write!(text, ", parameter_tensors={}", sizes.join(";"));
+            }
+            text.push('\n');
+        }
+        for pair in self.layers.windows(2) {
+            let _ = writeln!(text, "\t{} -- {}", pair[0].name, pair[1].name);
+        }
+        text
     }
 
     /// A built-in profile by name (see [`ModelProfile::builtin_names`]): `resnet50` and
     /// `vgg16` are the embedded PipeDream measurements, `vgg19` is derived from `vgg16`, and
     /// `sockeye` is built from layer shapes with estimated times (see `sockeye`'s table).
+    /// The PipeDream ones were measured at batch size 128.
     pub fn builtin(name: &str) -> Result<Self, ProfileError> {
+        let pipedream = |p: Self| Self {
+            batch_size: Some(PIPEDREAM_BATCH),
+            ..p
+        };
         match name {
-            "resnet50" => Self::parse(name, RESNET50_GRAPH),
-            "vgg16" => Self::parse(name, VGG16_GRAPH),
-            "vgg19" => vgg19(),
+            "resnet50" => Self::parse(name, RESNET50_GRAPH).map(pipedream),
+            "vgg16" => Self::parse(name, VGG16_GRAPH).map(pipedream),
+            "vgg19" => vgg19().map(pipedream),
             "sockeye" => Ok(sockeye()),
             _ => Err(ProfileError::UnknownModel(
                 name.into(),
@@ -269,34 +445,37 @@ impl ModelProfile {
             .fold(0, |s, l| s.saturating_add(l.param_count))
     }
 
-    /// The parameter tensors ("keys"): one per layer with parameters, numbered from the
-    /// input, as (layer index, param_count).
+    /// The parameter tensors ("keys"): each layer's tensors (see
+    /// [`LayerProfile::tensor_sizes`]), numbered from the input, as (layer index, size).
     pub fn keys(&self) -> Vec<(usize, usize)> {
-        let with_params = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.param_count > 0);
-        with_params.map(|(i, l)| (i, l.param_count)).collect()
+        let per_layer = self.layers.iter().enumerate();
+        per_layer
+            .flat_map(|(i, l)| l.tensor_sizes().into_iter().map(move |n| (i, n)))
+            .collect()
     }
 
-    /// Same profile with every layer's parameter count divided by `factor` (rounded up, at
-    /// least 1 for layers that had parameters); compute times and names unchanged. For
-    /// `--scale 1/16`. Error if `factor` < 1 or not finite.
+    /// Same profile with every parameter tensor divided by `factor` (rounded up, at least 1
+    /// for tensors that had values) and each layer's count the sum of its tensors; compute
+    /// times and names unchanged. For `--scale 1/16`. Error if `factor` < 1 or not finite.
     pub fn scaled(&self, factor: f64) -> Result<Self, ProfileError> {
         if !factor.is_finite() || factor < 1.0 {
             return Err(ProfileError::BadScale(factor));
         }
+        let shrink = |n: usize| ((n as f64 / factor).ceil() as usize).clamp(1, n.max(1));
         let mut out = self.clone();
         for l in out.layers.iter_mut().filter(|l| l.param_count > 0) {
-            l.param_count =
-                ((l.param_count as f64 / factor).ceil() as usize).clamp(1, l.param_count);
+            l.tensors.iter_mut().for_each(|n| *n = shrink(*n));
+            l.param_count = match l.tensors.is_empty() {
+                true => shrink(l.param_count),
+                false => l.tensors.iter().sum(),
+            };
         }
         Ok(out)
     }
 
-    /// A stable 64-bit fingerprint (FNV-1a) of the layers: names, ops, times and parameter
-    /// counts, in order. The model name is not included.
+    /// A stable 64-bit fingerprint (FNV-1a) of the layers: names, ops, times, parameter
+    /// counts and (for layers of several tensors) the tensor sizes, in order. The model name
+    /// and the batch size are not included.
     pub fn fingerprint(&self) -> u64 {
         let mut h = fnv1a(
             0xcbf2_9ce4_8422_2325,
@@ -308,6 +487,11 @@ impl ModelProfile {
             }
             for v in [l.forward_ns, l.backward_ns, l.param_count as u64] {
                 h = fnv1a(h, &v.to_le_bytes());
+            }
+            if l.tensors.len() > 1 {
+                for v in std::iter::once(l.tensors.len()).chain(l.tensors.iter().copied()) {
+                    h = fnv1a(h, &(v as u64).to_le_bytes());
+                }
             }
         }
         h
@@ -351,6 +535,7 @@ fn vgg19() -> Result<ModelProfile, ProfileError> {
     Ok(ModelProfile {
         name: "vgg19".into(),
         layers,
+        batch_size: base.batch_size,
     })
 }
 
@@ -419,267 +604,15 @@ fn sockeye() -> ModelProfile {
             forward_ns,
             backward_ns: 2 * forward_ns,
             param_count,
+            tensors: Vec::new(),
         }
     });
     ModelProfile {
         name: "sockeye".into(),
         layers: layers.collect(),
+        batch_size: Some(64),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// Whether `ns` is within `tol` milliseconds of `want_ms`.
-    fn near(ns: u64, want_ms: f64, tol: f64) -> bool {
-        (ns as f64 / 1e6 - want_ms).abs() < tol
-    }
-
-    fn names(p: &ModelProfile) -> Vec<&str> {
-        p.layers.iter().map(|l| l.name.as_str()).collect()
-    }
-
-    /// Checks `name`'s (params, forward ms without `Input`, with it, backward ms) against
-    /// SOURCE.md (whose forward totals leave out the `Input` node) and that every edge of
-    /// `text` goes forward in the layer order. Returns the ops of the keys' layers.
-    fn check(
-        name: &str,
-        text: &str,
-        (params, fwd, fwd_all, bwd): (usize, f64, f64, f64),
-    ) -> Vec<String> {
-        let p = ModelProfile::builtin(name).unwrap();
-        assert_eq!(
-            (p.param_count(), p.layers[0].op.as_str()),
-            (params, "Input")
-        );
-        let compute: u64 = p
-            .layers
-            .iter()
-            .filter(|l| l.op != "Input")
-            .map(|l| l.forward_ns)
-            .sum();
-        assert!(
-            near(compute, fwd, 0.1),
-            "{name}: forward without Input {compute} ns"
-        );
-        assert!(
-            near(p.forward_ns(), fwd_all, 1e-6),
-            "{name}: forward {} ns",
-            p.forward_ns()
-        );
-        assert!(
-            near(p.backward_ns(), bwd, 0.1),
-            "{name}: backward {} ns",
-            p.backward_ns()
-        );
-        let pos: HashMap<&str, usize> = names(&p).into_iter().zip(0..).collect();
-        let edges = text.lines().filter(|l| l.starts_with('\t'));
-        let edges: Vec<_> = edges.filter_map(|l| l.trim().split_once(" -- ")).collect();
-        assert!(!edges.is_empty());
-        for (a, b) in edges {
-            assert!(pos[a] < pos[b], "{name}: edge {a} -> {b} goes backward");
-        }
-        assert_eq!(p.keys().iter().map(|k| k.1).sum::<usize>(), params);
-        p.keys()
-            .iter()
-            .map(|&(i, _)| p.layers[i].op.clone())
-            .collect()
-    }
-
-    #[test]
-    fn resnet50_totals_and_order() {
-        let ops = check(
-            "resnet50",
-            RESNET50_GRAPH,
-            (25_557_032, 182.5, 201.450, 260.9),
-        );
-        assert!(
-            ops[0].starts_with("Conv2d(3, 64, kernel_size=(7, 7)"),
-            "{}",
-            ops[0]
-        );
-        assert!(ops[ops.len() - 1].starts_with("Linear(in_features=2048, out_features=1000"));
-    }
-
-    #[test]
-    fn vgg16_totals_and_order() {
-        let ops = check("vgg16", VGG16_GRAPH, (138_357_544, 233.9, 251.874, 438.6));
-        assert_eq!(ops.len(), 16);
-        assert!(ops[0].starts_with("Conv2d(3, 64"));
-        assert!(ops[15].starts_with("Linear(in_features=4096, out_features=1000"));
-        let p = ModelProfile::builtin("vgg16").unwrap();
-        assert_eq!(names(&p)[..4], ["node1", "node2", "node3", "node4"]);
-        assert_eq!(names(&p)[31..35], ["node32", "node33", "node34", "node35"]);
-    }
-
-    #[test]
-    fn vgg19_derived() {
-        let v16 = ModelProfile::builtin("vgg16").unwrap();
-        let v19 = ModelProfile::builtin("vgg19").unwrap();
-        assert_eq!(v19.param_count(), 143_667_240);
-        assert_eq!(
-            (v19.layers.len(), v19.keys().len()),
-            (v16.layers.len() + 6, 19)
-        );
-        let fc6 = v19
-            .layers
-            .iter()
-            .find(|l| l.op.starts_with("Linear(in_features=25088"));
-        assert_eq!(fc6.map(|l| l.param_count), Some(102_764_544));
-        let i = names(&v19)
-            .iter()
-            .position(|&n| n == "node16_copy")
-            .unwrap();
-        assert_eq!(
-            names(&v19)[i - 1..i + 2],
-            ["node17", "node16_copy", "node17_copy"]
-        );
-        assert!(v19.layers[i + 2].op.starts_with("MaxPool2d"));
-        assert_eq!(v19.layers[i].param_count, 590_080);
-        assert_ne!(v16.fingerprint(), v19.fingerprint());
-    }
-
-    #[test]
-    fn sockeye_shapes_and_builtins() {
-        let p = ModelProfile::builtin("sockeye").unwrap();
-        assert_eq!(p.param_count(), 27_202_586);
-        let counts: Vec<usize> = p.layers.iter().map(|l| l.param_count).collect();
-        let table = [
-            8_800_256, 2_101_248, 2_101_248, 3_945_472, 3_149_824, 2_101_248,
-        ];
-        assert_eq!(
-            counts,
-            [&table[..], &[525_312, 524_800, 3_953_178]].concat()
-        );
-        assert!(near(p.forward_ns(), 9.25, 0.01) && near(p.backward_ns(), 18.5, 0.02));
-        for name in ModelProfile::builtin_names() {
-            assert_eq!(&ModelProfile::builtin(name).unwrap().name, name);
-        }
-        let e = ModelProfile::builtin("alexnet").unwrap_err().to_string();
-        assert!(
-            e.contains("'alexnet'") && e.contains("resnet50, vgg16, vgg19, sockeye"),
-            "{e}"
-        );
-    }
-
-    const M: &str = "forward_compute_time=1.5, backward_compute_time=2, parameter_size=16.0";
-
-    #[test]
-    fn parse_small_graph_and_errors() {
-        let text = format!(
-            "node3 -- ReLU -- {M}\nnode1 -- In -- {M}\nnode2 -- X(a -- b) -- {M}\n\tnode1 -- node2"
-        );
-        let p = ModelProfile::parse("t", &text).unwrap();
-        assert_eq!(
-            (names(&p), p.layers[1].op.as_str()),
-            (vec!["node1", "node2", "node3"], "X(a -- b)")
-        );
-        let l = &p.layers[0];
-        assert_eq!(
-            (l.forward_ns, l.backward_ns, l.param_count),
-            (1_500_000, 2_000_000, 4)
-        );
-        use ProfileError as E;
-        let cycle =
-            format!("node1 -- A -- {M}\nnode2 -- B -- {M}\n\tnode1 -- node2\n\tnode2 -- node1");
-        let cases = [
-            (String::new(), E::NoNodes),
-            ("\n  \n".into(), E::NoNodes),
-            (
-                format!("node0 -- In -- {M}\nn -- A -- forward_compute_time=x1"),
-                E::BadNumber(2, "forward_compute_time".into(), "x1".into()),
-            ),
-            (
-                "n -- A -- parameter_size=4.5".into(),
-                E::BadNumber(1, "parameter_size".into(), "4.5".into()),
-            ),
-            (
-                "n -- A -- backward_compute_time=-1".into(),
-                E::BadNumber(1, "backward_compute_time".into(), "-1".into()),
-            ),
-            (
-                format!("node1 -- In -- {M}\n\tnode1 -- node9"),
-                E::UnknownNode(2, "node9".into()),
-            ),
-            (cycle, E::Cycle(1, "node1".into())),
-            (
-                "n -- A -- forward_compute_time=1, parameter_size=0".into(),
-                E::MissingField(1, "backward_compute_time"),
-            ),
-            (
-                "n -- A -- forward_compute_time=1, backward_compute_time=1, parameter_size=6"
-                    .into(),
-                E::ParamBytes(1, 6),
-            ),
-            (
-                format!("node1 -- A -- {M}\nnode1 -- B -- {M}"),
-                E::DuplicateNode(2, "node1".into()),
-            ),
-            (
-                "node1 -- A".into(),
-                E::Malformed(1, "expected `name -- op -- metrics`".into()),
-            ),
-        ];
-        for (text, want) in cases {
-            assert_eq!(ModelProfile::parse("t", &text), Err(want), "{text:?}");
-        }
-        let e = ModelProfile::parse("t", &format!("node1 -- In -- {M}\n\tnode1 -- x")).unwrap_err();
-        assert_eq!(e.to_string(), "line 2: edge to unknown node 'x'");
-    }
-
-    #[test]
-    fn scaled_divides_counts_and_keeps_times() {
-        let p = ModelProfile::builtin("vgg16").unwrap();
-        let s = p.scaled(16.0).unwrap();
-        for (a, b) in p.layers.iter().zip(&s.layers) {
-            assert_eq!(b.param_count, a.param_count.div_ceil(16));
-            assert_eq!(
-                (a.forward_ns, a.backward_ns, &a.name),
-                (b.forward_ns, b.backward_ns, &b.name)
-            );
-        }
-        assert_eq!(
-            (s.keys().len(), p.scaled(1.0).unwrap()),
-            (p.keys().len(), p.clone())
-        );
-        let tiny = ModelProfile::parse("t", &format!("n -- A -- {M}"))
-            .unwrap()
-            .scaled(1e9)
-            .unwrap();
-        assert_eq!(tiny.layers[0].param_count, 1);
-        for f in [0.5, 0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert!(p.scaled(f).is_err(), "{f}");
-        }
-    }
-
-    #[test]
-    fn fingerprint_stable() {
-        let a = ModelProfile::parse("x", VGG16_GRAPH).unwrap();
-        assert_eq!(
-            a.fingerprint(),
-            ModelProfile::parse("y", VGG16_GRAPH).unwrap().fingerprint()
-        );
-        assert_ne!(a.fingerprint(), a.scaled(2.0).unwrap().fingerprint());
-        assert_ne!(
-            a.fingerprint(),
-            ModelProfile::builtin("resnet50").unwrap().fingerprint()
-        );
-    }
-
-    proptest! {
-        #[test]
-        fn parse_never_panics(
-            any_text in any::<String>(),
-            parts in prop::collection::vec(prop_oneof![
-                Just("node1"), Just("node2"), Just("node18446744073709551616"), Just(" -- "), Just("\t"),
-                Just("\n"), Just("="), Just(", "), Just("forward_compute_time"), Just("backward_compute_time"),
-                Just("parameter_size"), Just("1e300"), Just("4.0"), Just("-1"), Just("NaN"), Just("é"),
-            ], 0..40),
-        ) {
-            let _ = ModelProfile::parse("p", &any_text);
-            let _ = ModelProfile::parse("p", &parts.concat());
-        }
-    }
-}
+mod tests;

@@ -100,6 +100,7 @@ mod tests {
             forward_ns: 1,
             backward_ns: 2,
             param_count: params,
+            tensors: Vec::new(),
         }
     }
 
@@ -107,6 +108,7 @@ mod tests {
     fn keys_are_scaled_and_owned_by_their_layers() {
         let profile = ModelProfile {
             name: "m".into(),
+            batch_size: None,
             layers: vec![layer(0), layer(1000), layer(0), layer(33)],
         };
         let mut cfg = SimConfig::new(StrategyKind::P3, 2, 1);

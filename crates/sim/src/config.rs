@@ -55,6 +55,9 @@ impl std::ops::Deref for SimConfig {
 impl SimConfig {
     /// Every host's bandwidth unless the configuration says otherwise: 10 Gbit/s.
     pub const DEFAULT_BANDWIDTH_BPS: f64 = 10e9;
+    /// Samples per step per worker when neither the flags nor the profile say (the
+    /// PipeDream profiles were measured at 128).
+    pub const DEFAULT_BATCH: usize = 128;
 
     /// The runtime's defaults for `strategy` on `workers` workers and `servers` servers:
     /// 10 Gbit/s links without latency and a 256 KiB window, full scale, 10 steps of 128.
@@ -72,7 +75,7 @@ impl SimConfig {
             },
             scale: 1.0,
             steps: 10,
-            batch: 128,
+            batch: Self::DEFAULT_BATCH,
             jitter: 0.0,
             seed: 0,
             stragglers: Vec::new(),

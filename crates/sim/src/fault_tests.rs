@@ -14,6 +14,7 @@ const MS: u64 = 1_000_000;
 fn model() -> ModelProfile {
     ModelProfile {
         name: "faulty".into(),
+        batch_size: None,
         layers: (0..4)
             .map(|i| LayerProfile {
                 name: format!("layer{i}"),
@@ -21,6 +22,7 @@ fn model() -> ModelProfile {
                 forward_ns: (2 + i) * MS,
                 backward_ns: (3 + i) * MS,
                 param_count: 10_000 * (i as usize + 1),
+                tensors: Vec::new(),
             })
             .collect(),
     }

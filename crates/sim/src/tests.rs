@@ -16,6 +16,7 @@ const GBIT: f64 = 1e9;
 fn model(layers: &[(usize, u64, u64)]) -> ModelProfile {
     ModelProfile {
         name: "test".into(),
+        batch_size: None,
         layers: (layers.iter().enumerate())
             .map(
                 |(i, &(param_count, forward_ns, backward_ns))| LayerProfile {
@@ -24,6 +25,7 @@ fn model(layers: &[(usize, u64, u64)]) -> ModelProfile {
                     forward_ns,
                     backward_ns,
                     param_count,
+                    tensors: Vec::new(),
                 },
             )
             .collect(),

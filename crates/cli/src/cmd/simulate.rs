@@ -11,6 +11,7 @@ use syncopate_core::strategy::StrategyKind;
 use syncopate_core::tune::TuneReport;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
 use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
+use syncopate_train::model;
 
 use super::sim_faults::{print_report, FaultArgs};
 use crate::args::{NetworkArgs, StepWindow};
@@ -21,7 +22,7 @@ use crate::sync_args::SyncArgs;
 #[command(mut_arg("strategies", |a| a.default_value(StrategyKind::P3.name())))]
 pub struct SimulateArgs {
     /// A compute profile: profile:resnet50, profile:vgg16, profile:vgg19, profile:sockeye or
-    /// profile:FILE (PipeDream graph.txt).
+    /// profile:FILE (PipeDream graph.txt, or a profile written by `syncopate.torch.profile`).
     #[arg(long, default_value = "profile:resnet50")]
     pub model: String,
     /// How the workers synchronise (lists of strategies make a sweep; each family's
@@ -40,9 +41,10 @@ pub struct SimulateArgs {
     /// Steps to simulate.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
-    /// Samples per step per worker (the profiles were measured at 128).
-    #[arg(long, default_value_t = 128)]
-    pub batch_size: usize,
+    /// Samples per step per worker, for samples/s (default: the batch the profile was
+    /// measured at, else 128).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
     /// Compute jitter: each layer time times a uniform factor in 1 +- J.
     #[arg(long, default_value_t = 0.0)]
     pub jitter: f64,
@@ -78,15 +80,10 @@ fn list<T>(s: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
 
 /// Resolves `profile:NAME` or `profile:FILE`.
 fn profile(model: &str) -> Result<ModelProfile> {
-    let Some(what) = model.strip_prefix("profile:") else {
+    if !model::is_profile_name(model) {
         bail!("the simulator replays compute profiles: use --model profile:NAME (got {model})");
-    };
-    if ModelProfile::builtin_names().contains(&what) {
-        return Ok(ModelProfile::builtin(what)?);
     }
-    let text = std::fs::read_to_string(what)
-        .with_context(|| format!("'{what}' is neither a built-in profile nor a readable file"))?;
-    Ok(ModelProfile::parse(what, &text)?)
+    Ok(model::load_profile(model)?)
 }
 
 /// Runs the simulations and prints their figures.
@@ -149,7 +146,9 @@ pub(crate) fn sim_config(
     let hosts = sync.world_size() as f64;
     let mut config = SimConfig::with_plan(sync);
     config.steps = args.steps;
-    config.batch = args.batch_size;
+    config.batch = (args.batch_size)
+        .or(profile.batch_size)
+        .unwrap_or(SimConfig::DEFAULT_BATCH);
     config.jitter = args.jitter;
     config.seed = args.seed;
     config.stragglers = args.slow_worker.clone();

@@ -147,15 +147,7 @@ impl ModelSpec {
                     forward_ns: l.forward_ns,
                     backward_ns: l.backward_ns,
                 },
-                params: if l.param_count > 0 {
-                    vec![ParamSpec {
-                        name: "params".into(),
-                        shape: vec![l.param_count],
-                        init: Init::Uniform { bound: 0.01 },
-                    }]
-                } else {
-                    Vec::new()
-                },
+                params: Self::profiled_params(&l.tensor_sizes()),
                 output_shape: Vec::new(),
             })
             .collect();
@@ -165,6 +157,21 @@ impl ModelSpec {
             classes: 1,
             layers,
         }
+    }
+
+    /// A profiled layer's parameter tensors: `params` for a single one (as profiles without
+    /// tensor sizes have), `params0`, `params1`, ... for several.
+    fn profiled_params(sizes: &[usize]) -> Vec<ParamSpec> {
+        let name = |i: usize| match sizes.len() {
+            1 => "params".to_string(),
+            _ => format!("params{i}"),
+        };
+        let params = sizes.iter().enumerate().map(|(i, &numel)| ParamSpec {
+            name: name(i),
+            shape: vec![numel],
+            init: Init::Uniform { bound: 0.01 },
+        });
+        params.collect()
     }
 
     /// Whether the model is a compute profile (replayed, not trained).
