@@ -200,3 +200,87 @@ strategy = "allreduce"
         "a finished run keeps no checkpoints"
     );
 }
+
+/// A study over a wide-area network entry (bandwidth and latency): the CSV names the
+/// network and its latency, and has the bytes a worker sent to the target, the compute
+/// utilisation and the bytes per step, each within what the run can have: local SGD
+/// averaging every second step sends about half what all-reduce sends every step.
+#[test]
+fn a_study_over_a_wide_area_network_reports_bytes_to_target_and_utilisation() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = dir.path().join("wan.toml");
+    std::fs::write(
+        &study,
+        r#"
+name = "wan"
+steps = 6
+warmup_steps = 1
+batch_size = 8
+workers = [2]
+args = ["--dataset", "synthetic", "--synthetic-samples", "256", "--eval-every", "2", "--target-accuracy", "0.01"]
+[[networks]]
+label = "wan"
+bandwidth = "100mbit"
+latency = "20ms"
+[[models]]
+name = "lenet"
+[[variants]]
+label = "allreduce"
+strategy = "allreduce"
+[[variants]]
+label = "local-sgd H=2"
+strategy = "local-sgd"
+args = ["--average-every", "2"]
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(EXE)
+        .args(["study", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&study)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let csv = std::fs::read_to_string(out.join("wan/results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    let cell = |row: &Vec<&str>, name: &str| -> String {
+        let i = header.iter().position(|h| *h == name).unwrap();
+        row[i].to_string()
+    };
+    let number = |row: &Vec<&str>, name: &str| cell(row, name).parse::<f64>().unwrap();
+    let mut bytes_per_step = Vec::new();
+    for row in &rows {
+        assert_eq!(cell(row, "network"), "wan", "{csv}");
+        assert_eq!(cell(row, "bandwidth"), "100mbit");
+        assert_eq!(number(row, "latency_ms"), 20.0);
+        // Every evaluation reaches 1 %: the first one, after step 2, sets the target.
+        assert_eq!(number(row, "steps_to_accuracy"), 2.0, "{csv}");
+        let per_step = number(row, "bytes_per_step");
+        let to_target = number(row, "bytes_to_accuracy");
+        assert!(per_step > 0.0, "{csv}");
+        // Two of six steps' bytes, measured: more than nothing, less than the whole run.
+        assert!(0.0 < to_target && to_target < per_step * 6.0, "{csv}");
+        let utilisation = number(row, "compute_utilisation");
+        assert!(0.0 < utilisation && utilisation <= 1.0, "{csv}");
+        bytes_per_step.push(per_step);
+    }
+    assert!(
+        bytes_per_step[1] < 0.75 * bytes_per_step[0],
+        "local SGD every 2nd step sends about half of all-reduce's: {csv}"
+    );
+    let html = std::fs::read_to_string(out.join("wan/report.html")).unwrap();
+    assert!(html.contains("lenet @ wan: accuracy of worker 0 vs MB sent per worker"));
+    assert!(html.contains("local-sgd H=2 (local-sgd)"), "the legend");
+    let run = out.join("wan/runs/lenet-local-sgd_h_2-wan-w2-s42");
+    let toml = std::fs::read_to_string(run.join("run.toml")).unwrap();
+    assert!(toml.contains("\"--latency\",\n    \"20ms\""), "{toml}");
+    let steps = std::fs::read_to_string(run.join("steps-rank1.csv")).unwrap();
+    assert!(
+        steps.lines().next().unwrap().ends_with(",sent_bytes"),
+        "{steps}"
+    );
+}
