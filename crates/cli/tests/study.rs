@@ -5,12 +5,29 @@ use std::process::Command;
 
 const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
 
+/// Writes the study `text` as `<dir>/<name>.toml` and returns its path.
+fn write_study(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let study = dir.join(format!("{name}.toml"));
+    std::fs::write(&study, text).unwrap();
+    study
+}
+
+/// Runs `syncopate study --quiet --out OUT STUDY`.
+fn run_study(out: &std::path::Path, study: &std::path::Path) -> std::process::Output {
+    Command::new(EXE)
+        .args(["study", "--quiet", "--out"])
+        .arg(out)
+        .arg(study)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn study_runs_reports_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let study = dir.path().join("tiny.toml");
-    std::fs::write(
-        &study,
+    let study = write_study(
+        dir.path(),
+        "tiny",
         r#"
 name = "tiny"
 steps = 3
@@ -29,16 +46,10 @@ strategy = "ps"
 label = "p3"
 strategy = "p3"
 "#,
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run = || {
-        let o = Command::new(EXE)
-            .args(["study", "--quiet", "--out"])
-            .arg(&out)
-            .arg(&study)
-            .output()
-            .unwrap();
+        let o = run_study(&out, &study);
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -49,14 +60,15 @@ strategy = "p3"
     };
     let first = run();
     assert!(first.contains("report:"), "{first}");
-    // The printed table: what varies (the bandwidth) and the telling figures, in 100 columns.
+    // The printed table: what varies (the network) and the telling figures, in 100 columns.
     let table: Vec<&str> = first
         .lines()
         .skip_while(|l| !l.starts_with("every run:"))
         .take_while(|l| !l.starts_with("report:"))
         .collect();
     assert_eq!(table.len(), 1 + 1 + 4 + 1, "{first}");
-    assert!(table[1].starts_with("bandwidth variant"), "{first}");
+    let columns: Vec<&str> = table[1].split_whitespace().take(2).collect();
+    assert_eq!(columns, ["network", "variant"], "{first}");
     assert!(table.iter().all(|l| l.chars().count() <= 100), "{first}");
     let csv = std::fs::read_to_string(out.join("tiny/results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
@@ -120,9 +132,9 @@ strategy = "p3"
 #[test]
 fn an_interrupted_run_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let study = dir.path().join("resumed.toml");
-    std::fs::write(
-        &study,
+    let study = write_study(
+        dir.path(),
+        "resumed",
         r#"
 name = "resumed"
 steps = 20
@@ -137,8 +149,7 @@ name = "lenet"
 label = "allreduce"
 strategy = "allreduce"
 "#,
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run_dir = out.join("resumed/runs/lenet-allreduce-unlimited-w2-s42");
     // The first half of the run, as an interrupted study would have left it.
@@ -173,12 +184,7 @@ strategy = "allreduce"
         .output()
         .unwrap();
     assert!(first_half.status.success(), "{first_half:?}");
-    let o = Command::new(EXE)
-        .args(["study", "--quiet", "--out"])
-        .arg(&out)
-        .arg(&study)
-        .output()
-        .unwrap();
+    let o = run_study(&out, &study);
     assert!(o.status.success(), "{o:?}");
     let log = std::fs::read_to_string(run_dir.join("log.txt")).unwrap();
     assert!(
@@ -208,9 +214,9 @@ strategy = "allreduce"
 #[test]
 fn a_study_over_a_wide_area_network_reports_bytes_to_target_and_utilisation() {
     let dir = tempfile::tempdir().unwrap();
-    let study = dir.path().join("wan.toml");
-    std::fs::write(
-        &study,
+    let study = write_study(
+        dir.path(),
+        "wan",
         r#"
 name = "wan"
 steps = 6
@@ -232,15 +238,9 @@ label = "local-sgd H=2"
 strategy = "local-sgd"
 args = ["--average-every", "2"]
 "#,
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
-    let o = Command::new(EXE)
-        .args(["study", "--quiet", "--out"])
-        .arg(&out)
-        .arg(&study)
-        .output()
-        .unwrap();
+    let o = run_study(&out, &study);
     assert!(o.status.success(), "{o:?}");
     let csv = std::fs::read_to_string(out.join("wan/results.csv")).unwrap();
     let mut lines = csv.lines();
@@ -280,7 +280,11 @@ args = ["--average-every", "2"]
     assert!(toml.contains("\"--latency\",\n    \"20ms\""), "{toml}");
     let steps = std::fs::read_to_string(run.join("steps-rank1.csv")).unwrap();
     assert!(
-        steps.lines().next().unwrap().ends_with(",sent_bytes"),
+        steps
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",sent_bytes,sent_before_bytes"),
         "{steps}"
     );
 }
