@@ -312,7 +312,7 @@ fn an_autotuned_credit_keeps_training_exact_and_is_recorded() {
     assert!(lines
         .next()
         .unwrap()
-        .ends_with(",tensors,tensor_p50_s,tensor_p99_s,sent_bytes"));
+        .ends_with(",tensors,tensor_p50_s,tensor_p99_s,sent_bytes,sent_before_bytes"));
     let counted: u64 = lines
         .map(|l| l.split(',').nth(8).unwrap().parse::<u64>().unwrap())
         .sum();

@@ -5,12 +5,29 @@ use std::process::Command;
 
 const EXE: &str = env!("CARGO_BIN_EXE_syncopate");
 
+/// Writes the study `text` as `<dir>/<name>.toml` and returns its path.
+fn write_study(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let study = dir.join(format!("{name}.toml"));
+    std::fs::write(&study, text).unwrap();
+    study
+}
+
+/// Runs `syncopate study --quiet --out OUT STUDY`.
+fn run_study(out: &std::path::Path, study: &std::path::Path) -> std::process::Output {
+    Command::new(EXE)
+        .args(["study", "--quiet", "--out"])
+        .arg(out)
+        .arg(study)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn study_runs_reports_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let study = dir.path().join("tiny.toml");
-    std::fs::write(
-        &study,
+    let study = write_study(
+        dir.path(),
+        "tiny",
         r#"
 name = "tiny"
 steps = 3
@@ -29,16 +46,10 @@ strategy = "ps"
 label = "p3"
 strategy = "p3"
 "#,
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run = || {
-        let o = Command::new(EXE)
-            .args(["study", "--quiet", "--out"])
-            .arg(&out)
-            .arg(&study)
-            .output()
-            .unwrap();
+        let o = run_study(&out, &study);
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -49,14 +60,15 @@ strategy = "p3"
     };
     let first = run();
     assert!(first.contains("report:"), "{first}");
-    // The printed table: what varies (the bandwidth) and the telling figures, in 100 columns.
+    // The printed table: what varies (the network) and the telling figures, in 100 columns.
     let table: Vec<&str> = first
         .lines()
         .skip_while(|l| !l.starts_with("every run:"))
         .take_while(|l| !l.starts_with("report:"))
         .collect();
     assert_eq!(table.len(), 1 + 1 + 4 + 1, "{first}");
-    assert!(table[1].starts_with("bandwidth variant"), "{first}");
+    let columns: Vec<&str> = table[1].split_whitespace().take(2).collect();
+    assert_eq!(columns, ["network", "variant"], "{first}");
     assert!(table.iter().all(|l| l.chars().count() <= 100), "{first}");
     let csv = std::fs::read_to_string(out.join("tiny/results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
@@ -120,9 +132,9 @@ strategy = "p3"
 #[test]
 fn an_interrupted_run_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let study = dir.path().join("resumed.toml");
-    std::fs::write(
-        &study,
+    let study = write_study(
+        dir.path(),
+        "resumed",
         r#"
 name = "resumed"
 steps = 20
@@ -137,8 +149,7 @@ name = "lenet"
 label = "allreduce"
 strategy = "allreduce"
 "#,
-    )
-    .unwrap();
+    );
     let out = dir.path().join("out");
     let run_dir = out.join("resumed/runs/lenet-allreduce-unlimited-w2-s42");
     // The first half of the run, as an interrupted study would have left it.
@@ -173,12 +184,7 @@ strategy = "allreduce"
         .output()
         .unwrap();
     assert!(first_half.status.success(), "{first_half:?}");
-    let o = Command::new(EXE)
-        .args(["study", "--quiet", "--out"])
-        .arg(&out)
-        .arg(&study)
-        .output()
-        .unwrap();
+    let o = run_study(&out, &study);
     assert!(o.status.success(), "{o:?}");
     let log = std::fs::read_to_string(run_dir.join("log.txt")).unwrap();
     assert!(
@@ -198,5 +204,87 @@ strategy = "allreduce"
     assert!(
         !run_dir.join("checkpoints").exists(),
         "a finished run keeps no checkpoints"
+    );
+}
+
+/// A study over a wide-area network entry (bandwidth and latency): the CSV names the
+/// network and its latency, and has the bytes a worker sent to the target, the compute
+/// utilisation and the bytes per step, each within what the run can have: local SGD
+/// averaging every second step sends about half what all-reduce sends every step.
+#[test]
+fn a_study_over_a_wide_area_network_reports_bytes_to_target_and_utilisation() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = write_study(
+        dir.path(),
+        "wan",
+        r#"
+name = "wan"
+steps = 6
+warmup_steps = 1
+batch_size = 8
+workers = [2]
+args = ["--dataset", "synthetic", "--synthetic-samples", "256", "--eval-every", "2", "--target-accuracy", "0.01"]
+[[networks]]
+label = "wan"
+bandwidth = "100mbit"
+latency = "20ms"
+[[models]]
+name = "lenet"
+[[variants]]
+label = "allreduce"
+strategy = "allreduce"
+[[variants]]
+label = "local-sgd H=2"
+strategy = "local-sgd"
+args = ["--average-every", "2"]
+"#,
+    );
+    let out = dir.path().join("out");
+    let o = run_study(&out, &study);
+    assert!(o.status.success(), "{o:?}");
+    let csv = std::fs::read_to_string(out.join("wan/results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    let cell = |row: &Vec<&str>, name: &str| -> String {
+        let i = header.iter().position(|h| *h == name).unwrap();
+        row[i].to_string()
+    };
+    let number = |row: &Vec<&str>, name: &str| cell(row, name).parse::<f64>().unwrap();
+    let mut bytes_per_step = Vec::new();
+    for row in &rows {
+        assert_eq!(cell(row, "network"), "wan", "{csv}");
+        assert_eq!(cell(row, "bandwidth"), "100mbit");
+        assert_eq!(number(row, "latency_ms"), 20.0);
+        // Every evaluation reaches 1 %: the first one, after step 2, sets the target.
+        assert_eq!(number(row, "steps_to_accuracy"), 2.0, "{csv}");
+        let per_step = number(row, "bytes_per_step");
+        let to_target = number(row, "bytes_to_accuracy");
+        assert!(per_step > 0.0, "{csv}");
+        // Two of six steps' bytes, measured: more than nothing, less than the whole run.
+        assert!(0.0 < to_target && to_target < per_step * 6.0, "{csv}");
+        let utilisation = number(row, "compute_utilisation");
+        assert!(0.0 < utilisation && utilisation <= 1.0, "{csv}");
+        bytes_per_step.push(per_step);
+    }
+    assert!(
+        bytes_per_step[1] < 0.75 * bytes_per_step[0],
+        "local SGD every 2nd step sends about half of all-reduce's: {csv}"
+    );
+    let html = std::fs::read_to_string(out.join("wan/report.html")).unwrap();
+    assert!(html.contains("lenet @ wan: accuracy of worker 0 vs MB sent per worker"));
+    assert!(html.contains("local-sgd H=2 (local-sgd)"), "the legend");
+    let run = out.join("wan/runs/lenet-local-sgd_h_2-wan-w2-s42");
+    let toml = std::fs::read_to_string(run.join("run.toml")).unwrap();
+    assert!(toml.contains("\"--latency\",\n    \"20ms\""), "{toml}");
+    let steps = std::fs::read_to_string(run.join("steps-rank1.csv")).unwrap();
+    assert!(
+        steps
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",sent_bytes,sent_before_bytes"),
+        "{steps}"
     );
 }

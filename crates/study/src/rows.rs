@@ -10,7 +10,7 @@ use syncopate_report::summary::{CompletionTimes, Evaluation, JobSummary};
 use syncopate_train::model::{self, LayerOp};
 
 use crate::config::{RunSpec, StudyConfig};
-use crate::metrics::{worker_resources, WorkerResources};
+use crate::metrics::{worker_resources, MetricsTable, WorkerResources};
 use crate::traffic::SentByStep;
 
 /// The figures of one finished run.
@@ -34,7 +34,9 @@ pub struct RunRow {
     pub workers: usize,
     /// Seed.
     pub seed: u64,
-    /// Mean step time after the warm-up steps, seconds.
+    /// Mean step time after the warm-up steps, seconds: from one step's end to the next on
+    /// worker 0's training clock (a synchronisation between steps included, evaluations
+    /// not), or the mean of the steps' own durations for runs without per-step rows.
     pub step_seconds: f64,
     /// Samples per second over all workers, after the warm-up.
     pub samples_per_sec: f64,
@@ -107,6 +109,13 @@ pub fn launch_row(
     let summary: JobSummary = serde_json::from_str(text).context("parsing the summary")?;
     let resources = worker_resources(run_dir, run.workers);
     let mut row = row(config, run, &summary, resources)?;
+    let rows0 = MetricsTable::read(&run_dir.join("steps-rank0.csv")).unwrap_or_default();
+    let warm = config.warmup_steps as usize;
+    if let Some(step_seconds) = step_seconds_between_ends(&rows0.column("t_end_s"), warm) {
+        row.step_seconds = step_seconds;
+        row.samples_per_sec = (config.batch_size * run.workers) as f64 / step_seconds;
+        row.fraction_of_ideal = row.samples_per_sec / row.ideal_samples_per_sec;
+    }
     let sent = SentByStep::read(run_dir, run.workers, row.bytes_per_step);
     row.bytes_to_accuracy = summary
         .steps_to_accuracy
@@ -117,6 +126,21 @@ pub fn launch_row(
         .map(|e| sent.by_step(e.step))
         .collect();
     Ok(row)
+}
+
+/// The mean time from one step's end to the next after the first `warm` steps, from worker
+/// 0's training clock at each step's end (`t_end_s`: evaluations excluded, a synchronisation
+/// between steps included, which the steps' own durations leave out); `None` without a
+/// step end (one step: its own end).
+fn step_seconds_between_ends(ends: &[f64], warm: usize) -> Option<f64> {
+    let warm = warm.min(ends.len().saturating_sub(1));
+    let (first, last) = match warm {
+        0 => (0.0, *ends.last()?),
+        w => (*ends.get(w - 1)?, *ends.last()?),
+    };
+    let steps = ends.len() - warm;
+    let mean = (last - first) / steps as f64;
+    (mean.is_finite() && mean > 0.0).then_some(mean)
 }
 
 /// The first of `figures` that is a number (not NaN); NaN when none is.

@@ -71,3 +71,21 @@ fn ideal_bound_is_the_longer_of_compute_and_communication() {
     assert!((slow - 143_667_240.0 * 32.0 / 1e9).abs() < 1e-9);
     assert_eq!(ideal_step_seconds("lenet", Some(1e9)), None);
 }
+
+#[test]
+fn step_time_runs_from_step_end_to_step_end_after_the_warm_up() {
+    // Steps 3 and 5 start after a synchronisation between steps (0.1 s each).
+    let ends = [0.5, 0.6, 0.8, 0.9, 1.1];
+    let mean = step_seconds_between_ends(&ends, 1).unwrap();
+    assert!((mean - 0.15).abs() < 1e-12, "{mean}");
+    assert_eq!(step_seconds_between_ends(&ends, 0), Some(1.1 / 5.0));
+    // A warm-up as long as the run keeps one step.
+    assert!((step_seconds_between_ends(&ends, 9).unwrap() - 0.2).abs() < 1e-12);
+    assert_eq!(
+        step_seconds_between_ends(&[0.5], 1),
+        Some(0.5),
+        "one step: its own"
+    );
+    assert_eq!(step_seconds_between_ends(&[], 0), None);
+    assert_eq!(step_seconds_between_ends(&[f64::NAN, 1.0], 1), None);
+}

@@ -28,7 +28,7 @@ pub fn summary_table(rows: &[RunRow]) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let header = vec![
         "model",
         "variant",
-        "bandwidth",
+        "network",
         "workers",
         "seed",
         "step s",
@@ -57,7 +57,7 @@ fn table_row(r: &RunRow) -> Vec<String> {
     vec![
         r.model.clone(),
         r.variant.clone(),
-        r.bandwidth.clone(),
+        r.network.clone(),
         r.workers.to_string(),
         r.seed.to_string(),
         format!("{:.3}", r.step_seconds),
@@ -109,7 +109,7 @@ struct Column {
     cell: fn(&RunRow) -> String,
 }
 
-/// The columns that tell a run from the others (model, bandwidth, workers, seed) and the
+/// The columns that tell a run from the others (model, network, workers, seed) and the
 /// figures that tell how it did.
 fn terminal_columns() -> (Vec<Column>, Vec<Column>) {
     let text = |header, cell| Column {
@@ -124,7 +124,7 @@ fn terminal_columns() -> (Vec<Column>, Vec<Column>) {
     };
     let place = vec![
         text("model", |r| r.model.clone()),
-        text("bandwidth", |r| r.bandwidth.clone()),
+        text("network", |r| r.network.clone()),
         figure("workers", |r| r.workers.to_string()),
         figure("seed", |r| r.seed.to_string()),
     ];
@@ -143,7 +143,7 @@ fn terminal_columns() -> (Vec<Column>, Vec<Column>) {
     (place, figures)
 }
 
-/// The lines the terminal shows for `rows`: what every run shares (model, bandwidth, workers,
+/// The lines the terminal shows for `rows`: what every run shares (model, network, workers,
 /// seed), the table of the columns that differ and the most telling figures, each column as
 /// wide as its widest cell, and where the other figures are.
 pub fn terminal_lines(rows: &[RunRow]) -> Vec<String> {

@@ -9,7 +9,7 @@ const TERMINAL_WIDTH: usize = 100;
 fn demo_row(variant: &str) -> RunRow {
     RunRow {
         variant: variant.into(),
-        bandwidth: "100mbit".into(),
+        network: "100mbit".into(),
         seed: 42,
         step_seconds: 12.345,
         samples_per_sec: 123_456.7,
@@ -39,7 +39,7 @@ fn the_demo_table_fits_a_100_column_terminal() {
     }
     assert_eq!(
         lines[0],
-        "every run: model lenet, bandwidth 100mbit, workers 4, seed 42"
+        "every run: model lenet, network 100mbit, workers 4, seed 42"
     );
     let header = &lines[1];
     for column in [
@@ -61,12 +61,12 @@ fn the_demo_table_fits_a_100_column_terminal() {
 #[test]
 fn columns_for_what_differs_between_runs() {
     let mut slow = demo_row("p3");
-    slow.bandwidth = "1gbit".into();
+    slow.network = "1gbit".into();
     slow.samples_per_sec = 5.0;
     let lines = terminal_lines(&[demo_row("ps"), slow]);
     assert_eq!(lines[0], "every run: model lenet, workers 4, seed 42");
-    assert!(lines[1].starts_with("bandwidth variant "), "{}", lines[1]);
-    assert!(lines[3].starts_with("1gbit     p3      "), "{}", lines[3]);
+    assert!(lines[1].starts_with("network variant "), "{}", lines[1]);
+    assert!(lines[3].starts_with("1gbit   p3      "), "{}", lines[3]);
     let column = lines[1].find("samples/s").unwrap() + "samples/s".len();
     assert!(lines[3][..column].ends_with(" 5.0"), "{}", lines[3]);
     assert!(terminal_lines(&[])[0].starts_with("variant"));

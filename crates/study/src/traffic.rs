@@ -1,7 +1,9 @@
-//! How many bytes a run's workers had sent by the end of each step: the `sent_bytes` column
-//! of their `steps-rank<R>.csv` (the bytes a worker put on all its links since its previous
-//! step ended), summed step by step and averaged over the workers. What "bytes to the
-//! target accuracy" and the accuracy-against-bytes curves are measured in.
+//! How many bytes a run's workers had sent by each evaluation: the `sent_bytes` and
+//! `sent_before_bytes` columns of their `steps-rank<R>.csv` (what a worker put on all its
+//! links during the step, and between the previous step's end and this one's start, where a
+//! periodic average or outer step runs), summed step by step and averaged over the
+//! workers. What "bytes to the target accuracy" and the accuracy-against-bytes curves are
+//! measured in.
 
 use std::path::Path;
 
@@ -10,8 +12,8 @@ use crate::metrics::MetricsTable;
 /// The mean over workers of the bytes each had sent by the end of every step.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SentByStep {
-    /// Entry `i`: bytes sent by the end of step `i + 1` (steps counted from 1), the mean over
-    /// the workers whose rows have it.
+    /// Entry `i`: bytes sent by the evaluation after step `i + 1` (steps counted from 1):
+    /// through that step and up to the next step's start, the mean over the workers.
     cumulative: Vec<f64>,
     /// What a step costs when the rows do not cover it: the run's mean bytes per step.
     mean_per_step: f64,
@@ -23,7 +25,7 @@ impl SentByStep {
     pub fn read(run_dir: &Path, workers: usize, mean_per_step: f64) -> Self {
         let per_worker: Vec<Vec<f64>> = (0..workers)
             .filter_map(|r| MetricsTable::read(&run_dir.join(format!("steps-rank{r}.csv"))))
-            .map(|t| running_sum(&t.column("sent_bytes")))
+            .map(|t| by_evaluation(&t.column("sent_bytes"), &t.column("sent_before_bytes")))
             .filter(|c| !c.is_empty())
             .collect();
         Self::from_workers(&per_worker, mean_per_step)
@@ -47,9 +49,9 @@ impl SentByStep {
         }
     }
 
-    /// Bytes a worker had sent by the end of step `step` (counted from 1; 0 before the
-    /// first): measured when the rows reach it, else the mean per step times `step` (NaN
-    /// when that is unknown too).
+    /// Bytes a worker had sent by the evaluation after step `step` (counted from 1; 0 before
+    /// the first): measured when the rows reach it, else the mean per step times `step`
+    /// (NaN when that is unknown too).
     pub fn by_step(&self, step: u64) -> f64 {
         if step == 0 {
             return 0.0;
@@ -60,6 +62,23 @@ impl SentByStep {
             None => self.mean_per_step * step as f64,
         }
     }
+}
+
+/// Per step, the bytes sent by the evaluation after it: every byte sent during and before
+/// the steps up to it, and before the next step (the synchronisation that ends it, under a
+/// strategy that synchronises between steps). `before` may be empty (older rows).
+fn by_evaluation(during: &[f64], before: &[f64]) -> Vec<f64> {
+    let before_step = |i: usize| before.get(i).copied().filter(|b| b.is_finite());
+    let through = running_sum(
+        &(0..during.len())
+            .map(|i| during[i] + before_step(i).unwrap_or(0.0))
+            .collect::<Vec<_>>(),
+    );
+    through
+        .iter()
+        .enumerate()
+        .map(|(i, sum)| sum + before_step(i + 1).unwrap_or(0.0))
+        .collect()
 }
 
 /// The running sum of `values` (a non-finite value counts as 0).
@@ -83,13 +102,13 @@ mod tests {
     fn bytes_by_step_are_the_mean_of_the_workers_running_sums() {
         let dir = tempfile::tempdir().unwrap();
         let header = "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,\
-                      tensor_p50_s,tensor_p99_s,sent_bytes";
+                      tensor_p50_s,tensor_p99_s,sent_bytes,sent_before_bytes";
         // Worker 1 sends twice what worker 0 sends; worker 2 (a server) is not read.
         for (rank, scale) in [(0, 1.0), (1, 2.0), (2, 100.0)] {
             let rows: String = [100.0, 0.0, 300.0]
                 .iter()
                 .enumerate()
-                .map(|(i, b)| format!("{},0,0,0,0,0,0,0,0,0,0,{}\n", i + 1, b * scale))
+                .map(|(i, b)| format!("{},0,0,0,0,0,0,0,0,0,0,{},0\n", i + 1, b * scale))
                 .collect();
             std::fs::write(
                 dir.path().join(format!("steps-rank{rank}.csv")),
@@ -119,6 +138,25 @@ mod tests {
         assert!(SentByStep::read(dir.path(), 1, f64::NAN)
             .by_step(2)
             .is_nan());
+    }
+
+    #[test]
+    fn a_synchronisation_between_steps_counts_for_the_evaluation_before_it() {
+        // Local SGD averaging after steps 2 and 4: its bytes go out before steps 3 and 5.
+        let during = [0.0, 0.0, 0.0, 0.0, 0.0];
+        let before = [0.0, 0.0, 90.0, 0.0, 90.0];
+        assert_eq!(
+            by_evaluation(&during, &before),
+            [0.0, 90.0, 90.0, 180.0, 180.0]
+        );
+        // All-reduce: every step's bytes in its own step; older rows have no `before`.
+        assert_eq!(by_evaluation(&[5.0, 5.0], &[]), [5.0, 10.0]);
+        assert_eq!(
+            by_evaluation(&[1.0, 2.0], &[f64::NAN, 4.0]),
+            [5.0, 7.0],
+            "{}",
+            "a missing cell counts as nothing"
+        );
     }
 
     #[test]

@@ -143,9 +143,10 @@ pub(super) struct StepLoop<'a, E> {
     out: Option<StepOutput>,
     step_start: Instant,
     times_at_step_start: WorkerTimes,
-    /// Bytes this worker had sent on all its links when the last step ended (each step's
-    /// row records what it sent since).
-    sent_before: u64,
+    /// Bytes this worker had sent on all its links when the last step ended and when this
+    /// one started: a step's row records what was sent between the two (a periodic
+    /// average or outer step between steps) and what was sent during the step.
+    sent_at: (u64, u64),
     /// Per-tensor completion times (hand-over to values back), on `record.start`'s clock.
     pub tensors: TensorTimes,
     /// Worker 0's buffers, relayed here before this worker reached their evaluation point.
@@ -193,7 +194,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             out: None,
             step_start: Instant::now(),
             times_at_step_start: WorkerTimes::default(),
-            sent_before: 0,
+            sent_at: (0, 0),
             tensors: TensorTimes::new(key_sizes.len()),
             relayed: None,
         }
@@ -326,10 +327,19 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         Ok(())
     }
 
+    /// Bytes this worker has sent on all its links so far (this process).
+    fn sent_so_far(&self) -> u64 {
+        self.comm
+            .traffic
+            .sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn load_batch(&mut self, step: u64) -> Result<(), RunError> {
         self.step = step;
         self.step_start = Instant::now();
         self.times_at_step_start = self.record.times;
+        self.sent_at.1 = self.sent_so_far();
         let t = Instant::now();
         let (epoch, _, batch) = self
             .loader
@@ -440,6 +450,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             .out
             .take()
             .ok_or_else(|| RunError::Local("a step ended without a loss".into()))?;
+        let sent = self.sent_so_far();
         let r = &mut self.record;
         if r.recent.len() == 20 {
             r.recent.pop_front();
@@ -449,15 +460,12 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         r.step_seconds.push(step_s);
         let (now, before) = (r.times, self.times_at_step_start);
         let tensors = self.tensors.take_interval();
-        let sent = self
-            .comm
-            .traffic
-            .sent
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let sent_in_step = sent.saturating_sub(self.sent_before);
-        self.sent_before = sent;
+        let (last_end, start) = self.sent_at;
+        let (sent_between, sent_in_step) =
+            (start.saturating_sub(last_end), sent.saturating_sub(start));
+        self.sent_at = (sent, sent);
         r.step_rows.push(&format!(
-            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6},{}\n",
+            "{},{:.4},{:.4},{:.5},{:.4},{:.4},{:.4},{:.4},{},{:.6},{:.6},{},{}\n",
             step + 1,
             r.train_seconds(),
             step_s,
@@ -469,7 +477,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             tensors.count,
             tensors.p50_s,
             tensors.p99_s,
-            sent_in_step
+            sent_in_step,
+            sent_between
         ))?;
         let rate = (step + 1 - self.first_step) as f64 * self.global_batch as f64
             / r.train_seconds().max(1e-9);

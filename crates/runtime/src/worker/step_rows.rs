@@ -19,7 +19,7 @@ use crate::error::RunError;
 
 /// The first line of `steps-rank<R>.csv`.
 const HEADER: &str =
-    "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,tensor_p50_s,tensor_p99_s,sent_bytes\n";
+    "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,tensor_p50_s,tensor_p99_s,sent_bytes,sent_before_bytes\n";
 
 /// How much of a rows file a checkpoint covers: its first `bytes` bytes, whose SHA-256 is
 /// `sha256`.
