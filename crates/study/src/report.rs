@@ -48,7 +48,7 @@ fn csv_row(r: &RunRow) -> String {
         r.wait_per_step,
     );
     let learning = format!(
-        "{:.4},{:.2},{},{:.2},{:.4},{:.6}",
+        "{:.4},{:.2},{},{:.2},{:.4},{:.3e}",
         r.test_accuracy,
         r.wall_seconds,
         r.target_accuracy,
