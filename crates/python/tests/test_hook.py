@@ -110,6 +110,25 @@ def test_a_killed_rank_ends_the_job_naming_it():
         assert "rank 1" in err, f"rank {rank}'s error does not name rank 1:\n{err}"
 
 
+def test_local_sgd_averages_every_h_steps(tmp_path):
+    outputs = finish(start_ranks(2, "local-sgd", tmp_path))
+    for rank, (code, _, err) in enumerate(outputs):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+    import numpy as np
+
+    def load(rank, step):
+        return np.load(tmp_path / f"local-{rank}-{step}.npy")
+
+    # Steps 1 and 3 are local: each rank its own data, its own weights.
+    for step in (1, 3):
+        assert not np.array_equal(load(0, step), load(1, step)), f"step {step}"
+    # After step 2 and 4 the ranks hold the same bits: the average of their local steps.
+    for step in (2, 4):
+        assert load(0, step).tobytes() == load(1, step).tobytes(), f"step {step}"
+    before = [np.load(tmp_path / f"local-{rank}-4-before.npy") for rank in (0, 1)]
+    np.testing.assert_allclose(load(0, 4), (before[0] + before[1]) / 2, rtol=1e-6, atol=1e-7)
+
+
 def test_the_package_imports_without_torch():
     import syncopate
 
@@ -205,6 +224,22 @@ def _rank_main(role, args):
             np.save(os.path.join(out, f"{backend}-{rank}.npy"), _flat(model))
             if state is not None:
                 state.close()
+    elif role == "local-sgd":
+        out = args[0]
+        state = syncopate.torch.SyncopateState()
+        model = _model()
+        averager = syncopate.torch.LocalSgdAverager(state, every=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 5):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            np.save(os.path.join(out, f"local-{rank}-{step}-before.npy"), _flat(model))
+            averaged = averager.average_parameters(model.parameters())
+            assert averaged == (step % 2 == 0), step
+            np.save(os.path.join(out, f"local-{rank}-{step}.npy"), _flat(model))
+        state.close()
     elif role == "train-forever":
         state = syncopate.torch.SyncopateState(peer_timeout=5.0)
         _train(_ddp(_model(), state), None, rank, lambda s: print(f"step {s}", flush=True))
