@@ -158,6 +158,18 @@ impl Ring {
     }
 }
 
+impl Drop for Ring {
+    /// A ring dropped unclosed (garbage collected, with the GIL held) closes without the
+    /// GIL, which its communication thread may need to complete what is queued.
+    fn drop(&mut self) {
+        if self.ring.is_closed() {
+            return;
+        }
+        let ring = &mut self.ring;
+        Python::with_gil(|py| py.allow_threads(|| ring.close()));
+    }
+}
+
 /// A fresh job token: 64 hex digits from the operating system's random source.
 #[pyfunction]
 fn new_token() -> String {

@@ -142,6 +142,11 @@ impl Ring {
         }
     }
 
+    /// Whether [`Ring::close`] has run.
+    pub fn is_closed(&self) -> bool {
+        self.thread.is_none()
+    }
+
     /// Finishes the operations queued, then stops the communication thread.
     pub fn close(&mut self) {
         self.requests = None;
