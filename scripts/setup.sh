@@ -13,9 +13,10 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 want=()
 [ -d /usr/share/datasets/fashion-mnist ] || want+=(dataset-fashion-mnist)
 # The Python package's tests (scripts/test-python.sh): torch from Debian, a venv to build into.
-/usr/bin/python3 -c 'import torch' 2>/dev/null || want+=(python3-torch)
-/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || want+=(python3-venv)
-/usr/bin/python3 -c 'import pytest' 2>/dev/null || want+=(python3-pytest)
+python_want=()
+/usr/bin/python3 -c 'import torch' 2>/dev/null || python_want+=(python3-torch)
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || python_want+=(python3-venv)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || python_want+=(python3-pytest)
 
 apt_install() {
   if [ "$(id -u)" = 0 ]; then
@@ -33,7 +34,10 @@ if [ ${#need[@]} -gt 0 ] && ! apt_install "${need[@]}"; then
 fi
 if [ ${#want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt_install "${want[@]}" >/dev/null 2>&1 ||
-    echo "setup: could not install ${want[*]} (the demo looks for Fashion-MNIST elsewhere; \
-without python3-torch the Python package's tests are skipped)" >&2
+    echo "setup: could not install ${want[*]} (the demo looks for Fashion-MNIST elsewhere)" >&2
+fi
+if [ ${#python_want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt_install "${python_want[@]}" >/dev/null 2>&1 ||
+    echo "setup: could not install ${python_want[*]} (the Python package's tests need them)" >&2
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust 1.95+) is required" >&2; exit 1; }
