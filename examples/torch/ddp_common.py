@@ -9,6 +9,7 @@ import argparse
 import gzip
 import os
 import struct
+import sys
 import time
 
 import numpy as np
@@ -18,6 +19,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MNIST = os.path.join(HERE, "..", "..", "..", "shared", "data", "mnist")
+# The models are those of the PyTorch reference baselines (bench/reference), which are those
+# of Syncopate's own model zoo.
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "reference"))
+from reference_common import INPUT_SHAPES, build_model  # noqa: E402
+
+
+def model(name):
+    """The reference model `name`, initialised from seed 0 (the same on every rank)."""
+    torch.manual_seed(0)
+    return build_model(name)
 
 
 def parse_args(description, default_steps):
@@ -43,28 +54,33 @@ def _idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def dataset(args, size):
-    """Training images (N x 1 x size x size, float32) and labels."""
+def dataset(args, shape):
+    """Training images (N x channels x size x size, float32) and labels: MNIST padded to the
+    size and repeated over the channels, or synthetic."""
+    channels, size, _ = shape
     if args.synthetic:
         g = torch.Generator().manual_seed(0)
-        return torch.randn(4096, 1, size, size, generator=g), torch.randint(0, 10, (4096,), generator=g)
+        x = torch.randn(4096, channels, size, size, generator=g)
+        return x, torch.randint(0, 10, (4096,), generator=g)
     images = _idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))
     labels = _idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))
     x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
     if size != x.shape[-1]:
         pad = (size - x.shape[-1]) // 2
         x = torch.nn.functional.pad(x, (pad, size - x.shape[-1] - pad) * 2)
-    return (x - 0.1307) / 0.3081, torch.from_numpy(labels.astype(np.int64))
+    x = ((x - 0.1307) / 0.3081).expand(-1, channels, -1, -1)
+    return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def run(args, model, size):
-    """Trains `model` with DDP for args.steps steps; rank 0 prints samples/s and the final
+def run(args, name):
+    """Trains the reference model `name` with DDP for args.steps steps; rank 0 prints samples/s and the final
     loss as `RESULT backend=... samples_per_s=... final_loss=...`."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = dataset(args, size)
-    ddp = DistributedDataParallel(model)
+    x, y = dataset(args, INPUT_SHAPES[name])
+    net = model(name)
+    ddp = DistributedDataParallel(net)
     state = None
     if args.backend == "syncopate":
         import syncopate.torch
@@ -93,7 +109,7 @@ def run(args, model, size):
         print(f"RESULT backend={args.backend} processes={world} samples_per_s={rate:.1f} "
               f"final_loss={losses.item() / world:.6f}", flush=True)
         if args.save:
-            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
             np.save(args.save, flat.numpy())
     if state is not None:
         state.close()
