@@ -4,13 +4,19 @@
 # flex backend is pure Rust; gcc is used by a few -sys crates). The demo trains on
 # Fashion-MNIST: Debian's dataset-fashion-mnist (into /usr/share/datasets/fashion-mnist) where
 # apt can install it (as root or with sudo), else ../shared/data or data/ hold it, else the
-# demo says so and falls back to the synthetic set.
+# demo says so and falls back to the synthetic set. The Python package's tests want Debian's
+# python3-torch, python3-venv and python3-pytest (maturin comes from PyPI, into target/).
 set -euo pipefail
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 want=()
 [ -d /usr/share/datasets/fashion-mnist ] || want+=(dataset-fashion-mnist)
+# The Python package's tests (scripts/test-python.sh): torch from Debian, a venv to build into.
+python_want=()
+/usr/bin/python3 -c 'import torch' 2>/dev/null || python_want+=(python3-torch)
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || python_want+=(python3-venv)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || python_want+=(python3-pytest)
 
 apt_install() {
   if [ "$(id -u)" = 0 ]; then
@@ -29,5 +35,9 @@ fi
 if [ ${#want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt_install "${want[@]}" >/dev/null 2>&1 ||
     echo "setup: could not install ${want[*]} (the demo looks for Fashion-MNIST elsewhere)" >&2
+fi
+if [ ${#python_want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt_install "${python_want[@]}" >/dev/null 2>&1 ||
+    echo "setup: could not install ${python_want[*]} (the Python package's tests need them)" >&2
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust 1.95+) is required" >&2; exit 1; }

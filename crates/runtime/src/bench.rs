@@ -9,7 +9,8 @@ use serde::Serialize;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{Rank, ServerOptim, WorkerEvent, WorkerSync};
 
-use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
+use crate::collective::DrivesSteps;
+use crate::comm::{CommLoop, Flow};
 use crate::error::RunError;
 use crate::job::{JobLayout, ProcessContext};
 use crate::process::join;
@@ -105,25 +106,15 @@ impl BenchHooks {
     }
 }
 
-impl Hooks<dyn WorkerSync + Send> for BenchHooks {
-    fn on_commands(
-        &mut self,
-        ep: &mut (dyn WorkerSync + Send + 'static),
-    ) -> Result<Flow, CommError> {
-        Ok(self.advance(ep))
-    }
-    fn on_progress(
-        &mut self,
-        ep: &mut (dyn WorkerSync + Send + 'static),
-        _: LinkStatus,
-    ) -> Result<Flow, CommError> {
-        Ok(self.advance(ep))
+impl DrivesSteps for BenchHooks {
+    fn advance(&mut self, ep: &mut (dyn WorkerSync + Send + 'static)) -> Flow {
+        BenchHooks::advance(self, ep)
     }
     fn step(&self) -> u64 {
         self.step
     }
-    fn describe(&self, rank: Rank) -> String {
-        self.layout.describe(rank)
+    fn layout(&self) -> &JobLayout {
+        &self.layout
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod bench;
 pub mod checkpoint;
+pub mod collective;
 pub mod comm;
 pub mod env;
 pub mod error;

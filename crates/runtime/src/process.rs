@@ -1,6 +1,6 @@
 //! Joining a job: rendezvous, then authenticated links to the peers this process needs.
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 
 use crate::auth::{PeerInfo, Role};
 use crate::comm::Link;
@@ -142,4 +142,16 @@ pub fn join(
         links,
         datagram_sockets,
     })
+}
+
+/// The local address that routes to `peer` (no packet is sent): the address a process
+/// binds its data listener to when it is not told one.
+pub fn local_ip_towards(peer: SocketAddr) -> IpAddr {
+    if peer.ip().is_loopback() {
+        return IpAddr::V4(Ipv4Addr::LOCALHOST);
+    }
+    UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect(peer).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }

@@ -11,7 +11,7 @@ mod summary;
 mod transport;
 mod worker;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use syncopate_runtime::checkpoint::{CheckpointPlan, WeightSettings};
 use syncopate_runtime::comm::{CommOptions, DatagramOptions};
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
+use syncopate_runtime::process::local_ip_towards;
 use syncopate_train::model;
 use syncopate_train::trainer::{Duration as TrainDuration, OptimConfig};
 
@@ -449,15 +450,4 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
             trace_steps: args.trace_steps.clone().map(|w| w.0),
         }),
     })
-}
-
-/// The local address that routes to `peer` (no packet is sent).
-fn local_ip_towards(peer: SocketAddr) -> IpAddr {
-    if peer.ip().is_loopback() {
-        return IpAddr::V4(Ipv4Addr::LOCALHOST);
-    }
-    UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.connect(peer).and_then(|()| s.local_addr()))
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }

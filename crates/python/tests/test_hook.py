@@ -1,0 +1,250 @@
+"""The DDP communication hook against Gloo, a killed rank, and the package without torch.
+
+Each test starts its ranks as processes of this file (``python test_hook.py ROLE ...``)
+with the environment torchrun gives (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) on
+127.0.0.1, on ports found free by binding port 0.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 4
+
+
+def free_port():
+    """A port free on loopback, with the next one free too (Syncopate's rendezvous takes
+    MASTER_PORT + 1)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def start_ranks(world_size, role, *args):
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        env.pop("SYNCOPATE_TOKEN", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "test_hook.py"), role, *map(str, args)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def finish(procs, timeout=300):
+    outputs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        outputs.append((p.returncode, out, err))
+    return outputs
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_hook_trains_as_gloo_does(world_size, tmp_path):
+    outputs = finish(start_ranks(world_size, "compare", tmp_path))
+    for rank, (code, _, err) in enumerate(outputs):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+    import numpy as np
+
+    runs = {
+        (backend, rank): np.load(tmp_path / f"{backend}-{rank}.npy")
+        for backend in ("gloo", "syncopate")
+        for rank in range(world_size)
+    }
+    reference = runs[("gloo", 0)]
+    initial = np.load(tmp_path / "initial-0.npy")
+    assert not np.allclose(reference, initial), "training moved no weight"
+    for rank in range(world_size):
+        mine = runs[("syncopate", rank)]
+        np.testing.assert_allclose(mine, reference, rtol=1e-5, atol=1e-6)
+        # The ring gives every rank the same bits.
+        assert mine.tobytes() == runs[("syncopate", 0)].tobytes(), f"rank {rank}"
+
+
+def test_a_killed_rank_ends_the_job_naming_it():
+    procs = start_ranks(3, "train-forever")
+    victim = procs[1]
+    # Every rank is training once each has printed its third step.
+    for p in procs:
+        for line in p.stdout:
+            if line.startswith("step 3"):
+                break
+        else:
+            pytest.fail(f"a rank ended before step 3: {p.communicate()[1]}")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    for rank in (0, 2):
+        # Bounded only so that a hang fails the test instead of stalling it.
+        _, err = procs[rank].communicate(timeout=120)
+        assert procs[rank].returncode not in (0, None), f"rank {rank} went on:\n{err}"
+        assert "rank 1" in err, f"rank {rank}'s error does not name rank 1:\n{err}"
+
+
+def test_local_sgd_averages_every_h_steps(tmp_path):
+    outputs = finish(start_ranks(2, "local-sgd", tmp_path))
+    for rank, (code, _, err) in enumerate(outputs):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+    import numpy as np
+
+    def load(rank, step):
+        return np.load(tmp_path / f"local-{rank}-{step}.npy")
+
+    # Steps 1 and 3 are local: each rank its own data, its own weights.
+    for step in (1, 3):
+        assert not np.array_equal(load(0, step), load(1, step)), f"step {step}"
+    # After step 2 and 4 the ranks hold the same bits: the average of their local steps.
+    for step in (2, 4):
+        assert load(0, step).tobytes() == load(1, step).tobytes(), f"step {step}"
+    before = [np.load(tmp_path / f"local-{rank}-4-before.npy") for rank in (0, 1)]
+    np.testing.assert_allclose(load(0, 4), (before[0] + before[1]) / 2, rtol=1e-6, atol=1e-7)
+
+
+def test_the_package_imports_without_torch():
+    import syncopate
+
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(syncopate.__file__)))
+    # -S: no site packages, hence no torch (nor numpy); only the package's own folder.
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import syncopate; "
+        "assert 'torch' not in sys.modules; print(len(syncopate.new_token()))\n"
+        "try:\n    import torch\nexcept ImportError:\n    print('no torch')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code, package_dir],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert out == ["64", "no torch"], out
+
+
+# ---- the ranks' side ----
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(20, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )
+
+
+def _batch(rank, step):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, 20, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+def _train(model, steps, rank, on_step=None):
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = 0
+    while steps is None or step < steps:
+        x, y = _batch(rank, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        step += 1
+        if on_step:
+            on_step(step)
+
+
+def _flat(model):
+    import torch
+
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def _ddp(model, state=None):
+    import syncopate.torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # Buckets of about 4 KB: several per step, rebuilt after the first iteration.
+    ddp = DDP(model, bucket_cap_mb=0.004)
+    if state is not None:
+        ddp.register_comm_hook(state, syncopate.torch.allreduce_hook)
+    return ddp
+
+
+def _rank_main(role, args):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import syncopate.torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if role == "compare":
+        out = args[0]
+        np.save(os.path.join(out, f"initial-{rank}.npy"), _flat(_model()))
+        for backend in ("gloo", "syncopate"):
+            state = syncopate.torch.SyncopateState() if backend == "syncopate" else None
+            model = _model()
+            _train(_ddp(model, state), STEPS, rank)
+            np.save(os.path.join(out, f"{backend}-{rank}.npy"), _flat(model))
+            if state is not None:
+                state.close()
+    elif role == "local-sgd":
+        out = args[0]
+        state = syncopate.torch.SyncopateState()
+        model = _model()
+        averager = syncopate.torch.LocalSgdAverager(state, every=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 5):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            np.save(os.path.join(out, f"local-{rank}-{step}-before.npy"), _flat(model))
+            averaged = averager.average_parameters(model.parameters())
+            assert averaged == (step % 2 == 0), step
+            np.save(os.path.join(out, f"local-{rank}-{step}.npy"), _flat(model))
+        state.close()
+    elif role == "train-forever":
+        state = syncopate.torch.SyncopateState(peer_timeout=5.0)
+        _train(_ddp(_model(), state), None, rank, lambda s: print(f"step {s}", flush=True))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,113 @@
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::mpsc::channel;
+use std::time::Duration;
+
+use super::*;
+use crate::auth::JobToken;
+use crate::comm::CommOptions;
+
+/// A free port on loopback for the rendezvous (bound, then let go).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binds");
+    listener.local_addr().expect("has an address").port()
+}
+
+fn context(rank: Rank, port: u16, token: &JobToken) -> ProcessContext {
+    ProcessContext {
+        rank,
+        token: token.clone(),
+        coordinator: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        host_coordinator: rank == 0,
+        bind_ip: Ipv4Addr::LOCALHOST.into(),
+        connect_timeout: Duration::from_secs(30),
+        comm: CommOptions::default(),
+        metrics: None,
+    }
+}
+
+/// Joins `workers` rings on threads of this process and gives each to `body`, returning
+/// what each rank's body returned, by rank.
+fn with_rings<T: Send + 'static>(
+    workers: usize,
+    body: impl Fn(Ring) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let port = free_port();
+    let token = JobToken::generate();
+    let handles: Vec<_> = (0..workers)
+        .map(|rank| {
+            let ctx = context(rank, port, &token);
+            std::thread::spawn(move || body(Ring::join(&ctx, workers).expect("joins")))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+/// Runs one all-reduce and waits for its result.
+fn reduce(ring: &Ring, values: Vec<f32>) -> Result<Vec<f32>, String> {
+    let (tx, rx) = channel();
+    ring.allreduce(
+        values,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    );
+    rx.recv().expect("the completion is called")
+}
+
+/// A rank's buffer of `numel` values for operation `op`.
+fn buffer(rank: Rank, op: usize, numel: usize) -> Vec<f32> {
+    (0..numel)
+        .map(|i| ((rank * 7 + op * 3 + i) % 11) as f32 * 0.1 - 0.3)
+        .collect()
+}
+
+#[test]
+fn buffers_of_changing_lengths_are_averaged_with_the_same_bits_everywhere() {
+    const SIZES: [usize; 4] = [5, 300_000, 5, 1];
+    let workers = 3;
+    let results = with_rings(workers, move |ring| {
+        let rank = ring.rank();
+        (SIZES.iter().enumerate())
+            .map(|(op, &n)| reduce(&ring, buffer(rank, op, n)).expect("reduces"))
+            .collect::<Vec<_>>()
+    });
+    for (op, &n) in SIZES.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..workers).map(|r| buffer(r, op, n)).collect();
+        let expected: Vec<f32> = (0..n)
+            .map(|i| inputs.iter().map(|v| v[i]).sum::<f32>() / workers as f32)
+            .collect();
+        let first = &results[0][op];
+        for (a, e) in first.iter().zip(&expected) {
+            assert!((a - e).abs() < 1e-5, "operation {op}: {a} vs {e}");
+        }
+        for rank_results in &results[1..] {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&rank_results[op]), bits(first), "operation {op}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_fails_the_others_naming_it() {
+    let results = with_rings(3, |ring| {
+        if ring.rank() == 1 {
+            drop(ring);
+            return Ok(Vec::new());
+        }
+        let first = reduce(&ring, vec![1.0; 100]);
+        let later = reduce(&ring, vec![1.0; 100]);
+        assert_eq!(
+            first, later,
+            "every later operation fails with the job's error"
+        );
+        assert_eq!(ring.failure().as_ref(), first.as_ref().err());
+        first
+    });
+    for rank in [0, 2] {
+        let error = results[rank].as_ref().expect_err("the operation fails");
+        assert!(error.contains("rank 1"), "rank {rank}: {error}");
+    }
+}
