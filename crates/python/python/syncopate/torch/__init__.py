@@ -3,16 +3,10 @@ profile import.
 
     state = syncopate.torch.SyncopateState()      # after init_process_group("gloo")
     ddp_model.register_comm_hook(state, syncopate.torch.allreduce_hook)
+    syncopate.torch.profile(model, example_batch, "model.graph.txt")
 """
 
 from .hook import LocalSgdAverager, SyncopateState, allreduce_hook
+from .profile import profile
 
-__all__ = ["LocalSgdAverager", "SyncopateState", "allreduce_hook"]
-
-try:
-    from .profile import profile  # noqa: F401
-except ModuleNotFoundError as e:  # a build without the profile import
-    if e.name != f"{__name__}.profile":
-        raise
-else:
-    __all__.append("profile")
+__all__ = ["LocalSgdAverager", "SyncopateState", "allreduce_hook", "profile"]
