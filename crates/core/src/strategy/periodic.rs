@@ -126,17 +126,18 @@ impl Periodic {
         let Some(inner) = self.active_inner() else {
             return;
         };
+        // `Some((key, values))` for a key made ready, `None` for the step's end.
         let mut pulled = Vec::new();
         while let Some(event) = inner.poll_event() {
-            match event {
+            pulled.push(match event {
                 WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => {
-                    pulled.push((k, Some(inner.take_values(k))));
+                    Some((k, inner.take_values(k)))
                 }
-                WorkerEvent::StepDone => pulled.push((usize::MAX, None)),
-            }
+                WorkerEvent::StepDone => None,
+            });
         }
-        for (key, values) in pulled {
-            let Some(mut values) = values else {
+        for ready in pulled {
+            let Some((key, mut values)) = ready else {
                 self.events.push_back(WorkerEvent::StepDone);
                 continue;
             };
