@@ -5,7 +5,7 @@
 # torchrun way (RANK, WORLD_SIZE, MASTER_ADDR = host 0's address, MASTER_PORT).
 #
 # Usage: scripts/netns-cluster.sh [--hosts 3] [--strategy allreduce] [--rate 100mbit]
-#                                 [--steps 40] [--emulate] [--out DIR]
+#                                 [--steps 40] [--cc cubic] [--emulate] [--out DIR]
 #                                 [--bottleneck RATE [--queue-packets N] [--loss P] [--prio]
 #                                  [--paths K [--degraded-rate RATE]]] [-- FLAGS...]
 #        scripts/netns-cluster.sh --fidelity [--hosts 3] [--steps 40] [--out DIR]
@@ -17,7 +17,13 @@
 #               defaults to none
 #   --emulate   no kernel shaping; our emulator instead (`--bandwidth RATE` on every process)
 #   --steps     training steps (default 40; LeNet, synthetic data, batch 32 per worker unless
-#               FLAGS name --model, --dataset or --batch-size)
+#               FLAGS name --model, --dataset or --batch-size; FLAGS with --steps or
+#               --epochs choose instead)
+#   --cc        the kernel's TCP congestion control in every host's namespace: cubic, bbr
+#               or reno (default cubic; this machine's own default may be another). It is
+#               named in every result (OUT/tcp.json, kernel.json, the closing line), with
+#               each namespace's TCP counters over the job (timeouts, loss probes, SACK
+#               recoveries, fast and lost retransmits, segments sent and retransmitted)
 #   --out       where each process's log, worker 0's summary.json and (with --bottleneck)
 #               kernel.json and the raw counters in kernel/ go (default target/netns-cluster)
 #   --fidelity  the check: all-reduce and ps at 20mbit, 100mbit and 1gbit, each once with
@@ -60,6 +66,7 @@ strategy=allreduce
 rate=100mbit
 rate_given=0
 steps=40
+cc=cubic
 emulate=0
 fidelity=0
 bottleneck=""
@@ -77,6 +84,7 @@ while [ $# -gt 0 ]; do
     --strategy) strategy=$2; shift 2 ;;
     --rate) rate=$2; rate_given=1; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --cc) cc=$2; shift 2 ;;
     --emulate) emulate=1; shift ;;
     --fidelity) fidelity=1; shift ;;
     --out) out=$2; shift 2 ;;
@@ -95,6 +103,7 @@ fail() { echo "netns-cluster: $*" >&2; exit 2; }
 is_rate() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kKmMgGtT]i?)?(bit|bps)$ ]]; }
 [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || fail "--hosts must be 2 to 64"
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || fail "--steps must be a positive integer"
+case "$cc" in cubic|bbr|reno) ;; *) fail "--cc must be cubic, bbr or reno (got '$cc')" ;; esac
 [ "$rate" = none ] || is_rate "$rate" || fail "--rate must be a tc rate such as 100mbit, or none"
 [[ "$paths" =~ ^[1-4]$ ]] || fail "--paths must be 1 to 4"
 [[ "$queue_packets" =~ ^[1-9][0-9]{0,5}$ ]] || fail "--queue-packets must be 1 to 999999 packets"
@@ -196,6 +205,65 @@ for ((i = 0; i < hosts; i++)); do
     ip -n "$ns" link set "eth$p" up
   done
 done
+
+# The kernel's TCP: allowed in the root namespace (a namespace may only pick an allowed
+# algorithm), then chosen in every host's namespace and read back.
+allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+case " $allowed " in
+  *" $cc "*) ;;
+  *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $cc" ||
+       fail "could not allow congestion control '$cc' in the root namespace" ;;
+esac
+for ((i = 0; i < hosts; i++)); do
+  ip netns exec "$tag-h$i" sysctl -qw net.ipv4.tcp_congestion_control="$cc" ||
+    fail "could not set congestion control '$cc' in namespace $tag-h$i (is tcp_$cc loaded?)"
+  got=$(ip netns exec "$tag-h$i" sysctl -n net.ipv4.tcp_congestion_control)
+  [ "$got" = "$cc" ] || fail "namespace $tag-h$i runs '$got', not '$cc'"
+done
+
+# Every host namespace's TCP counters (/proc/net/netstat and snmp) into $out/tcp/$1-h<i>.
+tcp_snapshot() {
+  mkdir -p "$out/tcp"
+  for ((i = 0; i < hosts; i++)); do
+    ip netns exec "$tag-h$i" cat /proc/net/netstat /proc/net/snmp > "$out/tcp/$1-h$i.txt"
+  done
+}
+
+# $out/tcp.json: the congestion control and each host's TCP counters over the job.
+write_tcp_json() {
+  python3 - "$out" "$cc" "$hosts" <<'PY'
+import json, os, sys
+out, cc, hosts = sys.argv[1], sys.argv[2], int(sys.argv[3])
+WANTED = {
+    "TcpExt": ["TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "TCPSackRecovery",
+               "TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans", "TCPSACKReorder",
+               "TCPRenoRecovery", "TCPDelivered", "DelayedACKs"],
+    "Tcp": ["OutSegs", "RetransSegs", "InSegs"],
+}
+def read(phase, host):
+    with open(os.path.join(out, "tcp", f"{phase}-h{host}.txt")) as f:
+        lines = f.read().splitlines()
+    found = {}
+    for names, values in zip(lines[0::2], lines[1::2]):
+        group, *keys = names.split()
+        _, *vals = values.split()
+        for k, v in zip(keys, vals):
+            found[(group.rstrip(":"), k)] = int(v)
+    return found
+per_host = []
+for h in range(hosts):
+    before, after = read("before", h), read("after", h)
+    per_host.append({f"{g}{k}": after.get((g, k), 0) - before.get((g, k), 0)
+                     for g, keys in WANTED.items() for k in keys})
+total = {k: sum(h[k] for h in per_host) for k in per_host[0]} if per_host else {}
+with open(os.path.join(out, "tcp.json"), "w") as f:
+    json.dump({"congestion_control": cc, "hosts": per_host, "total": total}, f, indent=1)
+print(f"netns-cluster: TCP ({cc}) over the job: {total.get('TcpRetransSegs', 0)} segments "
+      f"retransmitted of {total.get('TcpOutSegs', 0)}, {total.get('TcpExtTCPTimeouts', 0)} timeouts, "
+      f"{total.get('TcpExtTCPLossProbes', 0)} loss probes, {total.get('TcpExtTCPSackRecovery', 0)} "
+      f"SACK recoveries; {os.path.join(out, 'tcp.json')}")
+PY
+}
 
 # htb at RATE (or none) on device $2 in namespace $1.
 shape_device() {
@@ -381,8 +449,11 @@ total["offered_packets"] = sum(p["offered_packets"] for p in ports
                                if shape == "ps" or p["direction"] == "from_host")
 drops = total["qdisc_dropped_packets"] + total["nft_dropped_packets"]
 total["realised_loss"] = drops / total["offered_packets"] if total["offered_packets"] else 0.0
+tcp_path = os.path.join(out, "tcp.json")
+tcp = json.load(open(tcp_path)) if os.path.exists(tcp_path) else None
 report = {
-    "strategy": strategy, "bottleneck": rate, "queue_packets": int(queue),
+    "strategy": strategy, "bottleneck": rate,
+    "congestion_control": tcp["congestion_control"] if tcp else None, "tcp": tcp, "queue_packets": int(queue),
     "loss": int(loss_ppm) / 1_000_000, "prio": prio == "1", "paths": int(paths),
     "degraded_rate": None if degraded == "none" else degraded,
     "ports": ports, "total": total,
@@ -421,7 +492,8 @@ run_job() {
   local workers=$((hosts - servers))
   local token
   token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-  local flags=(--strategy "$strategy" --workers "$workers" --servers "$servers" --steps "$steps")
+  local flags=(--strategy "$strategy" --workers "$workers" --servers "$servers")
+  extra_has --steps || extra_has --epochs || flags+=(--steps "$steps")
   # Our defaults, where FLAGS do not choose (a flag given twice is refused).
   extra_has --model || flags+=(--model lenet)
   extra_has --dataset || flags+=(--dataset synthetic)
@@ -478,8 +550,12 @@ if [ "$fidelity" = 0 ]; then
     rm -rf "$out/kernel" "$out/kernel.json"
     snapshot before
   fi
+  rm -rf "$out/tcp" "$out/tcp.json"
+  tcp_snapshot before
   job=0
   run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
+  tcp_snapshot after
+  write_tcp_json
   if [ -n "$bottleneck" ]; then
     snapshot after
     write_kernel_json
@@ -491,7 +567,7 @@ if [ "$fidelity" = 0 ]; then
     how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
     how+=" prio $prio, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
   fi
-  echo "netns-cluster: $strategy on $hosts hosts $how:" \
+  echo "netns-cluster: $strategy on $hosts hosts over TCP $cc $how:" \
     "mean step $(mean_step "$out/summary.json") s; worker 0's summary: $out/summary.json;" \
     "namespaces $tag-*"
   exit 0

@@ -219,7 +219,7 @@ pub struct NetworkArgs {
     pub send_buffer: Option<String>,
     /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes, ingress, queue_bytes,
     /// queue_discipline, drop_threshold, loss, loss_burst, mtu_bytes, paths, [[path]],
-    /// rto_ns); the other flags override it.
+    /// rto_ns, tcp); the other flags override it.
     #[arg(long, value_name = "FILE")]
     pub network: Option<PathBuf>,
     /// Also model the receiver's downlink: frames converging on one host (N workers pushing
@@ -250,11 +250,11 @@ pub struct NetworkArgs {
     /// frames), e.g. 0.001,0.2,50%. Default: none.
     #[arg(long, value_name = "P_ENTER,P_LEAVE,LOSS")]
     pub loss_burst: Option<String>,
-    /// Packet size that --loss and --loss-burst strike, e.g. 1500 (Ethernet): a frame
-    /// crosses the network as packets of at most this many bytes and is lost (for the
-    /// reliable transport: retransmitted after --rto) when any of them is, so a 160 KB P3
-    /// slice is lost far more often than an 8 KiB DLCP packet. Default: none, each frame
-    /// is lost with --loss whatever its size.
+    /// The IP MTU, e.g. 1500 (Ethernet): a frame crosses the network as packets of this
+    /// size, each with its Ethernet, IP and TCP or UDP headers counted on the wire, and
+    /// --loss and --loss-burst strike each packet (a reliable frame resends only its lost
+    /// packets), so a 160 KB P3 slice is lost far more often than an 8 KiB DLCP packet.
+    /// Default: none, frames without headers, each lost with --loss whatever its size.
     #[arg(long, value_name = "BYTES")]
     pub mtu: Option<String>,
     /// Paths between two hosts, each with its own serialiser (per-path bandwidth, latency
@@ -262,12 +262,19 @@ pub struct NetworkArgs {
     /// (ECMP) unless its strategy sprays frames. Default: 1; at most 64.
     #[arg(long, value_name = "K")]
     pub paths: Option<usize>,
-    /// Retransmission timeout of the reliable (TCP-like) transport: a lost or dropped frame
-    /// arrives again this long after it was lost, plus its re-serialisation, and later
-    /// frames of its flow wait for it. Default 200ms, Linux's minimum RTO; a
-    /// datacenter-tuned stack would use a few ms or less.
+    /// Minimum retransmission timeout of the reliable (TCP-like) transport (Linux's
+    /// rto_min): the timeout, max(this, srtt + 4 rttvar) doubled at each further one, fires
+    /// only when a retransmission is lost too. Default 200ms, Linux's; a datacenter-tuned
+    /// stack would use a few ms or less.
     #[arg(long, value_name = "DURATION")]
     pub rto: Option<String>,
+    /// Congestion control of the reliable (TCP-like) flows, named as the kernel names it:
+    /// cubic (the window x 0.7 on a loss, cubic growth), bbr (paced at the delivery rate,
+    /// random loss ignored) or reno (halved). Losses are repaired as Linux repairs them:
+    /// SACK within a round trip, a tail loss probe, the timeout only when a resend is lost.
+    /// Default: cubic, or the --network profile's `tcp`.
+    #[arg(long, value_name = "cubic|bbr|reno")]
+    pub tcp: Option<String>,
 }
 
 impl NetworkArgs {
@@ -355,6 +362,9 @@ impl NetworkArgs {
         }
         if let Some(r) = &self.rto {
             p.rto_ns = parse_duration_ns(r).context("--rto")?;
+        }
+        if let Some(cc) = &self.tcp {
+            p.tcp = cc.parse()?;
         }
         Ok(p)
     }

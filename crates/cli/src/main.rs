@@ -50,6 +50,9 @@ enum Command {
     Simulate(cmd::simulate::SimulateArgs),
     /// Rebuild a study's report from its finished runs.
     Report(study::ReportArgs),
+    /// Bulk transfers through the network model alone (N senders to one receiver over the
+    /// reliable transport): the model's side of the calibration against the kernel's TCP.
+    Transfer(cmd::transfer::TransferArgs),
     /// One process of `bench-comm` (started by it).
     #[command(hide = true)]
     BenchCommProcess(cmd::bench::BenchArgs),
@@ -138,6 +141,7 @@ fn main() -> std::process::ExitCode {
         Command::Study(a) => study::study_cmd(a),
         Command::Report(a) => study::report_cmd(a),
         Command::Simulate(a) => cmd::simulate::run(a),
+        Command::Transfer(a) => cmd::transfer::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

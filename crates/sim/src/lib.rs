@@ -24,6 +24,7 @@ mod offer;
 mod queue;
 mod report;
 mod rng;
+pub mod transfer;
 
 pub use config::SimConfig;
 pub use error::SimError;

@@ -6,6 +6,7 @@ pub mod models;
 pub mod sim_faults;
 pub mod simulate;
 pub mod train;
+pub mod transfer;
 
 #[cfg(test)]
 mod sync_tests;

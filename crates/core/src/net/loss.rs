@@ -78,7 +78,7 @@ impl LossProcess {
 
     /// Packets a frame of `bytes` crosses the path as: one per started packet (at least
     /// one), or one when loss strikes whole frames.
-    fn packets(&self, bytes: usize) -> u64 {
+    pub fn packets(&self, bytes: usize) -> u64 {
         match self.packet_bytes {
             // A float-to-integer cast saturates; a frame is never zero packets.
             Some(mtu) => ((bytes as f64 / mtu).ceil() as u64).max(1),

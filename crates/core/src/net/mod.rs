@@ -9,7 +9,7 @@
 //!
 //! - [`NetworkProfile`]: every knob (bandwidth, latency, send window, ingress bottleneck,
 //!   finite queues and their discipline, Bernoulli and Gilbert-Elliott loss, several paths,
-//!   the retransmission timeout), read from TOML and checked by
+//!   the reliable flows' congestion control and minimum RTO), read from TOML and checked by
 //!   [`NetworkProfile::validate`]. Its default is a lossless link of unlimited bandwidth.
 //! - [`Port`]: one bottleneck direction of a host (its egress NIC, or its ingress port):
 //!   a finite queue with a discipline, a serialiser per path, loss and retransmission. The
@@ -36,6 +36,7 @@ mod queue;
 mod rate;
 mod rng;
 mod rotation;
+mod tcp;
 mod window;
 
 pub use counters::NetCounters;
@@ -51,6 +52,7 @@ pub use rate::{
 };
 pub use rng::SplitMix64;
 pub use rotation::{LinkCap, Rotation};
+pub use tcp::{CongestionControl, Recovery, INITIAL_WINDOW_SEGMENTS};
 
 /// Nanoseconds on the driver's clock (monotonic in the runtime, virtual in the simulator).
 pub type Nanos = u64;

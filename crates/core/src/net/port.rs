@@ -5,15 +5,20 @@
 //! priority over its class), serialises at the path's bandwidth, may be lost on the path,
 //! then travels the path's latency (an ingress port adds none and loses nothing at random:
 //! it only queues and serialises what converges on the host). A reliable frame that is lost
-//! or dropped is offered again one retransmission timeout later (after its last bit left,
-//! or after the drop), at the port that lost it; reliable frames of one flow are handed out
-//! in order, none before the one ahead of it. A loss-tolerant frame is simply lost. With
+//! or dropped is offered again, at the port that lost it, when Linux's TCP would resend it
+//! (`reliable.rs`, [`super::tcp`]): about a round trip after the loss where later data
+//! reveals it (SACK), at the tail loss probe where nothing follows it, one retransmission
+//! timeout later only when a resend is lost too; a flow whose window shrank on a loss is
+//! held to it. Reliable frames of one flow are handed out in order, none before the one
+//! ahead of it. A loss-tolerant frame is simply lost. With
 //! loss per packet (`mtu_bytes`) a frame is lost when any of its packets is, and its
 //! retransmission carries only the lost packets, as TCP's selective acknowledgements
 //! allow; a frame dropped by a full queue is sent again whole.
 //!
-//! A full queue drops a reliable frame once: its retransmission is admitted whatever the
-//! queue holds. A frame is the model's unit of loss where TCP loses segments and its
+//! A host's egress queue never drops its own reliable frames (TCP's socket holds what the
+//! queue cannot: the send window bounds it); a network queue (the ingress port) does, and
+//! then drops a reliable frame once: its retransmission is admitted whatever the queue
+//! holds. A frame is the model's unit of loss where TCP loses segments and its
 //! congestion window shrinks so that the retransmission fits; without this rule every
 //! retransmission met the queue the other senders kept full, was dropped again an RTO
 //! later, and the whole incast collapsed (docs/BENCHMARKS.md, issue 13).
@@ -51,8 +56,10 @@ use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
 use super::rng::{hash, SplitMix64};
+use super::tcp::{CongestionControl, Recovery, TcpFlow};
 use super::window::{self, Backlog, OnePath};
 use super::{Decision, Fate, FrameMeta, Nanos};
+use reliable::{lost_at, PacketHeaders};
 
 /// Which side of a host a port models (part of its random streams' derivation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +86,21 @@ struct Held {
     /// The key its loss draws come from (with the retransmission count), if it has an
     /// identity and the port may lose frames.
     draw: Option<u64>,
+    /// Retransmission timeouts this frame has taken (the RTO's backoff).
+    timeouts: u32,
+    /// Where it stands with its flow's congestion window.
+    pacing: Pacing,
+}
+
+/// A reliable frame's passage through its flow's congestion window (egress only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pacing {
+    /// Not yet asked (a new frame).
+    Unasked,
+    /// Held back by the window until its time comes (counted in the send window).
+    Held,
+    /// Let through (or never subject to it: retransmissions, loss-tolerant frames).
+    Cleared,
 }
 
 /// What a port reads and updates of a flow at every frame, in one cache line: a frame
@@ -111,7 +133,6 @@ pub struct Port {
     paths: Vec<Path<Held>>,
     /// The send window, bytes.
     window: usize,
-    rto_ns: Nanos,
     /// Whether decisions wait for the serialiser (`prio`) or are made on offer (`fifo`).
     lazy: bool,
     /// Salt of the flow hash (from the job's seed).
@@ -142,6 +163,30 @@ pub struct Port {
     lossy: bool,
     /// Per frame identity, its offers so far (each one an attempt with draws of its own).
     attempts: Attempts,
+    /// How reliable flows recover and send ([`TcpFlow`], one per flow slot, kept only
+    /// where the port can lose or drop anything).
+    tcp: TcpModel,
+}
+
+/// The reliable transport's settings at a port, and each flow's state.
+#[derive(Debug, Clone)]
+struct TcpModel {
+    /// Whether flows are modelled at all (the port can lose or drop frames).
+    on: bool,
+    /// Whether flows are held to their congestion windows here (an egress port).
+    paced: bool,
+    cc: CongestionControl,
+    rto_min: Nanos,
+    /// The round trip before any queueing: twice the one-way latency, ns.
+    base_rtt: Nanos,
+    /// A full segment's payload, bytes.
+    mss: f64,
+    /// Per packet: the IP MTU, and header bytes of a TCP and of a UDP packet on the wire
+    /// (Ethernet, IP and transport); `None` where the model has no packets.
+    packets: Option<PacketHeaders>,
+    flows: Vec<TcpFlow>,
+    /// Bytes of frames held back by their windows (they count in the send window).
+    held_bytes: usize,
 }
 
 impl Port {
@@ -183,10 +228,11 @@ impl Port {
                 Path::new(profile, spec, rng)
             })
             .collect();
+        let tcp = TcpModel::new(profile, direction == Direction::Egress);
         let mut port = Self {
+            tcp,
             paths,
             window: profile.buffer_bytes,
-            rto_ns: profile.rto_ns,
             lazy: profile.queue_discipline == QueueDiscipline::Prio,
             salt: hash(&[seed, 0xEC3F]),
             retransmits: BTreeMap::new(),
@@ -205,6 +251,7 @@ impl Port {
             attempts: Attempts::default(),
         };
         port.lossy = port.paths.iter().any(|p| !p.loss.never_loses());
+        port.tcp.on = port.lossy || profile.queue_bytes.is_some();
         port.direct = port.direct_path_applies(direction);
         port.one_path = match port.paths.as_slice() {
             [only] => OnePath::new(only.spec.bandwidth_bps, port.window),
@@ -222,24 +269,32 @@ impl Port {
     /// frame at `now`, i.e. the port holds fewer unserialised bytes than the window (always,
     /// without a bandwidth). A retransmission counts once it is offered again.
     pub fn has_room(&self, now: Nanos) -> bool {
-        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
+        let held = self.tcp.held_bytes;
+        if let (Some(one), [only], 0) = (self.one_path, self.paths.as_slice(), held) {
             return one.has_room(only.work_until, now);
         }
-        window::has_room(self.backlogs(), self.window, now)
+        let window = self.window.saturating_sub(held);
+        window::has_room(self.backlogs(), window, now)
     }
 
     /// The first instant `>= now + 1` at which [`Port::has_room`] holds (exact: in closed
     /// form for one path, else searched from the backlogs' drain).
     pub fn room_at(&self, now: Nanos) -> Nanos {
-        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
+        let held = self.tcp.held_bytes;
+        if let (Some(one), [only], 0) = (self.one_path, self.paths.as_slice(), held) {
             return one.room_at(only.work_until, now);
         }
-        window::room_at(self.backlogs(), self.window, now)
+        if held >= self.window {
+            // Nothing drains until a held frame is let through (then the driver asks again).
+            let release = self.retransmits.keys().next().map(|&(t, _)| t);
+            return release.unwrap_or(now).max(now.saturating_add(1));
+        }
+        window::room_at(self.backlogs(), self.window - held, now)
     }
 
     /// Unserialised bytes held at `now` (what the send window compares).
     pub fn backlog_bytes(&self, now: Nanos) -> usize {
-        window::held(self.backlogs(), now)
+        window::held(self.backlogs(), now).saturating_add(self.tcp.held_bytes)
     }
 
     /// Offers a frame identified by the driver's `token` at `now`.
@@ -260,16 +315,28 @@ impl Port {
             Some(id) if self.lossy => Some(self.attempts.draw_key(meta.flow, id)),
             _ => None,
         };
+        let pacing = if meta.reliable && self.tcp.paced && self.tcp.on {
+            Pacing::Unasked
+        } else {
+            Pacing::Cleared
+        };
         let held = Held {
             token,
             meta,
             seq,
             offered: now,
             retransmissions: 0,
-            wire_bytes: meta.bytes,
+            wire_bytes: self.tcp.on_wire(meta.bytes, meta.reliable),
             slot,
             draw,
+            timeouts: 0,
+            pacing,
         };
+        if meta.reliable {
+            if let Some(flow) = self.tcp.flows.get_mut(slot) {
+                flow.in_port = flow.in_port.saturating_add(1);
+            }
+        }
         if self.one_per_flow {
             let gate = &mut flow.gate;
             if gate.busy {
@@ -353,6 +420,10 @@ impl Port {
             if self.one_per_flow {
                 self.waiting.push(VecDeque::new());
             }
+            if self.tcp.on {
+                let flow = TcpFlow::new(self.tcp.base_rtt, self.tcp.mss);
+                self.tcp.flows.push(flow);
+            }
         }
         slot
     }
@@ -392,16 +463,24 @@ impl Port {
         }
     }
 
-    /// A frame reaches the queues at `t`: it takes a path, then is queued or refused.
-    fn offer(&mut self, t: Nanos, held: Held) {
+    /// A frame reaches the queues at `t`: it passes its flow's congestion window, takes a
+    /// path, then is queued or refused.
+    fn offer(&mut self, t: Nanos, mut held: Held) {
+        if !self.pass_window(t, &mut held) {
+            return;
+        }
         let i = choose(&self.paths, &held.meta, self.salt, t);
         let path = &mut self.paths[i];
         let (bytes, class) = (held.wire_bytes, held.meta.class);
-        let refused = path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
+        // A host's own queue never drops its reliable frames: what it cannot hold waits in
+        // the sender's socket, as TCP's backpressure keeps it (the send window bounds it).
+        let own_tcp = held.meta.reliable && !self.one_per_flow;
+        let refused = !own_tcp && path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
         if refused && held.retransmissions == 0 {
             self.count(held.slot, i, |c| c.dropped(bytes));
             if held.meta.reliable {
-                self.retransmit(t, held, i);
+                let at = self.recover(Recovery::Sack, &held, t, t, t);
+                self.retransmit(at, held, i);
             } else {
                 self.decided(
                     &held,
@@ -445,6 +524,7 @@ impl Port {
         path.queue.serialising(done, bytes);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
         let lost_packets = path.loss.lose_keyed(bytes, draw);
+        let packets = path.loss.packets(bytes);
         let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
@@ -452,12 +532,21 @@ impl Port {
         let fate = if lost_packets > 0 {
             self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
+                let recovery = self.recovery_of(&held, lost_packets, packets);
+                let lost_sent = lost_at(draw, lost_packets, start, done);
+                let at = self.recover(recovery, &held, lost_sent, done, done);
+                if recovery == Recovery::Timeout {
+                    held.timeouts = held.timeouts.saturating_add(1);
+                }
                 held.wire_bytes = resend;
-                self.retransmit(done, held, i);
+                self.retransmit(at, held, i);
                 return;
             }
             Fate::Lost { path: i }
         } else {
+            if held.meta.reliable {
+                self.acked(&held, i, queued, done);
+            }
             held.offered = start;
             Fate::Delivered {
                 at,
@@ -474,17 +563,20 @@ impl Port {
         self.decided(&held, d);
     }
 
-    /// A reliable frame lost (or dropped) at `t` on path `i` is offered again at `t + RTO`.
-    fn retransmit(&mut self, t: Nanos, mut held: Held, i: usize) {
+    /// A reliable frame lost (or dropped) on path `i` is offered again at `at`.
+    fn retransmit(&mut self, at: Nanos, mut held: Held, i: usize) {
         self.count(held.slot, i, |c| c.retransmitted(held.wire_bytes));
         held.retransmissions = held.retransmissions.saturating_add(1);
-        self.offer_later(t.saturating_add(self.rto_ns), held);
+        self.offer_later(at, held);
     }
 
     /// Hands out a decision: reliable frames through their flow's reorder buffer.
     fn decided(&mut self, held: &Held, d: Decision) {
         self.release_next(held.slot, &d);
         if held.meta.reliable {
+            if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+                flow.in_port = flow.in_port.saturating_sub(1);
+            }
             self.flows[held.slot]
                 .order
                 .settle(held.seq, d, &mut self.ready);
@@ -533,6 +625,7 @@ impl Port {
 }
 
 mod direct;
+mod reliable;
 #[cfg(test)]
 mod tests;
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::link::{LinkProfile, DEFAULT_BUFFER_BYTES};
 use super::parse::serde_helpers;
+use super::tcp::CongestionControl;
 
 /// Default retransmission timeout: 200 ms, Linux's minimum RTO (`TCP_RTO_MIN`). A
 /// datacenter-tuned stack uses a few milliseconds or less.
@@ -195,9 +196,21 @@ pub struct NetworkProfile {
     /// Per-path overrides, for paths `0..path.len()` (at most `paths`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub path: Vec<PathProfile>,
-    /// Retransmission timeout of the reliable transport, nanoseconds or `"200ms"`.
+    /// The minimum retransmission timeout of the reliable transport (Linux's `rto_min`),
+    /// nanoseconds or `"200ms"`: a timeout fires only when a retransmission is lost too.
     #[serde(with = "serde_helpers::duration", default = "default_rto")]
     pub rto_ns: u64,
+    /// The reliable flows' congestion control, named as the kernel names it.
+    #[serde(default)]
+    pub tcp: CongestionControl,
+    /// The factor the model's bytes were scaled by ([`NetworkProfile::scaled`]): packet
+    /// headers scale with it.
+    #[serde(skip, default = "unscaled")]
+    pub byte_scale: f64,
+}
+
+fn unscaled() -> f64 {
+    1.0
 }
 
 fn default_buffer() -> usize {
@@ -238,6 +251,8 @@ impl From<LinkProfile> for NetworkProfile {
             paths: 1,
             path: Vec::new(),
             rto_ns: DEFAULT_RTO_NS,
+            tcp: CongestionControl::default(),
+            byte_scale: 1.0,
         }
     }
 }
@@ -255,7 +270,7 @@ pub struct ProfileError {
 }
 
 impl ProfileError {
-    fn new(field: impl Into<String>, flag: &'static str, why: String) -> Self {
+    pub(crate) fn new(field: impl Into<String>, flag: &'static str, why: String) -> Self {
         Self {
             field: field.into(),
             flag,
@@ -351,6 +366,7 @@ impl NetworkProfile {
         self.queue_bytes = self.queue_bytes.map(bytes);
         // Unrounded: a scaled frame is then cut into as many packets as its full size.
         self.mtu_bytes = self.mtu_bytes.map(|m| m * factor);
+        self.byte_scale *= factor;
         self
     }
 

@@ -1,0 +1,83 @@
+//! `syncopate transfer`: bulk transfers through the network model alone (no strategy, no
+//! compute), the model's half of the calibration ladder (`scripts/calibrate-net.sh`).
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use serde_json::json;
+use syncopate_core::net::{parse_size, NetCounters};
+use syncopate_sim::transfer::{transfer, TransferSpec};
+
+use crate::args::NetworkArgs;
+
+/// `syncopate transfer`.
+#[derive(Debug, Args)]
+pub struct TransferArgs {
+    /// Senders, each sending --bytes to the one receiver on a flow of its own (with
+    /// --ingress and several flows: an incast into the receiver's port).
+    #[arg(long, default_value_t = 1)]
+    pub flows: usize,
+    /// Bytes each sender sends, e.g. 10MB.
+    #[arg(long, default_value = "10MB")]
+    pub bytes: String,
+    /// Bytes a sender hands the network at a time (one socket write).
+    #[arg(long, default_value = "64KiB")]
+    pub frame: String,
+    /// Seed of the loss draws: the same seed, the same losses.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the result as one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+    /// The network model (default bandwidth 100mbit).
+    #[command(flatten)]
+    pub net: NetworkArgs,
+}
+
+/// Runs one transfer and prints when it completed.
+pub fn run(args: TransferArgs) -> Result<()> {
+    let profile = args.net.resolve_with(Some(1e8))?;
+    let spec = TransferSpec {
+        flows: args.flows,
+        bytes: parse_size(&args.bytes).context("--bytes")? as u64,
+        frame_bytes: parse_size(&args.frame).context("--frame")?,
+        seed: args.seed,
+    };
+    let report = transfer(&profile, &spec).map_err(|e| anyhow!("transfer: {e}"))?;
+    let seconds = report.completion_ns as f64 * 1e-9;
+    let payload_bits = 8.0 * spec.bytes as f64 * spec.flows as f64;
+    let goodput = payload_bits / seconds.max(1e-12) / 1e6;
+    if args.json {
+        let flows: Vec<f64> = (report.flow_completion_ns.iter())
+            .map(|&ns| ns as f64 * 1e-9)
+            .collect();
+        let out = json!({
+            "completion_s": seconds,
+            "flow_completion_s": flows,
+            "goodput_mbit_s": goodput,
+            "tcp": profile.tcp.name(),
+            "egress": report.egress,
+            "ingress": report.ingress,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "transfer: {} flow(s) x {} bytes over TCP {}: {seconds:.4} s, goodput {goodput:.1} Mbit/s; {}",
+        spec.flows,
+        spec.bytes,
+        profile.tcp,
+        losses(&report.egress, &report.ingress)
+    );
+    Ok(())
+}
+
+/// The losses and repairs of a transfer, in words.
+fn losses(egress: &NetCounters, ingress: &NetCounters) -> String {
+    format!(
+        "{} frames lost, {} dropped, {} resent ({} bytes)",
+        egress.frames_lost + ingress.frames_lost,
+        egress.frames_dropped + ingress.frames_dropped,
+        egress.frames_retransmitted + ingress.frames_retransmitted,
+        egress.bytes_retransmitted + ingress.bytes_retransmitted
+    )
+}

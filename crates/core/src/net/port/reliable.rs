@@ -1,0 +1,174 @@
+//! The reliable flows of a [`Port`]: their frames held to the congestion window, how each
+//! loss is found and when it is resent ([`super::super::tcp`]), and the headers every
+//! packet carries on the wire.
+
+use super::super::profile::NetworkProfile;
+use super::super::rng::{hash, SplitMix64};
+use super::super::tcp::Recovery;
+use super::super::Nanos;
+use super::{Held, Pacing, Port, TcpModel};
+
+/// Header bytes inside the IP MTU: IP (20) and TCP with timestamps (32), or UDP (8).
+const TCP_INSIDE_MTU: f64 = 52.0;
+const UDP_INSIDE_MTU: f64 = 28.0;
+/// The Ethernet header, counted on the wire as the kernel's qdiscs count it.
+const ETHERNET_HEADER: f64 = 14.0;
+/// The segment size without packets in the model (an Ethernet MTU's).
+const DEFAULT_MSS: f64 = 1_448.0;
+
+/// What headers add to each packet: the MTU and the header bytes (scaled with the model's
+/// bytes, like the MTU).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PacketHeaders {
+    mtu: f64,
+    scale: f64,
+}
+
+impl TcpModel {
+    /// The reliable transport of a port under `profile` (`paced`: an egress port, where
+    /// windows hold frames back); flows are modelled once the port knows it can lose.
+    pub(super) fn new(profile: &NetworkProfile, paced: bool) -> Self {
+        let scale = profile.byte_scale;
+        let packets = (profile.mtu_bytes)
+            .filter(|&mtu| mtu > TCP_INSIDE_MTU * scale)
+            .map(|mtu| PacketHeaders { mtu, scale });
+        let mss = packets.map_or(DEFAULT_MSS * scale, |p| p.mtu - TCP_INSIDE_MTU * scale);
+        Self {
+            on: false,
+            paced,
+            cc: profile.tcp,
+            rto_min: profile.rto_ns,
+            base_rtt: profile.latency_ns.saturating_mul(2),
+            mss: mss.max(f64::MIN_POSITIVE),
+            packets,
+            flows: Vec::new(),
+            held_bytes: 0,
+        }
+    }
+
+    /// Bytes a frame of `bytes` occupies on the wire: with packets, each one's Ethernet,
+    /// IP and TCP (`reliable`) or UDP headers added.
+    pub(super) fn on_wire(&self, bytes: usize, reliable: bool) -> usize {
+        let Some(p) = self.packets else {
+            return bytes;
+        };
+        let inside = if reliable {
+            TCP_INSIDE_MTU
+        } else {
+            UDP_INSIDE_MTU
+        };
+        let payload = p.mtu - inside * p.scale;
+        let packets = (bytes as f64 / payload).ceil().max(1.0);
+        let headers = packets * (inside + ETHERNET_HEADER) * p.scale;
+        bytes.saturating_add(crate::net::round_to_u64(headers) as usize)
+    }
+}
+
+/// When the last of `lost` packets of a frame serialised from `start` to `done` left: a
+/// deterministic draw from the frame's key (the largest of `lost` uniform positions), the
+/// middle without a key.
+pub(super) fn lost_at(draw: Option<u64>, lost: u64, start: Nanos, done: Nanos) -> Nanos {
+    let position = match draw {
+        Some(key) => {
+            let u = SplitMix64::new(hash(&[key, 0x5ACC])).next_f64();
+            u.powf(1.0 / lost.max(1) as f64)
+        }
+        None => 0.5,
+    };
+    let span = done.saturating_sub(start) as f64;
+    start.saturating_add((span * position) as Nanos)
+}
+
+impl Port {
+    /// Holds a new reliable frame offered at `t` to its flow's congestion window: `false`
+    /// if it must wait (it is offered again when its time comes).
+    pub(super) fn pass_window(&mut self, t: Nanos, held: &mut Held) -> bool {
+        match held.pacing {
+            Pacing::Cleared => true,
+            Pacing::Held => {
+                self.tcp.held_bytes = self.tcp.held_bytes.saturating_sub(held.wire_bytes);
+                held.pacing = Pacing::Cleared;
+                true
+            }
+            Pacing::Unasked => {
+                held.pacing = Pacing::Cleared;
+                let (cc, rto_min, mss) = (self.tcp.cc, self.tcp.rto_min, self.tcp.mss);
+                let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
+                    return true;
+                };
+                let at = flow.send_at(cc, t, held.wire_bytes, rto_min, mss);
+                if at <= t {
+                    return true;
+                }
+                held.pacing = Pacing::Held;
+                self.tcp.held_bytes = self.tcp.held_bytes.saturating_add(held.wire_bytes);
+                self.offer_later(at, *held);
+                false
+            }
+        }
+    }
+
+    /// How the loss of `lost` of the `packets` of `held` is found: with later data of the
+    /// flow behind it, by SACK (RACK for a lost resend, as Linux finds it); alone, a lost
+    /// resend by the timeout and a lost last packet by the loss probe.
+    pub(super) fn recovery_of(&self, held: &Held, lost: u64, packets: u64) -> Recovery {
+        let alone = (self.tcp.flows.get(held.slot)).is_none_or(|f| f.in_port <= 1);
+        if !alone {
+            // Later data is acknowledged: SACK finds the hole, RACK a lost resend.
+            return Recovery::Sack;
+        }
+        if held.retransmissions > 0 {
+            return Recovery::Timeout;
+        }
+        // The tail is lost when the frame's last packet is among the lost ones.
+        let share = (lost as f64 / packets.max(1) as f64).min(1.0);
+        let u = match held.draw {
+            Some(key) => SplitMix64::new(hash(&[key, 0x7A11])).next_f64(),
+            None => 0.5,
+        };
+        if u < share {
+            Recovery::LossProbe
+        } else {
+            Recovery::Sack
+        }
+    }
+
+    /// When a loss of `held` found by `recovery` is resent (the lost packet left at
+    /// `lost_sent`, the frame's last bit at `done`), telling its flow's window at `now`.
+    pub(super) fn recover(
+        &mut self,
+        recovery: Recovery,
+        held: &Held,
+        lost_sent: Nanos,
+        done: Nanos,
+        now: Nanos,
+    ) -> Nanos {
+        let (cc, rto_min, mss) = (self.tcp.cc, self.tcp.rto_min, self.tcp.mss);
+        let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
+            return done.saturating_add(rto_min);
+        };
+        let at = flow.resend_at(recovery, lost_sent, done, rto_min, held.timeouts);
+        flow.on_loss(cc, recovery, now, mss);
+        at
+    }
+
+    /// A reliable frame of `held` delivered on path `i` after waiting `queued` in the
+    /// queue, its last bit out at `done`: a round-trip sample, and the window grows.
+    pub(super) fn acked(&mut self, held: &Held, i: usize, queued: Nanos, done: Nanos) {
+        let (cc, mss) = (self.tcp.cc, self.tcp.mss);
+        let Some(path) = self.paths.get(i) else {
+            return;
+        };
+        let latency = if self.one_per_flow {
+            self.tcp.base_rtt / 2
+        } else {
+            path.spec.latency_ns
+        };
+        let segment = crate::net::transmission_ns(path.spec.bandwidth_bps, mss as usize);
+        let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
+            return;
+        };
+        flow.sample_rtt(queued + segment + latency.saturating_mul(2));
+        flow.on_acked(cc, held.meta.bytes, done, mss);
+    }
+}

@@ -1,0 +1,292 @@
+//! The reliable flow's transport, as Linux's TCP behaves: how a lost packet is found and
+//! repaired, and how fast a flow may send after a loss.
+//!
+//! A port keeps one [`TcpFlow`] per reliable flow once it can lose anything. A loss is
+//! repaired in one of three ways ([`Recovery`]), as Linux's RACK-TLP stack repairs it:
+//! - **SACK**: later data of the flow is acknowledged, so the hole is seen about one round
+//!   trip after the lost packet left (plus RACK's reordering window of a quarter of the
+//!   minimum RTT) and resent at once;
+//! - **tail loss probe**: nothing after the lost packet is in flight, so nothing can reveal
+//!   it before the probe timer, `2·srtt + 2 ms` rounded up to the 4 ms timer tick (250 Hz),
+//!   fires and resends the last packet;
+//! - **retransmission timeout**: a retransmission is lost too, so only the RTO
+//!   (`max(rto_min, srtt + 4·rttvar)`, doubled at each further timeout) finds it.
+//!
+//! The congestion window follows the kernel's algorithm ([`CongestionControl`]): an
+//! initial window of 10 segments, slow start to `ssthresh`, then cubic's growth (with its
+//! Reno-friendly floor) or Reno's one segment per round trip; a loss episode (at most one
+//! per round trip) multiplies the window by 0.7 (cubic) or 0.5 (Reno); a timeout takes it
+//! to one segment; after an idle spell longer than the RTO the window restarts at the
+//! initial window. BBR paces at the delivery rate and does not shrink on random loss: the
+//! model never holds its flows back. A cubic or Reno flow sends a frame of `b` bytes no
+//! sooner than `b · srtt / cwnd` after the one before (a window's worth per round trip),
+//! which holds it back only where its window is below what the path carries.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::profile::ProfileError;
+use super::Nanos;
+
+/// Segments in the initial congestion window (Linux's `TCP_INIT_CWND`, RFC 6928).
+pub const INITIAL_WINDOW_SEGMENTS: f64 = 10.0;
+
+/// The kernel's timer tick at 250 Hz: loss probe timers are rounded up to it.
+const TIMER_TICK_NS: Nanos = 4_000_000;
+
+/// What Linux adds to `2·srtt` for the tail loss probe's timeout.
+const PROBE_EXTRA_NS: Nanos = 2_000_000;
+
+/// The longest retransmission timeout (Linux's `TCP_RTO_MAX`, 120 s).
+const RTO_MAX_NS: Nanos = 120_000_000_000;
+
+/// Cubic's scaling constant `C` (segments per second cubed) and its multiplicative
+/// decrease `β`.
+const CUBIC_C: f64 = 0.4;
+const CUBIC_BETA: f64 = 0.7;
+
+/// The congestion control of the reliable flows, named as the kernel names it
+/// (`net.ipv4.tcp_congestion_control`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionControl {
+    /// CUBIC (Linux's default in most distributions): window × 0.7 on a loss, cubic growth.
+    #[default]
+    Cubic,
+    /// BBR (v1, as in Linux): paced at the measured delivery rate, random loss ignored.
+    Bbr,
+    /// NewReno: window halved on a loss, one segment more per round trip.
+    Reno,
+}
+
+impl CongestionControl {
+    /// The kernel's name of the algorithm, as in flags and TOML.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cubic => "cubic",
+            Self::Bbr => "bbr",
+            Self::Reno => "reno",
+        }
+    }
+
+    /// Whether a loss shrinks the window (cubic, Reno) or not (BBR).
+    fn backs_off(self) -> bool {
+        self != Self::Bbr
+    }
+}
+
+impl fmt::Display for CongestionControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CongestionControl {
+    type Err = ProfileError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cubic" => Ok(Self::Cubic),
+            "bbr" => Ok(Self::Bbr),
+            "reno" | "newreno" => Ok(Self::Reno),
+            _ => Err(ProfileError::new(
+                "tcp",
+                "--tcp",
+                format!("unknown congestion control '{s}' (use cubic, bbr or reno)"),
+            )),
+        }
+    }
+}
+
+/// How a lost packet of a reliable frame is found and resent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Later data's selective acknowledgements reveal it within about a round trip.
+    Sack,
+    /// Nothing follows it: the tail loss probe finds it.
+    LossProbe,
+    /// A retransmission was lost: the retransmission timeout finds it.
+    Timeout,
+}
+
+/// One reliable flow's transport state at a port: its round-trip estimate and its
+/// congestion window.
+#[derive(Debug, Clone)]
+pub(crate) struct TcpFlow {
+    /// Smoothed round trip and its variation (RFC 6298), ns.
+    srtt: f64,
+    rttvar: f64,
+    /// The smallest round trip seen, ns.
+    min_rtt: f64,
+    /// The congestion window and slow-start threshold, bytes.
+    cwnd: f64,
+    ssthresh: f64,
+    /// Cubic: the window before the last reduction (segments) and when growth restarted.
+    w_max: f64,
+    epoch: Nanos,
+    /// The current loss episode ends here: losses before it shrink the window no further.
+    recovery_until: Nanos,
+    /// When the flow may start its next frame, and when it last started one.
+    next_send: Nanos,
+    last_send: Nanos,
+    /// Frames of the flow offered to the port and not yet serialised.
+    pub(crate) in_port: u32,
+}
+
+impl TcpFlow {
+    /// A new flow whose round trip is at least `base_rtt` ns.
+    pub(crate) fn new(base_rtt: Nanos, mss: f64) -> Self {
+        let rtt = (base_rtt as f64).max(1.0);
+        Self {
+            srtt: rtt,
+            rttvar: rtt / 2.0,
+            min_rtt: rtt,
+            cwnd: INITIAL_WINDOW_SEGMENTS * mss,
+            ssthresh: f64::INFINITY,
+            w_max: 0.0,
+            epoch: 0,
+            recovery_until: 0,
+            next_send: 0,
+            last_send: 0,
+            in_port: 0,
+        }
+    }
+
+    /// Takes a round-trip sample of `rtt` ns (RFC 6298's smoothing).
+    pub(crate) fn sample_rtt(&mut self, rtt: Nanos) {
+        let r = (rtt as f64).max(1.0);
+        self.rttvar = 0.75 * self.rttvar + 0.25 * (self.srtt - r).abs();
+        self.srtt = 0.875 * self.srtt + 0.125 * r;
+        self.min_rtt = self.min_rtt.min(r);
+    }
+
+    /// When the resend of a loss found by `recovery` is sent, given when the lost packet
+    /// left (`lost_sent`), when the frame's last bit left (`done`), the minimum RTO and how
+    /// many timeouts this frame already took.
+    pub(crate) fn resend_at(
+        &self,
+        recovery: Recovery,
+        lost_sent: Nanos,
+        done: Nanos,
+        rto_min: Nanos,
+        timeouts: u32,
+    ) -> Nanos {
+        match recovery {
+            Recovery::Sack => {
+                let window = self.srtt + self.min_rtt / 4.0;
+                lost_sent.saturating_add(window as Nanos).max(done)
+            }
+            Recovery::LossProbe => done.saturating_add(self.probe_timeout()),
+            Recovery::Timeout => done.saturating_add(self.rto(rto_min, timeouts)),
+        }
+    }
+
+    /// The tail loss probe's timeout: `2·srtt + 2 ms`, rounded up to the timer tick.
+    fn probe_timeout(&self) -> Nanos {
+        let pto = (2.0 * self.srtt) as Nanos + PROBE_EXTRA_NS;
+        pto.div_ceil(TIMER_TICK_NS).saturating_mul(TIMER_TICK_NS)
+    }
+
+    /// The retransmission timeout after `timeouts` earlier ones (doubled each time).
+    pub(crate) fn rto(&self, rto_min: Nanos, timeouts: u32) -> Nanos {
+        let base = ((self.srtt + 4.0 * self.rttvar) as Nanos).max(rto_min);
+        let backoff = 1u64.checked_shl(timeouts.min(16)).unwrap_or(u64::MAX);
+        base.saturating_mul(backoff).min(RTO_MAX_NS.max(rto_min))
+    }
+
+    /// A loss found at `now` by `recovery`: the window shrinks once per episode (a round
+    /// trip), to one segment after a timeout.
+    pub(crate) fn on_loss(&mut self, cc: CongestionControl, recovery: Recovery, now: Nanos, mss: f64) {
+        if !cc.backs_off() {
+            return;
+        }
+        let beta = match cc {
+            CongestionControl::Reno => 0.5,
+            _ => CUBIC_BETA,
+        };
+        if recovery == Recovery::Timeout {
+            self.ssthresh = (self.cwnd * beta).max(2.0 * mss);
+            self.w_max = self.cwnd / mss;
+            self.cwnd = mss;
+            self.epoch = now;
+            self.recovery_until = now.saturating_add(self.srtt as Nanos);
+            return;
+        }
+        if now < self.recovery_until {
+            return;
+        }
+        self.w_max = self.cwnd / mss;
+        self.cwnd = (self.cwnd * beta).max(2.0 * mss);
+        self.ssthresh = self.cwnd;
+        self.epoch = now;
+        self.recovery_until = now.saturating_add(self.srtt as Nanos);
+    }
+
+    /// `bytes` of the flow acknowledged at `now`: the window grows.
+    pub(crate) fn on_acked(&mut self, cc: CongestionControl, bytes: usize, now: Nanos, mss: f64) {
+        if !cc.backs_off() {
+            return;
+        }
+        let acked = bytes as f64;
+        if self.cwnd < self.ssthresh {
+            self.cwnd = (self.cwnd + acked).min(self.ssthresh.max(self.cwnd));
+            return;
+        }
+        let grown = match cc {
+            CongestionControl::Reno => self.cwnd + mss * acked / self.cwnd,
+            _ => self.cubic_window(now, mss),
+        };
+        // Growth of at most the bytes acknowledged (no more than slow start's pace).
+        self.cwnd = grown.clamp(self.cwnd, self.cwnd + acked);
+    }
+
+    /// Cubic's window at `now`: `C·(t − K)³ + W_max` segments, or the Reno-friendly
+    /// estimate where that is larger.
+    fn cubic_window(&self, now: Nanos, mss: f64) -> f64 {
+        let t = now.saturating_sub(self.epoch) as f64 * 1e-9;
+        let k = (self.w_max * (1.0 - CUBIC_BETA) / CUBIC_C).cbrt();
+        let cubic = CUBIC_C * (t - k).powi(3) + self.w_max;
+        let rtt_s = (self.srtt * 1e-9).max(1e-6);
+        let friendly =
+            self.w_max * CUBIC_BETA + 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA) * t / rtt_s;
+        cubic.max(friendly) * mss
+    }
+
+    /// A frame of `bytes` the flow wants to send at `now` under `cc`: when it may start,
+    /// one window per round trip (BBR: at once); an idle spell longer than the RTO restarts
+    /// the window at the initial window.
+    pub(crate) fn send_at(
+        &mut self,
+        cc: CongestionControl,
+        now: Nanos,
+        bytes: usize,
+        rto_min: Nanos,
+        mss: f64,
+    ) -> Nanos {
+        if !cc.backs_off() {
+            return now;
+        }
+        // Idle: nothing of the flow in the port but the frame asking.
+        if now.saturating_sub(self.last_send) > self.rto(rto_min, 0) && self.in_port <= 1 {
+            self.cwnd = self.cwnd.min(INITIAL_WINDOW_SEGMENTS * mss);
+            self.next_send = now;
+        }
+        let start = now.max(self.next_send);
+        let spacing = bytes as f64 * self.srtt / self.cwnd.max(mss);
+        self.next_send = start.saturating_add(spacing as Nanos);
+        self.last_send = start;
+        start
+    }
+
+    /// The congestion window, bytes (for tests and traces).
+    #[cfg(test)]
+    pub(crate) fn cwnd(&self) -> f64 {
+        self.cwnd
+    }
+}
+
+#[cfg(test)]
+#[path = "tcp_tests.rs"]
+mod tests;

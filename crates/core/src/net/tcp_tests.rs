@@ -1,0 +1,122 @@
+//! The reliable flow's rules against the kernel's numbers: timers, backoff and windows.
+
+use super::*;
+
+const MSS: f64 = 1_448.0;
+const MS: Nanos = 1_000_000;
+
+#[test]
+fn the_loss_probe_fires_at_two_round_trips_plus_2ms_on_the_tick() {
+    let flow = TcpFlow::new(MS / 2, MSS); // srtt 0.5 ms: 2·srtt + 2 ms = 3 ms -> 4 ms
+    assert_eq!(flow.resend_at(Recovery::LossProbe, 0, 10 * MS, 200 * MS, 0), 14 * MS);
+    let slow = TcpFlow::new(5 * MS, MSS); // 12 ms exactly on the tick
+    assert_eq!(slow.resend_at(Recovery::LossProbe, 0, 0, 200 * MS, 0), 12 * MS);
+}
+
+#[test]
+fn sack_repairs_within_a_round_trip_of_the_lost_packet() {
+    let flow = TcpFlow::new(4 * MS, MSS);
+    // Lost at 1 ms: seen a round trip (4 ms) and the reordering window (1 ms) later.
+    assert_eq!(flow.resend_at(Recovery::Sack, MS, 2 * MS, 200 * MS, 0), 6 * MS);
+    // Never before the frame's last bit has left.
+    assert_eq!(flow.resend_at(Recovery::Sack, MS, 50 * MS, 200 * MS, 0), 50 * MS);
+}
+
+#[test]
+fn the_timeout_is_at_least_rto_min_and_doubles() {
+    let flow = TcpFlow::new(MS, MSS);
+    assert_eq!(flow.rto(200 * MS, 0), 200 * MS);
+    assert_eq!(flow.rto(200 * MS, 1), 400 * MS);
+    assert_eq!(flow.rto(200 * MS, 3), 1_600 * MS);
+    assert_eq!(flow.rto(200 * MS, 40), RTO_MAX_NS, "capped at 120 s");
+    // A long round trip sets it above the minimum: srtt + 4·rttvar = 3 x srtt at first.
+    assert_eq!(TcpFlow::new(100 * MS, MSS).rto(200 * MS, 0), 300 * MS);
+}
+
+#[test]
+fn rtt_samples_are_smoothed_as_rfc_6298_says() {
+    let mut flow = TcpFlow::new(8 * MS, MSS);
+    flow.sample_rtt(16 * MS);
+    assert_eq!(flow.srtt as Nanos, 9 * MS);
+    assert_eq!(flow.rttvar as Nanos, 5 * MS); // 0.75 x 4 + 0.25 x 8
+}
+
+#[test]
+fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
+    let mut cubic = TcpFlow::new(MS, MSS);
+    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 10 * MS, MSS);
+    assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
+    // A second loss within the round trip is the same episode.
+    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 10 * MS + MS / 2, MSS);
+    assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
+    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 12 * MS, MSS);
+    assert!((cubic.cwnd() - 4.9 * MSS).abs() < 1e-6);
+
+    let mut reno = TcpFlow::new(MS, MSS);
+    reno.on_loss(CongestionControl::Reno, Recovery::Sack, 10 * MS, MSS);
+    assert!((reno.cwnd() - 5.0 * MSS).abs() < 1e-6);
+
+    let mut bbr = TcpFlow::new(MS, MSS);
+    bbr.on_loss(CongestionControl::Bbr, Recovery::Timeout, 10 * MS, MSS);
+    assert_eq!(bbr.cwnd(), 10.0 * MSS);
+    assert_eq!(bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS), 10 * MS);
+    assert_eq!(bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS), 10 * MS);
+}
+
+#[test]
+fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
+    let mut flow = TcpFlow::new(MS, MSS);
+    flow.on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, MSS);
+    assert_eq!(flow.cwnd(), MSS);
+    flow.on_acked(CongestionControl::Cubic, MSS as usize, MS, MSS);
+    assert_eq!(flow.cwnd(), 2.0 * MSS);
+    // Slow start stops at ssthresh (0.7 x 10 segments).
+    flow.on_acked(CongestionControl::Cubic, 100 * MSS as usize, 2 * MS, MSS);
+    assert!((flow.cwnd() - 7.0 * MSS).abs() < 1e-6);
+}
+
+#[test]
+fn a_window_spaces_frames_one_window_per_round_trip() {
+    let reno = CongestionControl::Reno;
+    let mut flow = TcpFlow::new(MS, MSS);
+    let initial = (10.0 * MSS) as usize;
+    assert_eq!(flow.send_at(reno, 0, initial, 200 * MS, MSS), 0);
+    assert_eq!(flow.send_at(reno, 0, initial, 200 * MS, MSS), MS, "the initial window");
+    flow.on_loss(reno, Recovery::Sack, 0, MSS);
+    let window = (5.0 * MSS) as usize;
+    flow.in_port = 2;
+    assert_eq!(flow.send_at(reno, MS, window, 200 * MS, MSS), 2 * MS);
+    assert_eq!(flow.send_at(reno, MS, window, 200 * MS, MSS), 3 * MS);
+    // Idle past the RTO: the window restarts at the initial window (or stays below it).
+    flow.in_port = 1;
+    for _ in 0..20 {
+        flow.on_acked(reno, initial, 0, MSS);
+    }
+    assert!(flow.cwnd() > 10.0 * MSS);
+    assert_eq!(flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS), 500 * MS);
+    assert_eq!(flow.cwnd(), 10.0 * MSS);
+    assert_eq!(flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS), 501 * MS);
+}
+
+#[test]
+fn cubic_regrows_to_the_old_window_after_k_seconds() {
+    // A long round trip, where cubic's curve is above its Reno-friendly floor.
+    let mut flow = TcpFlow::new(1_000 * MS, MSS);
+    flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, MSS);
+    // W_max 10: K = cbrt(10 x 0.3 / 0.4) = 1.96 s; the window is back near 10 segments.
+    let mut t = 0;
+    while t < 1_960 * MS {
+        t += 100 * MS;
+        flow.on_acked(CongestionControl::Cubic, 10 * MSS as usize, t, MSS);
+    }
+    let w = flow.cwnd() / MSS;
+    assert!((9.9..=10.5).contains(&w), "{w} segments");
+}
+
+#[test]
+fn the_algorithm_names_parse_as_the_kernel_spells_them() {
+    for cc in [CongestionControl::Cubic, CongestionControl::Bbr, CongestionControl::Reno] {
+        assert_eq!(cc.name().parse::<CongestionControl>(), Ok(cc));
+    }
+    assert!("vegas".parse::<CongestionControl>().is_err());
+}

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The calibration ladder of the network model, transfers first: the same bulk transfers on
+# the kernel's TCP between network namespaces and in the model (`syncopate transfer`), for
+# each congestion control, side by side.
+#
+# Usage: scripts/calibrate-net.sh [--cc cubic,bbr] [--rungs all] [--repeats 3] [--out DIR]
+#   --cc       congestion controls to run, comma-separated (cubic, bbr, reno; default
+#              cubic,bbr), set in every namespace as scripts/netns-cluster.sh --cc does
+#   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
+#              a 32-packet queue), loss1 and loss5 (one flow, 1 % and 5 % random loss),
+#              paths (one flow with a second, degraded 20 Mbit/s path beside it); default all
+#   --repeats  kernel runs per cell (the median is reported; default 3); the model runs the
+#              same number of seeds
+#   --out      where results.json and the table go (default target/calibrate-net)
+# The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
+# 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
+# nftables' `numgen random` on that port, before the queue, as the model loses before its
+# ingress queue. The model gets the same rate, queue (packets x 1514 bytes), MTU 1500 and
+# the round trip measured by ping. Prints a Markdown table: kernel and model completion
+# times and their ratio. Root only (it creates namespaces); it says so and exits 0
+# elsewhere. SYNCOPATE_BIN=PATH uses that binary instead of building one.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+ccs=cubic,bbr
+rungs=one,incast,loss1,loss5,paths
+repeats=3
+out="$root/target/calibrate-net"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cc) ccs=$2; shift 2 ;;
+    --rungs) rungs=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "calibrate-net: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+fail() { echo "calibrate-net: $*" >&2; exit 2; }
+[[ "$repeats" =~ ^[1-9]$ ]] || fail "--repeats must be 1 to 9"
+if [ "$(id -u)" != 0 ]; then
+  echo "calibrate-net: SKIPPED: needs root (it creates network namespaces); nothing was measured"
+  exit 0
+fi
+for tool in ip tc python3 ping; do
+  command -v "$tool" >/dev/null 2>&1 || fail "needs \`$tool\` on PATH"
+done
+if ! command -v nft >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2 ||
+    fail "the loss rungs need nftables (nft), which apt-get could not install"
+fi
+if [ -z "${SYNCOPATE_BIN:-}" ]; then
+  cargo build --release -p syncopate >&2
+  SYNCOPATE_BIN="$root/target/release/syncopate"
+fi
+mkdir -p "$out"
+rm -f "$out/cells.jsonl"
+
+tag="cal$$"
+sw="$tag-sw"
+made=()
+cleanup() { for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+senders=4
+ip netns add "$sw"; made+=("$sw")
+for p in 0 1; do
+  ip -n "$sw" link add "br$p" type bridge
+  ip -n "$sw" link set "br$p" up
+done
+for ((i = 0; i <= senders; i++)); do
+  ns="$tag-h$i"
+  ip netns add "$ns"; made+=("$ns")
+  ip -n "$ns" link set lo up
+  for p in 0 1; do
+    ip link add "eth$p" netns "$ns" type veth peer name "h${i}p$p" netns "$sw"
+    ip -n "$ns" link set dev "eth$p" gso_max_segs 1
+    ip -n "$sw" link set dev "h${i}p$p" gso_max_segs 1
+    ip -n "$sw" link set "h${i}p$p" master "br$p" up
+    ip -n "$ns" addr add "10.79.$p.$((i + 1))/24" dev "eth$p"
+    ip -n "$ns" link set "eth$p" up
+  done
+done
+
+# The bottleneck toward the receiver (host 0) on path $1: htb at $2, pfifo of $3 packets.
+bottleneck() {
+  local dev="h0p$1"
+  ip netns exec "$sw" tc qdisc del dev "$dev" root 2>/dev/null || true
+  ip netns exec "$sw" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
+  ip netns exec "$sw" tc class add dev "$dev" parent 1: classid 1:10 htb rate "$2" ceil "$2"
+  ip netns exec "$sw" tc qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit "$3"
+}
+
+# Random loss of $1 parts per million toward the receiver on path 0 (0: none).
+random_loss() {
+  ip netns exec "$sw" nft delete table bridge calibrate 2>/dev/null || true
+  [ "$1" = 0 ] && return 0
+  ip netns exec "$sw" nft -f - <<NFT
+table bridge calibrate {
+  chain forward {
+    type filter hook forward priority 0; policy accept;
+    oifname "h0p0" ether type ip numgen random mod 1000000 < $1 drop
+  }
+}
+NFT
+}
+
+# The congestion control $1 in every namespace (allowed in the root namespace first).
+set_cc() {
+  local allowed
+  allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+  case " $allowed " in *" $1 "*) ;; *) sysctl -qw net.ipv4.tcp_allowed_congestion_control="$allowed $1" ;; esac
+  for ((i = 0; i <= senders; i++)); do
+    ip netns exec "$tag-h$i" sysctl -qw net.ipv4.tcp_congestion_control="$1"
+  done
+}
+
+# One kernel transfer: $1 flows of $2 bytes each; prints the completion in seconds.
+kernel_transfer() {
+  local flows=$1 bytes=$2 port=$((20000 + RANDOM % 20000))
+  local result="$out/recv.json"
+  ip netns exec "$tag-h0" python3 scripts/tcp_transfer.py recv --port "$port" --flows "$flows" \
+    > "$result" &
+  local recv=$!
+  local pids=()
+  for ((s = 1; s <= flows; s++)); do
+    ip netns exec "$tag-h$s" python3 scripts/tcp_transfer.py send --host 10.79.0.1 \
+      --port "$port" --bytes "$bytes" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  wait "$recv"
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["completion_s"])' "$result"
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+# The base round trip between a sender and the receiver, ms (the smallest of 20 pings).
+bottleneck 0 100mbit 1000
+rtt_ms=$(ip netns exec "$tag-h1" ping -c 20 -i 0.01 -q 10.79.0.1 |
+  awk -F'[/ =]+' '/min\/avg/ { print $6 }')
+latency_us=$(python3 -c "print(max(1, round(float('$rtt_ms') * 500)))")
+echo "calibrate-net: base round trip ${rtt_ms} ms: the model's one-way latency ${latency_us}us" >&2
+
+echo "| TCP | rung | kernel s (median of $repeats) | model s | model / kernel |"
+echo "|---|---|---|---|---|"
+IFS=, read -ra cc_list <<< "$ccs"
+IFS=, read -ra rung_list <<< "$rungs"
+for cc in "${cc_list[@]}"; do
+  set_cc "$cc"
+  for rung in "${rung_list[@]}"; do
+    flows=1 bytes=10000000 queue=1000 ppm=0 model=()
+    case "$rung" in
+      one) ;;
+      incast) flows=4 bytes=2500000 queue=32 ;;
+      loss1) ppm=10000; model=(--loss 1%) ;;
+      loss5) ppm=50000; model=(--loss 5%) ;;
+      paths) model=(--network "$out/paths.toml") ;;
+      *) fail "unknown rung '$rung' (one, incast, loss1, loss5, paths)" ;;
+    esac
+    bottleneck 0 100mbit "$queue"
+    if [ "$rung" = paths ]; then
+      bottleneck 1 20mbit 1000
+      printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/paths.toml"
+    else
+      ip netns exec "$sw" tc qdisc del dev h0p1 root 2>/dev/null || true
+    fi
+    random_loss "$ppm"
+    kernel=() ours=()
+    for ((r = 1; r <= repeats; r++)); do
+      kernel+=("$(kernel_transfer "$flows" "$bytes")")
+      ours+=("$("$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
+        --bandwidth 100mbit --ingress --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
+        --latency "${latency_us}us" "${model[@]}" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["completion_s"])')")
+    done
+    k=$(median "${kernel[@]}")
+    m=$(median "${ours[@]}")
+    ratio=$(python3 -c "print(f'{$m / $k:.3f}')")
+    echo "| $cc | $rung | $k | $m | $ratio |"
+    printf '{"tcp": "%s", "rung": "%s", "kernel_s": [%s], "model_s": [%s]}\n' "$cc" "$rung" \
+      "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")" >> "$out/cells.jsonl"
+  done
+done
+echo "calibrate-net: every run in $out/cells.jsonl" >&2

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Bulk TCP transfers between network namespaces: the kernel's half of the calibration
+ladder (scripts/calibrate-net.sh; `syncopate transfer` is the model's half).
+
+  tcp_transfer.py recv --port P --flows N        accept N senders, start them together,
+                                                 print {"completion_s", "flow_completion_s"}
+  tcp_transfer.py send --host H --port P --bytes B
+
+The receiver accepts every connection first, then writes one byte to each ("go") and
+starts its clock; each sender waits for it, writes B bytes in 64 KiB writes and closes.
+The completion is when the last byte of every flow has been read.
+"""
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+
+CHUNK = 64 * 1024
+
+
+def receive(port, flows, timeout):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(flows)
+    server.settimeout(timeout)
+    conns = []
+    for _ in range(flows):
+        conn, _ = server.accept()
+        conn.settimeout(timeout)
+        conns.append(conn)
+    done = [0.0] * flows
+    got = [0] * flows
+
+    def drain(i, conn):
+        buf = bytearray(1 << 20)
+        while True:
+            n = conn.recv_into(buf)
+            if n == 0:
+                return
+            got[i] += n
+            done[i] = time.monotonic()
+
+    threads = [threading.Thread(target=drain, args=(i, c)) for i, c in enumerate(conns)]
+    start = time.monotonic()
+    for c in conns:
+        c.sendall(b"g")
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flows_s = [max(0.0, d - start) for d in done]
+    print(json.dumps({"completion_s": max(flows_s), "flow_completion_s": flows_s,
+                      "bytes": got}))
+
+
+def send(host, port, total, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=timeout)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    if conn.recv(1) != b"g":
+        sys.exit("tcp_transfer: the receiver closed before starting")
+    block = b"\0" * CHUNK
+    left = total
+    while left > 0:
+        n = min(left, CHUNK)
+        conn.sendall(block[:n])
+        left -= n
+    conn.shutdown(socket.SHUT_WR)
+    conn.recv(1)
+    conn.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="role", required=True)
+    r = sub.add_parser("recv")
+    r.add_argument("--port", type=int, required=True)
+    r.add_argument("--flows", type=int, default=1)
+    s = sub.add_parser("send")
+    s.add_argument("--host", required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--bytes", type=int, required=True)
+    for p in (r, s):
+        p.add_argument("--timeout", type=float, default=120.0)
+    a = parser.parse_args()
+    if a.role == "recv":
+        receive(a.port, a.flows, a.timeout)
+    else:
+        send(a.host, a.port, a.bytes, a.timeout)
+
+
+if __name__ == "__main__":
+    main()
