@@ -4,6 +4,7 @@
 # each congestion control, side by side.
 #
 # Usage: scripts/calibrate-net.sh [--cc cubic,bbr] [--rungs all] [--repeats 3] [--out DIR]
+#                                 [--train [--cells a,b,c,d] [--steps 60]]
 #   --cc       congestion controls to run, comma-separated (cubic, bbr, reno; default
 #              cubic,bbr), set in every namespace as scripts/netns-cluster.sh --cc does
 #   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
@@ -11,7 +12,13 @@
 #              paths (one flow with a second, degraded 20 Mbit/s path beside it); default all
 #   --repeats  kernel runs per cell (the median is reported; default 3); the model runs the
 #              same number of seeds
-#   --out      where results.json and the table go (default target/calibrate-net)
+#   --out      where cells.jsonl (every run) goes (default target/calibrate-net)
+#   --train    then the training rung: the cells of scripts/dlcp-kernel.sh with P3 (4 workers,
+#              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
+#              kernel (scripts/netns-cluster.sh --cc) and in our emulator (`syncopate launch
+#              --tcp CC --mtu 1500` with the cell's queue, loss or paths); mean step after 5
+#              warm-up steps, side by side: (a) deep buffer, (b) a 32-packet queue under the
+#              incast, (c) 1 % random loss, (d) a second path at 20 Mbit/s
 # The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
 # 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
 # nftables' `numgen random` on that port, before the queue, as the model loses before its
@@ -26,6 +33,9 @@ cd "$root"
 ccs=cubic,bbr
 rungs=one,incast,loss1,loss5,paths
 repeats=3
+train=0
+cells=a,b,c,d
+steps=60
 out="$root/target/calibrate-net"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +43,9 @@ while [ $# -gt 0 ]; do
     --rungs) rungs=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --train) train=1; shift ;;
+    --cells) cells=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "calibrate-net: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -125,6 +138,7 @@ kernel_transfer() {
     > "$result" &
   local recv=$!
   local pids=()
+  ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/before.json"
   for ((s = 1; s <= flows; s++)); do
     ip netns exec "$tag-h$s" python3 scripts/tcp_transfer.py send --host 10.79.0.1 \
       --port "$port" --bytes "$bytes" &
@@ -132,6 +146,9 @@ kernel_transfer() {
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
   wait "$recv"
+  ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
+  echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
+    "$out/before.json" "$out/after.json")" >&2
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["completion_s"])' "$result"
 }
 
@@ -157,13 +174,18 @@ for cc in "${cc_list[@]}"; do
       incast) flows=4 bytes=2500000 queue=32 ;;
       loss1) ppm=10000; model=(--loss 1%) ;;
       loss5) ppm=50000; model=(--loss 5%) ;;
-      paths) model=(--network "$out/paths.toml") ;;
+      paths) ;;
       *) fail "unknown rung '$rung' (one, incast, loss1, loss5, paths)" ;;
     esac
     bottleneck 0 100mbit "$queue"
+    # The model's hosts as the testbed's: a sender's own port at a veth's speed, the
+    # receiver's port (ingress) the 100 Mbit/s bottleneck, random loss before it.
+    printf 'bandwidth_bps = "100mbit"\ningress = true\n[[path]]\nbandwidth_bps = "10gbit"\n' \
+      > "$out/$rung.toml"
     if [ "$rung" = paths ]; then
       bottleneck 1 20mbit 1000
-      printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/paths.toml"
+      printf 'paths = 2\n[[path]]\nbandwidth_bps = "20mbit"\n' | sed 1d | cat - >> "$out/$rung.toml"
+      sed -i '1i paths = 2' "$out/$rung.toml"
     else
       ip netns exec "$sw" tc qdisc del dev h0p1 root 2>/dev/null || true
     fi
@@ -171,10 +193,11 @@ for cc in "${cc_list[@]}"; do
     kernel=() ours=()
     for ((r = 1; r <= repeats; r++)); do
       kernel+=("$(kernel_transfer "$flows" "$bytes")")
-      ours+=("$("$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
-        --bandwidth 100mbit --ingress --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
-        --latency "${latency_us}us" "${model[@]}" |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["completion_s"])')")
+      "$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
+        --network "$out/$rung.toml" --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
+        --latency "${latency_us}us" "${model[@]}" > "$out/model.json"
+      ours+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["completion_s"])' "$out/model.json")")
+      echo "calibrate-net: the model's $cc $rung run $r: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print({k: r["egress"][k] + r["ingress"][k] for k in ("frames_lost", "frames_dropped", "loss_probes", "timeouts")})' "$out/model.json")" >&2
     done
     k=$(median "${kernel[@]}")
     m=$(median "${ours[@]}")
@@ -185,3 +208,40 @@ for cc in "${cc_list[@]}"; do
   done
 done
 echo "calibrate-net: every run in $out/cells.jsonl" >&2
+
+[ "$train" = 1 ] || exit 0
+cleanup
+made=()
+# The training rung: P3 on the kernel and in the emulator, cell by cell, interleaved.
+mean_step() {
+  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["worker0"]["step_seconds"][5:]; print(f"{sum(s)/len(s):.4f}")' "$1"
+}
+printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
+echo
+echo "| TCP | cell | kernel step s | emulator step s | emulator / kernel |"
+echo "|---|---|---|---|---|"
+IFS=, read -ra cell_list <<< "$cells"
+job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
+for cc in "${cc_list[@]}"; do
+  for cell in "${cell_list[@]}"; do
+    case "$cell" in
+      a) kernel=(); emulated=() ;;
+      b) kernel=(--queue-packets 32); emulated=(--queue $((32 * 1514))) ;;
+      c) kernel=(--loss 1%); emulated=(--loss 1%) ;;
+      d) kernel=(--paths 2 --degraded-rate 20mbit); emulated=(--network "$out/two-paths.toml") ;;
+      *) fail "unknown cell '$cell' (a, b, c, d)" ;;
+    esac
+    dir="$out/train/$cc/$cell"
+    mkdir -p "$dir"
+    SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts 5 --strategy p3 --cc "$cc" \
+      --bottleneck 100mbit "${kernel[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
+      fail "the kernel run of cell $cell failed: $dir/kernel.log"
+    "$SYNCOPATE_BIN" launch --strategy p3 --workers 4 --servers 1 --bandwidth 100mbit --ingress \
+      --mtu 1500 --tcp "$cc" "${emulated[@]}" "${job[@]}" --quiet --no-replica-stats \
+      --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
+      fail "the emulated run of cell $cell failed: $dir/emulated.log"
+    k=$(mean_step "$dir/kernel/summary.json")
+    e=$(mean_step "$dir/emulated.json")
+    echo "| $cc | $cell | $k | $e | $(python3 -c "print(f'{$e / $k:.3f}')") |"
+  done
+done

@@ -5,6 +5,8 @@ ladder (scripts/calibrate-net.sh; `syncopate transfer` is the model's half).
   tcp_transfer.py recv --port P --flows N        accept N senders, start them together,
                                                  print {"completion_s", "flow_completion_s"}
   tcp_transfer.py send --host H --port P --bytes B
+  tcp_transfer.py counters                       this namespace's TCP counters, as JSON
+  tcp_transfer.py delta BEFORE.json AFTER.json   what grew, in words
 
 The receiver accepts every connection first, then writes one byte to each ("go") and
 starts its clock; each sender waits for it, writes B bytes in 64 KiB writes and closes.
@@ -79,6 +81,38 @@ def send(host, port, total, timeout):
     conn.close()
 
 
+COUNTERS = {
+    "TcpExt": ["TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "TCPSackRecovery",
+               "TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans",
+               "TCPSpuriousRTOs", "DelayedACKs"],
+    "Tcp": ["OutSegs", "RetransSegs"],
+}
+
+
+def counters():
+    found = {}
+    for name in ("/proc/net/netstat", "/proc/net/snmp"):
+        with open(name) as f:
+            lines = f.read().splitlines()
+        for keys, values in zip(lines[0::2], lines[1::2]):
+            group, *ks = keys.split()
+            _, *vs = values.split()
+            group = group.rstrip(":")
+            for k, v in zip(ks, vs):
+                if k in COUNTERS.get(group, []):
+                    found[group + k] = int(v)
+    print(json.dumps(found))
+
+
+def delta(before, after):
+    with open(before) as f:
+        b = json.load(f)
+    with open(after) as f:
+        a = json.load(f)
+    grew = {k: a[k] - b.get(k, 0) for k in a if a[k] != b.get(k, 0)}
+    print(json.dumps(grew))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +120,10 @@ def main():
     r = sub.add_parser("recv")
     r.add_argument("--port", type=int, required=True)
     r.add_argument("--flows", type=int, default=1)
+    sub.add_parser("counters")
+    d = sub.add_parser("delta")
+    d.add_argument("before")
+    d.add_argument("after")
     s = sub.add_parser("send")
     s.add_argument("--host", required=True)
     s.add_argument("--port", type=int, required=True)
@@ -93,7 +131,11 @@ def main():
     for p in (r, s):
         p.add_argument("--timeout", type=float, default=120.0)
     a = parser.parse_args()
-    if a.role == "recv":
+    if a.role == "counters":
+        counters()
+    elif a.role == "delta":
+        delta(a.before, a.after)
+    elif a.role == "recv":
         receive(a.port, a.flows, a.timeout)
     else:
         send(a.host, a.port, a.bytes, a.timeout)

@@ -73,11 +73,16 @@ pub fn run(args: TransferArgs) -> Result<()> {
 
 /// The losses and repairs of a transfer, in words.
 fn losses(egress: &NetCounters, ingress: &NetCounters) -> String {
+    let mut all = *egress;
+    all.add(ingress);
     format!(
-        "{} frames lost, {} dropped, {} resent ({} bytes)",
-        egress.frames_lost + ingress.frames_lost,
-        egress.frames_dropped + ingress.frames_dropped,
-        egress.frames_retransmitted + ingress.frames_retransmitted,
-        egress.bytes_retransmitted + ingress.bytes_retransmitted
+        "{} frames lost, {} dropped, {} resent ({} bytes); {} found by the loss probe, {} by \
+         the timeout",
+        all.frames_lost,
+        all.frames_dropped,
+        all.frames_retransmitted,
+        all.bytes_retransmitted,
+        all.loss_probes,
+        all.timeouts
     )
 }

@@ -30,6 +30,12 @@ pub struct NetCounters {
     pub frames_dropped: u64,
     /// Bytes dropped by a queue.
     pub bytes_dropped: u64,
+    /// Losses of reliable frames found by the tail loss probe.
+    #[serde(default)]
+    pub loss_probes: u64,
+    /// Losses of reliable frames found by the retransmission timeout.
+    #[serde(default)]
+    pub timeouts: u64,
 }
 
 impl NetCounters {
@@ -49,6 +55,17 @@ impl NetCounters {
             .queueing_ns_total
             .saturating_add(other.queueing_ns_total);
         self.queueing_ns_max = self.queueing_ns_max.max(other.queueing_ns_max);
+        self.loss_probes = self.loss_probes.saturating_add(other.loss_probes);
+        self.timeouts = self.timeouts.saturating_add(other.timeouts);
+    }
+
+    /// Counts a loss found by `recovery`.
+    pub(crate) fn recovered(&mut self, recovery: super::Recovery) {
+        match recovery {
+            super::Recovery::Sack => {}
+            super::Recovery::LossProbe => self.loss_probes = self.loss_probes.saturating_add(1),
+            super::Recovery::Timeout => self.timeouts = self.timeouts.saturating_add(1),
+        }
     }
 
     /// Counts one transmission of `bytes` that waited `queued` in the queue.

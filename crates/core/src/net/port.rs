@@ -479,7 +479,7 @@ impl Port {
         if refused && held.retransmissions == 0 {
             self.count(held.slot, i, |c| c.dropped(bytes));
             if held.meta.reliable {
-                let at = self.recover(Recovery::Sack, &held, t, t, t);
+                let at = self.recover(Recovery::Sack, &held, i, t, t, t);
                 self.retransmit(at, held, i);
             } else {
                 self.decided(
@@ -534,7 +534,7 @@ impl Port {
             if held.meta.reliable {
                 let recovery = self.recovery_of(&held, lost_packets, packets);
                 let lost_sent = lost_at(draw, lost_packets, start, done);
-                let at = self.recover(recovery, &held, lost_sent, done, done);
+                let at = self.recover(recovery, &held, i, lost_sent, done, done);
                 if recovery == Recovery::Timeout {
                     held.timeouts = held.timeouts.saturating_add(1);
                 }

@@ -285,6 +285,11 @@ impl TcpFlow {
     pub(crate) fn cwnd(&self) -> f64 {
         self.cwnd
     }
+
+    /// The congestion window in whole bytes (at most what a queue could hold).
+    pub(crate) fn window_bytes(&self) -> usize {
+        self.cwnd.min(1e12) as usize
+    }
 }
 
 #[cfg(test)]

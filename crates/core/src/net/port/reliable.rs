@@ -133,12 +133,14 @@ impl Port {
         }
     }
 
-    /// When a loss of `held` found by `recovery` is resent (the lost packet left at
-    /// `lost_sent`, the frame's last bit at `done`), telling its flow's window at `now`.
+    /// When a loss of `held` on path `i` found by `recovery` is resent (the lost packet
+    /// left at `lost_sent`, the frame's last bit at `done`), telling its flow's window at
+    /// `now` and counting how it was found.
     pub(super) fn recover(
         &mut self,
         recovery: Recovery,
         held: &Held,
+        i: usize,
         lost_sent: Nanos,
         done: Nanos,
         now: Nanos,
@@ -149,6 +151,7 @@ impl Port {
         };
         let at = flow.resend_at(recovery, lost_sent, done, rto_min, held.timeouts);
         flow.on_loss(cc, recovery, now, mss);
+        self.count(held.slot, i, |c| c.recovered(recovery));
         at
     }
 
@@ -164,11 +167,15 @@ impl Port {
         } else {
             path.spec.latency_ns
         };
-        let segment = crate::net::transmission_ns(path.spec.bandwidth_bps, mss as usize);
+        let bps = path.spec.bandwidth_bps;
+        let segment = crate::net::transmission_ns(bps, mss as usize);
         let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
             return;
         };
-        flow.sample_rtt(queued + segment + latency.saturating_mul(2));
+        // What the flow itself queues is at most its window: the rest of a frame waits in
+        // the sender's socket, which no round trip sees.
+        let own = crate::net::transmission_ns(bps, flow.window_bytes());
+        flow.sample_rtt(queued.min(own) + segment + latency.saturating_mul(2));
         flow.on_acked(cc, held.meta.bytes, done, mss);
     }
 }
