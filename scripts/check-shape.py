@@ -3,7 +3,8 @@
 apart: `tests.rs`, `*_tests.rs` and files under `tests/`), no function outside tests over 80
 lines, and no module circle inside a crate (a module using a sibling subtree that uses it
 back, directly or round a longer loop; a child using its ancestors' items, and an ancestor
-re-exporting its children's, is not a circle).
+re-exporting its children's, is not a circle). The front door stays short too: README.md at
+most 300 lines, docs/BENCHMARKS.md at most 700.
 
 Usage: scripts/check-shape.py [--verbose]. Exit status 1 when anything is over its limit.
 """
@@ -16,6 +17,7 @@ from collections import defaultdict
 MAX_FILE_LINES = 900
 MAX_FN_LINES = 80
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates")
+DOC_LIMITS = {"README.md": 300, os.path.join("docs", "BENCHMARKS.md"): 700}
 
 FN_RE = re.compile(r"^\s*(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?(extern\s+\"C\"\s+)?fn\s+(\w+)")
 TEST_MOD_RE = re.compile(r"^\s*#\[cfg\(test\)\]")
@@ -173,6 +175,17 @@ def cycles(graph):
     return out
 
 
+def doc_problems():
+    """The documents kept short: each within its line limit."""
+    out = []
+    for rel, limit in DOC_LIMITS.items():
+        with open(os.path.join(ROOT, "..", rel), encoding="utf-8") as fh:
+            count = len(fh.read().splitlines())
+        if count > limit:
+            out.append(f"{rel}: {count} lines (limit {limit})")
+    return out
+
+
 def main():
     problems = []
     for crate in sorted(os.listdir(ROOT)):
@@ -198,6 +211,7 @@ def main():
         for comp in cycles(sibling_edges(edges)):
             names = ", ".join("::".join(m) for m in comp)
             problems.append(f"crates/{crate}: module circle: {names}")
+    problems += doc_problems()
     for p in problems:
         print(p)
     if problems:

@@ -4,37 +4,29 @@
 //!
 //! The parts defined by the crates above this one (worker 0's whole summary, the job's
 //! settings, its network profile, what its strategy averages) are type parameters: the writer
-//! fills them with its own types, a reader leaves the defaults, which read what a study needs
-//! ([`WorkerRecord`]) or keep the JSON as it is ([`serde_json::Value`]).
+//! fills them with its own types and a reader reads them with the same ones (worker 0's is
+//! the runtime's `WorkerSummary`, on both sides), or keeps the JSON as it is
+//! ([`serde_json::Value`]).
 //!
-//! Reading is tolerant, so that the summaries of older runs still report: a field that is
-//! absent reads as NaN (numbers), `None` (optional figures) or empty (lists), and a number
-//! written as `null` (JSON has no NaN) reads as NaN.
+//! The job-level figures read tolerantly, so that the summaries of older runs still report:
+//! a field that is absent reads as NaN (numbers), `None` (optional figures) or empty
+//! (lists). Worker 0's summary must be there, whole: a missing field is an error naming it.
+//! A number written as `null` (JSON has no NaN) reads as NaN.
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use syncopate_core::json::{nan_if_null, nans_if_null};
 
 /// NaN: what an absent figure reads as.
 fn nan() -> f64 {
     f64::NAN
 }
 
-/// A number, or NaN where the file has `null` (a NaN when it was written).
-fn nan_if_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
-}
-
-/// A list of numbers, with NaN where the file has `null`.
-fn nans_if_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f64>, D::Error> {
-    let numbers = Vec::<Option<f64>>::deserialize(deserializer)?;
-    Ok(numbers.into_iter().map(|v| v.unwrap_or(f64::NAN)).collect())
-}
-
 /// What `--summary-json` holds for a distributed job: worker 0 writes it at the end of the
 /// run; `launch` then adds the replica statistics (`average_accuracy`, `average_loss`,
 /// `divergence`) and, for loss-tolerant strategies, `dlcp`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobSummary<Worker = WorkerRecord, Settings = Value, Network = Value, Averages = Value> {
+pub struct JobSummary<Worker, Settings = Value, Network = Value, Averages = Value> {
     /// The command that ran the job (`launch`).
     #[serde(default)]
     pub command: String,
@@ -105,8 +97,7 @@ pub struct JobSummary<Worker = WorkerRecord, Settings = Value, Network = Value, 
     /// The strategy's textbook bytes per step per worker for this model.
     #[serde(default = "nan", deserialize_with = "nan_if_null")]
     pub textbook_bytes_per_step: f64,
-    /// Worker 0's own summary.
-    #[serde(default)]
+    /// Worker 0's own summary (required).
     pub worker0: Worker,
     /// The job's settings as given.
     #[serde(default)]
@@ -115,112 +106,6 @@ pub struct JobSummary<Worker = WorkerRecord, Settings = Value, Network = Value, 
     /// a loss-tolerant job; `None` as worker 0 writes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dlcp: Option<LossSummary>,
-}
-
-/// Worker 0's summary as a study reads it: the part of the runtime's worker summary that a
-/// report uses (the other fields are passed over).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WorkerRecord {
-    /// Wall time of every step, seconds (evaluations excluded).
-    #[serde(default, deserialize_with = "nans_if_null")]
-    pub step_seconds: Vec<f64>,
-    /// Time spent in each phase over the run.
-    #[serde(default)]
-    pub times: PhaseTimes,
-    /// Every evaluation during training, in order.
-    #[serde(default)]
-    pub evaluations: Vec<Evaluation>,
-    /// Bytes this worker sent on all its links per step (measured).
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub bytes_per_step: f64,
-    /// The strategy's textbook bytes per step per worker.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub textbook_bytes_per_step: f64,
-    /// Per-tensor completion times (`None`: not recorded).
-    pub tensor_completion: Option<CompletionTimes>,
-}
-
-/// A summary that recorded nothing: NaN figures, no steps, evaluations or completion times.
-impl Default for WorkerRecord {
-    fn default() -> Self {
-        Self {
-            step_seconds: Vec::new(),
-            times: PhaseTimes::default(),
-            evaluations: Vec::new(),
-            bytes_per_step: f64::NAN,
-            textbook_bytes_per_step: f64::NAN,
-            tensor_completion: None,
-        }
-    }
-}
-
-/// Time a worker spent in each phase over the run, seconds (NaN: not recorded).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct PhaseTimes {
-    /// Waiting for the data loader.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub data: f64,
-    /// Forward and backward.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub compute: f64,
-    /// Blocked on communication after backward.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub wait: f64,
-    /// Local optimizer.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub optimizer: f64,
-}
-
-/// Nothing recorded: NaN for every phase.
-impl Default for PhaseTimes {
-    fn default() -> Self {
-        Self {
-            data: f64::NAN,
-            compute: f64::NAN,
-            wait: f64::NAN,
-            optimizer: f64::NAN,
-        }
-    }
-}
-
-/// One evaluation of the test set during training.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct Evaluation {
-    /// Steps done.
-    #[serde(default)]
-    pub step: u64,
-    /// Training seconds so far (evaluations excluded; NaN: not recorded).
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub seconds: f64,
-    /// Test accuracy of the worker's replica, a fraction.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub accuracy: f64,
-    /// Its test loss.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub loss: f64,
-    /// Test accuracy of the exact average of every worker's weights (`None`: not computed).
-    pub average_accuracy: Option<f64>,
-    /// Test loss of that average.
-    pub average_loss: Option<f64>,
-    /// Mean over workers of ||x_i - mean||^2 / ||mean||^2.
-    pub divergence: Option<f64>,
-}
-
-/// Per-tensor completion times: from a key's hand-over to its synchronised values back.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct CompletionTimes {
-    /// Tensors measured.
-    #[serde(default)]
-    pub count: u64,
-    /// Median, seconds.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub p50_s: f64,
-    /// 99th percentile, seconds.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub p99_s: f64,
-    /// Longest, seconds.
-    #[serde(default = "nan", deserialize_with = "nan_if_null")]
-    pub max_s: f64,
 }
 
 /// What a loss-tolerant job's receivers lost and filled in, summed over them.

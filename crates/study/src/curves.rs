@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use syncopate_report::summary::Evaluation;
 use syncopate_report::{LineChart, Scale};
+use syncopate_runtime::worker::EvalPoint;
 
 use crate::compare::{ChartContext, Group, DIVERGENCE};
 use crate::rows::RunRow;
@@ -17,7 +17,7 @@ use crate::rows::RunRow;
 #[derive(Clone, Copy)]
 enum Curve {
     Loss,
-    Eval(fn(&Evaluation) -> f64),
+    Eval(fn(&EvalPoint) -> f64),
 }
 
 /// What a curve runs against.

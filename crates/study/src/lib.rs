@@ -6,6 +6,7 @@
 
 mod compare;
 mod config;
+mod csv_format;
 mod curves;
 mod metrics;
 mod report;

@@ -16,63 +16,25 @@ use crate::scale::scale_section;
 use crate::styles::Styles;
 use crate::table::summary_table;
 
-/// The columns of `results.csv`.
-const CSV_HEADER: &str = "id,model,variant,network,bandwidth,bandwidth_gbps,latency_ms,workers,\
-    seed,step_seconds,samples_per_sec,ideal_samples_per_sec,fraction_of_ideal,compute_per_step,\
-    wait_per_step,test_accuracy,wall_seconds,target_accuracy,time_to_accuracy_s,\
-    average_accuracy,divergence,bytes_per_step,textbook_bytes_per_step,mean_cpu_percent,\
-    peak_rss_bytes,net_bytes,disk_bytes,frames_lost,realised_loss,tensor_p50_s,tensor_p99_s,\
-    steps_to_accuracy,bytes_to_accuracy,compute_utilisation\n";
-
-/// One row of `results.csv`.
-fn csv_row(r: &RunRow) -> String {
-    let place = format!(
-        "{},{},{},{},{},{},{},{},{}",
-        r.id,
-        quote(&r.model),
-        quote(&r.variant),
-        quote(&r.network),
-        r.bandwidth,
-        r.bandwidth_gbps,
-        r.latency_ms,
-        r.workers,
-        r.seed,
-    );
-    let speed = format!(
-        "{:.4},{:.2},{:.2},{:.4},{:.4},{:.4}",
-        r.step_seconds,
-        r.samples_per_sec,
-        r.ideal_samples_per_sec,
-        r.fraction_of_ideal,
-        r.compute_per_step,
-        r.wait_per_step,
-    );
-    let learning = format!(
-        "{:.4},{:.2},{},{:.2},{:.4},{:.3e}",
-        r.test_accuracy,
-        r.wall_seconds,
-        r.target_accuracy,
-        r.time_to_accuracy,
-        r.average_accuracy,
-        r.divergence,
-    );
-    let resources = format!(
-        "{:.0},{:.0},{:.1},{:.0},{:.0},{:.0},{},{:.6},{:.6},{:.6}",
-        r.bytes_per_step,
-        r.textbook_bytes_per_step,
-        r.mean_cpu_percent,
-        r.peak_rss_bytes,
-        r.net_bytes,
-        r.disk_bytes,
-        r.frames_lost,
-        r.realised_loss,
-        r.tensor_p50_s,
-        r.tensor_p99_s,
-    );
-    format!(
-        "{place},{speed},{learning},{resources},{},{:.0},{:.4}\n",
-        r.steps_to_accuracy, r.bytes_to_accuracy, r.compute_utilisation
-    )
+/// `results.csv`: a header naming [`RunRow`]'s columns (its serialised fields), then one row
+/// per run, both from that one type.
+fn results_csv(rows: &[RunRow]) -> Result<Vec<u8>> {
+    let empty = [RunRow::empty("", 0)];
+    // serde names the columns only as it writes a row: without runs, the header of one.
+    let written = if rows.is_empty() { &empty[..] } else { rows };
+    let mut out = csv::Writer::from_writer(Vec::new());
+    for row in written {
+        out.serialize(row)?;
+    }
+    let text = out.into_inner().map_err(|e| e.into_error())?;
+    if rows.is_empty() {
+        let header_end = text
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(text.len(), |i| i + 1);
+        return Ok(text[..header_end].to_vec());
+    }
+    Ok(text)
 }
 
 /// What the figures that need a definition are.
@@ -104,10 +66,7 @@ pub fn write_report(
     dir: &Path,
     rows: &[RunRow],
 ) -> Result<std::path::PathBuf> {
-    let csv: String = std::iter::once(CSV_HEADER.to_string())
-        .chain(rows.iter().map(csv_row))
-        .collect();
-    std::fs::write(dir.join("results.csv"), csv)?;
+    std::fs::write(dir.join("results.csv"), results_csv(rows)?)?;
     let mut html = HtmlReport::new(&format!("Study {}", config.name));
     if !config.description.is_empty() {
         html.paragraph(&config.description);
@@ -238,14 +197,6 @@ fn process_series(
         points,
         style,
         colour,
-    }
-}
-
-fn quote(s: &str) -> String {
-    if s.contains([',', '"']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
     }
 }
 

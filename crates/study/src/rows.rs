@@ -5,15 +5,22 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use syncopate_core::latency::Percentiles;
 use syncopate_core::net::parse_bandwidth;
-use syncopate_report::summary::{CompletionTimes, Evaluation, JobSummary};
+use syncopate_report::summary::JobSummary;
+use syncopate_runtime::worker::{EvalPoint, WorkerSummary};
 use syncopate_train::model::{self, LayerOp};
 
 use crate::config::{RunSpec, StudyConfig};
+use crate::csv_format;
 use crate::metrics::{worker_resources, MetricsTable, WorkerResources};
 use crate::traffic::SentByStep;
 
-/// The figures of one finished run.
+/// A run's `summary.json`: worker 0's part read as the runtime writes it.
+pub type Summary = JobSummary<WorkerSummary>;
+
+/// The figures of one finished run: one row of `results.csv`, whose columns are these fields
+/// in this order (each number written as the column's format says).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
     /// Run id.
@@ -26,10 +33,12 @@ pub struct RunRow {
     pub network: String,
     /// Bandwidth as written.
     pub bandwidth: String,
-    /// One-way latency of every link, milliseconds.
-    pub latency_ms: f64,
     /// Bandwidth in Gbit/s (NaN when unlimited).
+    #[serde(serialize_with = "csv_format::plain")]
     pub bandwidth_gbps: f64,
+    /// One-way latency of every link, milliseconds.
+    #[serde(serialize_with = "csv_format::plain")]
+    pub latency_ms: f64,
     /// Workers.
     pub workers: usize,
     /// Seed.
@@ -37,63 +46,88 @@ pub struct RunRow {
     /// Mean step time after the warm-up steps, seconds: from one step's end to the next on
     /// worker 0's training clock (a synchronisation between steps included, evaluations
     /// not), or the mean of the steps' own durations for runs without per-step rows.
+    #[serde(serialize_with = "csv_format::f4")]
     pub step_seconds: f64,
     /// Samples per second over all workers, after the warm-up.
+    #[serde(serialize_with = "csv_format::f2")]
     pub samples_per_sec: f64,
     /// Ideal samples/s: workers x batch / max(compute, communication); NaN when unknown.
+    #[serde(serialize_with = "csv_format::f2")]
     pub ideal_samples_per_sec: f64,
     /// Measured over ideal.
+    #[serde(serialize_with = "csv_format::f4")]
     pub fraction_of_ideal: f64,
     /// Per-step seconds of compute and of waiting on communication (worker 0).
+    #[serde(serialize_with = "csv_format::f4")]
     pub compute_per_step: f64,
     /// Seconds per step blocked on communication (worker 0).
+    #[serde(serialize_with = "csv_format::f4")]
     pub wait_per_step: f64,
     /// Test accuracy (NaN for profile replays).
+    #[serde(serialize_with = "csv_format::f4")]
     pub test_accuracy: f64,
     /// Wall time of the training loop, seconds.
+    #[serde(serialize_with = "csv_format::f2")]
     pub wall_seconds: f64,
     /// The target accuracy of the run (NaN without one).
+    #[serde(serialize_with = "csv_format::plain")]
     pub target_accuracy: f64,
     /// Training seconds until an evaluation first reached the target (NaN: never, or no
     /// target).
+    #[serde(serialize_with = "csv_format::f2", rename = "time_to_accuracy_s")]
     pub time_to_accuracy: f64,
     /// Final test accuracy of the exact average of all replicas (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f4")]
     pub average_accuracy: f64,
     /// Final replica divergence, mean over workers of ||x_i - mean||^2 / ||mean||^2 (NaN: not
     /// recorded).
+    #[serde(serialize_with = "csv_format::e3")]
     pub divergence: f64,
-    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
-    pub frames_lost: f64,
-    /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
-    pub realised_loss: f64,
-    /// Worker 0's median per-tensor completion time, seconds (NaN: not recorded).
-    pub tensor_p50_s: f64,
-    /// Its 99th percentile, seconds (NaN: not recorded).
-    pub tensor_p99_s: f64,
     /// Bytes sent per step per worker, measured (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f0")]
     pub bytes_per_step: f64,
     /// Bytes per step per worker the strategy needs on paper (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f0")]
     pub textbook_bytes_per_step: f64,
     /// Mean CPU per worker, % of one core (NaN: no metrics).
+    #[serde(serialize_with = "csv_format::f1")]
     pub mean_cpu_percent: f64,
     /// Peak resident memory per worker, bytes (mean over workers; NaN: no metrics).
+    #[serde(serialize_with = "csv_format::f0")]
     pub peak_rss_bytes: f64,
     /// Bytes sent on the links per worker over the run (NaN: no metrics).
+    #[serde(serialize_with = "csv_format::f0")]
     pub net_bytes: f64,
     /// Bytes read and written on storage per worker over the run (NaN: no metrics).
+    #[serde(serialize_with = "csv_format::f0")]
     pub disk_bytes: f64,
+    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::plain")]
+    pub frames_lost: f64,
+    /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).
+    #[serde(serialize_with = "csv_format::f6")]
+    pub realised_loss: f64,
+    /// Worker 0's median per-tensor completion time, seconds (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f6")]
+    pub tensor_p50_s: f64,
+    /// Its 99th percentile, seconds (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f6")]
+    pub tensor_p99_s: f64,
     /// Steps until an evaluation first reached the target (NaN: never, or no target).
+    #[serde(serialize_with = "csv_format::plain")]
     pub steps_to_accuracy: f64,
     /// Bytes a worker sent (mean over workers) until that evaluation: measured step by step
     /// where the rows record it, else bytes per step times those steps (NaN: not reached).
+    #[serde(serialize_with = "csv_format::f0")]
     pub bytes_to_accuracy: f64,
     /// Compute utilisation of worker 0: its forward, backward and optimizer seconds over the
     /// training loop's wall seconds (evaluations excluded); for a simulated run, the
     /// profile's forward and backward over the simulated step time (NaN: not recorded).
+    #[serde(serialize_with = "csv_format::f4")]
     pub compute_utilisation: f64,
     /// Rank 0's evaluations during training (those with a time).
     #[serde(skip)]
-    pub evaluations: Vec<Evaluation>,
+    pub evaluations: Vec<EvalPoint>,
     /// Per evaluation, the bytes a worker had sent by then (see `bytes_to_accuracy`).
     #[serde(skip)]
     pub evaluation_bytes: Vec<f64>,
@@ -106,7 +140,7 @@ pub fn launch_row(
     run_dir: &Path,
     text: &str,
 ) -> Result<RunRow> {
-    let summary: JobSummary = serde_json::from_str(text).context("parsing the summary")?;
+    let summary: Summary = serde_json::from_str(text).context("parsing the summary")?;
     let resources = worker_resources(run_dir, run.workers);
     let mut row = row(config, run, &summary, resources)?;
     let rows0 = MetricsTable::read(&run_dir.join("steps-rank0.csv")).unwrap_or_default();
@@ -154,7 +188,7 @@ fn first_number(figures: impl IntoIterator<Item = f64>) -> f64 {
 fn row(
     config: &StudyConfig,
     run: &RunSpec,
-    summary: &JobSummary,
+    summary: &Summary,
     resources: WorkerResources,
 ) -> Result<RunRow> {
     let w0 = &summary.worker0;
@@ -169,7 +203,8 @@ fn row(
         ideal_step_seconds(&run.model, bandwidth_bps).map_or(f64::NAN, |ideal| samples / ideal);
     let n = steps.len().max(1) as f64;
     let optional = |v: Option<f64>| v.unwrap_or(f64::NAN);
-    let tensor = |p: fn(&CompletionTimes) -> f64| w0.tensor_completion.as_ref().map_or(f64::NAN, p);
+    let completion = Some(&w0.tensor_completion).filter(|t| t.count > 0);
+    let tensor = |p: fn(&Percentiles) -> f64| completion.map_or(f64::NAN, p);
     Ok(RunRow {
         id: run.id.clone(),
         model: run.model.clone(),
@@ -215,7 +250,7 @@ fn row(
 
 /// Worker 0's forward, backward and optimizer seconds over the training loop's wall seconds
 /// (evaluations excluded); NaN when either is not recorded.
-fn compute_utilisation(summary: &JobSummary) -> f64 {
+fn compute_utilisation(summary: &Summary) -> f64 {
     let times = &summary.worker0.times;
     let busy = times.compute + times.optimizer;
     if summary.wall_seconds > 0.0 {
@@ -226,7 +261,7 @@ fn compute_utilisation(summary: &JobSummary) -> f64 {
 }
 
 /// Rank 0's evaluations that say when they were made.
-fn timed_evaluations(summary: &JobSummary) -> Vec<Evaluation> {
+fn timed_evaluations(summary: &Summary) -> Vec<EvalPoint> {
     summary
         .worker0
         .evaluations
@@ -240,7 +275,7 @@ fn timed_evaluations(summary: &JobSummary) -> Vec<Evaluation> {
 /// over the run's steps: under step-wise averaging or ring reduce workers send different
 /// amounts), or the summary's own figure (job level, else worker 0's) when the run has no
 /// metrics.
-fn mean_bytes_per_step(summary: &JobSummary, resources: &WorkerResources) -> f64 {
+fn mean_bytes_per_step(summary: &Summary, resources: &WorkerResources) -> f64 {
     if resources.net_bytes.is_finite() && summary.steps > 0 {
         resources.net_bytes / summary.steps as f64
     } else {
@@ -314,6 +349,28 @@ impl RunRow {
             evaluation_bytes: Vec::new(),
         }
     }
+}
+
+/// `json` with its `worker0` made whole: a default [`WorkerSummary`] with the given fields
+/// over it (objects merged field by field), as a summary the runtime wrote would have it.
+#[cfg(test)]
+pub(crate) fn with_whole_worker0(mut json: serde_json::Value) -> serde_json::Value {
+    fn merge(into: &mut serde_json::Value, patch: &serde_json::Value) {
+        match (into.as_object_mut(), patch.as_object()) {
+            (Some(into), Some(patch)) => {
+                for (k, v) in patch {
+                    merge(into.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            _ => *into = patch.clone(),
+        }
+    }
+    let mut worker0 = serde_json::to_value(WorkerSummary::default()).unwrap();
+    if let Some(patch) = json.get("worker0") {
+        merge(&mut worker0, patch);
+    }
+    json["worker0"] = worker0;
+    json
 }
 
 #[cfg(test)]

@@ -1,8 +1,24 @@
 use super::*;
 use serde_json::json;
 
-fn summary(json: serde_json::Value) -> JobSummary {
-    serde_json::from_value(json).unwrap()
+fn summary(json: serde_json::Value) -> Summary {
+    serde_json::from_value(with_whole_worker0(json)).unwrap()
+}
+
+#[test]
+fn a_summary_whose_worker0_lacks_a_field_is_an_error_naming_it() {
+    let mut json = with_whole_worker0(json!({}));
+    json["worker0"]
+        .as_object_mut()
+        .unwrap()
+        .remove("step_seconds");
+    let err = serde_json::from_value::<Summary>(json).unwrap_err();
+    assert!(
+        err.to_string().contains("missing field `step_seconds`"),
+        "{err}"
+    );
+    let err = serde_json::from_value::<Summary>(json!({"steps": 2})).unwrap_err();
+    assert!(err.to_string().contains("missing field `worker0`"), "{err}");
 }
 
 #[test]
@@ -24,7 +40,8 @@ fn bytes_per_step_is_the_mean_over_workers_when_their_metrics_are_there() {
     let job_level = summary(json!({"steps": 2, "bytes_per_step": 7.0,
         "worker0": {"bytes_per_step": 5.0}}));
     assert_eq!(mean_bytes_per_step(&job_level, &r), 7.0, "job level first");
-    let none = summary(json!({"steps": 2, "bytes_per_step": null, "worker0": {}}));
+    let none = summary(json!({"steps": 2, "bytes_per_step": null,
+        "worker0": {"bytes_per_step": null}}));
     assert!(mean_bytes_per_step(&none, &r).is_nan());
 }
 
@@ -49,8 +66,9 @@ fn figures_are_read_from_the_job_level_first_then_worker_0() {
 fn evaluations_with_and_without_the_optional_fields() {
     let s = summary(json!({"worker0": {"evaluations": [
         {"step": 1, "seconds": 0.5, "accuracy": 0.3, "loss": 2.0},
-        {"step": 2, "seconds": 1.0, "accuracy": 0.6, "average_accuracy": 0.7, "divergence": 0.01},
-        {"step": 3}
+        {"step": 2, "seconds": 1.0, "accuracy": 0.6, "loss": 1.0, "average_accuracy": 0.7,
+            "divergence": 0.01},
+        {"step": 3, "seconds": null, "accuracy": 0.7, "loss": 1.0}
     ]}}));
     let e = timed_evaluations(&s);
     assert_eq!(e.len(), 2);

@@ -1,35 +1,20 @@
 //! The figures of a simulated run (a `kind = "simulate"` study): its [`RunRow`] read from the
-//! report `syncopate simulate --json` wrote, the part of it a study compares (step times and
-//! each host's traffic).
+//! report `syncopate simulate --json` wrote (the simulator's own [`SimReport`]), the part of
+//! it a study compares (step times and each host's traffic).
 
 use anyhow::{Context, Result};
-use serde::Deserialize;
 use syncopate_core::net::parse_bandwidth;
+use syncopate_sim::SimReport;
 
 use crate::config::{RunSpec, StudyConfig};
 use crate::rows::{ideal_step_seconds, RunRow};
-
-/// What a study reads of a simulation's report.
-#[derive(Debug, Deserialize)]
-struct SimOutcome {
-    /// Each step's duration on virtual time, seconds.
-    step_seconds: Vec<f64>,
-    /// Per rank (workers first, then servers), bytes put on the network.
-    traffic: Vec<HostBytes>,
-}
-
-/// One host's bytes.
-#[derive(Debug, Deserialize)]
-struct HostBytes {
-    bytes_sent: u64,
-}
 
 /// The row of simulated run `run` from its report `text`: the mean step after the warm-up
 /// steps, bytes per worker per step (the mean over workers of what each sent over the whole
 /// run, per step) and the compute utilisation (the profile's forward and backward over that
 /// step time).
 pub fn row(config: &StudyConfig, run: &RunSpec, text: &str) -> Result<RunRow> {
-    let outcome: SimOutcome =
+    let outcome: SimReport =
         serde_json::from_str(text).context("parsing the simulation's report")?;
     let steps = &outcome.step_seconds;
     let warm = (config.warmup_steps as usize).min(steps.len().saturating_sub(1));
@@ -80,13 +65,22 @@ mod tests {
         )
         .unwrap();
         let run = &config.runs()[0];
-        // Two workers, then a server whose bytes are not a worker's.
-        let report = r#"{"step_seconds": [9.0, 1.0, 2.0, 3.0],
-            "traffic": [{"bytes_sent": 400, "bytes_received": 0},
-                        {"bytes_sent": 800, "bytes_received": 0},
-                        {"bytes_sent": 99999, "bytes_received": 0}],
-            "mean_step_seconds": 3.75}"#;
-        let r = row(&config, run, report).unwrap();
+        // A real report, its steps and traffic set: two workers, then a server whose bytes
+        // are not a worker's.
+        let profile = syncopate_core::profile::ModelProfile::builtin("resnet50").unwrap();
+        let allreduce = syncopate_core::strategy::StrategyKind::Allreduce;
+        let mut sim = syncopate_sim::SimConfig::new(allreduce, 2, 0);
+        (sim.scale, sim.steps) = (1.0 / 1024.0, 1);
+        let mut report = syncopate_sim::simulate(&profile, &sim).unwrap();
+        report.step_seconds = vec![9.0, 1.0, 2.0, 3.0];
+        report.traffic = [400, 800, 99999]
+            .map(|bytes_sent| syncopate_sim::HostTraffic {
+                bytes_sent,
+                bytes_received: 0,
+            })
+            .to_vec();
+        let report = serde_json::to_string(&report).unwrap();
+        let r = row(&config, run, &report).unwrap();
         assert_eq!(r.step_seconds, 2.0, "the warm-up step left out");
         assert_eq!(r.bytes_per_step, 150.0);
         assert_eq!(r.samples_per_sec, 128.0);

@@ -36,6 +36,9 @@ fn summary(optional: bool, scale: f64) -> serde_json::Value {
             "times": {"compute": 1.0, "wait": 0.4, "optimizer": 0.2},
             "evaluations": [eval(1, 0.4 * scale), eval(2, 0.8 * scale)]},
     });
+    s = crate::rows::with_whole_worker0(s);
+    s["worker0"]["bytes_per_step"] = serde_json::Value::Null;
+    s["worker0"]["textbook_bytes_per_step"] = serde_json::Value::Null;
     if optional {
         s["average_accuracy"] = 0.85.into();
         s["divergence"] = 0.002.into();
@@ -187,7 +190,8 @@ fn report_of_old_runs_without_optional_fields_or_metrics() {
     for run in config.runs().iter().take(3) {
         let run_dir = dir.path().join("runs").join(&run.id);
         std::fs::create_dir_all(&run_dir).unwrap();
-        std::fs::write(run::summary_path(&run_dir), r#"{"worker0": {}}"#).unwrap();
+        let summary = crate::rows::with_whole_worker0(serde_json::json!({}));
+        std::fs::write(run::summary_path(&run_dir), summary.to_string()).unwrap();
     }
     rebuild_report(dir.path()).unwrap();
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();

@@ -149,12 +149,15 @@ pub fn train_step(
     Ok(out)
 }
 
-/// Accuracy and mean loss of `engine` over a whole split.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// Accuracy and mean loss of `engine` over a whole split (NaN for a profile replay, written
+/// as `null` and read back as NaN).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Evaluation {
     /// Fraction of samples classified correctly.
+    #[serde(deserialize_with = "syncopate_core::json::nan_if_null")]
     pub accuracy: f64,
     /// Mean cross-entropy.
+    #[serde(deserialize_with = "syncopate_core::json::nan_if_null")]
     pub loss: f64,
     /// Samples evaluated.
     pub samples: usize,

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant};
 
 use mio::Waker;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use syncopate_core::buffers::{BufferRelay, BufferRoute};
+use syncopate_core::json::{nan_if_null, nans_if_null};
 use syncopate_core::latency::Percentiles;
 use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
@@ -71,7 +72,7 @@ pub struct WorkerPlan {
 }
 
 /// Time spent in each phase over the run, seconds.
-#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct WorkerTimes {
     /// Waiting for the data loader.
     pub data: f64,
@@ -83,22 +84,29 @@ pub struct WorkerTimes {
     pub optimizer: f64,
 }
 
-/// A worker's outcome.
-#[derive(Debug, Clone, Serialize)]
+/// A worker's outcome: what it writes as its summary (`summary.json`'s `worker0`, and the
+/// member files beside it) and what a study reads back, this one type on both sides. Every
+/// field is required when read; a figure that was NaN is written as `null` and reads back
+/// as NaN.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct WorkerSummary {
     /// This worker's rank.
     pub rank: Rank,
     /// Steps run.
     pub steps: u64,
     /// Wall time of the training loop (evaluations excluded), seconds.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_seconds: f64,
     /// Samples per second over all workers (N x batch x steps / time).
+    #[serde(deserialize_with = "nan_if_null")]
     pub samples_per_sec: f64,
     /// Mean training loss over the last (up to) 20 steps, on this worker's shard.
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_loss: f64,
     /// Test evaluation at the end (rank 0 only).
     pub test: Option<Evaluation>,
     /// Test accuracy after each epoch (rank 0 only).
+    #[serde(deserialize_with = "nans_if_null")]
     pub epoch_accuracy: Vec<f64>,
     /// Every evaluation (rank 0 only), in order.
     pub evaluations: Vec<EvalPoint>,
@@ -110,16 +118,20 @@ pub struct WorkerSummary {
     /// Per-phase times.
     pub times: WorkerTimes,
     /// Wall time of every step, seconds (evaluations excluded).
+    #[serde(deserialize_with = "nans_if_null")]
     pub step_seconds: Vec<f64>,
     /// Bytes per link: (peer, sent, received).
     pub links: Vec<(Rank, u64, u64)>,
     /// Bytes this worker sent on all its links per step (measured: headers, heartbeats
     /// and all).
+    #[serde(deserialize_with = "nan_if_null")]
     pub bytes_per_step: f64,
     /// Bytes this worker received on all its links per step (measured).
+    #[serde(deserialize_with = "nan_if_null")]
     pub received_bytes_per_step: f64,
     /// The textbook bytes per step per worker of the strategy for this model
     /// ([`syncopate_core::strategy::textbook_bytes_per_step`]).
+    #[serde(deserialize_with = "nan_if_null")]
     pub textbook_bytes_per_step: f64,
     /// What the emulated network did to this worker's frames (sent, and received at its
     /// ingress port), all links together.
@@ -128,30 +140,33 @@ pub struct WorkerSummary {
     /// values back ([`syncopate_core::latency`]).
     pub tensor_completion: Percentiles,
     /// What the tuner measured and chose (`--autotune`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autotune: Option<TuneReport>,
     /// What a loss-tolerant worker (dlcp-allreduce) lost and filled in.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossStats>,
     /// Per key, the values it received and filled in (loss-tolerant workers).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_loss: Vec<KeyLoss>,
     /// What its datagrams did (`--transport udp`): sent, received, dropped by reason, and
     /// each link's rate controller.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagrams: Option<crate::comm::DatagramReport>,
 }
 
 /// One evaluation of the test set during training.
-#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct EvalPoint {
     /// Steps done.
     pub step: u64,
     /// Training seconds so far (evaluations excluded).
+    #[serde(deserialize_with = "nan_if_null")]
     pub seconds: f64,
     /// Test accuracy, a fraction.
+    #[serde(deserialize_with = "nan_if_null")]
     pub accuracy: f64,
     /// Test loss.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     /// Test accuracy of the exact average of every worker's weights at this step; filled in
     /// by `launch` after the job from the replica snapshots (`None`: not computed).
@@ -164,7 +179,7 @@ pub struct EvalPoint {
 }
 
 /// Rank 0's evaluations, as CSV rows and as points.
-#[derive(Serialize, serde::Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct EvalLog {
     csv: String,
     points: Vec<EvalPoint>,
@@ -857,3 +872,7 @@ mod tests {
         assert!(err.contains("at step 7: stalled"), "{err}");
     }
 }
+
+#[cfg(test)]
+#[path = "summary_tests.rs"]
+mod summary_tests;
