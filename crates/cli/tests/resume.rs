@@ -134,7 +134,8 @@ fn complete_steps(ck: &Path, world: usize) -> Vec<PathBuf> {
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     steps.retain(|p| {
-        p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
             && (0..world).all(|r| p.join(format!("rank-{r}.toml")).is_file())
     });
     steps.sort();
@@ -157,10 +158,20 @@ fn names(steps: &[PathBuf]) -> Vec<String> {
 fn a_new_job_in_a_used_checkpoint_folder_keeps_its_own_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
-    let common = ["--strategy", "allreduce", "--workers", "2", "--batch-size", "4"];
+    let common = [
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+    ];
     let every = ["--checkpoint-every", "5", "--checkpoint-dir", path(&ck)];
     run_ok(launch(20, &common).args(every));
-    assert_eq!(names(&complete_steps(&ck, 2)), ["step-00000015", "step-00000020"]);
+    assert_eq!(
+        names(&complete_steps(&ck, 2)),
+        ["step-00000015", "step-00000020"]
+    );
 
     let second = |steps: u64| {
         let mut cmd = launch(steps, &common);
@@ -173,11 +184,18 @@ fn a_new_job_in_a_used_checkpoint_folder_keeps_its_own_checkpoints() {
         .output()
         .unwrap();
     let log = text(&out);
-    assert!(!out.status.success(), "a fresh job ran in a used folder:\n{log}");
+    assert!(
+        !out.status.success(),
+        "a fresh job ran in a used folder:\n{log}"
+    );
     for said in ["step-00000015", "step-00000020", "--replace-checkpoints"] {
         assert!(log.contains(said), "{said:?} missing from:\n{log}");
     }
-    assert_eq!(complete_steps(&ck, 2).len(), 2, "the refusal deleted something");
+    assert_eq!(
+        complete_steps(&ck, 2).len(),
+        2,
+        "the refusal deleted something"
+    );
 
     let mut job = second(400)
         .args(["--bandwidth", "20mbit", "--replace-checkpoints"])
@@ -195,8 +213,14 @@ fn a_new_job_in_a_used_checkpoint_folder_keeps_its_own_checkpoints() {
             .count()
     };
     while written(&ck) < 3 {
-        assert!(Instant::now() < deadline, "the second job wrote no 3 checkpoints");
-        assert!(job.try_wait().unwrap().is_none(), "the second job ended early");
+        assert!(
+            Instant::now() < deadline,
+            "the second job wrote no 3 checkpoints"
+        );
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the second job ended early"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     job.kill().unwrap(); // SIGKILL; its processes die with it (parent-death signal)
@@ -227,7 +251,14 @@ fn a_job_resumes_into_another_folder() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let (d, e) = (dir.path().join("d"), dir.path().join("e"));
-    let common = ["--strategy", "allreduce", "--workers", "2", "--batch-size", "4"];
+    let common = [
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+    ];
     run_ok(launch(10, &common).args(["--checkpoint-every", "5", "--checkpoint-dir", path(&d)]));
     let log = run_ok(launch(15, &common).args(["--resume", path(&d)]).args([
         "--checkpoint-every",
@@ -235,19 +266,34 @@ fn a_job_resumes_into_another_folder() {
         "--checkpoint-dir",
         path(&e),
     ]));
-    assert!(log.contains("resuming from the checkpoint after step 10"), "{log}");
+    assert!(
+        log.contains("resuming from the checkpoint after step 10"),
+        "{log}"
+    );
     let token = e.join("job.token");
-    assert_eq!(std::fs::read(&token).unwrap(), std::fs::read(d.join("job.token")).unwrap());
+    assert_eq!(
+        std::fs::read(&token).unwrap(),
+        std::fs::read(d.join("job.token")).unwrap()
+    );
     let mode = std::fs::metadata(&token).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     assert_eq!(names(&complete_steps(&e, 2)), ["step-00000015"]);
     let log = run_ok(&mut launch(20, &common).args(["--resume", path(&e)]));
-    assert!(log.contains("resuming from the checkpoint after step 15"), "{log}");
+    assert!(
+        log.contains("resuming from the checkpoint after step 15"),
+        "{log}"
+    );
 
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let out = launch(25, &common).args(["--resume", path(&e)]).output().unwrap();
+    let out = launch(25, &common)
+        .args(["--resume", path(&e)])
+        .output()
+        .unwrap();
     let log = text(&out);
-    assert!(!out.status.success(), "a world-writable token was taken:\n{log}");
+    assert!(
+        !out.status.success(),
+        "a world-writable token was taken:\n{log}"
+    );
     assert!(log.contains("chmod 600"), "{log}");
 }
 
@@ -259,12 +305,30 @@ fn a_generated_token_can_be_kept_outside_the_checkpoint_folder() {
     let dir = tempfile::tempdir().unwrap();
     let (ck, token) = (dir.path().join("ck"), dir.path().join("secret/job.token"));
     std::fs::create_dir_all(token.parent().unwrap()).unwrap();
-    let common = ["--strategy", "allreduce", "--workers", "2", "--batch-size", "4"];
+    let common = [
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+    ];
     let flags = ["--token-file", path(&token), "--checkpoint-every", "5"];
-    run_ok(launch(10, &common).args(flags).args(["--checkpoint-dir", path(&ck)]));
+    run_ok(
+        launch(10, &common)
+            .args(flags)
+            .args(["--checkpoint-dir", path(&ck)]),
+    );
     assert!(!ck.join("job.token").exists());
     let mode = std::fs::metadata(&token).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
-    let log = run_ok(launch(15, &common).args(flags).args(["--resume", path(&ck)]));
-    assert!(log.contains("resuming from the checkpoint after step 10"), "{log}");
+    let log = run_ok(
+        launch(15, &common)
+            .args(flags)
+            .args(["--resume", path(&ck)]),
+    );
+    assert!(
+        log.contains("resuming from the checkpoint after step 10"),
+        "{log}"
+    );
 }

@@ -28,7 +28,10 @@ fn setup_as(uid: u32, apt_works: bool) -> (String, String) {
     stand_in(bin.path(), "cargo", "exit 0");
     stand_in(bin.path(), "sudo", "exit 1");
     for tool in ["cc", "pkg-config", "dirname", "sh", "bash"] {
-        if let Ok(out) = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output() {
+        if let Ok(out) = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+        {
             let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
             if !found.is_empty() {
                 std::os::unix::fs::symlink(found, bin.path().join(tool)).unwrap();
@@ -51,7 +54,9 @@ fn setup_as(uid: u32, apt_works: bool) -> (String, String) {
 fn setup_installs_nftables_for_the_kernel_loss_tests_where_it_can() {
     let (asked, _) = setup_as(0, true);
     assert!(
-        asked.lines().any(|l| l.contains("install") && l.contains("nftables")),
+        asked
+            .lines()
+            .any(|l| l.contains("install") && l.contains("nftables")),
         "apt-get was asked:\n{asked}"
     );
     let (_, said) = setup_as(1000, false);

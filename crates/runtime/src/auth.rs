@@ -135,7 +135,8 @@ pub fn check_token_file(path: &Path) -> Result<(), AuthError> {
         path: path.display().to_string(),
         why,
     };
-    let me = rustix::process::geteuid().as_raw();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
         return Err(unsafe_file(format!(
             "it is owned by user {}, not by this user ({me})",

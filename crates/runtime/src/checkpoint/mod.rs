@@ -491,9 +491,8 @@ pub fn newest_complete_any(dir: &Path) -> Option<u64> {
             return false;
         };
         (0..first.job.workers + first.job.servers).all(|rank| {
-            parse_manifest(&at, rank).is_ok_and(|m| {
-                m.step == step && m.rank == rank && m.job.same_run(&first.job)
-            })
+            parse_manifest(&at, rank)
+                .is_ok_and(|m| m.step == step && m.rank == rank && m.job.same_run(&first.job))
         })
     })
 }

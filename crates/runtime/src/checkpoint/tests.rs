@@ -285,11 +285,19 @@ fn pruning_counts_only_this_runs_steps() {
     write_all(dir.path(), 20, &second, 0..3);
     assert_eq!(steps_in(dir.path()).unwrap(), vec![40, 35, 20, 15]);
     let newest = |run: &str| newest_complete(dir.path(), &run_of(run)).unwrap();
-    assert_eq!(newest("cccc").run(), "aaaa", "the newest step is the first run's");
+    assert_eq!(
+        newest("cccc").run(),
+        "aaaa",
+        "the newest step is the first run's"
+    );
     std::fs::remove_dir_all(step_dir(dir.path(), 40)).unwrap();
     std::fs::remove_dir_all(step_dir(dir.path(), 35)).unwrap();
     let p = newest("cccc");
-    assert_eq!((p.step, p.run()), (20, "bbbb"), "a resume goes on under its run");
+    assert_eq!(
+        (p.step, p.run()),
+        (20, "bbbb"),
+        "a resume goes on under its run"
+    );
     assert_eq!(p.read_state(1).unwrap(), b"20/1");
 }
 
@@ -315,13 +323,21 @@ fn a_manifest_with_a_line_removed_or_altered_is_refused() {
     let j = job(2);
     let edits: [(&str, fn(&str) -> String); 4] = [
         ("record_mac", |m| {
-            m.lines().filter(|l| !l.starts_with("record_mac")).collect::<Vec<_>>().join("\n")
+            m.lines()
+                .filter(|l| !l.starts_with("record_mac"))
+                .collect::<Vec<_>>()
+                .join("\n")
         }),
         ("manifest_mac", |m| {
-            m.lines().filter(|l| !l.starts_with("manifest_mac")).collect::<Vec<_>>().join("\n")
+            m.lines()
+                .filter(|l| !l.starts_with("manifest_mac"))
+                .collect::<Vec<_>>()
+                .join("\n")
         }),
         ("run", |m| m.replace("run = \"", "run = \"0")),
-        ("file", |m| m.replace("rank-0.safetensors", "rank-0.safetensors ")),
+        ("file", |m| {
+            m.replace("rank-0.safetensors", "rank-0.safetensors ")
+        }),
     ];
     for (what, edit) in edits {
         let dir = tempfile::tempdir().unwrap();
