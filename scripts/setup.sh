@@ -6,6 +6,9 @@
 # apt can install it (as root or with sudo), else ../shared/data or data/ hold it, else the
 # demo says so and falls back to the synthetic set. The Python package's tests want Debian's
 # python3-torch, python3-venv and python3-pytest (maturin comes from PyPI, into target/).
+# The kernel-loss tests (crates/cli/tests/netns.rs) want nftables and iproute2 (nft, ip,
+# tc): installed here too where apt can (as root or with sudo); where it cannot, setup
+# says so and those tests report SKIPPED.
 set -euo pipefail
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc)
@@ -17,6 +20,10 @@ python_want=()
 /usr/bin/python3 -c 'import torch' 2>/dev/null || python_want+=(python3-torch)
 /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || python_want+=(python3-venv)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || python_want+=(python3-pytest)
+# The kernel-loss tests: nftables' random drops, namespaces and qdiscs.
+kernel_want=()
+command -v nft >/dev/null 2>&1 || kernel_want+=(nftables)
+command -v tc >/dev/null 2>&1 || kernel_want+=(iproute2)
 
 apt_install() {
   if [ "$(id -u)" = 0 ]; then
@@ -39,5 +46,11 @@ fi
 if [ ${#python_want[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt_install "${python_want[@]}" >/dev/null 2>&1 ||
     echo "setup: could not install ${python_want[*]} (the Python package's tests need them)" >&2
+fi
+if [ ${#kernel_want[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1 || ! apt_install "${kernel_want[@]}" >/dev/null 2>&1; then
+    echo "setup: could not install ${kernel_want[*]} (needs apt as root or with sudo):" \
+      "the kernel-loss tests will be SKIPPED" >&2
+  fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust 1.95+) is required" >&2; exit 1; }

@@ -971,7 +971,7 @@ fn a_job_stopped_and_resumed_ends_with_the_uninterrupted_weights() {
         assert!(!out.status.success(), "{why}");
         assert!(err.contains(why), "{err}");
     };
-    refused("3", 40, "worker count is 2, this job's is 3");
+    refused("3", 40, "worker count was 2 there and is 3 here");
     // A checkpoint that already holds every step asked for: refused, not a run of nothing.
     refused("2", 20, "step 20, and --steps 20 asks for no more");
 }

@@ -122,7 +122,38 @@ fn resolve_with(
     }
 }
 
+/// Refuses a token file that anyone but its reader could have written: one owned by
+/// another user, or writable by its group or by everyone (whoever can replace the token
+/// can forge the job's checkpoints and join it).
+pub fn check_token_file(path: &Path) -> Result<(), AuthError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|source| AuthError::TokenFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let unsafe_file = |why: String| AuthError::UnsafeTokenFile {
+        path: path.display().to_string(),
+        why,
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(unsafe_file(format!(
+            "it is owned by user {}, not by this user ({me})",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_file(format!(
+            "its group or everyone may write it (mode {:o}; chmod 600 it)",
+            meta.mode() & 0o777
+        )));
+    }
+    Ok(())
+}
+
 fn token_from_file(path: &Path) -> Result<JobToken, AuthError> {
+    check_token_file(path)?;
     let text = std::fs::read_to_string(path).map_err(|source| AuthError::TokenFile {
         path: path.display().to_string(),
         source,
@@ -249,6 +280,14 @@ pub enum AuthError {
         path: String,
         /// The I/O error.
         source: io::Error,
+    },
+    /// A token file that someone else could have written.
+    #[error("refusing the job token file {path}: {why}")]
+    UnsafeTokenFile {
+        /// The file.
+        path: String,
+        /// Who else could have written it.
+        why: String,
     },
     /// We refused the peer; it was sent `reason` in an Abort frame.
     #[error("refused {peer}: {reason}")]
@@ -655,6 +694,23 @@ mod tests {
         let (mut s, _) = listener.accept().unwrap();
         let acc = handshake(&mut s, token_a, a, false, Duration::from_secs(5));
         (acc, dialer.join().unwrap())
+    }
+
+    #[test]
+    fn a_token_file_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.token");
+        std::fs::write(&path, "ab".repeat(32)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let none = |_: &str| None;
+        assert!(resolve_with(None, Some(&path), &none).is_ok());
+        for mode in [0o620, 0o602, 0o666] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = resolve_with(None, Some(&path), &none).unwrap_err();
+            assert!(matches!(err, AuthError::UnsafeTokenFile { .. }), "{err}");
+            assert!(err.to_string().contains("chmod 600"), "{err}");
+        }
     }
 
     #[test]

@@ -109,14 +109,14 @@ impl ServerCheckpointer {
 }
 
 /// Loads server `rank`'s state from the newest complete checkpoint of `dir` into `server`;
-/// returns the steps it holds.
+/// returns the checkpoint's run id.
 fn restore(
     server: &mut Server,
     spec: &ModelSpec,
     job: &JobIdentity,
     rank: Rank,
     dir: &std::path::Path,
-) -> Result<u64, RunError> {
+) -> Result<String, RunError> {
     let point = checkpoint::newest_complete(dir, job)?;
     let bytes = point.read_state(rank)?;
     let path = point.dir.join(format!("rank-{rank}.safetensors"));
@@ -146,7 +146,7 @@ fn restore(
         "resuming from {}",
         point.dir.display()
     );
-    Ok(point.step)
+    Ok(point.run().to_string())
 }
 
 /// A server's loop: nothing to command, done when every worker has said goodbye.
@@ -278,9 +278,13 @@ pub fn run_server(
     let mut server = layout
         .server_endpoint(ctx.rank, key_infos(spec), plan.initial, optim)
         .map_err(|e| RunError::Local(e.to_string()))?;
-    let job = layout.identity(&ctx.token, spec, &plan.weight_settings);
+    let mut job = layout.identity(&ctx.token, spec, &plan.weight_settings);
+    if let Some(checkpoints) = &plan.checkpoint {
+        job = checkpoints.fresh_identity(job);
+    }
     if let Some(dir) = &plan.resume {
-        restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
+        let run = restore(server.as_mut(), spec, &job, ctx.rank, dir)?;
+        job = job.with_run(&run);
     }
     let plan_steps = plan.steps;
     let joined = join(ctx, layout, spec.fingerprint())?;

@@ -146,6 +146,11 @@ fn execute(
             .arg("--checkpoint-dir")
             .arg(&checkpoints);
     }
+    if let (Some(_), None) = (every, resume) {
+        // The run starts afresh: what an interrupted attempt left before its first
+        // complete step is its own, not another job's.
+        cmd.arg("--replace-checkpoints");
+    }
     if let Some(step) = resume {
         writeln!(
             log,

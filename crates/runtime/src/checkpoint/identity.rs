@@ -32,6 +32,11 @@ pub struct JobIdentity {
     pub servers: usize,
     /// A keyed digest of the job token (never the token itself), hex.
     pub token: String,
+    /// The run's id, hex: made afresh when a job starts from nothing, adopted from the
+    /// checkpoint by every resume, so that the step folders of two jobs sharing a folder
+    /// (and even a token and settings) are told apart. Not a setting: a resume never
+    /// compares it.
+    pub run: String,
     /// Every other setting that changes the weights (slicing, buckets, batch size,
     /// learning-rate schedule, seed, loss bounds, ...).
     pub settings: WeightSettings,
@@ -53,13 +58,22 @@ pub struct Difference {
 
 impl std::fmt::Display for Difference {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.field == TOKEN_FIELD {
+            return f.write_str(
+                "it was written under another job token (give that job's --token or \
+                 --token-file, or resume from the folder holding its job.token)",
+            );
+        }
         write!(
             f,
-            "its {} is {}, this job's is {}",
+            "{} was {} there and is {} here",
             self.field, self.found, self.want
         )
     }
 }
+
+/// The [`Difference::field`] of a checkpoint written under another token.
+const TOKEN_FIELD: &str = "job token";
 
 impl JobIdentity {
     /// The identity of a job of `model` (with `fingerprint`) run by `strategy` over
@@ -80,9 +94,24 @@ impl JobIdentity {
             workers,
             servers,
             token: token_digest(token),
+            run: run_of(token),
             settings,
             key: MacKey::of(token),
         }
+    }
+
+    /// This identity with the run id `run` (see [`JobIdentity::run`]).
+    pub fn with_run(self, run: &str) -> Self {
+        Self {
+            run: run.to_string(),
+            ..self
+        }
+    }
+
+    /// Whether a checkpoint of `other` was written by this very run: the same settings,
+    /// token and run id.
+    pub fn same_run(&self, other: &JobIdentity) -> bool {
+        self.run == other.run && self.differences(other).is_empty()
     }
 
     /// Every field in which `other` (a checkpoint's) differs from this identity, in a fixed
@@ -108,7 +137,7 @@ impl JobIdentity {
             ),
         ];
         if other.token != self.token {
-            fields.push(("token", "another".into(), "this job's".into()));
+            fields.push((TOKEN_FIELD, "another".into(), "this job's".into()));
         }
         let mut found: Vec<Difference> = fields
             .into_iter()
@@ -164,6 +193,20 @@ fn flatten(name: &str, value: &serde_json::Value, skip: &[&str], out: &mut Weigh
             out.insert(name.to_string(), other.to_string());
         }
     }
+}
+
+/// A fresh run id (see [`JobIdentity::run`]): 16 random hex digits.
+pub fn new_run_id() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 8];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// The run id of a job started without one (not by `launch`): derived from its token, so
+/// that every process of the job names the same run.
+fn run_of(token: &JobToken) -> String {
+    hex::encode(&keyed(token, b"syncopate-v1 checkpoint run")[..8])
 }
 
 /// HMAC-SHA256(token, label): tells tokens apart without revealing them.

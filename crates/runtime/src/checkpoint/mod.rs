@@ -7,7 +7,9 @@
 //! then `rank-<R>.toml`, its manifest: the step, the job's identity ([`JobIdentity`]: model,
 //! strategy, processes and every setting that changes the weights) and a MAC of each file
 //! (HMAC-SHA256 under a key derived from the job token, over the step, rank, identity and
-//! the file's bytes), so a file changed by anyone without the token is refused. Every file
+//! the file's bytes), so a file changed by anyone without the token is refused; the
+//! manifest itself carries a MAC over all its other fields (`manifest_mac`), so that no
+//! line of it can be removed or altered either. Every file
 //! is written atomically (temporary file, fsync, rename, fsync of the folder), so a process
 //! killed mid-write leaves either nothing or a whole file. A step is complete when every
 //! rank's manifest is there, names this job, and its files have the MACs it names.
@@ -15,9 +17,12 @@
 //! Processes may drift any number of steps apart (a step-wise averaging worker does not
 //! wait for the slowest), so pruning goes by what is complete, never by a count of steps:
 //! after each checkpoint a process removes its own files of the steps older than the
-//! second newest step whose manifests every rank has written. The two newest complete
-//! steps (the older one in case the newer turns out corrupt) and every newer step stay,
-//! whatever the drift.
+//! second newest step whose manifests every rank of this run has written. The two newest
+//! complete steps (the older one in case the newer turns out corrupt) and every newer step
+//! stay, whatever the drift. Only this run's steps count, and only its files go: the
+//! identity in every manifest names the run ([`JobIdentity::run`]), so the steps of another
+//! job in the same folder are never taken for newer ones. A job started afresh refuses a
+//! folder holding step folders already ([`claim_fresh`]) unless told to replace them.
 
 mod identity;
 #[cfg(test)]
@@ -28,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use identity::{settings_of, Difference, JobIdentity, WeightSettings};
+pub use identity::{new_run_id, settings_of, Difference, JobIdentity, WeightSettings};
 
 /// Where and how often a process writes checkpoints (`--checkpoint-dir`, `--checkpoint-every`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,11 +42,24 @@ pub struct CheckpointPlan {
     pub dir: PathBuf,
     /// Steps between two checkpoints.
     pub every: u64,
+    /// The run id a job started afresh writes under (see [`JobIdentity::run`]; `None`: one
+    /// derived from the token); a resumed job goes on under its checkpoint's.
+    pub run: Option<String>,
 }
 
-/// The format of the manifests this version writes (earlier ones had none and a plain
-/// SHA-256 of the state).
-const MANIFEST_FORMAT: u32 = 2;
+impl CheckpointPlan {
+    /// `job` under the run id this plan gives a job started afresh.
+    pub fn fresh_identity(&self, job: JobIdentity) -> JobIdentity {
+        match &self.run {
+            Some(run) => job.with_run(run),
+            None => job,
+        }
+    }
+}
+
+/// The format of the manifests this version writes (the first had none and a plain SHA-256
+/// of the state; the second no run id and no MAC of the manifest itself).
+const MANIFEST_FORMAT: u32 = 3;
 
 /// A process's manifest: `step-<S>/rank-<R>.toml`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,6 +80,33 @@ struct Manifest {
     /// wrote one.
     #[serde(default)]
     record_mac: Option<String>,
+    /// MAC of every other field of the manifest (see [`Manifest::mac`]), hex.
+    #[serde(default)]
+    manifest_mac: Option<String>,
+}
+
+impl Manifest {
+    /// The MAC of this manifest's fields but `manifest_mac`, under `job`'s key.
+    fn mac(&self, job: &JobIdentity) -> String {
+        with_manifest_bytes(self, |bytes| job.key.mac(&[b"manifest", bytes]))
+    }
+
+    /// Whether `manifest_mac` is the MAC of the other fields under `job`'s key.
+    fn verifies(&self, job: &JobIdentity) -> bool {
+        let Some(want) = &self.manifest_mac else {
+            return false;
+        };
+        with_manifest_bytes(self, |bytes| job.key.verifies(&[b"manifest", bytes], want))
+    }
+}
+
+/// Hands `f` the bytes a manifest's own MAC covers: its JSON without `manifest_mac`.
+fn with_manifest_bytes<T>(manifest: &Manifest, f: impl FnOnce(&[u8]) -> T) -> T {
+    let unsigned = Manifest {
+        manifest_mac: None,
+        ..manifest.clone()
+    };
+    f(&serde_json::to_vec(&unsigned).unwrap_or_default())
 }
 
 /// Why a checkpoint could not be written or resumed.
@@ -78,8 +123,8 @@ pub enum CheckpointError {
     /// The newest checkpoint belongs to another job, or to this job run with other
     /// settings.
     #[error(
-        "checkpoint {path} is not of this job: {} (resume with the same model, strategy, \
-         --workers, --servers, token and every setting that changes the weights)",
+        "cannot resume from {path}: it was written by a job with other settings: {}. \
+         A resume must repeat them",
         differences.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     OtherJob {
@@ -91,14 +136,37 @@ pub enum CheckpointError {
     /// The manifest was written by an earlier version, which recorded neither the job's
     /// settings nor a keyed MAC.
     #[error(
-        "checkpoint {path} was written by an earlier version of syncopate: its manifest \
-         records neither the job's settings nor a MAC under the job's token, so this version \
-         cannot check it and does not resume from it (start the job afresh, or finish it \
-         with the version that wrote it)"
+        "checkpoint {path} was written by an earlier version of syncopate, whose manifests \
+         this version cannot check, so it does not resume from it (start the job afresh, or \
+         finish it with the version that wrote it)"
     )]
     OldFormat {
         /// The manifest.
         path: PathBuf,
+    },
+    /// A manifest whose own MAC is missing or wrong: a line of it was removed or altered.
+    #[error(
+        "checkpoint manifest {path} was altered since it was written (a line removed or \
+         changed: its manifest_mac does not match), so it is not resumed from"
+    )]
+    AlteredManifest {
+        /// The manifest.
+        path: PathBuf,
+    },
+    /// A job started afresh found step folders of another job in its checkpoint folder.
+    #[error(
+        "{} already holds checkpoints of another job ({}). Resume that job with --resume \
+         {}, choose another --checkpoint-dir, or give --replace-checkpoints to delete those \
+         folders",
+        dir.display(),
+        steps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        dir.display()
+    )]
+    Occupied {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// Its step folders.
+        steps: Vec<PathBuf>,
     },
     /// No step of the folder is complete.
     #[error("no complete checkpoint in {dir}: {why}")]
@@ -194,7 +262,7 @@ pub fn write(
     if let Some(record) = written.record {
         write_atomic(&at.join(record_name(rank)), record)?;
     }
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         format: MANIFEST_FORMAT,
         step,
         rank,
@@ -204,7 +272,9 @@ pub fn write(
         record_mac: written
             .record
             .map(|r| file_mac(job, "record", step, rank, r)),
+        manifest_mac: None,
     };
+    manifest.manifest_mac = Some(manifest.mac(job));
     let text = toml::to_string(&manifest).map_err(|e| CheckpointError::Io {
         path: at.join(manifest_name(rank)),
         source: std::io::Error::other(e),
@@ -212,7 +282,37 @@ pub fn write(
     write_atomic(&at.join(manifest_name(rank)), text.as_bytes())?;
     sync_dir(&at)?;
     sync_dir(dir)?;
-    prune(dir, rank, job.workers + job.servers)
+    prune(dir, rank, job)
+}
+
+/// The step folders of `dir` (none when it does not exist), oldest first.
+pub fn step_folders(dir: &Path) -> Vec<PathBuf> {
+    let mut steps = steps_in(dir).unwrap_or_default();
+    steps.reverse();
+    steps.into_iter().map(|s| step_dir(dir, s)).collect()
+}
+
+/// Readies `dir` for a job started afresh (not resumed): refuses it while it holds step
+/// folders, which can only be another job's ([`CheckpointError::Occupied`]), unless
+/// `replace`, which deletes them.
+pub fn claim_fresh(dir: &Path, replace: bool) -> Result<()> {
+    let steps = step_folders(dir);
+    if steps.is_empty() {
+        return Ok(());
+    }
+    if !replace {
+        return Err(CheckpointError::Occupied {
+            dir: dir.to_path_buf(),
+            steps,
+        });
+    }
+    for step in steps {
+        match std::fs::remove_dir_all(&step) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&step)(e)),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The steps of `dir`'s checkpoint folders, newest first.
@@ -226,26 +326,37 @@ fn steps_in(dir: &Path) -> Result<Vec<u64>> {
     Ok(steps)
 }
 
-/// The steps of `dir` in which each of the `world` ranks has written its manifest (a
-/// manifest is written last, so its files are whole), newest first.
-fn written_by_all(dir: &Path, world: usize) -> Result<Vec<u64>> {
+/// Whether rank `rank`'s manifest in `at` was written by `job`'s run (a manifest is
+/// written last, so its files are whole).
+fn written_by(at: &Path, rank: usize, job: &JobIdentity) -> bool {
+    parse_manifest(at, rank).is_ok_and(|m| m.job.same_run(job))
+}
+
+/// The steps of `dir` in which each rank of `job` has written its manifest, naming this
+/// run, newest first.
+fn written_by_all(dir: &Path, job: &JobIdentity) -> Result<Vec<u64>> {
     let mut steps = steps_in(dir)?;
     steps.retain(|&step| {
         let at = step_dir(dir, step);
-        (0..world).all(|rank| at.join(manifest_name(rank)).is_file())
+        (0..job.workers + job.servers).all(|rank| written_by(&at, rank, job))
     });
     Ok(steps)
 }
 
 /// Removes `rank`'s files from every step folder older than the second newest step that
-/// all `world` ranks have written (nothing while there are fewer than two), and folders
-/// left empty: the two newest complete steps and every newer one stay.
-fn prune(dir: &Path, rank: usize, world: usize) -> Result<()> {
-    let Some(&oldest_kept) = written_by_all(dir, world)?.get(1) else {
+/// every rank of `job`'s run has written (nothing while there are fewer than two), and
+/// folders left empty: the two newest complete steps and every newer one stay, and so do
+/// the files of any other job.
+fn prune(dir: &Path, rank: usize, job: &JobIdentity) -> Result<()> {
+    let Some(&oldest_kept) = written_by_all(dir, job)?.get(1) else {
         return Ok(());
     };
     for step in steps_in(dir)?.into_iter().filter(|&s| s < oldest_kept) {
         let at = step_dir(dir, step);
+        let own = at.join(manifest_name(rank));
+        if own.exists() && !written_by(&at, rank, job) {
+            continue; // another job's
+        }
         for name in [manifest_name(rank), state_name(rank), record_name(rank)] {
             let path = at.join(name);
             match std::fs::remove_file(&path) {
@@ -266,23 +377,28 @@ pub struct ResumePoint {
     pub step: u64,
     /// Its folder.
     pub dir: PathBuf,
-    /// The job resuming it (whose key checks its files).
+    /// The job resuming it (whose key checks its files), with the run id of the checkpoint.
     job: JobIdentity,
 }
 
 impl ResumePoint {
+    /// The run id of the checkpoint, which the resumed job goes on under.
+    pub fn run(&self) -> &str {
+        &self.job.run
+    }
+
     /// Rank `rank`'s state, checked against its manifest's MAC.
     pub fn read_state(&self, rank: usize) -> Result<Vec<u8>> {
         let path = self.dir.join(state_name(rank));
         let bytes = std::fs::read(&path).map_err(io(&path))?;
-        let manifest = read_manifest(&self.dir, rank)?;
+        let manifest = read_manifest(&self.dir, rank, &self.job)?;
         self.check_read(&path, "state", rank, &bytes, &manifest.mac)?;
         Ok(bytes)
     }
 
     /// Rank `rank`'s record, checked against its manifest (`None`: it wrote none).
     pub fn read_record(&self, rank: usize) -> Result<Option<Vec<u8>>> {
-        let Some(want) = read_manifest(&self.dir, rank)?.record_mac else {
+        let Some(want) = read_manifest(&self.dir, rank, &self.job)?.record_mac else {
             return Ok(None);
         };
         let path = self.dir.join(record_name(rank));
@@ -309,9 +425,22 @@ impl ResumePoint {
     }
 }
 
-/// Reads rank `rank`'s manifest in `at`; one of an earlier format is
-/// [`CheckpointError::OldFormat`].
-fn read_manifest(at: &Path, rank: usize) -> Result<Manifest> {
+/// Reads rank `rank`'s manifest in `at`, checked against its own MAC under `job`'s key
+/// ([`CheckpointError::AlteredManifest`] when it fails, [`CheckpointError::OldFormat`]
+/// for an earlier format).
+fn read_manifest(at: &Path, rank: usize, job: &JobIdentity) -> Result<Manifest> {
+    let manifest = parse_manifest(at, rank)?;
+    if manifest.verifies(job) {
+        return Ok(manifest);
+    }
+    Err(CheckpointError::AlteredManifest {
+        path: at.join(manifest_name(rank)),
+    })
+}
+
+/// Reads rank `rank`'s manifest in `at` without checking its MAC; one of an earlier
+/// format is [`CheckpointError::OldFormat`].
+fn parse_manifest(at: &Path, rank: usize) -> Result<Manifest> {
     let path = at.join(manifest_name(rank));
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
     let table: toml::Table =
@@ -332,14 +461,14 @@ pub fn newest_complete(dir: &Path, job: &JobIdentity) -> Result<ResumePoint> {
     for step in steps {
         let at = step_dir(dir, step);
         match check_step(&at, step, job)? {
-            None => {
+            Ok(run) => {
                 return Ok(ResumePoint {
                     step,
                     dir: at,
-                    job: job.clone(),
+                    job: job.clone().with_run(&run),
                 })
             }
-            Some(reason) => why.push(format!("step {step}: {reason}")),
+            Err(reason) => why.push(format!("step {step}: {reason}")),
         }
     }
     if why.is_empty() {
@@ -358,47 +487,57 @@ pub fn newest_complete(dir: &Path, job: &JobIdentity) -> Result<ResumePoint> {
 pub fn newest_complete_any(dir: &Path) -> Option<u64> {
     steps_in(dir).ok()?.into_iter().find(|&step| {
         let at = step_dir(dir, step);
-        let Ok(first) = read_manifest(&at, 0) else {
+        let Ok(first) = parse_manifest(&at, 0) else {
             return false;
         };
         (0..first.job.workers + first.job.servers).all(|rank| {
-            read_manifest(&at, rank).is_ok_and(|m| {
-                m.step == step && m.rank == rank && m.job.differences(&first.job).is_empty()
-            })
+            parse_manifest(&at, rank)
+                .is_ok_and(|m| m.step == step && m.rank == rank && m.job.same_run(&first.job))
         })
     })
 }
 
-/// Why the checkpoint in `at` is incomplete (`None`: it is complete).
-fn check_step(at: &Path, step: u64, job: &JobIdentity) -> Result<Option<String>> {
+/// The run id of the checkpoint in `at` when it is complete, else why it is not.
+fn check_step(
+    at: &Path,
+    step: u64,
+    job: &JobIdentity,
+) -> Result<std::result::Result<String, String>> {
+    let mut run: Option<String> = None;
     for rank in 0..job.workers + job.servers {
-        let manifest = match read_manifest(at, rank) {
+        let manifest = match parse_manifest(at, rank) {
             Ok(manifest) => manifest,
             Err(e @ CheckpointError::OldFormat { .. }) => return Err(e),
-            Err(_) => return Ok(Some(format!("rank {rank} has no readable manifest"))),
+            Err(_) => return Ok(Err(format!("rank {rank} has no readable manifest"))),
         };
+        let path = at.join(manifest_name(rank));
         let differences = job.differences(&manifest.job);
         if !differences.is_empty() {
-            return Err(CheckpointError::OtherJob {
-                path: at.join(manifest_name(rank)),
-                differences,
-            });
+            return Err(CheckpointError::OtherJob { path, differences });
+        }
+        if !manifest.verifies(job) {
+            return Err(CheckpointError::AlteredManifest { path });
+        }
+        if run.get_or_insert_with(|| manifest.job.run.clone()) != &manifest.job.run {
+            return Ok(Err(format!("rank {rank}'s manifest names another run")));
         }
         if manifest.step != step || manifest.rank != rank || manifest.file != state_name(rank) {
-            return Ok(Some(format!("rank {rank}'s manifest names another file")));
+            return Ok(Err(format!("rank {rank}'s manifest names another file")));
         }
+        let writer = job.clone().with_run(&manifest.job.run);
         let file_ok = |name: String, kind: &str, want: &str| {
-            std::fs::read(at.join(name)).is_ok_and(|b| has_mac(job, (kind, step, rank), &b, want))
+            std::fs::read(at.join(name))
+                .is_ok_and(|b| has_mac(&writer, (kind, step, rank), &b, want))
         };
         let record_ok = manifest
             .record_mac
             .as_ref()
             .is_none_or(|want| file_ok(record_name(rank), "record", want));
         if !file_ok(state_name(rank), "state", &manifest.mac) || !record_ok {
-            return Ok(Some(format!(
+            return Ok(Err(format!(
                 "rank {rank}'s state is missing or fails its MAC"
             )));
         }
     }
-    Ok(None)
+    Ok(Ok(run.unwrap_or_default()))
 }

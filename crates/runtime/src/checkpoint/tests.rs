@@ -132,16 +132,20 @@ fn another_jobs_checkpoint_is_refused_naming_every_difference() {
     );
     let err = newest_complete(dir.path(), &other).unwrap_err().to_string();
     for said in [
-        "worker count is 2, this job's is 3",
-        "--batch-size is 64, this job's is 32",
-        "plan.slice_params is (not set), this job's is 1001",
+        "worker count was 2 there and is 3 here",
+        "--batch-size was 64 there and is 32 here",
+        "plan.slice_params was (not set) there and is 1001 here",
     ] {
         assert!(err.contains(said), "{said:?} missing from: {err}");
     }
     assert!(!err.contains("--seed"), "{err}");
     let j = JobIdentity::new("lenet", 7, "ps", (2, 1), &token("cd"), job(2).settings);
     let err = newest_complete(dir.path(), &j).unwrap_err().to_string();
-    assert!(err.contains("token"), "{err}");
+    assert!(
+        err.contains("it was written under another job token"),
+        "{err}"
+    );
+    assert!(!err.contains("this job's is"), "{err}");
     assert!(!err.contains(&"ab".repeat(32)), "the token leaks: {err}");
 }
 
@@ -202,6 +206,7 @@ fn forge(dir: &Path, state: &[u8], key_of: &JobIdentity) {
     let mut signer = manifest.job.clone();
     signer.key = key_of.key.clone();
     manifest.mac = file_mac(&signer, "state", 10, 1, state);
+    manifest.manifest_mac = Some(manifest.mac(&signer));
     std::fs::write(&path, toml::to_string(&manifest).unwrap()).unwrap();
 }
 
@@ -211,12 +216,15 @@ fn a_state_edited_and_resigned_without_the_token_is_refused() {
     let j = job(2);
     write_all(dir.path(), 10, &j, 0..3);
     let stranger = JobIdentity::new("lenet", 7, "ps", (2, 1), &token("cd"), j.settings.clone());
-    forge(dir.path(), b"forged", &stranger);
+    std::fs::write(step_dir(dir.path(), 10).join(state_name(1)), b"forged").unwrap();
     let err = newest_complete(dir.path(), &j).unwrap_err().to_string();
     assert!(
         err.contains("rank 1's state is missing or fails its MAC"),
         "{err}"
     );
+    forge(dir.path(), b"forged", &stranger);
+    let err = newest_complete(dir.path(), &j).unwrap_err().to_string();
+    assert!(err.contains("was altered"), "{err}");
     // The same edit under the job's own key is taken: the MAC is what refused it.
     forge(dir.path(), b"forged", &j);
     let p = newest_complete(dir.path(), &j).unwrap();
@@ -253,4 +261,93 @@ fn an_empty_folder_says_so() {
     assert_eq!(newest_complete_any(dir.path()), None);
     let err = newest_complete(&dir.path().join("nope"), &job(2)).unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
+}
+
+/// The identity of `job(2)` under run id `run` (same token, same settings).
+fn run_of(run: &str) -> JobIdentity {
+    job(2).with_run(run)
+}
+
+/// The sequence in one folder: a job ran to its end (steps 35 and 40 kept), then
+/// another job under the same token wrote steps 5, 10 and 15. Pruning counts only its own
+/// steps, so all of them stay, and so do the first job's.
+#[test]
+fn pruning_counts_only_this_runs_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (run_of("aaaa"), run_of("bbbb"));
+    for step in [35, 40] {
+        write_all(dir.path(), step, &first, 0..3);
+    }
+    for step in [5, 10, 15] {
+        write_all(dir.path(), step, &second, 0..3);
+    }
+    assert_eq!(steps_in(dir.path()).unwrap(), vec![40, 35, 15, 10]);
+    write_all(dir.path(), 20, &second, 0..3);
+    assert_eq!(steps_in(dir.path()).unwrap(), vec![40, 35, 20, 15]);
+    let newest = |run: &str| newest_complete(dir.path(), &run_of(run)).unwrap();
+    assert_eq!(
+        newest("cccc").run(),
+        "aaaa",
+        "the newest step is the first run's"
+    );
+    std::fs::remove_dir_all(step_dir(dir.path(), 40)).unwrap();
+    std::fs::remove_dir_all(step_dir(dir.path(), 35)).unwrap();
+    let p = newest("cccc");
+    assert_eq!(
+        (p.step, p.run()),
+        (20, "bbbb"),
+        "a resume goes on under its run"
+    );
+    assert_eq!(p.read_state(1).unwrap(), b"20/1");
+}
+
+#[test]
+fn a_fresh_job_refuses_a_used_folder_unless_told_to_replace_it() {
+    let dir = tempfile::tempdir().unwrap();
+    claim_fresh(&dir.path().join("new"), false).unwrap();
+    claim_fresh(dir.path(), false).unwrap();
+    write_all(dir.path(), 35, &job(2), 0..3);
+    write_all(dir.path(), 40, &job(2), 0..3);
+    std::fs::write(dir.path().join("job.token"), "x").unwrap();
+    let err = claim_fresh(dir.path(), false).unwrap_err().to_string();
+    for said in ["step-00000035", "step-00000040", "--replace-checkpoints"] {
+        assert!(err.contains(said), "{said:?} missing from: {err}");
+    }
+    claim_fresh(dir.path(), true).unwrap();
+    assert!(steps_in(dir.path()).unwrap().is_empty());
+    assert!(dir.path().join("job.token").exists());
+}
+
+#[test]
+fn a_manifest_with_a_line_removed_or_altered_is_refused() {
+    let j = job(2);
+    let edits: [(&str, fn(&str) -> String); 4] = [
+        ("record_mac", |m| {
+            m.lines()
+                .filter(|l| !l.starts_with("record_mac"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }),
+        ("manifest_mac", |m| {
+            m.lines()
+                .filter(|l| !l.starts_with("manifest_mac"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }),
+        ("run", |m| m.replace("run = \"", "run = \"0")),
+        ("file", |m| {
+            m.replace("rank-0.safetensors", "rank-0.safetensors ")
+        }),
+    ];
+    for (what, edit) in edits {
+        let dir = tempfile::tempdir().unwrap();
+        write_all(dir.path(), 10, &j, 0..3);
+        let path = step_dir(dir.path(), 10).join(manifest_name(0));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let edited = edit(&text);
+        assert_ne!(edited, text, "{what}: no edit");
+        std::fs::write(&path, edited).unwrap();
+        let err = newest_complete(dir.path(), &j).unwrap_err().to_string();
+        assert!(err.contains("was altered"), "{what}: {err}");
+    }
 }

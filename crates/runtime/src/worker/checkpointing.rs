@@ -116,6 +116,8 @@ pub(crate) struct Resumed {
     pub carried: Option<CarriedRecord>,
     /// The strategy's own state.
     pub sync_state: Vec<Vec<f32>>,
+    /// The run id of the checkpoint, which the job goes on under.
+    pub run: String,
 }
 
 /// Resumes worker `rank` of `job` from the newest complete checkpoint in `dir`: loads its
@@ -170,5 +172,6 @@ fn restore(point: &ResumePoint, rank: usize, into: ResumeInto<'_>) -> Result<Res
         steps: point.step,
         carried,
         sync_state,
+        run: point.run().to_string(),
     })
 }

@@ -677,7 +677,10 @@ fn starting_state<E: LayerwiseEngine>(
         checkpoint::load(engine, path)?;
     }
     let mut optimizer = LocalOptimizer::new(plan.optim, sizes);
-    let job = layout.identity(&ctx.token, engine.spec(), &plan.weight_settings);
+    let mut job = layout.identity(&ctx.token, engine.spec(), &plan.weight_settings);
+    if let Some(checkpoints) = &plan.checkpoint {
+        job = checkpoints.fresh_identity(job);
+    }
     let into = checkpointing::ResumeInto {
         engine,
         optimizer: &mut optimizer,
@@ -686,6 +689,7 @@ fn starting_state<E: LayerwiseEngine>(
     let (first_step, carried, sync_state) = match &plan.resume {
         Some(dir) => {
             let resumed = checkpointing::resume(dir, &job, ctx.rank, into)?;
+            job = job.with_run(&resumed.run);
             (resumed.steps, resumed.carried, Some(resumed.sync_state))
         }
         None => (0, None, None),

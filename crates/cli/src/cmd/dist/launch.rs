@@ -7,8 +7,8 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use syncopate_core::net::NetworkProfile;
 use syncopate_core::strategy::Averaged;
-use syncopate_runtime::auth::{AuthError, JobToken};
-use syncopate_runtime::checkpoint::newest_complete_any;
+use syncopate_runtime::auth::{AuthError, JobToken, TOKEN_ENV};
+use syncopate_runtime::checkpoint::{new_run_id, newest_complete_any};
 use syncopate_runtime::job::JobLayout;
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
 use syncopate_runtime::trace::merge_traces;
@@ -110,6 +110,7 @@ fn handed_job(
         job: JobArgs {
             replica_dir: args.replica_dir.clone().or(replicas),
             token: None,
+            run_id: args.run_id.clone().or_else(|| Some(new_run_id())),
             ..args.clone()
         },
         sync: layout.sync.clone(),
@@ -118,37 +119,59 @@ fn handed_job(
     serde_json::to_string(&handed).context("encoding the resolved job")
 }
 
-impl JobArgs {
-    /// The folder where `launch` keeps a generated token for the job's checkpoints.
-    fn token_home(&self) -> Option<&std::path::Path> {
-        self.checkpoint_dir.as_deref().or(self.resume.as_deref())
-    }
+/// The name of the file in a checkpoint folder where `launch` keeps a token it generated.
+const TOKEN_NAME: &str = "job.token";
 
-    /// The job's token for `launch`: the given one, else (with checkpoints) the one kept in
-    /// the checkpoint folder, made and kept there on the first run; `None`: a fresh one.
+impl JobArgs {
+    /// The job's token for `launch`: the given one (a --token-file that does not exist yet
+    /// receives a fresh one, kept there rather than beside the checkpoints), else the one
+    /// kept in the folder resumed from (copied into another --checkpoint-dir, so that a
+    /// later resume from there finds it), else the one kept in --checkpoint-dir, made and
+    /// kept there on the first run; `None`: a fresh one.
     fn launch_token(&self) -> Result<Option<JobToken>> {
-        if let Some(token) = self.given_token()? {
-            return Ok(Some(token));
-        }
         if let Some(dir) = self.resume.as_deref().filter(|d| !d.is_dir()) {
             bail!("--resume {}: no such folder", dir.display());
         }
-        let Some(dir) = self.token_home() else {
+        let token_env = std::env::var(TOKEN_ENV).is_ok_and(|t| !t.trim().is_empty());
+        let new_file = self.token_file.as_deref().filter(|p| !p.exists());
+        if let (Some(path), None, false) = (new_file, &self.token, token_env) {
+            if self.resume.is_some() {
+                bail!(
+                    "--token-file {}: no such file, and a resumed job needs the token it \
+                     was started with",
+                    path.display()
+                );
+            }
+            let token = JobToken::generate();
+            write_secret(path, &token.to_hex())?;
+            return Ok(Some(token));
+        }
+        if let Some(token) = self.given_token()? {
+            return Ok(Some(token));
+        }
+        if let Some(from) = self.resume.as_deref() {
+            let path = from.join(TOKEN_NAME);
+            if !path.exists() {
+                bail!(
+                    "{} has no {TOKEN_NAME}: resume with the job's --token or --token-file",
+                    from.display()
+                );
+            }
+            let token = JobToken::resolve(None, Some(&path))?;
+            if let (Some(to), true) = (&self.checkpoint_dir, self.writes_into_another_folder()) {
+                keep_token(to, &token)?;
+            }
+            return Ok(Some(token));
+        }
+        let Some(dir) = self.checkpoint_dir.as_deref() else {
             return Ok(None);
         };
-        let path = dir.join("job.token");
+        let path = dir.join(TOKEN_NAME);
         if path.exists() {
             return Ok(Some(JobToken::resolve(None, Some(&path))?));
         }
-        if self.resume.is_some() && self.checkpoint_dir.is_none() {
-            bail!(
-                "{} has no job.token: resume with the job's --token or --token-file",
-                dir.display()
-            );
-        }
         let token = JobToken::generate();
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_secret(&path, &token.to_hex())?;
+        keep_token(dir, &token)?;
         Ok(Some(token))
     }
 
@@ -161,6 +184,19 @@ impl JobArgs {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Keeps `token` as `dir/job.token` (mode 0600), replacing a file of another token there.
+fn keep_token(dir: &std::path::Path, token: &JobToken) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(TOKEN_NAME);
+    if path.exists() {
+        if JobToken::resolve(None, Some(&path)).is_ok_and(|t| t.to_hex() == token.to_hex()) {
+            return Ok(());
+        }
+        std::fs::remove_file(&path).with_context(|| format!("replacing {}", path.display()))?;
+    }
+    write_secret(&path, &token.to_hex())
 }
 
 /// What `config.toml` in a job's --metrics-dir holds: every flag with its default filled

@@ -23,7 +23,7 @@ use syncopate_core::net::NetworkProfile;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::checkpoint::{CheckpointPlan, WeightSettings};
+use syncopate_runtime::checkpoint::{claim_fresh, CheckpointPlan, WeightSettings};
 use syncopate_runtime::comm::{CommOptions, DatagramOptions};
 use syncopate_runtime::env;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
@@ -151,10 +151,21 @@ pub struct JobArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: Option<u64>,
     /// Folder of the job's checkpoints (`step-<S>/rank-<R>.safetensors` and a manifest per
-    /// process). `launch` also keeps a generated job token there (job.token), so that
-    /// --resume can run under the same token.
+    /// process). Unless given a token (--token, --token-file, $SYNCOPATE_TOKEN), `launch`
+    /// also keeps the one it generates there (job.token, mode 0600), so that --resume can
+    /// run under the same token. A job started afresh refuses a folder that already holds
+    /// step folders (another job's) unless given --replace-checkpoints.
     #[arg(long, value_name = "DIR", requires = "checkpoint_every")]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Delete the step folders (`step-<S>/`, every rank's state, record and manifest) that
+    /// another job left in --checkpoint-dir, instead of refusing to start there. The job's
+    /// token file and other files stay.
+    #[arg(long, requires = "checkpoint_dir")]
+    pub replace_checkpoints: bool,
+    /// The run id under which a job started afresh writes its checkpoints (`launch` makes a
+    /// fresh one; a resumed job goes on under its checkpoint's).
+    #[arg(long, value_name = "HEX", hide = true)]
+    pub run_id: Option<String>,
     /// Restart the job from the newest checkpoint in DIR that every process completed; the
     /// run goes on to the same --steps/--epochs and ends with the weights an uninterrupted
     /// run would have had. A checkpoint of another model, strategy, worker or server count
@@ -342,10 +353,23 @@ impl JobArgs {
         let Some(dir) = self.checkpoint_dir.as_ref().or(self.resume.as_ref()) else {
             bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to write into");
         };
+        if self.writes_into_another_folder() {
+            claim_fresh(dir, self.replace_checkpoints)?;
+        }
         Ok(Some(CheckpointPlan {
             dir: dir.clone(),
             every,
+            run: self.run_id.clone(),
         }))
+    }
+
+    /// Whether the job writes its checkpoints into a folder other than the one it resumes
+    /// from (every job started afresh does): one that must hold no other job's.
+    fn writes_into_another_folder(&self) -> bool {
+        match (&self.checkpoint_dir, &self.resume) {
+            (Some(to), Some(from)) => !same_folder(to, from),
+            (to, _) => to.is_some(),
+        }
     }
 
     /// The training settings that change the weights, as the job's checkpoints record them
@@ -450,4 +474,13 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
             trace_steps: args.trace_steps.clone().map(|w| w.0),
         }),
     })
+}
+
+/// Whether `a` and `b` name the same folder (as written, or once resolved).
+fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
+    a == b
+        || matches!(
+            (a.canonicalize(), b.canonicalize()),
+            (Ok(a), Ok(b)) if a == b
+        )
 }
