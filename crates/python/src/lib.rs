@@ -86,11 +86,9 @@ impl Operation for TensorOperation {
         // and untouched until `done` has been called.
         unsafe {
             match self.dtype {
-                Dtype::F32 => std::ptr::copy_nonoverlapping(
-                    self.address as *const f32,
-                    into.as_mut_ptr(),
-                    n,
-                ),
+                Dtype::F32 => {
+                    std::ptr::copy_nonoverlapping(self.address as *const f32, into.as_mut_ptr(), n)
+                }
                 Dtype::F16 => {
                     let src = std::slice::from_raw_parts(self.address as *const half::f16, n);
                     for (o, v) in into.iter_mut().zip(src) {
@@ -357,7 +355,12 @@ impl Outer {
     /// Restores the anchor and the momentum from the buffers at the two addresses.
     fn restore_from(&mut self, anchor: usize, momentum: usize) -> PyResult<()> {
         // SAFETY: as in `set_anchor`.
-        let state = unsafe { vec![floats(anchor, self.numel)?.to_vec(), floats(momentum, self.numel)?.to_vec()] };
+        let state = unsafe {
+            vec![
+                floats(anchor, self.numel)?.to_vec(),
+                floats(momentum, self.numel)?.to_vec(),
+            ]
+        };
         self.inner.restore(state).map_err(PyValueError::new_err)
     }
 }

@@ -541,7 +541,11 @@ fn unexpected(from: Rank, header: &Header, why: &str) -> ProtocolError {
 fn replay(active: &mut Active, f: &EarlyFrame) -> Result<(), ProtocolError> {
     let slot = active.ep.recv_slot(f.link, &f.header)?;
     if slot.len() != f.values.len() {
-        return Err(unexpected(f.link, &f.header, "an early frame of another length"));
+        return Err(unexpected(
+            f.link,
+            &f.header,
+            "an early frame of another length",
+        ));
     }
     slot.copy_from_slice(&f.values);
     active.ep.handle_payload(f.link, &f.header)?;
@@ -615,8 +619,8 @@ impl Endpoint for Pipeline {
 
     fn handle_payload(&mut self, link: Rank, header: &Header) -> Result<(), ProtocolError> {
         if let Some(&(id, i)) = self.receiving.get(&link) {
-            let same = (self.early.get(&id).and_then(|f| f.get(i)))
-                .is_some_and(|f| f.header == *header);
+            let same =
+                (self.early.get(&id).and_then(|f| f.get(i))).is_some_and(|f| f.header == *header);
             if same {
                 self.receiving.remove(&link);
                 let Some(f) = self.early.get_mut(&id).and_then(|f| f.get_mut(i)) else {

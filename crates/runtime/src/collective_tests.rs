@@ -143,7 +143,11 @@ fn operations_started_at_once_travel_together_and_complete_alike() {
         }
         for rank_results in &results[1..] {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&rank_results[op]), bits(&results[0][op]), "operation {op}");
+            assert_eq!(
+                bits(&rank_results[op]),
+                bits(&results[0][op]),
+                "operation {op}"
+            );
         }
     }
 }
