@@ -283,7 +283,7 @@ struct Outer {
 /// `address` must point at `numel` float32 values that stay valid, and that nothing else
 /// writes, while the slice lives.
 unsafe fn floats<'a>(address: usize, numel: usize) -> PyResult<&'a mut [f32]> {
-    if address == 0 || address % std::mem::align_of::<f32>() != 0 {
+    if address == 0 || !address.is_multiple_of(std::mem::align_of::<f32>()) {
         return Err(PyValueError::new_err(format!(
             "not the address of float32 values: {address:#x}"
         )));
