@@ -70,8 +70,9 @@ def parse_args(description, default_steps):
     p.add_argument("--save", help="write the final weights here (rank 0, .npy)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the model trains (cuda: the GPU of LOCAL_RANK)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                   help="the model's (and so the gradient buckets') dtype")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the model's (and so the gradient buckets') dtype (bf16 needs a "
+                   "torch whose Gloo handles bfloat16: 2.x, not 1.13)")
     return p.parse_args()
 
 
@@ -111,7 +112,7 @@ def run(args, name):
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if name == "transformer":
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, 32000, (256, 65), generator=g)
