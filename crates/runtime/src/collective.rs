@@ -386,8 +386,13 @@ impl Pipeline {
         }
         let reused = self.idle.get_mut(&numel).and_then(Vec::pop);
         let mut ep = match reused {
-            Some(ep) => {
+            Some(mut ep) => {
                 self.idle_count -= 1;
+                // An endpoint clears, as a step begins, what it kept of the step after it;
+                // one that skipped steps (other lengths went between) has that of the step
+                // before this one to clear too: begin that step first (nothing of it came,
+                // nothing of it is queued).
+                ep.begin_step(id.saturating_sub(1));
                 ep
             }
             None => (self.layout).worker_endpoint(self.rank, vec![KeyInfo { numel, layer: 0 }]),
