@@ -136,8 +136,9 @@ fn operations_started_at_once_travel_together_and_complete_alike() {
             .collect::<Vec<_>>()
     });
     for (op, &n) in SIZES.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..workers).map(|r| buffer(r, op, n)).collect();
         let expected: Vec<f32> = (0..n)
-            .map(|i| (0..workers).map(|r| buffer(r, op, n)[i]).sum::<f32>() / workers as f32)
+            .map(|i| inputs.iter().map(|v| v[i]).sum::<f32>() / workers as f32)
             .collect();
         for (a, e) in results[0][op].iter().zip(&expected) {
             assert!((a - e).abs() < 1e-5, "operation {op}: {a} vs {e}");
