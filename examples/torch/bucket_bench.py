@@ -28,17 +28,27 @@ numel = int(args.mb * 1e6 / torch.tensor([], dtype=dtype).element_size())
 t = torch.ones(numel, dtype=dtype) * (rank + 1)
 state = syncopate.torch.SyncopateState()
 times = {"gloo": [], "syncopate": []}
+try:
+    dist.all_reduce(t.clone())
+    gloo = True
+except RuntimeError as e:  # torch 1.13's Gloo has no bfloat16
+    gloo = False
+    if rank == 0:
+        print(f"gloo: cannot all-reduce {args.dtype} here ({e})", flush=True)
 for _ in range(args.reps):
     dist.barrier()
-    start = time.perf_counter()
-    dist.all_reduce(t)
-    times["gloo"].append(time.perf_counter() - start)
+    if gloo:
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        times["gloo"].append(time.perf_counter() - start)
     dist.barrier()
     start = time.perf_counter()
     state.allreduce(t).wait()
     times["syncopate"].append(time.perf_counter() - start)
 if rank == 0:
     for name, ts in times.items():
+        if not ts:
+            continue
         s = statistics.median(ts)
         print(f"{name:10s} {args.mb:.0f} MB {args.dtype}: {s * 1e3:8.1f} ms  {args.mb / 1e3 / s:6.2f} GB/s", flush=True)
 state.close()
