@@ -25,9 +25,34 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "reference"))
 from reference_common import INPUT_SHAPES, build_model  # noqa: E402
 
 
+class Transformer(torch.nn.Module):
+    """A GPT-2-small-sized causal language model (12 layers of width 768, 12 heads, a
+    32,000-token vocabulary, tied embeddings): about 110M parameters."""
+
+    def __init__(self, vocab=32000, width=768, layers=12, heads=12, context=1024):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.position = torch.nn.Embedding(context, width)
+        layer = torch.nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout=0.0, activation="gelu", batch_first=True,
+            norm_first=True,
+        )
+        self.blocks = torch.nn.TransformerEncoder(layer, layers)
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, tokens):
+        n = tokens.shape[1]
+        h = self.embed(tokens) + self.position(torch.arange(n, device=tokens.device))
+        mask = torch.triu(torch.full((n, n), float("-inf"), device=tokens.device), 1)
+        h = self.norm(self.blocks(h, mask=mask.to(h.dtype)))
+        return h @ self.embed.weight.t()
+
+
 def model(name):
     """The reference model `name`, initialised from seed 0 (the same on every rank)."""
     torch.manual_seed(0)
+    if name == "transformer":
+        return Transformer()
     return build_model(name)
 
 
@@ -43,6 +68,11 @@ def parse_args(description, default_steps):
     p.add_argument("--synthetic", action="store_true",
                    help="random images and labels instead of MNIST")
     p.add_argument("--save", help="write the final weights here (rank 0, .npy)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (cuda: the GPU of LOCAL_RANK)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="the model's (and so the gradient buckets') dtype (bf16 needs a "
+                   "torch whose Gloo handles bfloat16: 2.x, not 1.13)")
     return p.parse_args()
 
 
@@ -78,8 +108,20 @@ def run(args, name):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = dataset(args, INPUT_SHAPES[name])
-    net = model(name)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if name == "transformer":
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, 32000, (256, 65), generator=g)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+    else:
+        x, y = dataset(args, INPUT_SHAPES[name])
+        x = x.to(dtype)
+    x, y = x.to(device), y.to(device)
+    net = model(name).to(device, dtype)
     ddp = DistributedDataParallel(net)
     state = None
     if args.backend == "syncopate":
@@ -98,9 +140,12 @@ def run(args, name):
         first = ((step * world + rank) * args.batch) % (n - args.batch)
         xb, yb = x[first : first + args.batch], y[first : first + args.batch]
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ddp(xb), yb)
+        out = ddp(xb)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), yb.reshape(-1))
         loss.backward()
         opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     losses = torch.tensor([loss.item()])
     dist.all_reduce(losses)
@@ -109,7 +154,7 @@ def run(args, name):
         print(f"RESULT backend={args.backend} processes={world} samples_per_s={rate:.1f} "
               f"final_loss={losses.item() / world:.6f}", flush=True)
         if args.save:
-            flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+            flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in net.parameters()])
             np.save(args.save, flat.numpy())
     if state is not None:
         state.close()

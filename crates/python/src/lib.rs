@@ -9,15 +9,16 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 use syncopate_core::liveness::LivenessConfig;
+use syncopate_core::strategy::{OuterNesterov, OuterOptions};
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::collective::Ring as RuntimeRing;
+use syncopate_runtime::collective::{Operation, Ring as RuntimeRing};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::job::ProcessContext;
 use syncopate_runtime::process::local_ip_towards;
 
-/// A ring of `world_size` processes all-reducing float32 buffers over Syncopate's links.
+/// A ring of `world_size` processes all-reducing float32, float16 and bfloat16 buffers
+/// (accumulated in float32) over Syncopate's links.
 #[pyclass(module = "syncopate._native", name = "Ring")]
 struct Ring {
     ring: RuntimeRing,
@@ -40,21 +41,110 @@ fn seconds(name: &str, value: f64) -> PyResult<Duration> {
         .ok_or_else(|| PyValueError::new_err(format!("{name} must be > 0 seconds, got {value}")))
 }
 
-/// Little-endian float32 bytes as values (a trailing partial value is refused).
-fn values_of(bytes: &[u8]) -> PyResult<Vec<f32>> {
-    let (whole, rest) = bytes.as_chunks::<4>();
-    if !rest.is_empty() {
-        return Err(PyValueError::new_err(format!(
-            "a buffer of {} bytes is not a whole number of float32 values",
-            bytes.len()
-        )));
-    }
-    Ok(whole.iter().map(|b| f32::from_le_bytes(*b)).collect())
+/// The element types a buffer may have: float32, or float16/bfloat16 accumulated in
+/// float32 (converted as they are read and written).
+#[derive(Debug, Clone, Copy)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
 }
 
-/// Values as little-endian float32 bytes.
-fn bytes_of(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+impl Dtype {
+    fn parse(name: &str) -> PyResult<Self> {
+        match name {
+            "float32" => Ok(Self::F32),
+            "float16" => Ok(Self::F16),
+            "bfloat16" => Ok(Self::Bf16),
+            other => Err(PyValueError::new_err(format!(
+                "syncopate all-reduces float32, float16 and bfloat16 buffers, not {other}"
+            ))),
+        }
+    }
+}
+
+/// One all-reduce of memory the Python side owns (a contiguous CPU tensor's), read and
+/// written in place on the ring's communication thread, without the GIL; `done(error)` is
+/// then called with the GIL.
+struct TensorOperation {
+    /// The first element's address.
+    address: usize,
+    numel: usize,
+    dtype: Dtype,
+    done: PyObject,
+}
+
+impl Operation for TensorOperation {
+    fn len(&self) -> usize {
+        self.numel
+    }
+
+    fn read(&self, into: &mut [f32]) {
+        let n = self.numel.min(into.len());
+        // SAFETY: the Python side (`SyncopateState.allreduce`) passes the address of a
+        // contiguous CPU tensor of `numel` elements of `dtype`, and keeps that tensor alive
+        // and untouched until `done` has been called.
+        unsafe {
+            match self.dtype {
+                Dtype::F32 => {
+                    std::ptr::copy_nonoverlapping(self.address as *const f32, into.as_mut_ptr(), n)
+                }
+                Dtype::F16 => {
+                    let src = std::slice::from_raw_parts(self.address as *const half::f16, n);
+                    for (o, v) in into.iter_mut().zip(src) {
+                        *o = v.to_f32();
+                    }
+                }
+                Dtype::Bf16 => {
+                    let src = std::slice::from_raw_parts(self.address as *const half::bf16, n);
+                    for (o, v) in into.iter_mut().zip(src) {
+                        *o = v.to_f32();
+                    }
+                }
+            }
+        }
+    }
+
+    fn complete(self: Box<Self>, result: Result<&[f32], String>) {
+        let error = match result {
+            Ok(values) => {
+                let n = self.numel.min(values.len());
+                // SAFETY: as in `read`; nothing else touches the tensor until `done`.
+                unsafe {
+                    match self.dtype {
+                        Dtype::F32 => std::ptr::copy_nonoverlapping(
+                            values.as_ptr(),
+                            self.address as *mut f32,
+                            n,
+                        ),
+                        Dtype::F16 => {
+                            let dst =
+                                std::slice::from_raw_parts_mut(self.address as *mut half::f16, n);
+                            for (o, v) in dst.iter_mut().zip(values) {
+                                *o = half::f16::from_f32(*v);
+                            }
+                        }
+                        Dtype::Bf16 => {
+                            let dst =
+                                std::slice::from_raw_parts_mut(self.address as *mut half::bf16, n);
+                            for (o, v) in dst.iter_mut().zip(values) {
+                                *o = half::bf16::from_f32(*v);
+                            }
+                        }
+                    }
+                }
+                None
+            }
+            Err(e) => Some(e),
+        };
+        Python::with_gil(|py| {
+            if let Err(e) = self.done.call1(py, (error,)) {
+                // Nobody on this thread can take the exception: print it, as Python does
+                // for an exception in a thread.
+                e.print(py);
+            }
+        });
+    }
 }
 
 #[pymethods]
@@ -64,9 +154,11 @@ impl Ring {
     /// accepting links on `bind_addr` (default: the local address that routes to
     /// `master_addr`).
     /// Blocks (without the GIL) until the ring is formed or `connect_timeout` has passed.
-    /// A peer silent for `peer_timeout` seconds fails the job, naming it.
+    /// A peer silent for `peer_timeout` seconds fails the job, naming it (the ring's own
+    /// thread sends heartbeats, so a process busy elsewhere is never silent); an operation
+    /// not complete `collective_timeout` seconds after it started fails it too.
     #[new]
-    #[pyo3(signature = (rank, world_size, master_addr, port, token, peer_timeout=30.0, connect_timeout=120.0, bind_addr=None))]
+    #[pyo3(signature = (rank, world_size, master_addr, port, token, peer_timeout=30.0, connect_timeout=120.0, bind_addr=None, collective_timeout=1800.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -78,7 +170,9 @@ impl Ring {
         peer_timeout: f64,
         connect_timeout: f64,
         bind_addr: Option<&str>,
+        collective_timeout: f64,
     ) -> PyResult<Self> {
+        let collective_timeout = seconds("collective_timeout", collective_timeout)?;
         let coordinator = resolve(master_addr, port)?;
         let bind_ip: IpAddr = match bind_addr {
             Some(addr) => addr
@@ -103,7 +197,7 @@ impl Ring {
             metrics: None,
         };
         let ring = py
-            .allow_threads(|| RuntimeRing::join(&ctx, world_size))
+            .allow_threads(|| RuntimeRing::join_with_timeout(&ctx, world_size, collective_timeout))
             .map_err(|e| PyRuntimeError::new_err(format!("syncopate: joining the ring: {e}")))?;
         Ok(Self { ring })
     }
@@ -125,29 +219,31 @@ impl Ring {
         self.ring.failure()
     }
 
-    /// Queues the average over every rank of `data` (float32, little-endian bytes);
-    /// `done(result, error)` is then called on the ring's communication thread, holding
-    /// the GIL, with the averaged bytes and None, or None and the job's error. Every rank
-    /// must queue buffers of the same lengths in the same order.
-    fn allreduce(&self, data: &[u8], done: PyObject) -> PyResult<()> {
-        let values = values_of(data)?;
-        self.ring.allreduce(
-            values,
-            Box::new(move |result| {
-                Python::with_gil(|py| {
-                    let outcome = match result {
-                        Ok(v) => done.call1(py, (PyBytes::new(py, &bytes_of(&v)), py.None())),
-                        Err(e) => done.call1(py, (py.None(), e)),
-                    };
-                    if let Err(e) = outcome {
-                        // Nobody on this thread can take the exception: print it, as
-                        // Python does for an exception in a thread.
-                        e.print(py);
-                    }
-                })
-            }),
-        );
+    /// Starts the average over every rank of the `numel` values of type `dtype`
+    /// ("float32", "float16" or "bfloat16") at `address`, at once, beside the operations
+    /// in flight. The values are read and the average written back in place on the ring's
+    /// communication thread, without the GIL; then `done(error)` is called there, with the
+    /// GIL: `error` is None, or the job's error (it names the peer). The caller must keep
+    /// the memory (a contiguous CPU tensor's) alive and untouched until `done` is called.
+    /// Every rank must start buffers of the same lengths in the same order.
+    fn allreduce(&self, address: usize, numel: usize, dtype: &str, done: PyObject) -> PyResult<()> {
+        let dtype = Dtype::parse(dtype)?;
+        if address == 0 && numel > 0 {
+            return Err(PyValueError::new_err("a null address"));
+        }
+        self.ring.start(Box::new(TensorOperation {
+            address,
+            numel,
+            dtype,
+            done,
+        }));
         Ok(())
+    }
+
+    /// Test-only: makes the ring's communication thread panic with `message` once it
+    /// reaches this request; every pending and queued operation must then fail with it.
+    fn _inject_panic(&self, message: String) {
+        self.ring.inject_panic(message);
     }
 
     /// Finishes the queued operations and closes the links (without the GIL: the
@@ -170,16 +266,116 @@ impl Drop for Ring {
     }
 }
 
+/// DiLoCo's outer optimizer (core's [`OuterNesterov`], the very arithmetic of
+/// `syncopate launch --strategy diloco`) over one flat float32 buffer of a model's
+/// parameters: the anchor (the weights of the last outer step) and the Nesterov momentum.
+/// Buffers are given as the addresses of contiguous float32 CPU tensors of `numel`
+/// values, which the caller keeps alive during the call.
+#[pyclass(module = "syncopate._native", name = "OuterNesterov")]
+struct Outer {
+    inner: OuterNesterov,
+    numel: usize,
+}
+
+/// The `numel` float32 values at `address`.
+///
+/// # Safety
+/// `address` must point at `numel` float32 values that stay valid, and that nothing else
+/// writes, while the slice lives.
+unsafe fn floats<'a>(address: usize, numel: usize) -> PyResult<&'a mut [f32]> {
+    if address == 0 || !address.is_multiple_of(std::mem::align_of::<f32>()) {
+        return Err(PyValueError::new_err(format!(
+            "not the address of float32 values: {address:#x}"
+        )));
+    }
+    // SAFETY: the caller's promise (see above); the address is non-null and aligned.
+    Ok(unsafe { std::slice::from_raw_parts_mut(address as *mut f32, numel) })
+}
+
+#[pymethods]
+impl Outer {
+    /// An outer optimizer over `numel` values with learning rate `lr` and Nesterov
+    /// momentum `momentum` (refused: lr <= 0, momentum outside [0, 1)); its anchor is zero
+    /// until [`Outer::set_anchor`].
+    #[new]
+    fn new(numel: usize, lr: f32, momentum: f32) -> PyResult<Self> {
+        let options = OuterOptions { lr, momentum };
+        options.validate().map_err(PyValueError::new_err)?;
+        Ok(Self {
+            inner: OuterNesterov::new(&[numel], options),
+            numel,
+        })
+    }
+
+    /// The number of values.
+    #[getter]
+    fn numel(&self) -> usize {
+        self.numel
+    }
+
+    /// Sets the anchor to the values at `address` (the job's initial weights).
+    fn set_anchor(&mut self, address: usize) -> PyResult<()> {
+        // SAFETY: the Python wrapper passes a live contiguous float32 tensor of `numel`.
+        let weights = unsafe { floats(address, self.numel)? };
+        self.inner.set_anchor(0, weights);
+        Ok(())
+    }
+
+    /// Replaces the weights at `address` with the outer gradient `anchor - weights`.
+    fn outer_gradient(&self, address: usize) -> PyResult<()> {
+        // SAFETY: as in `set_anchor`.
+        let buffer = unsafe { floats(address, self.numel)? };
+        let weights = buffer.to_vec();
+        self.inner.outer_gradient(0, &weights, buffer);
+        Ok(())
+    }
+
+    /// The outer step with the workers' mean outer gradient at `address`, which is then
+    /// replaced by the new anchor (the weights every worker goes on from).
+    fn step(&mut self, address: usize) -> PyResult<()> {
+        // SAFETY: as in `set_anchor`.
+        let buffer = unsafe { floats(address, self.numel)? };
+        let mean = buffer.to_vec();
+        let anchor = self.inner.step(0, &mean);
+        buffer.copy_from_slice(anchor);
+        Ok(())
+    }
+
+    /// Copies the anchor and the momentum into the buffers at the two addresses (what a
+    /// checkpoint keeps).
+    fn state_into(&self, anchor: usize, momentum: usize) -> PyResult<()> {
+        let state = self.inner.state();
+        for (address, values) in [anchor, momentum].into_iter().zip(&state) {
+            // SAFETY: as in `set_anchor`.
+            unsafe { floats(address, self.numel)? }.copy_from_slice(values);
+        }
+        Ok(())
+    }
+
+    /// Restores the anchor and the momentum from the buffers at the two addresses.
+    fn restore_from(&mut self, anchor: usize, momentum: usize) -> PyResult<()> {
+        // SAFETY: as in `set_anchor`.
+        let state = unsafe {
+            vec![
+                floats(anchor, self.numel)?.to_vec(),
+                floats(momentum, self.numel)?.to_vec(),
+            ]
+        };
+        self.inner.restore(state).map_err(PyValueError::new_err)
+    }
+}
+
 /// A fresh job token: 64 hex digits from the operating system's random source.
 #[pyfunction]
 fn new_token() -> String {
     JobToken::generate().to_hex()
 }
 
-/// The native module: `Ring` and `new_token`.
+/// The native module: `Ring`, `OuterNesterov` and `new_token`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Ring>()?;
+    m.add_class::<Outer>()?;
     m.add_function(wrap_pyfunction!(new_token, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -129,6 +129,90 @@ def test_local_sgd_averages_every_h_steps(tmp_path):
     np.testing.assert_allclose(load(0, 4), (before[0] + before[1]) / 2, rtol=1e-6, atol=1e-7)
 
 
+def _ok(outputs):
+    for rank, (code, _, err) in enumerate(outputs):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+
+
+def test_a_failed_collective_raises_a_runtime_error_naming_the_rank():
+    outputs = finish(start_ranks(2, "lost-peer"), timeout=120)
+    code, out, err = outputs[0]
+    assert code == 0, err
+    assert "RuntimeError" in out and "rank 1" in out, out
+
+
+def test_half_precision_is_reduced_and_other_dtypes_refused():
+    _ok(finish(start_ranks(2, "dtypes"), timeout=120))
+
+
+def test_a_pause_longer_than_the_peer_timeout_is_survived():
+    _ok(finish(start_ranks(2, "pause"), timeout=120))
+
+
+def test_a_rank_that_never_enters_is_named_within_the_collective_timeout():
+    procs = start_ranks(2, "absent")
+    code, out, err = finish(procs[:1], timeout=120)[0]
+    procs[1].kill()
+    procs[1].communicate()
+    assert code == 0, err
+    assert "RuntimeError" in out and "rank 1" in out and "did not enter" in out, out
+
+
+def test_a_stopped_rank_inside_a_collective_is_named():
+    procs = start_ranks(2, "stopped")
+    victim = procs[1]
+    for line in victim.stdout:
+        if line.startswith("ready"):
+            break
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        code, out, err = finish(procs[:1], timeout=120)[0]
+    finally:
+        victim.kill()
+        victim.communicate()
+    assert code == 0, err
+    assert "RuntimeError" in out and "rank 1" in out, out
+
+
+def test_a_panic_on_the_native_thread_fails_every_pending_future():
+    _ok(finish(start_ranks(2, "panic"), timeout=120))
+
+
+def test_require_env_token_refuses_the_process_group_channel(monkeypatch):
+    import syncopate.torch
+
+    monkeypatch.delenv("SYNCOPATE_TOKEN", raising=False)
+    with pytest.raises(RuntimeError, match="SYNCOPATE_TOKEN"):
+        syncopate.torch.SyncopateState(require_env_token=True)
+    monkeypatch.setenv("SYNCOPATE_REQUIRE_TOKEN", "1")
+    with pytest.raises(RuntimeError, match="unauthenticated"):
+        syncopate.torch.SyncopateState()
+
+
+def test_diloco_is_core_nesterov_on_the_mean_outer_gradient_and_resumes_exactly(tmp_path):
+    import numpy as np
+
+    _ok(finish(start_ranks(2, "diloco", tmp_path)))
+    lr, m = 0.7, 0.9
+    anchor = np.load(tmp_path / "diloco-initial-0.npy")
+    velocity = np.zeros_like(anchor)
+    for k in (1, 2):
+        pre = [np.load(tmp_path / f"diloco-pre-{k}-{r}.npy") for r in (0, 1)]
+        assert not np.array_equal(pre[0], pre[1]), "the ranks trained alike"
+        d = ((anchor - pre[0]) + (anchor - pre[1])) / np.float32(2)
+        velocity = np.float32(m) * velocity + d
+        anchor = anchor - np.float32(lr) * (d + np.float32(m) * velocity)
+        for r in (0, 1):
+            post = np.load(tmp_path / f"diloco-post-{k}-{r}.npy")
+            np.testing.assert_allclose(post, anchor, rtol=1e-5, atol=1e-6)
+        post0 = np.load(tmp_path / f"diloco-post-{k}-0.npy")
+        assert post0.tobytes() == np.load(tmp_path / f"diloco-post-{k}-1.npy").tobytes()
+    for r in (0, 1):
+        straight = np.load(tmp_path / f"diloco-final-{r}.npy")
+        resumed = np.load(tmp_path / f"diloco-resumed-{r}.npy")
+        assert straight.tobytes() == resumed.tobytes(), f"rank {r} did not resume exactly"
+
+
 def test_the_package_imports_without_torch():
     import syncopate
 
@@ -239,6 +323,145 @@ def _rank_main(role, args):
             averaged = averager.average_parameters(model.parameters())
             assert averaged == (step % 2 == 0), step
             np.save(os.path.join(out, f"local-{rank}-{step}.npy"), _flat(model))
+        state.close()
+    elif role == "lost-peer":
+        state = syncopate.torch.SyncopateState(peer_timeout=5.0)
+        dist.barrier()
+        if rank == 1:
+            os._exit(0)
+        try:
+            state.allreduce(torch.ones(1000)).wait()
+            print("completed")
+        except RuntimeError as e:
+            print(f"RuntimeError: {e}", flush=True)
+        os._exit(0)
+    elif role == "dtypes":
+        state = syncopate.torch.SyncopateState()
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            t = torch.arange(3000, dtype=torch.float32).remainder(64).to(dtype) * (rank + 1)
+            before = t.clone()
+            assert state.allreduce(t).wait().data_ptr() == t.data_ptr()
+            assert t.dtype == dtype
+            assert torch.equal(t, (before.float() * 1.5 / (rank + 1)).to(dtype)), dtype
+        # A strided (non-contiguous) tensor is staged and written back.
+        base = torch.zeros(20)
+        view = base[::2]
+        view.fill_(rank + 1.0)
+        state.allreduce(view).wait()
+        assert torch.equal(base[::2], torch.full((10,), 1.5)) and torch.equal(base[1::2], torch.zeros(10))
+        for dtype in (torch.float64, torch.int64, torch.int32, torch.complex64):
+            try:
+                state.allreduce(torch.ones(4, dtype=dtype))
+            except TypeError as e:
+                assert str(dtype) in str(e), e
+            else:
+                raise AssertionError(f"{dtype} was not refused")
+        state.close()
+    elif role == "pause":
+        # Heartbeats every 0.2 s from the ring's own thread keep the links alive while the
+        # process sleeps five peer timeouts.
+        state = syncopate.torch.SyncopateState(peer_timeout=1.0)
+        assert state.allreduce(torch.full((10,), float(rank))).wait()[0] == 0.5
+        if rank == 1:
+            import time
+
+            time.sleep(5.0)
+        assert state.allreduce(torch.full((10,), float(rank))).wait()[0] == 0.5
+        state.close()
+    elif role == "absent":
+        import time
+
+        state = syncopate.torch.SyncopateState(collective_timeout=3.0)
+        dist.barrier()
+        if rank == 1:
+            time.sleep(300)
+        start = time.monotonic()
+        try:
+            state.allreduce(torch.ones(100)).wait()
+            print("completed")
+        except RuntimeError as e:
+            print(f"RuntimeError: {e}", flush=True)
+        assert time.monotonic() - start < 30, "the collective timeout did not bound it"
+        os._exit(0)
+    elif role == "stopped":
+        import time
+
+        state = syncopate.torch.SyncopateState(peer_timeout=2.0)
+        state.allreduce(torch.ones(100)).wait()
+        dist.barrier()
+        if rank == 1:
+            print("ready", flush=True)
+            time.sleep(300)
+        start = time.monotonic()
+        try:
+            state.allreduce(torch.ones(100)).wait()
+            print("completed")
+        except RuntimeError as e:
+            print(f"RuntimeError: {e}", flush=True)
+        assert time.monotonic() - start < 30, "the stopped rank was not detected"
+        os._exit(0)
+    elif role == "panic":
+        state = syncopate.torch.SyncopateState()
+        if rank == 0:
+            pending = state.allreduce(torch.ones(100))  # rank 1 never joins it
+            state._ring._inject_panic("injected for the test")
+            queued = state.allreduce(torch.ones(100))
+            for future in (pending, queued):
+                try:
+                    future.wait()
+                except RuntimeError as e:
+                    assert "injected for the test" in str(e), e
+                else:
+                    raise AssertionError("a future completed after the panic")
+            try:
+                state.allreduce(torch.ones(100)).wait()
+            except RuntimeError as e:
+                assert "injected for the test" in str(e), e
+            else:
+                raise AssertionError("a later future completed after the panic")
+        dist.barrier()
+        os._exit(0)
+    elif role == "diloco":
+        out = args[0]
+
+        def run(steps, resume_from=None, record=True):
+            model = _model()
+            inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+            if resume_from is not None:
+                model.load_state_dict(torch.load(resume_from + "-model"))
+            wrapper = syncopate.torch.DiLoCo(
+                model, inner, every=2, outer_lr=0.7, outer_momentum=0.9, state=state
+            )
+            if resume_from is not None:
+                wrapper.load_state_dict(torch.load(resume_from + "-diloco"))
+            elif record:
+                np.save(os.path.join(out, f"diloco-initial-{rank}.npy"), _flat(model))
+            outer_step = wrapper.outer_step
+
+            def recorded():
+                k = wrapper.inner_steps // 2
+                if record:
+                    np.save(os.path.join(out, f"diloco-pre-{k}-{rank}.npy"), _flat(model))
+                outer_step()
+                if record:
+                    np.save(os.path.join(out, f"diloco-post-{k}-{rank}.npy"), _flat(model))
+
+            wrapper.outer_step = recorded
+            for step in range(wrapper.inner_steps, steps):
+                x, y = _batch(rank, step)
+                wrapper.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                wrapper.step()
+                if step == 1 and record:
+                    ckpt = os.path.join(out, f"ckpt-{rank}")
+                    torch.save(model.state_dict(), ckpt + "-model")
+                    torch.save(wrapper.state_dict(), ckpt + "-diloco")
+            return _flat(model)
+
+        state = syncopate.torch.SyncopateState()
+        np.save(os.path.join(out, f"diloco-final-{rank}.npy"), run(6))
+        resumed = run(6, resume_from=os.path.join(out, f"ckpt-{rank}"), record=False)
+        np.save(os.path.join(out, f"diloco-resumed-{rank}.npy"), resumed)
         state.close()
     elif role == "train-forever":
         state = syncopate.torch.SyncopateState(peer_timeout=5.0)

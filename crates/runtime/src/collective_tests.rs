@@ -111,3 +111,70 @@ fn a_rank_that_leaves_fails_the_others_naming_it() {
         assert!(error.contains("rank 1"), "rank {rank}: {error}");
     }
 }
+
+#[test]
+fn operations_started_at_once_travel_together_and_complete_alike() {
+    // 1000 values twice, two operations apart: an endpoint reused after skipping a step.
+    const SIZES: [usize; 6] = [1000, 7, 250_000, 5, 1000, 250_000];
+    let workers = 3;
+    let results = with_rings(workers, move |ring| {
+        let rank = ring.rank();
+        let receivers: Vec<_> = (SIZES.iter().enumerate())
+            .map(|(op, &n)| {
+                let (tx, rx) = channel();
+                ring.allreduce(
+                    buffer(rank, op, n),
+                    Box::new(move |r| {
+                        let _ = tx.send(r);
+                    }),
+                );
+                rx
+            })
+            .collect();
+        (receivers.into_iter())
+            .map(|rx| rx.recv().expect("completed").expect("reduces"))
+            .collect::<Vec<_>>()
+    });
+    for (op, &n) in SIZES.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..workers).map(|r| buffer(r, op, n)).collect();
+        let expected: Vec<f32> = (0..n)
+            .map(|i| inputs.iter().map(|v| v[i]).sum::<f32>() / workers as f32)
+            .collect();
+        for (a, e) in results[0][op].iter().zip(&expected) {
+            assert!((a - e).abs() < 1e-5, "operation {op}: {a} vs {e}");
+        }
+        for rank_results in &results[1..] {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&rank_results[op]),
+                bits(&results[0][op]),
+                "operation {op}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_panic_of_the_thread_fails_the_pending_and_the_queued_operations() {
+    let results = with_rings(2, |ring| {
+        if ring.rank() == 1 {
+            return Vec::new();
+        }
+        let (tx, rx) = channel();
+        for _ in 0..2 {
+            let tx = tx.clone();
+            ring.allreduce(
+                vec![1.0; 100],
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            ring.inject_panic("injected for the test".into());
+        }
+        vec![rx.recv().expect("fails"), rx.recv().expect("fails")]
+    });
+    for result in &results[0] {
+        let error = result.as_ref().expect_err("fails");
+        assert!(error.contains("injected for the test"), "{error}");
+    }
+}

@@ -249,6 +249,9 @@ impl CommLoop {
         LinkStatus {
             goodbyes: self.links.iter().filter(|l| l.goodbye_received).count(),
             links: self.links.len(),
+            first_goodbye: (self.links.iter())
+                .find(|l| l.goodbye_received)
+                .map(|l| l.peer),
         }
     }
 

@@ -176,6 +176,8 @@ pub struct LinkStatus {
     pub goodbyes: usize,
     /// Links in all.
     pub links: usize,
+    /// The first peer (in link order) whose goodbye has arrived, if any.
+    pub first_goodbye: Option<Rank>,
 }
 
 /// The role-specific part of a loop: commands in, events out.

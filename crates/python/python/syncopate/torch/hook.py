@@ -6,12 +6,27 @@ authentication (a job token), heartbeats and fail-fast. ``allreduce_hook`` is a 
 communication hook that averages every gradient bucket over that job's ring;
 ``LocalSgdAverager`` averages a model's parameters every few steps over it.
 
-How a bucket's future completes: the hook copies the bucket into bytes and queues them on
-the ring's communication thread (native, outside the GIL) and returns a
-``torch.futures.Future`` at once. When the ring has averaged them, that thread takes the
-GIL, copies the result into the bucket's tensor and sets the future's result (or its
-exception, whose message names the peer that failed). DDP waits on the future outside the
-GIL, so backward keeps computing while the bucket travels.
+How a bucket's future completes: the hook hands the bucket's memory (a contiguous CPU
+tensor; float32, or float16/bfloat16, which are accumulated in float32) to the ring's
+communication thread, which starts its all-reduce at once, beside the buckets still in
+flight, and returns a ``torch.futures.Future``. That native thread reads the values straight
+from the tensor and writes the average straight back into it, without the GIL; it takes the
+GIL only to complete the future: its result, or its exception (a ``RuntimeError`` whose
+message names the rank that failed). DDP waits on the future outside the GIL, so backward
+keeps computing while the bucket travels. A bucket on another device is staged through a
+CPU copy (no pinned memory or side stream yet).
+
+The ring lives as long as the state: its thread keeps the links alive with heartbeats
+between collectives, so a rank may spend minutes outside the hook (evaluation, a
+checkpoint) without being taken for lost. A collective that does not complete within
+``collective_timeout`` seconds (default 30 minutes, Gloo's) fails, naming the rank that did
+not enter it.
+
+The job token. Every rank needs the same 64-hex-digit token: ``$SYNCOPATE_TOKEN``, or the
+``token`` argument. Without either, rank 0 draws one and sends it to the others over torch's
+process group (``broadcast_object_list``), whose channel is not authenticated: anyone who
+can reach the process group's store and sockets can read it. Pass
+``require_env_token=True`` (or set ``SYNCOPATE_REQUIRE_TOKEN=1``) to refuse that fallback.
 """
 
 import atexit
@@ -19,7 +34,6 @@ import os
 import threading
 import weakref
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -42,12 +56,32 @@ def _close_open_states():
 atexit.register(_close_open_states)
 
 
-def _shared_token(group):
-    """The job token: $SYNCOPATE_TOKEN, else a fresh one from rank 0, broadcast over the
-    (already initialised) torch process group."""
+#: The dtypes a bucket may have: float32, and float16/bfloat16 (accumulated in float32).
+REDUCED_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def _truthy(value):
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _shared_token(group, require_env_token=False):
+    """The job token: $SYNCOPATE_TOKEN, else (unless ``require_env_token``) a fresh one
+    from rank 0, sent over the (already initialised, unauthenticated) torch process
+    group."""
     token = os.environ.get("SYNCOPATE_TOKEN")
     if token:
         return token.strip()
+    if require_env_token:
+        raise RuntimeError(
+            "syncopate: SYNCOPATE_TOKEN is not set and require_env_token "
+            "(SYNCOPATE_REQUIRE_TOKEN) refuses to send a token over the process group's "
+            "unauthenticated channel: set SYNCOPATE_TOKEN (64 hex digits, the same on every "
+            "rank; syncopate.new_token() makes one)"
+        )
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "syncopate: no job token: set SYNCOPATE_TOKEN (64 hex digits, the same on every "
@@ -70,8 +104,21 @@ class SyncopateState:
 
     Build it on every rank after ``torch.distributed.init_process_group(...)``. The ranks
     meet at ``MASTER_ADDR`` on ``port`` (default ``MASTER_PORT + port_offset``), rank 0
-    hosting the rendezvous. A peer that dies or stays silent for ``peer_timeout`` seconds
-    ends the job: the pending and every later operation fail with an error naming it.
+    hosting the rendezvous, and authenticate with the job token. One ring serves every
+    collective of the state's life.
+
+    Liveness: the ring's own thread sends heartbeats, so a rank outside the hook for minutes
+    is fine; a peer that dies, or whose process stops answering for ``peer_timeout`` seconds
+    (``$SYNCOPATE_PEER_TIMEOUT``), ends the job; a collective not complete within
+    ``collective_timeout`` seconds (``$SYNCOPATE_COLLECTIVE_TIMEOUT``, default 30 minutes)
+    ends it too. Then the pending and every later future fails with a ``RuntimeError`` that
+    names the rank.
+
+    The token: ``token``, else ``$SYNCOPATE_TOKEN``, else rank 0 draws one and sends it to
+    the others over the process group's own channel, which is NOT authenticated (anyone who
+    can reach the store and the process group's sockets can read it). ``require_env_token``
+    (or ``SYNCOPATE_REQUIRE_TOKEN=1``) refuses that: the token must then come from the
+    environment or the argument.
     """
 
     def __init__(
@@ -81,10 +128,19 @@ class SyncopateState:
         port=None,
         port_offset=DEFAULT_PORT_OFFSET,
         token=None,
-        peer_timeout=30.0,
+        peer_timeout=None,
         connect_timeout=120.0,
         bind_addr=None,
+        collective_timeout=None,
+        require_env_token=None,
     ):
+        if require_env_token is None:
+            require_env_token = _truthy(os.environ.get("SYNCOPATE_REQUIRE_TOKEN"))
+        if peer_timeout is None:
+            peer_timeout = float(os.environ.get("SYNCOPATE_PEER_TIMEOUT", "30"))
+        if collective_timeout is None:
+            collective_timeout = float(os.environ.get("SYNCOPATE_COLLECTIVE_TIMEOUT", "1800"))
+        token = token or _shared_token(process_group, require_env_token)
         if dist.is_available() and dist.is_initialized():
             rank = dist.get_rank(process_group)
             world_size = dist.get_world_size(process_group)
@@ -94,7 +150,6 @@ class SyncopateState:
         master_addr = _env("MASTER_ADDR", "127.0.0.1" if world_size == 1 else None)
         if port is None:
             port = int(_env("MASTER_PORT")) + port_offset
-        token = token or _shared_token(process_group)
         self.rank = rank
         self.world_size = world_size
         self._ring = _native.Ring(
@@ -106,35 +161,44 @@ class SyncopateState:
             peer_timeout=peer_timeout,
             connect_timeout=connect_timeout,
             bind_addr=bind_addr,
+            collective_timeout=collective_timeout,
         )
         _open_states.add(self)
 
     def allreduce(self, tensor):
         """Averages ``tensor`` over every rank, in place; returns a ``torch.futures.Future``
-        holding the tensor once done. Every rank must call it with tensors of the same size
-        in the same order."""
+        holding the tensor once done, or failing with a ``RuntimeError`` naming the rank
+        that ended the job. Every rank must call it with tensors of the same size in the
+        same order. float32, float16 and bfloat16 are reduced (the halves accumulated in
+        float32); any other dtype is refused with a ``TypeError``."""
+        name = REDUCED_DTYPES.get(tensor.dtype)
+        if name is None:
+            raise TypeError(
+                f"syncopate: cannot all-reduce a {tensor.dtype} tensor: only float32, "
+                "float16 and bfloat16 are reduced (cast it, or use torch.distributed for "
+                "exact integer, float64 or complex sums)"
+            )
         future = torch.futures.Future()
         host = tensor.detach()
-        if host.device.type != "cpu" or host.dtype != torch.float32:
-            host = host.to("cpu", torch.float32)
-        host = host.contiguous()
+        if host.device.type != "cpu" or not host.is_contiguous():
+            host = host.to("cpu").contiguous()
+        staged = host.data_ptr() != tensor.data_ptr()
 
-        def done(result, error):
-            if error is not None:
-                future.set_exception(RuntimeError(f"syncopate: {error}"))
-                return
+        def done(error):
+            # On the ring's thread, with the GIL; the values are already in `host`.
             try:
-                averaged = np.frombuffer(result, dtype=np.float32)
-                if host.data_ptr() == tensor.data_ptr():
-                    tensor.view(-1).numpy()[:] = averaged
-                else:
-                    tensor.copy_(torch.from_numpy(averaged.copy()).view_as(tensor))
+                if error is not None:
+                    future.set_exception(RuntimeError(f"syncopate: {error}"))
+                    return
+                if staged:
+                    with torch.no_grad():
+                        tensor.copy_(host.view_as(tensor))
+                future.set_result(tensor)
             except Exception as e:  # the future must complete, whatever went wrong
-                future.set_exception(e)
-                return
-            future.set_result(tensor)
+                if not future.done():
+                    future.set_exception(e)
 
-        self._ring.allreduce(host.numpy().tobytes(), done)
+        self._ring.allreduce(host.data_ptr(), host.numel(), name, done)
         return future
 
     def failure(self):
@@ -142,7 +206,8 @@ class SyncopateState:
         return self._ring.failure()
 
     def close(self):
-        """Completes the queued operations and closes the links."""
+        """Completes the queued operations, waits for every rank to close too, and closes
+        the links."""
         ring = getattr(self, "_ring", None)
         if ring is not None:
             ring.close()

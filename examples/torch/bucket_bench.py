@@ -1,0 +1,55 @@
+"""One big bucket end to end: the time Gloo's all_reduce and Syncopate's hook path
+(``SyncopateState.allreduce(...).wait()``) take to average one tensor, on every rank:
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 bucket_bench.py --mb 100 &
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 bucket_bench.py --mb 100
+
+Rank 0 prints the median seconds of each (and GB/s of the bucket's bytes).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import syncopate.torch
+
+p = argparse.ArgumentParser(description=__doc__)
+p.add_argument("--mb", type=float, default=100.0, help="bucket size in MB (of its dtype)")
+p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+p.add_argument("--reps", type=int, default=5)
+args = p.parse_args()
+dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+numel = int(args.mb * 1e6 / torch.tensor([], dtype=dtype).element_size())
+t = torch.ones(numel, dtype=dtype) * (rank + 1)
+state = syncopate.torch.SyncopateState()
+times = {"gloo": [], "syncopate": []}
+try:
+    dist.all_reduce(t.clone())
+    gloo = True
+except RuntimeError as e:  # torch 1.13's Gloo has no bfloat16
+    gloo = False
+    if rank == 0:
+        print(f"gloo: cannot all-reduce {args.dtype} here ({e})", flush=True)
+for _ in range(args.reps):
+    dist.barrier()
+    if gloo:
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        times["gloo"].append(time.perf_counter() - start)
+    dist.barrier()
+    start = time.perf_counter()
+    state.allreduce(t).wait()
+    times["syncopate"].append(time.perf_counter() - start)
+if rank == 0:
+    for name, ts in times.items():
+        if not ts:
+            continue
+        s = statistics.median(ts)
+        print(f"{name:10s} {args.mb:.0f} MB {args.dtype}: {s * 1e3:8.1f} ms  {args.mb / 1e3 / s:6.2f} GB/s", flush=True)
+state.close()
+dist.destroy_process_group()
