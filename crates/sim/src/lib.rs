@@ -24,9 +24,11 @@ mod offer;
 mod queue;
 mod report;
 mod rng;
+mod symmetry;
 
 pub use config::SimConfig;
 pub use error::SimError;
+pub use symmetry::{model_choice, ModelChoice};
 pub use report::{chrome_trace_json, HostTraffic, Lane, SimReport, TraceEvent};
 
 use syncopate_core::profile::ModelProfile;
@@ -34,7 +36,38 @@ use syncopate_core::profile::ModelProfile;
 /// Simulates `config.steps` synchronous training steps of `profile` and reports timing,
 /// traffic and (optionally) a trace. Protocol errors from the state machines, which would be
 /// bugs, and a simulation that stops short of its steps become [`SimError`]s.
+///
+/// Where every worker does the same at the same time over a lossless network, one worker
+/// stands for all (the symmetric model, [`model_choice`]); the report's `model_path` says
+/// which model ran and why.
 pub fn simulate(profile: &ModelProfile, config: &SimConfig) -> Result<SimReport, SimError> {
+    config.validate()?;
+    let choice = model_choice(profile, config);
+    if !choice.symmetric {
+        let mut report = simulate_packet_level(profile, config)?;
+        report.model_path = choice.why;
+        return Ok(report);
+    }
+    let one = symmetry::reduced(config);
+    let ring = match config.strategy.uses_servers() {
+        true => None,
+        false => symmetry::mirror_ring(profile, config),
+    };
+    let mirror = symmetry::Mirror {
+        workers: config.workers,
+        ring,
+    };
+    let sim = engine::Sim::new(profile, &one, engine::Polling::Lean)?;
+    let report = sim.with_mirror(mirror, config).run()?;
+    Ok(symmetry::expand(report, config, choice.why))
+}
+
+/// [`simulate`] at packet level whatever the configuration: every worker, every frame (the
+/// reference the symmetric model is checked against).
+pub fn simulate_packet_level(
+    profile: &ModelProfile,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
     engine::Sim::new(profile, config, engine::Polling::Lean)?.run()
 }
 
@@ -42,5 +75,7 @@ pub fn simulate(profile: &ModelProfile, config: &SimConfig) -> Result<SimReport,
 mod fault_tests;
 #[cfg(test)]
 mod net_tests;
+#[cfg(test)]
+mod symmetry_tests;
 #[cfg(test)]
 mod tests;
