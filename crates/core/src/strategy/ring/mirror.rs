@@ -90,7 +90,7 @@ mod tests {
         assert_eq!(mirrored, left);
         // Uneven chunks (41 values: one chunk of 9, cut 4 + 4 + 1) are no shift.
         assert!(!ring(0, n, 41).shift_symmetric());
-        assert!(!ring(0, 4, 400).with_direct_below(1 << 20).shift_symmetric());
+        assert!(!ring(0, 4, 3).with_direct_below(1 << 20).shift_symmetric());
     }
 
     fn decode(b: &[u8]) -> Header {
