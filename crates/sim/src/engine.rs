@@ -684,8 +684,15 @@ impl<'a> Sim<'a> {
         let fan = self.mirror.as_ref().map_or(1, |m| m.workers) as u64;
         for (i, h) in self.hosts.iter().enumerate() {
             let c = h.nic.counters();
-            // A mirrored worker's counts stand for every worker's; a server's already do.
-            let c = if i < cfg.workers { times(&c, fan) } else { c };
+            // A mirrored worker's counts stand for every worker's; a server's bytes already
+            // do (its frames were charged for every worker), its frames not yet.
+            let c = match i < cfg.workers {
+                true => times(&c, fan),
+                false => NetCounters {
+                    frames_sent: c.frames_sent.saturating_mul(fan),
+                    ..c
+                },
+            };
             network.add(&c);
         }
         let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();

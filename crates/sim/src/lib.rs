@@ -28,8 +28,8 @@ mod symmetry;
 
 pub use config::SimConfig;
 pub use error::SimError;
-pub use symmetry::{model_choice, ModelChoice};
 pub use report::{chrome_trace_json, HostTraffic, Lane, SimReport, TraceEvent};
+pub use symmetry::{model_choice, ModelChoice};
 
 use syncopate_core::profile::ModelProfile;
 

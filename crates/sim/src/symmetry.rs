@@ -65,8 +65,8 @@ fn refusal(cfg: &SimConfig) -> Option<String> {
         "faults are on".into()
     } else if cfg.trace_steps.is_some() {
         "a trace of every host is asked for".into()
-    } else if cfg.sync.mesh || cfg.sync.autotune {
-        "mesh or autotune".into()
+    } else if cfg.sync.mesh || cfg.sync.autotune || cfg.scheduler.uses_credit() {
+        "mesh, credit or autotune (a worker's window depends on its own replies)".into()
     } else {
         return None;
     };
@@ -134,6 +134,7 @@ pub(crate) fn expand(mut one: SimReport, full: &SimConfig, why: String) -> SimRe
     one.worker_utilisation = repeat(&one.worker_utilisation);
     one.traffic = traffic;
     one.frames = one.frames.saturating_mul(n as u64);
+    one.tensor_completion.count = one.tensor_completion.count.saturating_mul(n as u64);
     one.samples_per_sec *= n as f64;
     one.config = full.clone();
     one.model_path = why;

@@ -82,7 +82,9 @@ mod tests {
         .collect();
         let left: Vec<Header> = std::iter::from_fn(|| {
             out.clear();
-            rings[n - 1].poll_transmit(0, &mut out).then(|| decode(&out))
+            rings[n - 1]
+                .poll_transmit(0, &mut out)
+                .then(|| decode(&out))
         })
         .collect();
         assert_eq!(sent.len(), 2);
