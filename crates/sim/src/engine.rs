@@ -252,11 +252,9 @@ impl<'a> Sim<'a> {
                 .collect(),
             frontiers: vec![Frontier::default(); cfg.servers],
             outboxes: vec![Outbox::new(n, cfg.servers); if cfg.servers > 0 { n } else { 0 }],
-            key_owners: if cfg.servers > 0 {
-                key_owners(&registry(cfg, &keys))
-            } else {
-                Vec::new()
-            },
+            key_owners: (cfg.servers > 0)
+                .then(|| key_owners(&registry(cfg, &keys)))
+                .unwrap_or_default(),
             updates: vec![0; cfg.servers],
             grad: vec![1e-3; keys.iter().map(|k| k.numel).max().unwrap_or(0)],
             keys,
