@@ -11,6 +11,11 @@
 //! Big clusters are simulated on a scaled-down model ([`SimConfig::scale`]): the state
 //! machines hold `ceil(numel * scale)` values per key, while the network charges every frame
 //! its full-size bytes, so timing is that of the full model and memory shrinks.
+//!
+//! Where every worker is alike (no jitter, straggler or fault) and the network lossless
+//! with one path, one worker stands for all of them on the same state machines (the
+//! symmetric model, [`model_choice`]): a ring of 16,384 workers then costs what one worker
+//! does. [`simulate_packet_level`] runs every worker and every frame whatever the case.
 
 #![warn(missing_docs)]
 
