@@ -12,7 +12,7 @@ use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
 use syncopate_core::strategy::{Endpoint, KeyLoss, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
-use crate::build::{key_owners, model_keys, peers, rank_endpoints, registry, RankEndpoint};
+use crate::build::{model_keys, peers, rank_endpoints, server_key_owners, RankEndpoint};
 use crate::nic::Nic;
 use crate::offer::{Frontier, Outbox};
 use crate::queue::{Event, EventQueue};
@@ -252,9 +252,7 @@ impl<'a> Sim<'a> {
                 .collect(),
             frontiers: vec![Frontier::default(); cfg.servers],
             outboxes: vec![Outbox::new(n, cfg.servers); if cfg.servers > 0 { n } else { 0 }],
-            key_owners: (cfg.servers > 0)
-                .then(|| key_owners(&registry(cfg, &keys)))
-                .unwrap_or_default(),
+            key_owners: server_key_owners(cfg, &keys),
             updates: vec![0; cfg.servers],
             grad: vec![1e-3; keys.iter().map(|k| k.numel).max().unwrap_or(0)],
             keys,

@@ -52,12 +52,12 @@ impl Sim<'_> {
     ) -> Result<(Rank, Rank, Header, Vec<u8>), SimError> {
         match self.mirror.as_ref().and_then(|m| m.ring.as_ref()) {
             None => Ok((from, to, header, buf)),
-            Some(ring) => self.from_left(ring, from, header, buf),
+            Some(ring) => self.left_counterpart(ring, from, header, buf),
         }
     }
 
     #[cold]
-    fn from_left(
+    fn left_counterpart(
         &self,
         ring: &syncopate_core::strategy::RingAllReduce,
         from: Rank,
