@@ -63,6 +63,14 @@ pub(crate) fn key_owners(reg: &TensorRegistry) -> Vec<Vec<(usize, u32)>> {
         .collect()
 }
 
+/// [`key_owners`] of `cfg`'s registry where it has servers (none without).
+pub(crate) fn server_key_owners(cfg: &SimConfig, keys: &[KeyInfo]) -> Vec<Vec<(usize, u32)>> {
+    if cfg.servers == 0 {
+        return Vec::new();
+    }
+    key_owners(&registry(cfg, keys))
+}
+
 /// Every rank's state machine, built by the core's factory as the runtime builds them:
 /// workers `0..N`, then servers (plain SGD from zeros: the simulator times, it does not train).
 pub(crate) fn rank_endpoints(

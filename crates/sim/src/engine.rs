@@ -12,15 +12,17 @@ use syncopate_core::step::{Action, StepPlan, StepSequencer, Straggler};
 use syncopate_core::strategy::{Endpoint, KeyLoss, ProtocolError, Rank, WorkerEvent, WorkerSync};
 use syncopate_core::wire::{f32_bytes_mut, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
-use crate::build::{key_owners, model_keys, peers, rank_endpoints, registry, RankEndpoint};
+use crate::build::{model_keys, peers, rank_endpoints, server_key_owners, RankEndpoint};
 use crate::nic::Nic;
 use crate::offer::{Frontier, Outbox};
 use crate::queue::{Event, EventQueue};
 use crate::report::{HostTraffic, Lane, SimReport, Tracer};
 use crate::rng::Jitter;
+use crate::symmetry::times;
 use crate::{SimConfig, SimError};
 
 mod life;
+mod mirror;
 mod network;
 
 /// When endpoints are asked for frames, and on which links.
@@ -105,6 +107,8 @@ pub(crate) struct Sim<'a> {
     last_wire: (usize, usize),
     /// The processes' lives, with faults on (`None`: no faults, no liveness rules).
     lives: Option<Box<life::Lives>>,
+    /// One worker standing for all ([`crate::symmetry`]); `None` at packet level.
+    mirror: Option<crate::symmetry::Mirror>,
 }
 
 /// The network flow of the directed link `from -> to` (ranks fit 32 bits).
@@ -228,6 +232,7 @@ impl<'a> Sim<'a> {
         );
         Ok(Self {
             lives,
+            mirror: None,
             cfg,
             profile,
             polling,
@@ -247,11 +252,7 @@ impl<'a> Sim<'a> {
                 .collect(),
             frontiers: vec![Frontier::default(); cfg.servers],
             outboxes: vec![Outbox::new(n, cfg.servers); if cfg.servers > 0 { n } else { 0 }],
-            key_owners: if cfg.servers > 0 {
-                key_owners(&registry(cfg, &keys))
-            } else {
-                Vec::new()
-            },
+            key_owners: server_key_owners(cfg, &keys),
             updates: vec![0; cfg.servers],
             grad: vec![1e-3; keys.iter().map(|k| k.numel).max().unwrap_or(0)],
             keys,
@@ -504,7 +505,11 @@ impl<'a> Sim<'a> {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
         let (now, from, to, h) = (self.now, f.from, f.to, &f.header);
-        self.hosts[to].traffic.bytes_received += f.bytes as u64;
+        let fan = match &self.mirror {
+            Some(m) if m.ring.is_none() && to >= self.cfg.workers => m.workers,
+            _ => 1,
+        };
+        self.hosts[to].traffic.bytes_received += (f.bytes * fan) as u64;
         self.tracer
             .record(h.step, to, Lane::Receive, (f.recv_start, now), || {
                 frame_name(h, from, to)
@@ -672,8 +677,19 @@ impl<'a> Sim<'a> {
             _ => 0.0,
         };
         let mut network = NetCounters::default();
-        for h in &self.hosts {
-            network.add(&h.nic.counters());
+        let fan = self.mirror.as_ref().map_or(1, |m| m.workers) as u64;
+        for (i, h) in self.hosts.iter().enumerate() {
+            let c = h.nic.counters();
+            // A mirrored worker's counts stand for every worker's; a server's bytes already
+            // do (its frames were charged for every worker), its frames not yet.
+            let c = match i < cfg.workers {
+                true => times(&c, fan),
+                false => NetCounters {
+                    frames_sent: c.frames_sent.saturating_mul(fan),
+                    ..c
+                },
+            };
+            network.add(&c);
         }
         let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
         let dlcp = self
@@ -716,6 +732,7 @@ impl<'a> Sim<'a> {
                 .and_then(|t| t.tuner())
                 .map(|t| t.report()),
             events: self.events,
+            model_path: String::new(),
             faults: None,
             trace: self.tracer.into_events(),
         }

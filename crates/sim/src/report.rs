@@ -87,6 +87,10 @@ pub struct SimReport {
     pub autotune: Option<syncopate_core::tune::TuneReport>,
     /// Events processed.
     pub events: u64,
+    /// Which model ran and why: packet level (every worker, every frame) or one worker
+    /// standing for all alike workers ([`crate::model_choice`]).
+    #[serde(default)]
+    pub model_path: String,
     /// What the faults did (with any fault on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub faults: Option<crate::faults::FaultReport>,

@@ -10,7 +10,7 @@ use syncopate_core::profile::ModelProfile;
 use syncopate_core::strategy::StrategyKind;
 use syncopate_core::tune::TuneReport;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
-use syncopate_sim::{chrome_trace_json, simulate, SimConfig, SimReport};
+use syncopate_sim::{chrome_trace_json, model_choice, simulate, SimConfig, SimReport};
 use syncopate_train::model;
 
 use super::sim_faults::{print_report, FaultArgs};
@@ -156,9 +156,22 @@ pub(crate) fn sim_config(
     config.trace_steps = args.trace_steps.clone().map(|w| w.0);
     config.scale = match args.sync.scale {
         Some(f) => f,
-        None => (5e7 / (hosts * profile.param_count().max(1) as f64)).min(1.0),
+        None => auto_scale(profile, &mut config, hosts),
     };
     Ok(config)
+}
+
+/// The scale that keeps the simulated hosts' buffers to about 50 million values in all:
+/// the hosts of the symmetric model (one worker and the servers) where it will run
+/// ([`model_choice`]), else all `hosts`.
+fn auto_scale(profile: &ModelProfile, config: &mut SimConfig, hosts: f64) -> f64 {
+    let scale = |hosts: f64| (5e7 / (hosts * profile.param_count().max(1) as f64)).min(1.0);
+    config.scale = scale((1 + config.servers) as f64);
+    let choice = model_choice(profile, config);
+    match choice.symmetric {
+        true => config.scale,
+        false => scale(hosts),
+    }
 }
 
 /// Simulates one member of the run and prints its row (and what its network, faults and
@@ -203,6 +216,7 @@ fn run_one(
 /// What the network, the faults and the tuner did in a simulation, where there is anything
 /// to say.
 fn print_details(report: &SimReport, config: &SimConfig) -> Result<()> {
+    println!("  {}", report.model_path);
     let net = &report.network;
     if config.network.is_lossy() || net.frames_lost + net.frames_dropped > 0 {
         let t = &report.tensor_completion;

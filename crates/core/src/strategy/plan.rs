@@ -563,7 +563,7 @@ impl Endpoints<'_> {
 
     /// The ring all-reduce of worker `rank`: the mean of what every worker hands over, over
     /// the ring only.
-    fn ring(&self, rank: Rank) -> RingAllReduce {
+    pub fn ring(&self, rank: Rank) -> RingAllReduce {
         let plan = self.plan;
         let ring = RingAllReduce::new(
             rank,

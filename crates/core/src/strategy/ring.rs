@@ -16,6 +16,8 @@
 
 use std::collections::VecDeque;
 
+mod mirror;
+
 use super::bucket::{cut, Buckets};
 use super::ring_layout::{left_of, right_of, KeySlots, LentFrames};
 use super::{frame_values, Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};

@@ -82,7 +82,7 @@ fn ranks_in_step_keep_the_two_newest_complete_steps() {
     }
     // Ranks 0 and 1 wrote step 40 while 20 and 30 were the complete ones.
     assert_eq!(steps_in(dir.path()).unwrap(), vec![40, 30, 20]);
-    assert_eq!(written_by_all(dir.path(), 3).unwrap(), vec![40, 30]);
+    assert_eq!(written_by_all(dir.path(), &j).unwrap(), vec![40, 30]);
     std::fs::write(step_dir(dir.path(), 40).join(state_name(2)), b"4").unwrap();
     assert_eq!(newest_complete(dir.path(), &j).unwrap().step, 30);
 }

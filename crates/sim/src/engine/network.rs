@@ -111,8 +111,11 @@ impl Sim<'_> {
             return Err(self.internal(format!("rank {h}: {what}")));
         }
         let bytes = self.wire_bytes(header.length as usize);
+        let charged = bytes * self.fan(h);
+        let meta = FrameMeta::of_frame(&header, charged, flow(h, to));
+        let (from, to, header, buf) = self.mirror_frame(h, to, header, buf)?;
         let frame = InFlight {
-            from: h,
+            from,
             to,
             header,
             buf,
@@ -133,9 +136,8 @@ impl Sim<'_> {
             lives.wrote(h, to, now);
         }
         let host = &mut self.hosts[h];
-        host.traffic.bytes_sent += bytes as u64;
+        host.traffic.bytes_sent += charged as u64;
         self.frames_sent += 1;
-        let meta = FrameMeta::of_frame(&header, bytes, flow(h, to));
         (host.nic.egress).enqueue(now, slot as u64, meta);
         self.collect(h, false)
     }
@@ -227,7 +229,8 @@ impl Sim<'_> {
         let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        let (from, to, bytes) = (f.from, f.to, f.bytes);
+        let (from, to) = (f.from, f.to);
+        let bytes = f.bytes * self.fan(to);
         let meta = FrameMeta::of_frame(&f.header, bytes, flow(from, to));
         let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
             return Err(self.internal(format!("rank {to} has no ingress port")));
