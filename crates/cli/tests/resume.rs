@@ -203,16 +203,20 @@ fn a_new_job_in_a_used_checkpoint_folder_keeps_its_own_checkpoints() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
-    let written = |ck: &Path| {
-        complete_steps(ck, 2)
-            .iter()
+    // The newest step the second job completed (it keeps its two newest, so three written
+    // checkpoints show as step 15).
+    let newest_second = |ck: &Path| {
+        (complete_steps(ck, 2).iter())
             .filter(|p| {
                 std::fs::read_to_string(p.join("rank-0.toml"))
-                    .is_ok_and(|m| m.contains("\"--lr\" = \"0.2\""))
+                    .is_ok_and(|m| m.contains("--lr = \"0.2\""))
             })
-            .count()
+            .filter_map(|p| names(std::slice::from_ref(p)).pop())
+            .filter_map(|n| n.trim_start_matches("step-").parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
     };
-    while written(&ck) < 3 {
+    while newest_second(&ck) < 15 {
         assert!(
             Instant::now() < deadline,
             "the second job wrote no 3 checkpoints"
@@ -230,14 +234,15 @@ fn a_new_job_in_a_used_checkpoint_folder_keeps_its_own_checkpoints() {
     for step in &kept {
         let manifest = std::fs::read_to_string(step.join("rank-0.toml")).unwrap();
         assert!(
-            manifest.contains("\"--lr\" = \"0.2\""),
+            manifest.contains("--lr = \"0.2\""),
             "{} is not the second job's:\n{manifest}",
             step.display()
         );
     }
     let newest = names(&kept).pop().unwrap();
     let done: u64 = newest.trim_start_matches("step-").parse().unwrap();
-    let log = run_ok(second(done + 5).args(["--resume", path(&ck)]));
+    // The same settings (the schedule's length is the job's), on an unshaped link.
+    let log = run_ok(second(400).args(["--resume", path(&ck)]));
     assert!(
         log.contains(&format!("resuming from the checkpoint after step {done}")),
         "{log}"

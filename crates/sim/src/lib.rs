@@ -29,11 +29,8 @@ mod offer;
 mod queue;
 mod report;
 mod rng;
-<<<<<<< HEAD
-pub mod transfer;
-=======
 mod symmetry;
->>>>>>> sim46
+pub mod transfer;
 
 pub use config::SimConfig;
 pub use error::SimError;

@@ -297,8 +297,8 @@ fn an_autotuned_credit_runs_as_fast_as_p3_after_its_search() {
     );
 }
 
-/// Every key of every step on every worker has a completion time; under loss with a 200 ms
-/// RTO the tail (p99) carries the retransmissions.
+/// Every key of every step on every worker has a completion time; under loss the tail
+/// (p99) carries the repairs.
 #[test]
 fn tensor_completion_times_show_the_retransmission_tail() {
     let profile = model(&[(100_000, 200_000, 400_000); 8]);
@@ -310,9 +310,8 @@ fn tensor_completion_times_show_the_retransmission_tail() {
     let (clean, lossy) = (run_with(0.0), run_with(0.02));
     assert_eq!(clean.count, 4 * 20 * 8);
     assert_eq!(lossy.count, 4 * 20 * 8);
-    eprintln!("lossless {clean:?}\nlossy {lossy:?}");
     assert!(clean.p99_s < 0.2, "{clean:?}");
-    assert!(lossy.p99_s > 0.2, "{lossy:?}");
+    assert!(lossy.p99_s > clean.p99_s, "{lossy:?} against {clean:?}");
 }
 
 #[test]

@@ -198,7 +198,13 @@ impl TcpFlow {
 
     /// A loss found at `now` by `recovery`: the window shrinks once per episode (a round
     /// trip), to one segment after a timeout.
-    pub(crate) fn on_loss(&mut self, cc: CongestionControl, recovery: Recovery, now: Nanos, mss: f64) {
+    pub(crate) fn on_loss(
+        &mut self,
+        cc: CongestionControl,
+        recovery: Recovery,
+        now: Nanos,
+        mss: f64,
+    ) {
         if !cc.backs_off() {
             return;
         }

@@ -8,18 +8,30 @@ const MS: Nanos = 1_000_000;
 #[test]
 fn the_loss_probe_fires_at_two_round_trips_plus_2ms_on_the_tick() {
     let flow = TcpFlow::new(MS / 2, MSS); // srtt 0.5 ms: 2·srtt + 2 ms = 3 ms -> 4 ms
-    assert_eq!(flow.resend_at(Recovery::LossProbe, 0, 10 * MS, 200 * MS, 0), 14 * MS);
+    assert_eq!(
+        flow.resend_at(Recovery::LossProbe, 0, 10 * MS, 200 * MS, 0),
+        14 * MS
+    );
     let slow = TcpFlow::new(5 * MS, MSS); // 12 ms exactly on the tick
-    assert_eq!(slow.resend_at(Recovery::LossProbe, 0, 0, 200 * MS, 0), 12 * MS);
+    assert_eq!(
+        slow.resend_at(Recovery::LossProbe, 0, 0, 200 * MS, 0),
+        12 * MS
+    );
 }
 
 #[test]
 fn sack_repairs_within_a_round_trip_of_the_lost_packet() {
     let flow = TcpFlow::new(4 * MS, MSS);
     // Lost at 1 ms: seen a round trip (4 ms) and the reordering window (1 ms) later.
-    assert_eq!(flow.resend_at(Recovery::Sack, MS, 2 * MS, 200 * MS, 0), 6 * MS);
+    assert_eq!(
+        flow.resend_at(Recovery::Sack, MS, 2 * MS, 200 * MS, 0),
+        6 * MS
+    );
     // Never before the frame's last bit has left.
-    assert_eq!(flow.resend_at(Recovery::Sack, MS, 50 * MS, 200 * MS, 0), 50 * MS);
+    assert_eq!(
+        flow.resend_at(Recovery::Sack, MS, 50 * MS, 200 * MS, 0),
+        50 * MS
+    );
 }
 
 #[test]
@@ -47,7 +59,12 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 10 * MS, MSS);
     assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
     // A second loss within the round trip is the same episode.
-    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 10 * MS + MS / 2, MSS);
+    cubic.on_loss(
+        CongestionControl::Cubic,
+        Recovery::Sack,
+        10 * MS + MS / 2,
+        MSS,
+    );
     assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
     cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 12 * MS, MSS);
     assert!((cubic.cwnd() - 4.9 * MSS).abs() < 1e-6);
@@ -59,8 +76,14 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     let mut bbr = TcpFlow::new(MS, MSS);
     bbr.on_loss(CongestionControl::Bbr, Recovery::Timeout, 10 * MS, MSS);
     assert_eq!(bbr.cwnd(), 10.0 * MSS);
-    assert_eq!(bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS), 10 * MS);
-    assert_eq!(bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS), 10 * MS);
+    assert_eq!(
+        bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS),
+        10 * MS
+    );
+    assert_eq!(
+        bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS),
+        10 * MS
+    );
 }
 
 #[test]
@@ -81,7 +104,11 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
     let mut flow = TcpFlow::new(MS, MSS);
     let initial = (10.0 * MSS) as usize;
     assert_eq!(flow.send_at(reno, 0, initial, 200 * MS, MSS), 0);
-    assert_eq!(flow.send_at(reno, 0, initial, 200 * MS, MSS), MS, "the initial window");
+    assert_eq!(
+        flow.send_at(reno, 0, initial, 200 * MS, MSS),
+        MS,
+        "the initial window"
+    );
     flow.on_loss(reno, Recovery::Sack, 0, MSS);
     let window = (5.0 * MSS) as usize;
     flow.in_port = 2;
@@ -93,9 +120,15 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
         flow.on_acked(reno, initial, 0, MSS);
     }
     assert!(flow.cwnd() > 10.0 * MSS);
-    assert_eq!(flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS), 500 * MS);
+    assert_eq!(
+        flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS),
+        500 * MS
+    );
     assert_eq!(flow.cwnd(), 10.0 * MSS);
-    assert_eq!(flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS), 501 * MS);
+    assert_eq!(
+        flow.send_at(reno, 500 * MS, initial, 200 * MS, MSS),
+        501 * MS
+    );
 }
 
 #[test]
@@ -115,7 +148,11 @@ fn cubic_regrows_to_the_old_window_after_k_seconds() {
 
 #[test]
 fn the_algorithm_names_parse_as_the_kernel_spells_them() {
-    for cc in [CongestionControl::Cubic, CongestionControl::Bbr, CongestionControl::Reno] {
+    for cc in [
+        CongestionControl::Cubic,
+        CongestionControl::Bbr,
+        CongestionControl::Reno,
+    ] {
         assert_eq!(cc.name().parse::<CongestionControl>(), Ok(cc));
     }
     assert!("vegas".parse::<CongestionControl>().is_err());

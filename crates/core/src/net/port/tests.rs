@@ -194,13 +194,25 @@ fn a_single_packet_loss_costs_a_round_trip_not_a_timeout() {
             once += 1;
             assert!(resent > 0 && resent < wire / 10, "{resent} bytes resent");
             let late = at - (now + tx(wire) + 50_000 + tx(resent));
-            assert!(late <= 4_000_000, "frame {i}: {late} ns past its lossless time");
+            assert!(
+                late <= 4_000_000,
+                "frame {i}: {late} ns past its lossless time"
+            );
             within_rtt += u64::from(late <= 150_000);
         }
     }
-    assert!((150..230).contains(&frames_lost), "{frames_lost} of 300 lost");
-    assert!(once > frames_lost * 9 / 10, "{once} of {frames_lost} lost once");
-    assert!(within_rtt > once * 9 / 10, "{within_rtt} of {once} within a round trip");
+    assert!(
+        (150..230).contains(&frames_lost),
+        "{frames_lost} of 300 lost"
+    );
+    assert!(
+        once > frames_lost * 9 / 10,
+        "{once} of {frames_lost} lost once"
+    );
+    assert!(
+        within_rtt > once * 9 / 10,
+        "{within_rtt} of {once} within a round trip"
+    );
 }
 
 /// Back-to-back frames on a port that may drop but does not fill the link: a lossless flow
@@ -221,7 +233,10 @@ fn a_lossless_reliable_flow_fills_the_link() {
     let wire = 1_000 * (14_480 + 10 * 66) as u64;
     // Within the few round trips of slow start from the initial window.
     let ideal = (wire * 8 + 100_000) as f64;
-    assert!(last >= ideal && last < ideal * 1.002, "{last} ns against {ideal}");
+    assert!(
+        last >= ideal && last < ideal * 1.002,
+        "{last} ns against {ideal}"
+    );
 }
 
 /// Drives `port` as a sender does: `frames` frames of `bytes` on each of `flows` flows
@@ -296,7 +311,10 @@ fn two_flows_share_a_lossy_port_fairly() {
             .count() as f64
     };
     let (a, b) = (by(0), by(1));
-    assert!(a > 100.0 && (a / b - 1.0).abs() < 0.25, "{a} against {b} frames");
+    assert!(
+        a > 100.0 && (a / b - 1.0).abs() < 0.25,
+        "{a} against {b} frames"
+    );
 }
 
 /// The losses of a run, as (token, retransmissions).
@@ -515,7 +533,9 @@ fn hashing_pins_a_flow_to_one_path_and_tcp_to_the_first() {
         tcp.enqueue(token * 100, token, FrameMeta::reliable(100, token % 40));
     }
     let out = run_all(&mut tcp, Vec::new());
-    assert!(out.iter().all(|d| matches!(d.fate, Fate::Delivered { path: 0, .. })));
+    assert!(out
+        .iter()
+        .all(|d| matches!(d.fate, Fate::Delivered { path: 0, .. })));
     let mut port = Port::egress(&multipath(4), 3, 0);
     for token in 0..4_000u64 {
         let meta = FrameMeta {
@@ -749,4 +769,3 @@ impl WithAt for Fate {
         }
     }
 }
-
