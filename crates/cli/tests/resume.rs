@@ -283,7 +283,7 @@ fn a_job_resumes_into_another_folder() {
     let mode = std::fs::metadata(&token).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     assert_eq!(names(&complete_steps(&e, 2)), ["step-00000015"]);
-    let log = run_ok(&mut launch(20, &common).args(["--resume", path(&e)]));
+    let log = run_ok(launch(20, &common).args(["--resume", path(&e)]));
     assert!(
         log.contains("resuming from the checkpoint after step 15"),
         "{log}"

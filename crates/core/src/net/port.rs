@@ -88,6 +88,9 @@ struct Held {
     draw: Option<u64>,
     /// Retransmission timeouts this frame has taken (the RTO's backoff).
     timeouts: u32,
+    /// Its first loss fell in its flow's tail (the last round trip of data, nothing behind
+    /// it): a lost resend of it can only be found by the timeout.
+    tail: bool,
     /// Where it stands with its flow's congestion window.
     pacing: Pacing,
 }
@@ -330,6 +333,7 @@ impl Port {
             slot,
             draw,
             timeouts: 0,
+            tail: false,
             pacing,
         };
         if meta.reliable {
@@ -532,8 +536,8 @@ impl Port {
         let fate = if lost_packets > 0 {
             self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
-                let recovery = self.recovery_of(&held, lost_packets, packets);
-                let lost_sent = lost_at(draw, lost_packets, start, done);
+                let lost_sent = lost_at(draw, lost_packets, packets, start, done);
+                let recovery = self.recovery_of(&mut held, lost_sent, done);
                 let at = self.recover(recovery, &held, i, lost_sent, done, done);
                 if recovery == Recovery::Timeout {
                     held.timeouts = held.timeouts.saturating_add(1);

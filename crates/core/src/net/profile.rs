@@ -64,6 +64,23 @@ impl FromStr for QueueDiscipline {
     }
 }
 
+impl FromStr for CongestionControl {
+    type Err = ProfileError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cubic" => Ok(Self::Cubic),
+            "bbr" => Ok(Self::Bbr),
+            "reno" | "newreno" => Ok(Self::Reno),
+            _ => Err(ProfileError::new(
+                "tcp",
+                "--tcp",
+                format!("unknown congestion control '{s}' (use cubic, bbr or reno)"),
+            )),
+        }
+    }
+}
+
 /// Bursty loss (Gilbert-Elliott): a two-state chain moved once per frame; in the burst
 /// state a frame is lost with `loss_in_burst`, in the good state with the profile's `loss`.
 /// Mean burst length `1 / p_leave` frames; stationary share of burst `p_enter / (p_enter +

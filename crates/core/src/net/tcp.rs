@@ -23,11 +23,9 @@
 //! which holds it back only where its window is below what the path carries.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::profile::ProfileError;
 use super::Nanos;
 
 /// Segments in the initial congestion window (Linux's `TCP_INIT_CWND`, RFC 6928).
@@ -80,23 +78,6 @@ impl CongestionControl {
 impl fmt::Display for CongestionControl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl FromStr for CongestionControl {
-    type Err = ProfileError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cubic" => Ok(Self::Cubic),
-            "bbr" => Ok(Self::Bbr),
-            "reno" | "newreno" => Ok(Self::Reno),
-            _ => Err(ProfileError::new(
-                "tcp",
-                "--tcp",
-                format!("unknown congestion control '{s}' (use cubic, bbr or reno)"),
-            )),
-        }
     }
 }
 
@@ -290,6 +271,11 @@ impl TcpFlow {
     #[cfg(test)]
     pub(crate) fn cwnd(&self) -> f64 {
         self.cwnd
+    }
+
+    /// The smoothed round trip, ns.
+    pub(crate) fn srtt_ns(&self) -> Nanos {
+        self.srtt as Nanos
     }
 
     /// The congestion window in whole bytes (at most what a queue could hold).

@@ -330,10 +330,13 @@ fn a_fresh_job_refuses_a_used_folder_unless_told_to_replace_it() {
     assert!(dir.path().join("job.token").exists());
 }
 
+/// An edit of a manifest's text, named.
+type ManifestEdit = (&'static str, fn(&str) -> String);
+
 #[test]
 fn a_manifest_with_a_line_removed_or_altered_is_refused() {
     let j = job(2);
-    let edits: [(&str, fn(&str) -> String); 4] = [
+    let edits: [ManifestEdit; 4] = [
         ("record_mac", |m| {
             m.lines()
                 .filter(|l| !l.starts_with("record_mac"))

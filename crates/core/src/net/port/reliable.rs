@@ -64,11 +64,18 @@ impl TcpModel {
     }
 }
 
-/// When the last of `lost` packets of a frame serialised from `start` to `done` left: a
+/// When the last of `lost` of a frame's `packets` serialised from `start` to `done` left: a
 /// deterministic draw from the frame's key (the largest of `lost` uniform positions), the
-/// middle without a key.
-pub(super) fn lost_at(draw: Option<u64>, lost: u64, start: Nanos, done: Nanos) -> Nanos {
+/// middle without a key, the end when every packet was lost.
+pub(super) fn lost_at(
+    draw: Option<u64>,
+    lost: u64,
+    packets: u64,
+    start: Nanos,
+    done: Nanos,
+) -> Nanos {
     let position = match draw {
+        _ if lost >= packets => 1.0,
         Some(key) => {
             let u = SplitMix64::new(hash(&[key, 0x5ACC])).next_f64();
             u.powf(1.0 / lost.max(1) as f64)
@@ -108,25 +115,24 @@ impl Port {
         }
     }
 
-    /// How the loss of `lost` of the `packets` of `held` is found: with later data of the
-    /// flow behind it, by SACK (RACK for a lost resend, as Linux finds it); alone, a lost
-    /// resend by the timeout and a lost last packet by the loss probe.
-    pub(super) fn recovery_of(&self, held: &Held, lost: u64, packets: u64) -> Recovery {
-        let alone = (self.tcp.flows.get(held.slot)).is_none_or(|f| f.in_port <= 1);
-        if !alone {
-            // Later data is acknowledged: SACK finds the hole, RACK a lost resend.
-            return Recovery::Sack;
-        }
+    /// How a loss of `held` whose last lost packet left at `lost_sent` (its last bit at
+    /// `done`) is found. Data sent after a lost packet reveals it (SACK; RACK for a lost
+    /// resend): later frames of the flow, or the rest of this frame where that takes more
+    /// than a round trip. Without either the loss is in the flow's tail: the loss probe
+    /// finds it, and a lost resend of a tail loss only the timeout.
+    pub(super) fn recovery_of(&self, held: &mut Held, lost_sent: Nanos, done: Nanos) -> Recovery {
+        let flow = self.tcp.flows.get(held.slot);
+        let alone = flow.is_none_or(|f| f.in_port <= 1);
         if held.retransmissions > 0 {
-            return Recovery::Timeout;
+            return if alone && held.tail {
+                Recovery::Timeout
+            } else {
+                Recovery::Sack
+            };
         }
-        // The tail is lost when the frame's last packet is among the lost ones.
-        let share = (lost as f64 / packets.max(1) as f64).min(1.0);
-        let u = match held.draw {
-            Some(key) => SplitMix64::new(hash(&[key, 0x7A11])).next_f64(),
-            None => 0.5,
-        };
-        if u < share {
+        let round_trip = flow.map_or(0, |f| f.srtt_ns());
+        held.tail = alone && done.saturating_sub(lost_sent) <= round_trip;
+        if held.tail {
             Recovery::LossProbe
         } else {
             Recovery::Sack
