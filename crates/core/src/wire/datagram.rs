@@ -56,8 +56,10 @@ pub const DATA_OVERHEAD: usize = PREFIX_LEN + HEADER_LEN + DATAGRAM_TAG_LEN;
 pub const IP_UDP_HEADERS: usize = 28;
 /// The Ethernet MTU the default packet size is chosen for.
 pub const DEFAULT_MTU: usize = 1500;
-/// Largest UDP payload (IPv4).
-pub const MAX_DATAGRAM_LEN: usize = 65_507;
+/// Largest datagram of this format: one that fills a [`DEFAULT_MTU`] IP packet (1,472
+/// bytes). Every datagram a job sends fits one (packets are sized for it), so a longer one
+/// is refused by its length before any other work.
+pub const MAX_DATAGRAM_LEN: usize = DEFAULT_MTU - IP_UDP_HEADERS;
 /// Bytes of a feedback datagram's body (four `u64`s).
 pub const FEEDBACK_BODY_LEN: usize = 32;
 /// Bytes of a whole feedback datagram.

@@ -44,6 +44,9 @@ const RETRY_NS: u64 = 100_000;
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 /// DSCP of feedback datagrams: the class of the TCP links (control traffic).
 const FEEDBACK_DSCP: u8 = 0;
+/// The most datagrams read from one socket per wake-up: then the loop goes round (timers,
+/// heartbeats, sends) before it reads on, so a flood cannot hold it in `receive`.
+pub const RECEIVE_BUDGET: usize = 64;
 
 /// The datagram transport of one process: its addresses (one per path) and the rate
 /// controller's settings.
@@ -125,6 +128,9 @@ pub(super) struct DatagramPath {
     max_payload: u32,
     /// One received datagram (one byte more than the largest, to see oversized ones).
     recv_buf: Vec<u8>,
+    /// By path: whether its socket may hold more datagrams than the last read's budget
+    /// took (the poll will not say so again: readiness is edge-triggered).
+    backlog: Vec<bool>,
     /// One datagram being sealed.
     seal_buf: Vec<u8>,
 }
@@ -149,6 +155,7 @@ impl DatagramPath {
             registry.register(&mut socket, Token(FIRST_TOKEN - j), Interest::READABLE)?;
             paths.push(PathSocket { socket, dscp: None });
         }
+        let paths_len = paths.len();
         let mut peers = Vec::with_capacity(links.len());
         for (rank, keys, addrs) in links {
             if addrs.len() != paths.len() {
@@ -180,6 +187,7 @@ impl DatagramPath {
             max_payload,
             recv_buf: vec![0; MAX_DATAGRAM_LEN + 1],
             seal_buf: Vec::with_capacity(MAX_DATAGRAM_LEN),
+            backlog: vec![false; paths_len],
         })
     }
 
@@ -209,6 +217,18 @@ impl DatagramPath {
     /// The number of paths (sockets).
     pub(super) fn paths(&self) -> usize {
         self.sockets.len()
+    }
+
+    /// Whether a socket's last read left datagrams on it (its budget ran out).
+    pub(super) fn has_backlog(&self) -> bool {
+        self.backlog.contains(&true)
+    }
+
+    /// The paths whose sockets the last read left datagrams on (its budget ran out).
+    pub(super) fn backlogged(&self) -> Vec<usize> {
+        (self.backlog.iter().enumerate())
+            .filter_map(|(j, &more)| more.then_some(j))
+            .collect()
     }
 
     /// Whether nothing waits to be sent on link `i`.
@@ -332,26 +352,36 @@ impl DatagramPath {
             .min()
     }
 
-    /// Reads every datagram waiting on path `j`'s socket and hands the good ones to the
-    /// endpoint; `origin` is the loop's clock.
+    /// Reads up to [`RECEIVE_BUDGET`] datagrams waiting on path `j`'s socket and hands the
+    /// good ones to the endpoint; `origin` is the loop's clock. A datagram longer than
+    /// [`MAX_DATAGRAM_LEN`] (read into one byte more) is refused by its length alone.
     pub(super) fn receive<E: Endpoint + ?Sized>(
         &mut self,
         j: usize,
         endpoint: &mut E,
         origin: std::time::Instant,
     ) -> Result<(), String> {
+        let mut read = 0;
         loop {
-            let Some(socket) = self.sockets.get(j) else {
+            let (Some(socket), Some(more)) = (self.sockets.get(j), self.backlog.get_mut(j)) else {
                 return Ok(());
             };
+            if read == RECEIVE_BUDGET {
+                *more = true;
+                return Ok(());
+            }
             let (n, from) = match socket.socket.recv_from(&mut self.recv_buf) {
                 Ok(got) => got,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *more = false;
+                    return Ok(());
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // An ICMP error queued by an earlier send (a peer gone): not this datagram's.
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) => return Err(format!("receiving datagrams failed: {e}")),
             };
+            read += 1;
             // Each datagram's own time: a batch read in one go spans a while, and a stale
             // time would shorten the round trips measured from it.
             let now_ns = super::ns_since(origin);
@@ -359,6 +389,10 @@ impl DatagramPath {
                 self.counters.count_drop(DropReason::UnknownAddress);
                 continue;
             };
+            if n > MAX_DATAGRAM_LEN {
+                self.counters.count_drop(DropReason::Oversized);
+                continue;
+            }
             let datagram = self.recv_buf.get(..n).unwrap_or_default();
             if let Err(reason) = deliver(
                 &mut self.peers[i],

@@ -1,16 +1,18 @@
 //! The datagram path against hostile input: a loop (rank 0) whose peer's datagrams come
 //! from a UDP socket this test holds, next to forged, replayed, truncated, stale and
 //! misaddressed ones. Only the authentic, fresh datagrams reach the endpoint; every other
-//! one is counted by its reason, and none ends the loop.
+//! one is counted by its reason, and none ends the loop. A flood from a stranger is read a
+//! budget at a time, so heartbeats keep going through it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, UdpSocket};
 
 use syncopate_core::net::RateConfig;
 use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
-use syncopate_core::wire::datagram::{datagram_keys, DatagramSealer};
+use syncopate_core::wire::datagram::{datagram_keys, DatagramSealer, MAX_DATAGRAM_LEN};
 use syncopate_core::wire::{Flags, FrameKind, Header};
 
+use super::datagram::{DatagramPath, RECEIVE_BUDGET};
 use super::tests::{loopback_pair, test_keys, FinishWhen};
 use super::*;
 
@@ -91,6 +93,7 @@ fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
         sealed(&mut good, reliable, &[0; 4]),   // malformed: not loss-tolerant
         push(&mut good, 1, 4, 2.0),
         push(&mut good, 2, 3, 3.0),
+        vec![0; MAX_DATAGRAM_LEN + 500], // oversized: refused by its length
     ];
     let stray = push(&mut DatagramSealer::new(&keys.send), 0, 4, 9.0);
     stranger.send_to(&stray, my_addr).unwrap();
@@ -145,10 +148,166 @@ fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
             c.bad_mac,
             c.replayed,
             c.stale,
-            c.malformed
+            c.malformed,
+            c.oversized
         ),
-        (1, 1, 2, 1, 1, 2),
+        (1, 1, 2, 1, 1, 2, 1),
         "{c:?}"
     );
     assert_eq!(c.received, 4, "three handed over, one stale: {c:?}");
+}
+
+/// Sends 1-byte datagrams from a stranger's socket to `to` as fast as one core can (batches
+/// of 64 per system call) until `stop`; returns how many left.
+fn flood(to: SocketAddr, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags};
+    use std::io::IoSlice;
+    use std::sync::atomic::Ordering;
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    stranger.connect(to).unwrap();
+    let byte = [0u8; 1];
+    let iov = [IoSlice::new(&byte)];
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut controls: Vec<SendAncillaryBuffer> =
+            (0..64).map(|_| SendAncillaryBuffer::default()).collect();
+        let mut msgs: Vec<MMsgHdr> = controls.iter_mut().map(|c| MMsgHdr::new(&iov, c)).collect();
+        // A full socket buffer on the other side drops them (ENOBUFS is not raised for UDP).
+        if let Ok(n) = sendmmsg(&stranger, &mut msgs, SendFlags::empty()) {
+            sent += n as u64;
+        }
+    }
+    sent
+}
+
+#[test]
+fn a_flood_of_datagrams_neither_stops_heartbeats_nor_the_peer_datagrams() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    const FLOOD: Duration = Duration::from_millis(1500);
+    let (tcp, mut peer_tcp) = loopback_pair();
+    let mine = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let my_addr = mine.local_addr().unwrap();
+    let peer_udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let peer_addr = peer_udp.local_addr().unwrap();
+    let keys = datagram_keys(&test_keys(1));
+    let mut good = DatagramSealer::new(&keys.send);
+
+    // The peer's side of the TCP link: its goodbye, then the time of every read (rank 0's
+    // heartbeats) until the link closes.
+    let peer = std::thread::spawn(move || {
+        let goodbye = Header::control(FrameKind::Goodbye, 0).encode();
+        peer_tcp.write_all(&goodbye).unwrap();
+        let mut reads = Vec::new();
+        let mut buf = [0u8; 4096];
+        while matches!(peer_tcp.read(&mut buf), Ok(n) if n > 0) {
+            reads.push(Instant::now());
+        }
+        reads
+    });
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flooder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || flood(my_addr, &stop))
+    };
+    let start = Instant::now();
+    let loop_thread = std::thread::spawn(move || {
+        let links = vec![Link {
+            peer: 1,
+            stream: tcp,
+            keys: test_keys(0),
+            datagram_addrs: vec![peer_addr],
+        }];
+        let mut options = CommOptions {
+            frame_mac: false,
+            datagram: Some(DatagramOptions {
+                addrs: vec![my_addr.ip()],
+                rate: RateConfig::default(),
+            }),
+            ..CommOptions::default()
+        };
+        options.liveness.heartbeat_ns = 10_000_000;
+        let (mut comm, _waker) =
+            CommLoop::new(links, options, Emulation::default(), vec![mine]).unwrap();
+        let mut collector = Collector {
+            slot: Vec::new(),
+            handed: Vec::new(),
+            wanted: 2,
+        };
+        let done: fn(&Collector) -> bool = |c| c.handed.len() >= c.wanted;
+        comm.run(&mut collector, &mut FinishWhen(done)).unwrap();
+        (collector.handed.len(), comm.datagram_report().unwrap())
+    });
+    std::thread::sleep(FLOOD);
+    stop.store(true, Ordering::Relaxed);
+    let flooded = flooder.join().unwrap();
+    let end = Instant::now();
+    // The peer's datagrams after the flood arrive (in it, a full socket buffer would drop
+    // them, as the network would).
+    for step in 1..=2 {
+        peer_udp
+            .send_to(&push(&mut good, step, 4, 1.0), my_addr)
+            .unwrap();
+    }
+    let (handed, report) = loop_thread.join().unwrap();
+    let reads = peer.join().unwrap();
+
+    assert!(handed >= 2);
+    let c = report.counters;
+    assert!(c.unknown_address > 10_000, "{flooded} sent, {c:?}");
+    // Heartbeats every 10 ms throughout the flood: no silence of a third of it (a loaded
+    // 2-core machine may hold a thread back for a while).
+    let mut times: Vec<Instant> = vec![start];
+    times.extend(reads.iter().filter(|t| **t > start && **t < end));
+    times.push(end);
+    let longest = times.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        longest < FLOOD / 3,
+        "rank 0 was silent for {longest:?} of a {FLOOD:?} flood ({flooded} datagrams sent, \
+         {} counted)",
+        c.unknown_address
+    );
+}
+
+#[test]
+fn one_read_takes_at_most_its_budget_and_remembers_the_rest() {
+    let mine = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let my_addr = mine.local_addr().unwrap();
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let waiting = RECEIVE_BUDGET * 2 + 10;
+    for _ in 0..waiting {
+        stranger.send_to(&[0], my_addr).unwrap();
+    }
+    let poll = mio::Poll::new().unwrap();
+    let peer = [(1, test_keys(0), vec!["127.0.0.1:9".parse().unwrap()])];
+    let mut path = DatagramPath::new(
+        vec![mine],
+        &peer,
+        RateConfig::default(),
+        1 << 20,
+        poll.registry(),
+    )
+    .unwrap();
+    let mut collector = Collector {
+        slot: Vec::new(),
+        handed: Vec::new(),
+        wanted: 0,
+    };
+    let origin = std::time::Instant::now();
+    let mut reads = Vec::new();
+    loop {
+        path.receive(0, &mut collector, origin).unwrap();
+        reads.push(path.counters().0.unknown_address);
+        if !path.has_backlog() {
+            break;
+        }
+        assert_eq!(path.backlogged(), [0]);
+    }
+    let budget = RECEIVE_BUDGET as u64;
+    let all = waiting as u64;
+    assert_eq!(
+        reads,
+        [budget, 2 * budget, all],
+        "datagrams counted after each read"
+    );
 }

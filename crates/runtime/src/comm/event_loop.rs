@@ -69,6 +69,7 @@ impl CommLoop {
             let deadline = endpoint.poll_timeout();
             self.wait(&mut events, deadline)?;
             self.handle_events(&events, endpoint, hooks)?;
+            self.read_datagram_backlog(endpoint)?;
             if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
                 finishing = true;
             }
@@ -127,6 +128,21 @@ impl CommLoop {
             d.receive(j, endpoint, origin).map_err(CommError::Local)?;
         }
         d.pump(super::ns_since(origin));
+        Ok(())
+    }
+
+    /// Reads on from the datagram sockets whose last read ran out of budget.
+    fn read_datagram_backlog<E: Endpoint + ?Sized>(
+        &mut self,
+        endpoint: &mut E,
+    ) -> Result<(), CommError> {
+        if !(self.datagram.as_ref()).is_some_and(|d| d.has_backlog()) {
+            return Ok(());
+        }
+        let backlogged = self.datagram.as_ref().map(|d| d.backlogged());
+        for j in backlogged.unwrap_or_default() {
+            self.read_datagrams(Some(j), endpoint)?;
+        }
         Ok(())
     }
 
@@ -198,7 +214,8 @@ impl CommLoop {
         Ok(())
     }
 
-    /// Waits for I/O, a command or the next deadline. Within `busy_poll` of the last byte
+    /// Waits for I/O, a command or the next deadline; only looks while a datagram socket
+    /// holds a backlog (see [`Self::read_datagram_backlog`]). Within `busy_poll` of the last byte
     /// moved it only looks (a zero-timeout poll, then a yield): a process that has just
     /// sent or received is likely to be answered within microseconds, and waking a sleeping
     /// thread costs more than that (tens of microseconds on a virtual machine).
@@ -209,9 +226,11 @@ impl CommLoop {
         endpoint_deadline: Option<u64>,
     ) -> Result<(), CommError> {
         let busy_ns = u64::try_from(self.options.busy_poll.as_nanos()).unwrap_or(u64::MAX);
-        let busy = busy_ns > 0
-            && (self.liveness.last_activity())
-                .is_some_and(|t| self.now_ns().saturating_sub(t) < busy_ns);
+        let backlog = (self.datagram.as_ref()).is_some_and(|d| d.has_backlog());
+        let busy = backlog
+            || busy_ns > 0
+                && (self.liveness.last_activity())
+                    .is_some_and(|t| self.now_ns().saturating_sub(t) < busy_ns);
         let timeout = if busy {
             Duration::ZERO
         } else {
