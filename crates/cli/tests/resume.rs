@@ -89,9 +89,10 @@ fn a_resume_with_other_settings_is_refused_naming_each_difference() {
     assert_eq!(steps, want, "the step rows of the whole job:\n{rows}");
 }
 
-/// A worker's checkpoint holds no per-step rows: after 60 steps it is the size it was after
-/// 30 (up to the digits of its times), where rows copied into it would add about 80 bytes
-/// a step.
+/// A worker's checkpoint holds no per-step rows and no evaluations: after 60 steps it is
+/// the size it was after 30 (up to the digits of its times), where rows copied into it
+/// would add about 80 bytes a step and evaluations about 100 bytes each (rank 0 evaluates
+/// every 5 steps).
 #[test]
 fn a_checkpoint_does_not_grow_with_the_steps_done() {
     let dir = tempfile::tempdir().unwrap();
@@ -109,22 +110,32 @@ fn a_checkpoint_does_not_grow_with_the_steps_done() {
             "30",
             "--checkpoint-dir",
             path(&ck),
+            "--eval-every",
+            "5",
         ],
     ));
-    let size = |step: &str| {
+    let size = |step: &str, rank: usize| {
         let at = ck.join(format!("step-000000{step}"));
-        ["rank-1.json", "rank-1.safetensors"]
+        [".json", ".safetensors"]
             .iter()
-            .map(|f| std::fs::metadata(at.join(f)).unwrap().len())
+            .map(|f| {
+                std::fs::metadata(at.join(format!("rank-{rank}{f}")))
+                    .unwrap()
+                    .len()
+            })
             .sum::<u64>()
     };
-    let (early, late) = (size("30"), size("60"));
-    assert!(
-        late.abs_diff(early) < 200,
-        "after 30 steps {early} bytes, after 60 {late}"
-    );
+    for rank in [0, 1] {
+        let (early, late) = (size("30", rank), size("60", rank));
+        assert!(
+            late.abs_diff(early) < 200,
+            "rank {rank}: after 30 steps {early} bytes, after 60 {late}"
+        );
+    }
     let rows = std::fs::read_to_string(ck.join("rows-rank0.csv")).unwrap();
     assert_eq!(rows.lines().count(), 61, "{rows}");
+    let evals = std::fs::read_to_string(ck.join("evals-rank0.csv")).unwrap();
+    assert_eq!(evals.lines().count(), 13, "{evals}");
 }
 
 /// The step folders of `ck` whose every rank (of `world`) has written its manifest, oldest

@@ -11,7 +11,7 @@ use syncopate_train::engine::LayerwiseEngine;
 use syncopate_train::trainer::LocalOptimizer;
 
 use super::step_rows::RowsMark;
-use super::{EvalLog, WorkerTimes};
+use super::WorkerTimes;
 use crate::checkpoint::{
     newest_complete, write, CheckpointPlan, JobIdentity, ProcessState, ResumePoint,
 };
@@ -37,8 +37,9 @@ pub(super) struct CarriedRecord {
     pub(super) recent: VecDeque<f64>,
     /// Test accuracy after each epoch.
     pub(super) epoch_accuracy: Vec<f64>,
-    /// Every evaluation.
-    pub(super) evals: EvalLog,
+    /// How far `evals-rank0.csv`'s rows went (kept in their own file, like the step rows;
+    /// `None`: this worker evaluates not).
+    pub(super) evals: Option<RowsMark>,
     /// How far `steps-rank<R>.csv`'s rows went (kept in their own file, see
     /// [`super::step_rows`]; `None`: this worker kept none).
     pub(super) rows: Option<RowsMark>,

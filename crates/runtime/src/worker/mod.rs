@@ -34,6 +34,7 @@ mod step_rows;
 use checkpointing::CarriedRecord;
 use checkpointing::Checkpointer;
 use step_loop::{Record, StepLoop};
+use step_rows::{Log, StepRows};
 use syncopate_core::wire::Header;
 
 /// What a worker trains and how.
@@ -178,37 +179,66 @@ pub struct EvalPoint {
     pub divergence: Option<f64>,
 }
 
-/// Rank 0's evaluations, as CSV rows and as points.
-#[derive(Serialize, Deserialize)]
-struct EvalLog {
-    csv: String,
-    points: Vec<EvalPoint>,
-}
-
-impl Default for EvalLog {
-    fn default() -> Self {
+impl EvalPoint {
+    /// Worker 0's own evaluation after `step` steps and `seconds` of training (the
+    /// average's fields left for `launch` to fill in).
+    fn of_worker(step: u64, seconds: f64, accuracy: f64, loss: f64) -> Self {
         Self {
-            csv: String::from("epoch,step,t_s,test_accuracy,test_loss\n"),
-            points: Vec::new(),
+            step,
+            seconds,
+            accuracy,
+            loss,
+            average_accuracy: None,
+            average_loss: None,
+            divergence: None,
         }
     }
 }
 
+/// Rank 0's evaluations: as points, and as the rows of `evals-rank0.csv` appended to their
+/// file (see [`step_rows`]), so a checkpoint keeps only their mark.
+#[derive(Default)]
+struct EvalLog {
+    rows: StepRows,
+    points: Vec<EvalPoint>,
+}
+
 impl EvalLog {
-    fn push(&mut self, epoch: u64, step: u64, seconds: f64, eval: &Evaluation) {
-        self.csv.push_str(&format!(
-            "{epoch},{step},{seconds:.3},{:.5},{:.5}\n",
-            eval.accuracy, eval.loss
-        ));
-        self.points.push(EvalPoint {
-            step,
-            seconds,
-            accuracy: eval.accuracy,
-            loss: eval.loss,
-            average_accuracy: None,
-            average_loss: None,
-            divergence: None,
-        });
+    /// Records the evaluation `eval` of epoch `epoch`, after `step` steps and `seconds` of
+    /// training (each number in full, so a resumed job reads back the same points).
+    fn push(
+        &mut self,
+        epoch: u64,
+        step: u64,
+        seconds: f64,
+        eval: &Evaluation,
+    ) -> Result<(), RunError> {
+        let (accuracy, loss) = (eval.accuracy, eval.loss);
+        (self.rows).push(&format!("{epoch},{step},{seconds},{accuracy},{loss}\n"))?;
+        self.points
+            .push(EvalPoint::of_worker(step, seconds, accuracy, loss));
+        Ok(())
+    }
+
+    /// The log going on into `rows` from the evaluations a checkpoint covered (`earlier`:
+    /// their CSV rows, no header).
+    fn resumed(rows: StepRows, earlier: &str) -> Result<Self, RunError> {
+        let point = |line: &str| -> Option<EvalPoint> {
+            let mut cells = line.split(',').skip(1);
+            let mut next = || cells.next()?.parse::<f64>().ok();
+            let (step, seconds, accuracy, loss) = (next()?, next()?, next()?, next()?);
+            Some(EvalPoint::of_worker(step as u64, seconds, accuracy, loss))
+        };
+        let points = (earlier.lines())
+            .map(|line| {
+                point(line).ok_or_else(|| {
+                    RunError::Local(format!(
+                        "the checkpoint's evaluations hold a malformed row: {line:?}"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { rows, points })
     }
 }
 
@@ -581,7 +611,7 @@ pub fn run_worker<E: LayerwiseEngine>(
     run.slowdown = plan.slowdown;
     run.rank = ctx.rank;
     run.snapshots = snapshots.map(|dir| (dir, ctx.rank));
-    run.record = starting_record(ctx, plan, start.carried)?;
+    run.record = starting_record(ctx, plan, start.carried, evaluates)?;
     run.checkpoints = plan.checkpoint.clone().map(|plan| Checkpointer {
         plan,
         job: start.job,
@@ -612,22 +642,25 @@ fn starting_record(
     ctx: &ProcessContext,
     plan: &WorkerPlan,
     carried: Option<CarriedRecord>,
+    evaluates: bool,
 ) -> Result<Record, RunError> {
     let checkpoints = plan.checkpoint.as_ref().map(|c| c.dir.as_path());
     let metrics = ctx.metrics.as_ref().map(|m| m.dir.as_path());
-    let resumed = match (&carried, &plan.resume) {
-        (
-            Some(CarriedRecord {
-                rows: Some(mark), ..
-            }),
-            Some(dir),
-        ) => Some((dir.as_path(), mark)),
-        _ => None,
+    let resume_dir = plan.resume.as_deref();
+    let resumed_rows = resume_dir.zip(carried.as_ref().and_then(|c| c.rows.as_ref()));
+    let (rows, earlier) =
+        step_rows::open(Log::Steps, ctx.rank, checkpoints, metrics, resumed_rows)?;
+    let evals = if evaluates {
+        let resumed_evals = resume_dir.zip(carried.as_ref().and_then(|c| c.evals.as_ref()));
+        let (file, earlier_evals) =
+            step_rows::open(Log::Evals, ctx.rank, checkpoints, metrics, resumed_evals)?;
+        EvalLog::resumed(file, &earlier_evals)?
+    } else {
+        EvalLog::default()
     };
-    let (rows, step_seconds) = step_rows::open(ctx.rank, checkpoints, metrics, resumed)?;
     Ok(match carried {
-        Some(carried) => Record::resumed(carried, rows, step_seconds),
-        None => Record::new(rows),
+        Some(carried) => Record::resumed(carried, rows, step_rows::step_seconds(&earlier), evals),
+        None => Record::new(rows, evals),
     })
 }
 
@@ -757,11 +790,8 @@ fn write_outputs(
         t.absorb(frames);
     }
     let Some(m) = &ctx.metrics else {
+        record.evals.rows.finish(None)?;
         return record.step_rows.finish(None);
-    };
-    let write = |name: String, text: &str| {
-        std::fs::write(m.dir.join(&name), text)
-            .map_err(|e| RunError::Local(format!("writing {name}: {e}")))
     };
     let steps_csv = step_rows::steps_csv_in(&m.dir, ctx.rank);
     record.step_rows.finish(Some(&steps_csv))?;
@@ -770,7 +800,7 @@ fn write_outputs(
             .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
     }
     if evaluates {
-        write("evals-rank0.csv".into(), &record.evals.csv)?;
+        (record.evals.rows).finish(Some(&Log::Evals.in_metrics(&m.dir, ctx.rank)))?;
     }
     Ok(())
 }
@@ -874,6 +904,38 @@ mod tests {
             Ok(_) => panic!("a message arrived from a thread that sends none"),
         };
         assert!(err.contains("at step 7: stalled"), "{err}");
+    }
+
+    #[test]
+    fn evaluations_read_back_from_their_rows_are_the_same_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("evals.csv");
+        let mut log = EvalLog {
+            rows: StepRows::create(&path, step_rows::EVAL_HEADER).unwrap(),
+            points: Vec::new(),
+        };
+        for (step, accuracy) in [(5, 0.1 + 0.2), (10, 1.0 / 3.0)] {
+            let eval = Evaluation {
+                accuracy,
+                loss: 2.0 / 3.0,
+                samples: 10,
+            };
+            log.push(1, step, step as f64 * 0.1, &eval).unwrap();
+        }
+        log.rows.finish(None).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let rows = text.split_once('\n').unwrap().1;
+        let again = EvalLog::resumed(StepRows::default(), rows).unwrap();
+        let key = |p: &EvalPoint| (p.step, p.seconds, p.accuracy, p.loss);
+        let (a, b): (Vec<_>, Vec<_>) = (
+            log.points.iter().map(key).collect(),
+            again.points.iter().map(key).collect(),
+        );
+        assert_eq!(a, b);
+        let broken = EvalLog::resumed(StepRows::default(), "1,5,0.5\n")
+            .err()
+            .unwrap();
+        assert!(broken.to_string().contains("malformed row"), "{broken}");
     }
 }
 

@@ -49,13 +49,13 @@ pub(super) struct Record {
 }
 
 impl Record {
-    /// A new record whose step rows go to `step_rows`.
-    pub fn new(step_rows: StepRows) -> Self {
+    /// A new record whose step rows go to `step_rows` and evaluations to `evals`.
+    pub fn new(step_rows: StepRows, evals: EvalLog) -> Self {
         Self {
             times: WorkerTimes::default(),
             recent: VecDeque::new(),
             epoch_accuracy: Vec::new(),
-            evals: EvalLog::default(),
+            evals,
             excluded_seconds: 0.0,
             step_seconds: Vec::new(),
             step_rows,
@@ -78,33 +78,34 @@ impl Record {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// What a checkpoint keeps of this record (its step rows made durable first).
+    /// What a checkpoint keeps of this record (its step rows and evaluations made durable
+    /// first).
     pub fn carry(&mut self) -> Result<CarriedRecord, RunError> {
         Ok(CarriedRecord {
             times: self.times,
             recent: self.recent.clone(),
             epoch_accuracy: self.epoch_accuracy.clone(),
-            evals: EvalLog {
-                csv: self.evals.csv.clone(),
-                points: self.evals.points.clone(),
-            },
+            evals: self.evals.rows.mark()?,
             rows: self.step_rows.mark()?,
             trained: self.train_seconds(),
         })
     }
 
     /// A record that goes on from `carried`, a resumed job's earlier part, whose step rows
-    /// `step_rows` goes on from and whose steps took `step_seconds`.
-    pub fn resumed(carried: CarriedRecord, step_rows: StepRows, step_seconds: Vec<f64>) -> Self {
+    /// `step_rows` and evaluations `evals` go on from and whose steps took `step_seconds`.
+    pub fn resumed(
+        carried: CarriedRecord,
+        step_rows: StepRows,
+        step_seconds: Vec<f64>,
+        evals: EvalLog,
+    ) -> Self {
         Self {
             times: carried.times,
             recent: carried.recent,
             epoch_accuracy: carried.epoch_accuracy,
-            evals: carried.evals,
             step_seconds,
-            step_rows,
             carried: carried.trained,
-            ..Self::new(StepRows::default())
+            ..Self::new(step_rows, evals)
         }
     }
 }
@@ -186,7 +187,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             rank: 0,
             snapshots: None,
             checkpoints: None,
-            record: Record::new(StepRows::default()),
+            record: Record::new(StepRows::default(), EvalLog::default()),
             first_step: 0,
             step: 0,
             epoch: 0,
@@ -584,7 +585,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         };
         self.record.excluded_seconds += t.elapsed().as_secs_f64();
         if let Some(eval) = eval {
-            self.record_eval(step, epoch_end, last, steps, trained, eval);
+            self.record_eval(step, epoch_end, last, steps, trained, eval)?;
         }
         Ok(())
     }
@@ -598,10 +599,8 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         steps: u64,
         trained: f64,
         eval: Evaluation,
-    ) {
-        self.record
-            .evals
-            .push(self.epoch + 1, step + 1, trained, &eval);
+    ) -> Result<(), RunError> {
+        (self.record.evals).push(self.epoch + 1, step + 1, trained, &eval)?;
         if epoch_end {
             self.record.epoch_accuracy.push(eval.accuracy);
             self.observer.on_eval(self.epoch + 1, &eval);
@@ -612,6 +611,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
             debug_assert_eq!(step + 1, steps);
             self.record.test = Some(eval);
         }
+        Ok(())
     }
 }
 

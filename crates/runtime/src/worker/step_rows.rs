@@ -1,13 +1,14 @@
-//! A worker's per-step rows (`steps-rank<R>.csv`), appended to a file as steps end rather
-//! than held in memory: a checkpoint records only how many bytes of the file it covers and
-//! their SHA-256 ([`RowsMark`]), and a resumed job cuts the file back to that mark before
+//! A worker's rows that grow with the run ([`Log`]: its per-step rows, `steps-rank<R>.csv`,
+//! and rank 0's evaluations, `evals-rank0.csv`), appended to a file as they come rather
+//! than held in a checkpoint: a checkpoint records only how many bytes of the file it covers
+//! and their SHA-256 ([`RowsMark`]), and a resumed job cuts the file back to that mark before
 //! appending, so its rows are the whole job's and a checkpoint's size does not grow with
 //! the steps done.
 //!
-//! Where the file lives: beside the checkpoints (`DIR/rows-rank<R>.csv`) when the worker
-//! writes checkpoints, so that a resumed job finds it; else straight in the metrics folder;
-//! else nowhere (nothing would read the rows). At the end it is copied to the metrics
-//! folder when it lives elsewhere.
+//! Where the file lives: beside the checkpoints (`DIR/rows-rank<R>.csv`,
+//! `DIR/evals-rank<R>.csv`) when the worker writes checkpoints, so that a resumed job finds
+//! it; else straight in the metrics folder; else nowhere (nothing would read the rows). At
+//! the end it is copied to the metrics folder when it lives elsewhere.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -20,6 +21,43 @@ use crate::error::RunError;
 /// The first line of `steps-rank<R>.csv`.
 const HEADER: &str =
     "step,t_end_s,step_s,loss,data_s,compute_s,wait_s,optimizer_s,tensors,tensor_p50_s,tensor_p99_s,sent_bytes,sent_before_bytes\n";
+/// The first line of `evals-rank<R>.csv`.
+pub(super) const EVAL_HEADER: &str = "epoch,step,t_s,test_accuracy,test_loss\n";
+
+/// Which of a worker's growing files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Log {
+    /// One row per step.
+    Steps,
+    /// One row per evaluation.
+    Evals,
+}
+
+impl Log {
+    /// The file's first line.
+    fn header(self) -> &'static str {
+        match self {
+            Log::Steps => HEADER,
+            Log::Evals => EVAL_HEADER,
+        }
+    }
+
+    /// The file of worker `rank` beside its checkpoints in `dir`.
+    fn beside_checkpoints(self, dir: &Path, rank: usize) -> PathBuf {
+        match self {
+            Log::Steps => rows_in(dir, rank),
+            Log::Evals => dir.join(format!("evals-rank{rank}.csv")),
+        }
+    }
+
+    /// The file of worker `rank` in the metrics folder `dir`.
+    pub(super) fn in_metrics(self, dir: &Path, rank: usize) -> PathBuf {
+        match self {
+            Log::Steps => steps_csv_in(dir, rank),
+            Log::Evals => dir.join(format!("evals-rank{rank}.csv")),
+        }
+    }
+}
 
 /// How much of a rows file a checkpoint covers: its first `bytes` bytes, whose SHA-256 is
 /// `sha256`.
@@ -41,25 +79,31 @@ pub(super) fn steps_csv_in(metrics_dir: &Path, rank: usize) -> PathBuf {
     metrics_dir.join(format!("steps-rank{rank}.csv"))
 }
 
-/// Worker `rank`'s rows: beside its checkpoints (`checkpoints`), else in `metrics`, else
-/// nowhere; resumed from `resumed` (the resumed folder and its checkpoint's mark), they go
-/// on from the checkpoint's rows, whose step times are returned too.
+/// Worker `rank`'s `log`: beside its checkpoints (`checkpoints`), else in `metrics`, else
+/// nowhere; resumed from `resumed` (the resumed folder and its checkpoint's mark), it goes
+/// on from the checkpoint's rows, which are returned too (the header left out).
 pub(super) fn open(
+    log: Log,
     rank: usize,
     checkpoints: Option<&Path>,
     metrics: Option<&Path>,
     resumed: Option<(&Path, &RowsMark)>,
-) -> Result<(StepRows, Vec<f64>), RunError> {
+) -> Result<(StepRows, String), RunError> {
     let path = match (checkpoints, metrics) {
-        (Some(dir), _) => Some(rows_in(dir, rank)),
-        (None, Some(dir)) => Some(steps_csv_in(dir, rank)),
+        (Some(dir), _) => Some(log.beside_checkpoints(dir, rank)),
+        (None, Some(dir)) => Some(log.in_metrics(dir, rank)),
         (None, None) => None,
     };
-    match (resumed, path) {
-        (Some((dir, mark)), path) => StepRows::resume(&rows_in(dir, rank), mark, path.as_deref()),
-        (None, Some(path)) => Ok((StepRows::create(&path)?, Vec::new())),
-        (None, None) => Ok((StepRows::default(), Vec::new())),
-    }
+    let (rows, prefix) = match (resumed, path) {
+        (Some((dir, mark)), path) => {
+            StepRows::resume(&log.beside_checkpoints(dir, rank), mark, path.as_deref())?
+        }
+        (None, Some(path)) => (StepRows::create(&path, log.header())?, Vec::new()),
+        (None, None) => (StepRows::default(), Vec::new()),
+    };
+    let text = String::from_utf8_lossy(&prefix);
+    let rows_only = text.split_once('\n').map_or("", |(_, rest)| rest);
+    Ok((rows, rows_only.to_string()))
 }
 
 /// The open rows file.
@@ -90,11 +134,11 @@ fn create_file(path: &Path) -> Result<File, RunError> {
 }
 
 impl StepRows {
-    /// A new rows file at `path`, holding the header.
-    pub(super) fn create(path: &Path) -> Result<Self, RunError> {
+    /// A new rows file at `path`, holding `header`.
+    pub(super) fn create(path: &Path, header: &str) -> Result<Self, RunError> {
         let file = create_file(path)?;
         let mut rows = Self::open(path, file, Vec::new())?;
-        rows.push(HEADER)?;
+        rows.push(header)?;
         Ok(rows)
     }
 
@@ -111,17 +155,16 @@ impl StepRows {
 
     /// Goes on from the rows file `from` as a checkpoint left it (`mark`), appending into
     /// `path` (`from` itself cut back to the mark, or a new file starting with its rows);
-    /// also returns the wall time of every step the rows hold. Refuses a file shorter than
-    /// the mark or whose bytes differ.
+    /// also returns the bytes the mark covers. Refuses a file shorter than the mark or
+    /// whose bytes differ.
     pub(super) fn resume(
         from: &Path,
         mark: &RowsMark,
         path: Option<&Path>,
-    ) -> Result<(Self, Vec<f64>), RunError> {
+    ) -> Result<(Self, Vec<u8>), RunError> {
         let prefix = read_prefix(from, mark)?;
-        let step_seconds = step_seconds(&prefix);
         let Some(path) = path else {
-            return Ok((Self::default(), step_seconds));
+            return Ok((Self::default(), prefix));
         };
         let same = matches!(
             (std::fs::canonicalize(from), std::fs::canonicalize(path)),
@@ -141,7 +184,8 @@ impl StepRows {
             file.write_all(&prefix).map_err(failed(path, "writing"))?;
             file
         };
-        Ok((Self::open(path, file, prefix)?, step_seconds))
+        let rows = Self::open(path, file, prefix.clone())?;
+        Ok((rows, prefix))
     }
 
     /// Appends `row` (a whole line).
@@ -203,11 +247,9 @@ fn read_prefix(path: &Path, mark: &RowsMark) -> Result<Vec<u8>, RunError> {
     Ok(prefix)
 }
 
-/// The `step_s` column of every row of `rows` (the header left out).
-fn step_seconds(rows: &[u8]) -> Vec<f64> {
-    String::from_utf8_lossy(rows)
-        .lines()
-        .skip(1)
+/// The `step_s` column of every row of `rows` (rows of `steps-rank<R>.csv`, no header).
+pub(super) fn step_seconds(rows: &str) -> Vec<f64> {
+    (rows.lines())
         .filter_map(|line| line.split(',').nth(2)?.parse().ok())
         .collect()
 }
@@ -224,14 +266,18 @@ mod tests {
     fn a_resumed_file_is_cut_back_to_the_mark_and_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.csv");
-        let mut rows = StepRows::create(&path).unwrap();
+        let mut rows = StepRows::create(&path, HEADER).unwrap();
         rows.push(&row(1)).unwrap();
         rows.push(&row(2)).unwrap();
         let mark = rows.mark().unwrap().unwrap();
         rows.push(&row(3)).unwrap(); // after the checkpoint: dropped on resume
         rows.finish(None).unwrap();
-        let (mut resumed, seconds) = StepRows::resume(&path, &mark, Some(&path)).unwrap();
-        assert_eq!(seconds, vec![0.1, 0.2]);
+        let (mut resumed, prefix) = StepRows::resume(&path, &mark, Some(&path)).unwrap();
+        let text = String::from_utf8(prefix).unwrap();
+        assert_eq!(
+            step_seconds(text.split_once('\n').unwrap().1),
+            vec![0.1, 0.2]
+        );
         resumed.push(&row(3)).unwrap();
         let copy = dir.path().join("steps.csv");
         resumed.finish(Some(&copy)).unwrap();
@@ -244,7 +290,7 @@ mod tests {
     fn the_rows_file_creates_the_folder_it_lives_in() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("checkpoints/not-yet").join("rows.csv");
-        let mut rows = StepRows::create(&path).unwrap();
+        let mut rows = StepRows::create(&path, HEADER).unwrap();
         rows.push(&row(1)).unwrap();
         rows.finish(None).unwrap();
         let want = format!("{HEADER}{}", row(1));
@@ -255,7 +301,7 @@ mod tests {
     fn rows_changed_under_the_mark_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rows.csv");
-        let mut rows = StepRows::create(&path).unwrap();
+        let mut rows = StepRows::create(&path, HEADER).unwrap();
         rows.push(&row(1)).unwrap();
         let mark = rows.mark().unwrap().unwrap();
         let other = dir.path().join("elsewhere.csv");
