@@ -27,26 +27,32 @@ use mio::{Interest, Registry, Token};
 use syncopate_core::net::{RateConfig, RateController, RateSignal, RateStats};
 use syncopate_core::strategy::{Endpoint, Rank};
 use syncopate_core::wire::datagram::{
-    datagram_keys, dscp_of, DatagramCounters, DatagramOpener, DatagramSealer, DropReason, Feedback,
-    Opened, IP_UDP_HEADERS, MAX_DATAGRAM_LEN,
+    datagram_keys, DatagramCounters, DatagramOpener, DatagramSealer, DropReason, Feedback, Opened,
+    DATA_OVERHEAD, IP_UDP_HEADERS, MAX_DATAGRAM_LEN,
 };
 use syncopate_core::wire::mac::LinkKeys;
 use syncopate_core::wire::{f32_bytes_mut, Header, HEADER_LEN};
+
+use super::send_batch::Outbox;
+use super::udp_io::{self, Offloads, MAX_BATCH_BYTES};
 
 /// A receiver sends feedback at least this often while datagrams arrive (1 ms)...
 pub const FEEDBACK_EVERY_NS: u64 = 1_000_000;
 /// ...and after at most this many datagrams.
 pub const FEEDBACK_EVERY_DATAGRAMS: u32 = 16;
-/// How long to wait before retrying a send the socket refused for lack of buffer space.
-const RETRY_NS: u64 = 100_000;
 /// Socket buffer sizes asked for: a burst of a step's packets must not overflow the
 /// receiver's socket (the drops to study are the network's, not ours).
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 /// DSCP of feedback datagrams: the class of the TCP links (control traffic).
 const FEEDBACK_DSCP: u8 = 0;
-/// The most datagrams read from one socket per wake-up: then the loop goes round (timers,
-/// heartbeats, sends) before it reads on, so a flood cannot hold it in `receive`.
+/// The most refused datagrams (strangers', forged, replayed ...) read from one socket per
+/// wake-up: then the loop goes round (timers, heartbeats, sends) before it reads on, so a
+/// flood cannot hold it in `receive`.
 pub const RECEIVE_BUDGET: usize = 64;
+/// The most datagrams of any kind read from one socket per wake-up: the job's own flow is
+/// read in long runs (a Probe on the TCP link must not overtake the packets sent before it
+/// that already wait in the socket), but not forever.
+pub const RECEIVE_BUDGET_ALL: usize = 4096;
 
 /// The datagram transport of one process: its addresses (one per path) and the rate
 /// controller's settings.
@@ -65,26 +71,36 @@ impl DatagramOptions {
             .iter()
             .map(|ip| {
                 let socket = UdpSocket::bind(SocketAddr::new(*ip, 0))?;
-                let fd = rustix::fd::AsFd::as_fd(&socket);
-                // Best effort: the kernel caps both at its own maximum.
-                let _ = rustix::net::sockopt::set_socket_recv_buffer_size(fd, SOCKET_BUFFER_BYTES);
-                let _ = rustix::net::sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER_BYTES);
+                grow_buffers(&socket);
                 Ok(socket)
             })
             .collect()
     }
 }
 
-/// One path's socket and the DSCP it is set to now (set again only when it changes).
-struct PathSocket {
-    socket: mio::net::UdpSocket,
-    dscp: Option<u8>,
+/// Asks for [`SOCKET_BUFFER_BYTES`] of socket buffer each way: beyond the kernel's cap
+/// (`net.core.rmem_max`, `wmem_max`) where this process may (root), else up to it.
+fn grow_buffers(socket: &UdpSocket) {
+    use rustix::net::sockopt;
+    let fd = rustix::fd::AsFd::as_fd(socket);
+    if sockopt::set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER_BYTES).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(fd, SOCKET_BUFFER_BYTES);
+    }
+    if sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER_BYTES).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER_BYTES);
+    }
+}
+
+/// One path's socket and the offloads its kernel took.
+pub(super) struct PathSocket {
+    pub(super) socket: mio::net::UdpSocket,
+    pub(super) offloads: Offloads,
 }
 
 /// A loss-tolerant frame waiting for its link's pacer: its header and its payload bytes.
-struct Queued {
-    header: Header,
-    payload: Vec<u8>,
+pub(super) struct Queued {
+    pub(super) header: Header,
+    pub(super) payload: Vec<u8>,
 }
 
 /// What the receiving side of one direction reports back to its sender.
@@ -100,6 +116,14 @@ struct FeedbackState {
     last_sent_ns: u64,
 }
 
+impl FeedbackState {
+    /// Whether a feedback is due at `now_ns`.
+    fn is_due(&self, now_ns: u64) -> bool {
+        self.pending >= FEEDBACK_EVERY_DATAGRAMS
+            || (self.pending > 0 && now_ns.saturating_sub(self.last_sent_ns) >= FEEDBACK_EVERY_NS)
+    }
+}
+
 /// The datagram state of one link.
 struct PeerDatagrams {
     rank: Rank,
@@ -111,22 +135,17 @@ struct PeerDatagrams {
     /// Frames waiting for the pacer (the loop offers the link no more until they left).
     queue: VecDeque<Queued>,
     feedback: FeedbackState,
-    /// When a send last found the socket full (retry after [`RETRY_NS`]).
-    blocked_until: u64,
 }
 
 /// The datagram path of a communication loop.
 pub(super) struct DatagramPath {
-    sockets: Vec<PathSocket>,
+    out: Outbox,
     /// By link index.
     peers: Vec<PeerDatagrams>,
     counters: DatagramCounters,
-    /// Datagrams the local kernel refused to send (a full local queue, an unreachable
-    /// peer): lost, as the network would lose them.
-    send_failures: u64,
     sprayed: usize,
     max_payload: u32,
-    /// One received datagram (one byte more than the largest, to see oversized ones).
+    /// One receive: a datagram, or a run of them the kernel coalesced (GRO).
     recv_buf: Vec<u8>,
     /// By path: whether its socket may hold more datagrams than the last read's budget
     /// took (the poll will not say so again: readiness is edge-triggered).
@@ -151,9 +170,10 @@ impl DatagramPath {
         let mut paths = Vec::with_capacity(sockets.len());
         for (j, socket) in sockets.into_iter().enumerate() {
             socket.set_nonblocking(true)?;
+            let offloads = udp_io::enable_offloads(&socket);
             let mut socket = mio::net::UdpSocket::from_std(socket);
             registry.register(&mut socket, Token(FIRST_TOKEN - j), Interest::READABLE)?;
-            paths.push(PathSocket { socket, dscp: None });
+            paths.push(PathSocket { socket, offloads });
         }
         let paths_len = paths.len();
         let mut peers = Vec::with_capacity(links.len());
@@ -175,17 +195,15 @@ impl DatagramPath {
                 rate: RateController::new(rate),
                 queue: VecDeque::new(),
                 feedback: FeedbackState::default(),
-                blocked_until: 0,
             });
         }
         Ok(Self {
-            sockets: paths,
+            out: Outbox::new(paths),
             peers,
             counters: DatagramCounters::default(),
-            send_failures: 0,
             sprayed: 0,
             max_payload,
-            recv_buf: vec![0; MAX_DATAGRAM_LEN + 1],
+            recv_buf: vec![0; MAX_BATCH_BYTES],
             seal_buf: Vec::with_capacity(MAX_DATAGRAM_LEN),
             backlog: vec![false; paths_len],
         })
@@ -211,12 +229,12 @@ impl DatagramPath {
     /// Whether the poll token is one of this path's sockets (and which).
     pub(super) fn socket_of(&self, token: Token) -> Option<usize> {
         let j = FIRST_TOKEN.checked_sub(token.0)?;
-        (j < self.sockets.len()).then_some(j)
+        (j < self.out.paths()).then_some(j)
     }
 
     /// The number of paths (sockets).
     pub(super) fn paths(&self) -> usize {
-        self.sockets.len()
+        self.out.paths()
     }
 
     /// Whether a socket's last read left datagrams on it (its budget ran out).
@@ -233,7 +251,16 @@ impl DatagramPath {
 
     /// Whether nothing waits to be sent on link `i`.
     pub(super) fn is_drained(&self, i: usize) -> bool {
-        self.peers.get(i).is_none_or(|p| p.queue.is_empty())
+        self.peers.get(i).is_none_or(|p| p.queue.is_empty()) && !self.out.holds(i)
+    }
+
+    /// Whether link `i` may take another frame: its pacer let every datagram go into a
+    /// batch, and that batch will leave before the link's next TCP write (the loop flushes
+    /// it first; a batch the socket refused holds the link back). A Probe on TCP thus
+    /// never overtakes the packets handed over before it.
+    pub(super) fn takes_more(&self, i: usize) -> bool {
+        let held = self.out.holds(i) && self.out.is_blocked();
+        self.peers.get(i).is_none_or(|p| p.queue.is_empty()) && !held
     }
 
     /// Takes a loss-tolerant frame for link `i`: `header`, and its payload bytes.
@@ -248,7 +275,20 @@ impl DatagramPath {
 
     /// What the datagrams did so far (sends the kernel refused count as dropped at home).
     pub(super) fn counters(&self) -> (DatagramCounters, u64) {
-        (self.counters, self.send_failures)
+        (self.counters, self.out.send_failures())
+    }
+
+    /// Datagrams the kernel dropped on arrival for want of receive-buffer room, over every
+    /// path (`None` where the kernel does not say).
+    pub(super) fn receive_buffer_drops(&self) -> Option<u64> {
+        (0..self.out.paths())
+            .map(|j| udp_io::receive_buffer_drops(&self.out.socket(j)?.socket))
+            .sum()
+    }
+
+    /// What the kernel took of the offloads, on the first path.
+    pub(super) fn offloads(&self) -> Offloads {
+        self.out.socket(0).map(|s| s.offloads).unwrap_or_default()
     }
 
     /// Every link's rate controller, for the summary.
@@ -259,48 +299,62 @@ impl DatagramPath {
             .collect()
     }
 
-    /// Sends what the pacers allow and the feedback that is due.
+    /// Sends what the pacers allow and the feedback that is due, in batches.
     pub(super) fn pump(&mut self, now_ns: u64) {
+        self.batch_due(now_ns);
+        self.flush(now_ns);
+    }
+
+    /// Sends the batch (sealing its datagrams under its link's keys); `false` while the
+    /// socket refuses it.
+    fn flush(&mut self, now_ns: u64) -> bool {
+        let Some(p) = self.out.link().and_then(|i| self.peers.get_mut(i)) else {
+            return true;
+        };
+        self.out.flush(&mut p.sealer, now_ns)
+    }
+
+    /// Moves what the pacers allow into batches, sending a batch only once it is full or
+    /// the next datagram cannot join it; the last batch stays for [`DatagramPath::pump`]
+    /// (the frames the endpoint hands over next may join it). Sends the feedback due.
+    pub(super) fn batch_due(&mut self, now_ns: u64) {
+        if self.out.is_blocked() && !self.flush(now_ns) {
+            return;
+        }
         for i in 0..self.peers.len() {
+            // The batch is one link's, and its datagrams take their numbers before the
+            // link's feedback does.
+            let feedback_due = self.peers[i].feedback.is_due(now_ns);
+            let other = self.out.link().is_some_and(|l| l != i || feedback_due);
+            if other && !self.flush(now_ns) {
+                return;
+            }
             self.send_feedback_if_due(i, now_ns);
             let p = &mut self.peers[i];
             if p.rate.poll_timeout().is_some_and(|t| t <= now_ns) {
                 p.rate.handle_timeout(now_ns);
             }
-            while p.blocked_until <= now_ns && p.rate.next_send_at(now_ns) <= now_ns {
+            let paths = self.out.paths();
+            while p.rate.next_send_at(now_ns) <= now_ns {
                 let Some(q) = p.queue.front() else {
                     break;
                 };
-                let path = choose_path(&q.header, self.sockets.len(), &mut self.sprayed);
-                let seq = p.sealer.next_seq();
-                self.seal_buf.clear();
-                p.sealer
-                    .seal_data(&mut self.seal_buf, &q.header, &q.payload, now_ns);
-                let dscp = dscp_of(q.header.flags);
-                let (Some(socket), Some(addr)) = (self.sockets.get_mut(path), p.addrs.get(path))
-                else {
+                let path = choose_path(&q.header, paths, &mut self.sprayed);
+                let Some(&to) = p.addrs.get(path) else {
                     break;
                 };
-                match send(socket, &self.seal_buf, *addr, dscp) {
-                    Ok(n) => {
-                        self.counters.sent += 1;
-                        self.counters.bytes_sent += n as u64;
-                        p.rate.on_sent(now_ns, (n + IP_UDP_HEADERS) as u64, seq);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        // Not sent: the sealed number is skipped (the receiver's window
-                        // does not mind a gap) and the frame retried.
-                        p.blocked_until = now_ns.saturating_add(RETRY_NS);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!("a datagram to rank {} was not sent: {e}", p.rank);
-                        self.send_failures += 1;
-                        p.rate
-                            .on_sent(now_ns, (self.seal_buf.len() + IP_UDP_HEADERS) as u64, seq);
-                    }
+                if !self.out.takes(i, path, to) && !self.out.flush(&mut p.sealer, now_ns) {
+                    break;
                 }
-                p.queue.pop_front();
+                let Some(q) = p.queue.pop_front() else {
+                    break;
+                };
+                let len = DATA_OVERHEAD + q.payload.len();
+                let seq = p.sealer.next_seq() + self.out.len() as u64;
+                self.counters.sent += 1;
+                self.counters.bytes_sent += len as u64;
+                p.rate.on_sent(now_ns, (len + IP_UDP_HEADERS) as u64, seq);
+                self.out.push(i, path, to, q);
             }
         }
     }
@@ -311,9 +365,7 @@ impl DatagramPath {
             return;
         };
         let f = &p.feedback;
-        let due = f.pending >= FEEDBACK_EVERY_DATAGRAMS
-            || (f.pending > 0 && now_ns.saturating_sub(f.last_sent_ns) >= FEEDBACK_EVERY_NS);
-        if !due {
+        if !f.is_due(now_ns) {
             return;
         }
         let feedback = Feedback {
@@ -325,10 +377,10 @@ impl DatagramPath {
         self.seal_buf.clear();
         p.sealer
             .seal_feedback(&mut self.seal_buf, &feedback, now_ns);
-        let (Some(socket), Some(addr)) = (self.sockets.first_mut(), p.addrs.first()) else {
+        let (Some(socket), Some(addr)) = (self.out.socket(0), p.addrs.first()) else {
             return;
         };
-        match send(socket, &self.seal_buf, *addr, FEEDBACK_DSCP) {
+        match udp_io::send(&socket.socket, &self.seal_buf, None, *addr, FEEDBACK_DSCP) {
             Ok(_) => self.counters.feedback_sent += 1,
             Err(e) => tracing::debug!("feedback to rank {} was not sent: {e}", p.rank),
         }
@@ -339,38 +391,36 @@ impl DatagramPath {
     /// When the path next needs [`DatagramPath::pump`]: a pacer's next departure, a
     /// feedback due, a rate controller's timeout.
     pub(super) fn next_deadline(&self, now_ns: u64) -> Option<u64> {
-        self.peers
-            .iter()
-            .flat_map(|p| {
-                let send =
-                    (!p.queue.is_empty()).then(|| p.rate.next_send_at(now_ns).max(p.blocked_until));
-                let feedback = (p.feedback.pending > 0)
-                    .then(|| p.feedback.last_sent_ns.saturating_add(FEEDBACK_EVERY_NS));
-                [send, feedback, p.rate.poll_timeout()]
-            })
-            .flatten()
-            .min()
+        let blocked = self.out.blocked_until();
+        let retry = self.out.link().map(|_| blocked);
+        let peers = self.peers.iter().flat_map(|p| {
+            let send = (!p.queue.is_empty()).then(|| p.rate.next_send_at(now_ns).max(blocked));
+            let feedback = (p.feedback.pending > 0)
+                .then(|| p.feedback.last_sent_ns.saturating_add(FEEDBACK_EVERY_NS));
+            [send, feedback, p.rate.poll_timeout()]
+        });
+        peers.chain([retry]).flatten().min()
     }
 
-    /// Reads up to [`RECEIVE_BUDGET`] datagrams waiting on path `j`'s socket and hands the
-    /// good ones to the endpoint; `origin` is the loop's clock. A datagram longer than
-    /// [`MAX_DATAGRAM_LEN`] (read into one byte more) is refused by its length alone.
+    /// Reads the datagrams waiting on path `j`'s socket (up to [`RECEIVE_BUDGET`] refused
+    /// ones, [`RECEIVE_BUDGET_ALL`] in all) and hands the good ones to the endpoint; `origin` is the loop's clock. A datagram longer than
+    /// [`MAX_DATAGRAM_LEN`] is refused by its length alone.
     pub(super) fn receive<E: Endpoint + ?Sized>(
         &mut self,
         j: usize,
         endpoint: &mut E,
         origin: std::time::Instant,
     ) -> Result<(), String> {
-        let mut read = 0;
+        let (mut read, mut refused) = (0, 0);
         loop {
-            let (Some(socket), Some(more)) = (self.sockets.get(j), self.backlog.get_mut(j)) else {
+            let (Some(socket), Some(more)) = (self.out.socket(j), self.backlog.get_mut(j)) else {
                 return Ok(());
             };
-            if read == RECEIVE_BUDGET {
+            if refused >= RECEIVE_BUDGET || read >= RECEIVE_BUDGET_ALL {
                 *more = true;
                 return Ok(());
             }
-            let (n, from) = match socket.socket.recv_from(&mut self.recv_buf) {
+            let got = match udp_io::recv(&socket.socket, &mut self.recv_buf) {
                 Ok(got) => got,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     *more = false;
@@ -381,31 +431,75 @@ impl DatagramPath {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) => return Err(format!("receiving datagrams failed: {e}")),
             };
-            read += 1;
-            // Each datagram's own time: a batch read in one go spans a while, and a stale
-            // time would shorten the round trips measured from it.
-            let now_ns = super::ns_since(origin);
-            let Some(i) = self.peers.iter().position(|p| p.addrs.contains(&from)) else {
-                self.counters.count_drop(DropReason::UnknownAddress);
+            let arrived_ns = arrival_ns(origin, got.kernel_ns);
+            let run = self.recv_buf.get(..got.len).unwrap_or_default();
+            let datagrams = run.chunks(got.segment.max(1));
+            read += datagrams.len();
+            let Some(i) = self.peers.iter().position(|p| p.addrs.contains(&got.from)) else {
+                for _ in datagrams {
+                    self.counters.count_drop(DropReason::UnknownAddress);
+                    refused += 1;
+                }
                 continue;
             };
-            if n > MAX_DATAGRAM_LEN {
-                self.counters.count_drop(DropReason::Oversized);
-                continue;
-            }
-            let datagram = self.recv_buf.get(..n).unwrap_or_default();
-            if let Err(reason) = deliver(
-                &mut self.peers[i],
-                datagram,
-                self.max_payload,
-                endpoint,
-                now_ns,
-                &mut self.counters,
-            ) {
-                self.counters.count_drop(reason);
+            for datagram in datagrams {
+                let result = if got.truncated || datagram.len() > MAX_DATAGRAM_LEN {
+                    Err(DropReason::Oversized)
+                } else {
+                    let p = &mut self.peers[i];
+                    deliver(
+                        p,
+                        datagram,
+                        self.max_payload,
+                        endpoint,
+                        arrived_ns,
+                        &mut self.counters,
+                    )
+                };
+                if let Err(reason) = result {
+                    self.counters.count_drop(reason);
+                    refused += 1;
+                }
             }
         }
     }
+}
+
+/// When a datagram arrived, on the loop's clock (`origin`): the kernel's receive time
+/// (`kernel_ns`, real-time clock) moved onto it, so that the time this thread took to read
+/// it does not count as network delay; now where the kernel gave no time.
+fn arrival_ns(origin: std::time::Instant, kernel_ns: Option<u128>) -> u64 {
+    let Some(kernel_ns) = kernel_ns else {
+        return super::ns_since(origin);
+    };
+    let (now_ns, real_now) = clocks_now(origin);
+    let waited = u64::try_from(real_now.saturating_sub(kernel_ns)).unwrap_or(u64::MAX);
+    now_ns.saturating_sub(waited)
+}
+
+/// The loop's clock and the real-time clock (ns since the Unix epoch) at one instant: read
+/// between two readings of the loop's clock that lie close together (a thread preempted
+/// between the readings would make the pair disagree by the preemption, and a round trip
+/// of microseconds look like none).
+fn clocks_now(origin: std::time::Instant) -> (u64, u128) {
+    let real = || {
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH))
+            .map_or(0, |d| d.as_nanos())
+    };
+    let mut best = (u64::MAX, 0, 0);
+    for _ in 0..4 {
+        let before = super::ns_since(origin);
+        let real_now = real();
+        let after = super::ns_since(origin);
+        let spread = after.saturating_sub(before);
+        if spread < best.0 {
+            best = (spread, before + spread / 2, real_now);
+        }
+        if spread < 2_000 {
+            break;
+        }
+    }
+    (best.1, best.2)
 }
 
 /// Opens one datagram from link `p`'s peer and acts on it: data to the endpoint, feedback
@@ -495,16 +589,6 @@ fn choose_path(header: &Header, paths: usize, sprayed: &mut usize) -> usize {
     } else {
         header.key as usize % paths
     }
-}
-
-/// Sends one datagram to `addr` with `dscp`, setting the socket's TOS when it changes.
-fn send(socket: &mut PathSocket, bytes: &[u8], addr: SocketAddr, dscp: u8) -> io::Result<usize> {
-    if socket.dscp != Some(dscp) {
-        let fd = rustix::fd::AsFd::as_fd(&socket.socket);
-        rustix::net::sockopt::set_ip_tos(fd, dscp << 2)?;
-        socket.dscp = Some(dscp);
-    }
-    socket.socket.send_to(bytes, addr)
 }
 
 /// The header and payload of a frame the endpoint handed over as one buffer.

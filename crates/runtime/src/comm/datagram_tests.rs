@@ -12,8 +12,9 @@ use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
 use syncopate_core::wire::datagram::{datagram_keys, DatagramSealer, MAX_DATAGRAM_LEN};
 use syncopate_core::wire::{Flags, FrameKind, Header};
 
-use super::datagram::{DatagramPath, RECEIVE_BUDGET};
+use super::datagram::{DatagramPath, RECEIVE_BUDGET, RECEIVE_BUDGET_ALL};
 use super::tests::{loopback_pair, test_keys, FinishWhen};
+use super::udp_io;
 use super::*;
 
 /// Keeps the values of every data frame it is handed; refuses frames of step 99 (as an
@@ -269,6 +270,24 @@ fn a_flood_of_datagrams_neither_stops_heartbeats_nor_the_peer_datagrams() {
     );
 }
 
+/// A datagram path on `mine` to one peer (rank 1) at `peer`, and an endpoint for it.
+fn path_on(mine: UdpSocket, peer: SocketAddr, poll: &mio::Poll) -> (DatagramPath, Collector) {
+    let links = [(1, test_keys(0), vec![peer])];
+    let path = DatagramPath::new(
+        vec![mine],
+        &links,
+        RateConfig::default(),
+        1 << 20,
+        poll.registry(),
+    );
+    let collector = Collector {
+        slot: Vec::new(),
+        handed: Vec::new(),
+        wanted: 0,
+    };
+    (path.unwrap(), collector)
+}
+
 #[test]
 fn one_read_takes_at_most_its_budget_and_remembers_the_rest() {
     let mine = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -279,20 +298,7 @@ fn one_read_takes_at_most_its_budget_and_remembers_the_rest() {
         stranger.send_to(&[0], my_addr).unwrap();
     }
     let poll = mio::Poll::new().unwrap();
-    let peer = [(1, test_keys(0), vec!["127.0.0.1:9".parse().unwrap()])];
-    let mut path = DatagramPath::new(
-        vec![mine],
-        &peer,
-        RateConfig::default(),
-        1 << 20,
-        poll.registry(),
-    )
-    .unwrap();
-    let mut collector = Collector {
-        slot: Vec::new(),
-        handed: Vec::new(),
-        wanted: 0,
-    };
+    let (mut path, mut collector) = path_on(mine, "127.0.0.1:9".parse().unwrap(), &poll);
     let origin = std::time::Instant::now();
     let mut reads = Vec::new();
     loop {
@@ -310,4 +316,37 @@ fn one_read_takes_at_most_its_budget_and_remembers_the_rest() {
         [budget, 2 * budget, all],
         "datagrams counted after each read"
     );
+}
+
+#[test]
+fn the_peers_datagrams_are_read_in_long_runs_but_not_forever() {
+    // Buffers grown as a job's are: a thousand datagrams fit.
+    let options = DatagramOptions {
+        addrs: vec![[127, 0, 0, 1].into()],
+        rate: RateConfig::default(),
+    };
+    let mine = options.bind().unwrap().remove(0);
+    let my_addr = mine.local_addr().unwrap();
+    let granted = rustix::net::sockopt::socket_recv_buffer_size(&mine).unwrap();
+    if granted < 4 << 20 {
+        eprintln!("skipped: a {granted}-byte receive buffer holds too few datagrams (not root?)");
+        return;
+    }
+    let peer_udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let keys = datagram_keys(&test_keys(1));
+    let mut good = DatagramSealer::new(&keys.send);
+    let waiting = RECEIVE_BUDGET_ALL + 10;
+    for _ in 0..waiting {
+        let d = push(&mut good, 0, 1, 1.0);
+        udp_io::send(&peer_udp, &d, None, my_addr, 0).unwrap();
+    }
+    let poll = mio::Poll::new().unwrap();
+    let (mut path, mut collector) = path_on(mine, peer_udp.local_addr().unwrap(), &poll);
+    let origin = std::time::Instant::now();
+    path.receive(0, &mut collector, origin).unwrap();
+    assert_eq!(collector.handed.len(), RECEIVE_BUDGET_ALL);
+    assert!(path.has_backlog());
+    path.receive(0, &mut collector, origin).unwrap();
+    assert_eq!(collector.handed.len(), waiting);
+    assert!(!path.has_backlog());
 }

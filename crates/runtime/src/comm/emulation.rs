@@ -78,7 +78,7 @@ impl CommLoop {
             self.open.extend(
                 (self.links.iter().enumerate())
                     .filter(|(i, l)| {
-                        datagram.is_none_or(|d| d.is_drained(*i)) && cap.admits(l.queued_bytes)
+                        datagram.is_none_or(|d| d.takes_more(*i)) && cap.admits(l.queued_bytes)
                     })
                     .map(|(_, l)| l.peer),
             );
@@ -101,6 +101,11 @@ impl CommLoop {
             if self.hand_to_datagrams(endpoint, peer, lent, &buf) {
                 self.pool.push(buf);
                 handed += 1;
+                // Into a batch now if the pacer allows, so the link takes the next one.
+                let now_ns = self.now_ns();
+                if let Some(d) = self.datagram.as_mut() {
+                    d.batch_due(now_ns);
+                }
                 continue;
             }
             let frame = OutFrame::new(buf, lent, Some(Instant::now()), self.options.frame_mac);

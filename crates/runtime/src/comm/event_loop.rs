@@ -69,7 +69,6 @@ impl CommLoop {
             let deadline = endpoint.poll_timeout();
             self.wait(&mut events, deadline)?;
             self.handle_events(&events, endpoint, hooks)?;
-            self.read_datagram_backlog(endpoint)?;
             if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
                 finishing = true;
             }
@@ -194,6 +193,14 @@ impl CommLoop {
         endpoint: &mut E,
         hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
+        // Datagrams first (a backlog included): a Probe read from a TCP link must find the
+        // packets sent before it already read, not waiting in the datagram socket.
+        self.read_datagram_backlog(endpoint)?;
+        for ev in events.iter() {
+            if let Some(j) = self.datagram.as_ref().and_then(|d| d.socket_of(ev.token())) {
+                self.read_datagrams(Some(j), endpoint)?;
+            }
+        }
         for ev in events.iter() {
             if ev.token() == WAKER {
                 continue;
@@ -202,8 +209,7 @@ impl CommLoop {
                 self.timer.clear();
                 continue;
             }
-            if let Some(j) = self.datagram.as_ref().and_then(|d| d.socket_of(ev.token())) {
-                self.read_datagrams(Some(j), endpoint)?;
+            if (self.datagram.as_ref()).is_some_and(|d| d.socket_of(ev.token()).is_some()) {
                 continue;
             }
             let i = ev.token().0;

@@ -34,6 +34,8 @@ mod datagram;
 mod emulation;
 mod event_loop;
 mod reader;
+mod send_batch;
+mod udp_io;
 mod writer;
 
 use std::collections::VecDeque;
@@ -60,6 +62,7 @@ pub use datagram::DatagramOptions;
 use datagram::DatagramPath;
 use syncopate_core::net::RateStats;
 use syncopate_core::wire::datagram::DatagramCounters;
+pub use udp_io::Offloads;
 
 /// The poll token of the waker (other threads' commands).
 const WAKER: Token = Token(usize::MAX);
@@ -325,6 +328,13 @@ pub struct DatagramReport {
     pub counters: DatagramCounters,
     /// Datagrams the local kernel refused to send (lost at home).
     pub send_failures: u64,
+    /// Datagrams the local kernel dropped on arrival for want of socket receive-buffer
+    /// room: lost at home, not in the network (`None`: the kernel does not say).
+    #[serde(default)]
+    pub receive_buffer_drops: Option<u64>,
+    /// What the kernel took of the batching offloads (GSO, GRO) and receive timestamps.
+    #[serde(default)]
+    pub offloads: Offloads,
     /// Each link's rate controller: its peer and its figures.
     pub rates: Vec<(Rank, RateStats)>,
 }
@@ -485,6 +495,8 @@ impl CommLoop {
         Some(DatagramReport {
             counters,
             send_failures,
+            receive_buffer_drops: d.receive_buffer_drops(),
+            offloads: d.offloads(),
             rates: d.rate_stats(),
         })
     }

@@ -128,11 +128,13 @@ pub(super) fn merge_loss_stats(summary: &Path, layout: &JobLayout) -> Result<()>
 }
 
 /// Adds what every process's datagram path did (`--transport udp`), summed, to the job's
-/// summary: `"datagrams": {sent, received, ..., bad_mac, replayed, ..., send_failures}`.
+/// summary: `"datagrams": {sent, received, ..., bad_mac, replayed, ..., send_failures,
+/// receive_buffer_drops}`.
 /// Nothing without datagrams.
 pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> {
     let mut total = DatagramCounters::default();
     let mut send_failures = 0;
+    let mut buffer_drops = 0;
     let mut found = false;
     for rank in 0..layout.world_size() {
         let role = if rank < layout.workers {
@@ -152,6 +154,7 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
             .with_context(|| format!("{}: malformed datagrams", path.display()))?;
         total.add(&report.counters);
         send_failures += report.send_failures;
+        buffer_drops += report.receive_buffer_drops.unwrap_or(0);
         found = true;
     }
     if !found {
@@ -160,10 +163,12 @@ pub(super) fn merge_datagrams(summary: &Path, layout: &JobLayout) -> Result<()> 
     let mut job = read_json(summary)?;
     let mut counts = serde_json::to_value(total)?;
     counts["send_failures"] = send_failures.into();
+    counts["receive_buffer_drops"] = buffer_drops.into();
     job["datagrams"] = counts;
     write_json(summary, &job)?;
     eprintln!(
-        "datagrams: {} sent, {} received, {} dropped on arrival, {} refused by the kernel",
+        "datagrams: {} sent, {} received, {} dropped on arrival, {} refused by the kernel, \
+         {buffer_drops} dropped by a full receive buffer",
         total.sent,
         total.received,
         total.drops(),
