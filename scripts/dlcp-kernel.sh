@@ -7,9 +7,11 @@
 #   b  shallow-buffer incast (--queue-packets, default 32)
 #   c  random loss (--loss, default 1 %, nftables)
 #   d  two paths, the second degraded (--degraded-rate, default 20mbit)
-# Variants: p3 and allreduce over the kernel's TCP; dlcp-1 and dlcp-10 (DLCP with
-# --loss-bound 1 % and 10 %), dlcp-1-prio and dlcp-10-prio (the same behind strict-priority
-# DSCP classes at the bottleneck), dlcp-allreduce; the DLCP ones with --transport udp.
+# Variants: p3 and allreduce over the kernel's TCP (cubic; p3-bbr: P3 on bbr); dlcp-1 and
+# dlcp-10 (DLCP with --loss-bound 1 % and 10 %), dlcp-10-pull (and the parameters back as
+# datagrams with --pull-loss-bound 10 %, MLT's pulls), dlcp-1-prio and dlcp-10-prio (behind
+# strict-priority DSCP classes at the bottleneck), dlcp-allreduce; the DLCP ones with
+# --transport udp.
 #
 # Usage: scripts/dlcp-kernel.sh [--cells a,b,c,d] [--variants LIST] [--tcp-only]
 #                               [--dataset mnist|fashion-mnist] [--data DIR] [--steps 500]
@@ -17,7 +19,7 @@
 #                               [--queue-packets 32] [--loss 1%] [--degraded-rate 20mbit]
 #                               [--out DIR] [--force] [--dry-run]
 #   --cells       which cells (default a,b,c,d)
-#   --variants    which variants (default all seven; with --tcp-only p3,allreduce)
+#   --variants    which variants (default all nine; with --tcp-only p3,p3-bbr,allreduce)
 #   --tcp-only    only the variants over TCP (p3, allreduce): for a binary without the
 #                 datagram transport
 #   --dataset     mnist (target accuracy 98 %) or fashion-mnist (85 %); default mnist
@@ -84,8 +86,8 @@ while [ $# -gt 0 ]; do
 done
 fail() { echo "dlcp-kernel: $*" >&2; exit 2; }
 
-tcp_variants=(p3 allreduce)
-all_variants=(p3 allreduce dlcp-1 dlcp-10 dlcp-1-prio dlcp-10-prio dlcp-allreduce)
+tcp_variants=(p3 p3-bbr allreduce)
+all_variants=(p3 p3-bbr allreduce dlcp-1 dlcp-10 dlcp-10-pull dlcp-1-prio dlcp-10-prio dlcp-allreduce)
 if [ -z "$variants" ]; then
   if [ "$tcp_only" = 1 ]; then variants=$(IFS=,; echo "${tcp_variants[*]}")
   else variants=$(IFS=,; echo "${all_variants[*]}"); fi
@@ -136,9 +138,11 @@ cell_flags() {
 variant_spec() {
   case "$1" in
     p3) echo "p3 5 | " ;;
+    p3-bbr) echo "p3 5 --cc bbr | " ;;
     allreduce) echo "allreduce 4 | " ;;
     dlcp-1) echo "dlcp 5 | --loss-bound 1% --transport udp" ;;
     dlcp-10) echo "dlcp 5 | --loss-bound 10% --transport udp" ;;
+    dlcp-10-pull) echo "dlcp 5 | --loss-bound 10% --pull-loss-bound 10% --transport udp" ;;
     dlcp-1-prio) echo "dlcp 5 --prio | --loss-bound 1% --transport udp" ;;
     dlcp-10-prio) echo "dlcp 5 --prio | --loss-bound 10% --transport udp" ;;
     dlcp-allreduce) echo "dlcp-allreduce 4 | --transport udp" ;;

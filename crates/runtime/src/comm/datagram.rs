@@ -33,7 +33,7 @@ use syncopate_core::wire::datagram::{
 use syncopate_core::wire::mac::LinkKeys;
 use syncopate_core::wire::{f32_bytes_mut, Header, HEADER_LEN};
 
-use super::send_batch::Outbox;
+use super::send_batch::{Outbox, PathSocket, Queued};
 use super::udp_io::{self, Offloads, MAX_BATCH_BYTES};
 
 /// A receiver sends feedback at least this often while datagrams arrive (1 ms)...
@@ -89,18 +89,6 @@ fn grow_buffers(socket: &UdpSocket) {
     if sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER_BYTES).is_err() {
         let _ = sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER_BYTES);
     }
-}
-
-/// One path's socket and the offloads its kernel took.
-pub(super) struct PathSocket {
-    pub(super) socket: mio::net::UdpSocket,
-    pub(super) offloads: Offloads,
-}
-
-/// A loss-tolerant frame waiting for its link's pacer: its header and its payload bytes.
-pub(super) struct Queued {
-    pub(super) header: Header,
-    pub(super) payload: Vec<u8>,
 }
 
 /// What the receiving side of one direction reports back to its sender.

@@ -10,9 +10,21 @@ use std::io;
 use std::net::SocketAddr;
 
 use syncopate_core::wire::datagram::{dscp_of, DatagramSealer, DATA_OVERHEAD};
+use syncopate_core::wire::Header;
 
-use super::datagram::{PathSocket, Queued};
-use super::udp_io::{self, MAX_BATCH_BYTES, MAX_SEGMENTS};
+use super::udp_io::{self, Offloads, MAX_BATCH_BYTES, MAX_SEGMENTS};
+
+/// One path's socket and the offloads its kernel took.
+pub(super) struct PathSocket {
+    pub(super) socket: mio::net::UdpSocket,
+    pub(super) offloads: Offloads,
+}
+
+/// A loss-tolerant frame waiting for its link's pacer: its header and its payload bytes.
+pub(super) struct Queued {
+    pub(super) header: Header,
+    pub(super) payload: Vec<u8>,
+}
 
 /// The most datagrams one batch holds (about two GSO sends of full datagrams).
 const BATCH_DATAGRAMS: usize = 2 * MAX_SEGMENTS;
@@ -212,7 +224,7 @@ fn runs(frames: &[Queued], gso: bool) -> Vec<Run> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use syncopate_core::wire::{Flags, FrameKind, Header};
+    use syncopate_core::wire::{Flags, FrameKind};
 
     /// A loss-tolerant frame of `values` values in class `class` (drop-eligible if so).
     fn frame(values: usize, class: u8, eligible: bool) -> Queued {
