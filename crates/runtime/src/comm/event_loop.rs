@@ -110,7 +110,7 @@ impl CommLoop {
 
     /// Reads the datagrams waiting on path `path`'s socket (`None`: every path's) and sends
     /// what the pacers allow.
-    fn read_datagrams<E: Endpoint + ?Sized>(
+    pub(super) fn read_datagrams<E: Endpoint + ?Sized>(
         &mut self,
         path: Option<usize>,
         endpoint: &mut E,

@@ -114,6 +114,11 @@ impl CommLoop {
         endpoint: &mut E,
         hooks: &mut dyn Hooks<E>,
     ) -> Result<(), CommError> {
+        // Datagrams first: a Probe in these bytes must find the packets sent before it
+        // already read, whichever readiness event came first.
+        if self.datagram.is_some() {
+            self.read_datagrams(None, endpoint)?;
+        }
         let max_payload = self.options.max_payload;
         let now_ns = self.now_ns();
         let origin = self.origin;

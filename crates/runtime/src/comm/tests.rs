@@ -277,9 +277,9 @@ fn lossy(loss: f64, seed: u64, host: u64) -> Emulation {
     }
 }
 
-/// Under 10 % loss every frame still arrives (retransmitted after the timeout, in order), so
-/// the averaged values are exact; the losses are counted on the link, and the same seed
-/// loses the same frames.
+/// Under 10 % loss every frame still arrives (retransmitted, in order), so the averaged
+/// values are exact; the losses are counted on the link, and the same seed loses the same
+/// frames.
 #[test]
 fn a_lossy_network_delays_frames_but_loses_none() {
     let run = || {
@@ -297,7 +297,14 @@ fn a_lossy_network_delays_frames_but_loses_none() {
     let first = run();
     assert!(first.frames_lost > 0, "{first:?}");
     assert_eq!(first.frames_retransmitted, first.frames_lost);
-    assert_eq!(run(), first);
+    // How a loss was found (a loss probe or a SACK) depends on the frames' real times; which
+    // frames were lost does not.
+    let losses = |c: NetCounters| NetCounters {
+        loss_probes: 0,
+        timeouts: 0,
+        ..c
+    };
+    assert_eq!(losses(run()), losses(first));
 }
 
 /// With an ingress port every data frame received queues there before its payload is read
