@@ -3,13 +3,14 @@
 //! A pool that only ever grows keeps its high-water mark: a burst (a step whose frames all
 //! wait behind a slow link, every worker's share of every key in flight at once) leaves
 //! buffers behind that nothing needs again, and a buffer grown for the largest use keeps its
-//! capacity when it is next taken for a small one. [`Pool`] hands out the kept buffer that
-//! fits best and, at each [`Pool::trim`], drops the buffers that no take reached since the
-//! last trim: the pool follows the live need of the last period, not of the worst one.
+//! capacity when it is next taken for a small one. [`Pool`] hands out a kept buffer that
+//! fits (holds the values, at most twice over) and, at each [`Pool::trim`], drops the
+//! buffers that no take reached since the last trim: the pool follows the live need of the
+//! last period, not of the worst one.
 
 /// Buffers of `T` kept for reuse: [`Pool::take`] hands one out, [`Pool::give`] takes one
 /// back, [`Pool::trim`] drops those not needed since the last trim.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Pool<T> {
     /// The kept buffers; those below `untouched` have not been taken since the last trim.
     kept: Vec<Vec<T>>,
@@ -39,15 +40,13 @@ impl<T> Pool<T> {
         self.kept.pop().unwrap_or_default()
     }
 
-    /// An empty buffer for `len` values: the kept one of the least capacity that holds
-    /// them, unless even that one is more than twice as large (a buffer of the largest use
-    /// would otherwise serve every small one, and the next large use would grow another), else
-    /// a new one of that capacity. A kept buffer that fits no use is dropped at a trim.
+    /// An empty buffer for `len` values: the kept one given back last that holds them and
+    /// is at most twice as large (a buffer of the largest use would otherwise serve every
+    /// small one, and the next large use would grow another), else a new one of that
+    /// capacity. A kept buffer that fits no use is dropped at a trim. The search starts at
+    /// the buffers given back last, so with uses of one size it ends at once.
     pub fn take_for(&mut self, len: usize) -> Vec<T> {
-        let fits = (self.kept.iter().enumerate())
-            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
+        let fits = (self.kept.iter()).rposition(|b| b.capacity() >= len && b.capacity() / 2 <= len);
         match fits {
             Some(i) => {
                 self.untouched = self.untouched.min(i);
@@ -140,8 +139,9 @@ mod tests {
 
     #[test]
     fn buffers_keep_the_size_of_their_use() {
-        // Shares of 10 and of 100,000 values, taken and returned in turn: best fit keeps one
-        // buffer of each size, where taking the last kept one grows both to the largest.
+        // Shares of 10 and of 100,000 values, taken and returned in turn: taking one that
+        // fits keeps one buffer of each size, where taking the last kept one grows both to
+        // the largest.
         let mut pool: Pool<f32> = Pool::new();
         for _ in 0..20 {
             let mut small = pool.take_for(10);

@@ -560,6 +560,7 @@ impl PsServer {
         if *n == self.owned_slices {
             self.updated_in_step.remove(&step);
             self.completed.push_back(step);
+            self.early.trim();
         }
     }
 
