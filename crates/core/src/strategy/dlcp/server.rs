@@ -472,7 +472,7 @@ impl Endpoint for DlcpServer {
     }
 
     fn pooled_bytes(&self) -> usize {
-        self.spare.bytes()
+        self.spare.bytes() + self.inner.pooled_bytes()
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {

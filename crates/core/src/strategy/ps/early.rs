@@ -107,6 +107,11 @@ impl EarlyPushes {
         }
     }
 
+    /// Bytes the freed places' buffers hold.
+    pub fn pooled_bytes(&self) -> usize {
+        self.buffers.bytes()
+    }
+
     /// Drops the kept buffers no early push has needed since the last call (once a step).
     pub fn trim(&mut self) {
         self.buffers.trim();
