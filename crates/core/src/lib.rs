@@ -13,6 +13,7 @@ pub mod latency;
 pub mod liveness;
 pub mod net;
 pub mod optim;
+pub mod pool;
 pub mod profile;
 pub mod registry;
 pub mod scale;

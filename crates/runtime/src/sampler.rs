@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes on a process's links, per link and in total, shared between the transport and the
-/// sampler.
+/// Bytes on a process's links, per link and in total, and the bytes its buffer pools keep,
+/// shared between the transport and the sampler.
 #[derive(Debug, Default)]
 pub struct TrafficTotals {
     /// Bytes written to the links' sockets.
@@ -18,6 +18,12 @@ pub struct TrafficTotals {
     pub received: AtomicU64,
     /// Per link, in the transport's link order.
     pub links: Vec<LinkTraffic>,
+    /// Bytes the transport keeps in frame buffers for reuse, not in use (stored by the
+    /// transport about once a second).
+    pub frame_pool_bytes: AtomicU64,
+    /// Bytes the protocol endpoint keeps in buffers for reuse, not in use
+    /// ([`syncopate_core::strategy::Endpoint::pooled_bytes`], stored with the above).
+    pub endpoint_pool_bytes: AtomicU64,
 }
 
 /// Bytes on one link.
@@ -116,6 +122,10 @@ pub struct Sample {
     /// [`crate::heap`]): resident memory that grows while this does not is the allocator
     /// keeping freed pages, not a leak.
     pub heap_bytes: Option<u64>,
+    /// Of the live heap, the bytes the transport keeps in frame buffers for reuse.
+    pub frame_pool_bytes: u64,
+    /// Of the live heap, the bytes the protocol endpoint keeps in buffers for reuse.
+    pub endpoint_pool_bytes: u64,
     /// Bytes read from storage so far.
     pub disk_read_bytes: u64,
     /// Bytes written to storage so far.
@@ -135,7 +145,7 @@ pub struct Sample {
 /// `received_from_rank<R>`) follow, then the emulated network's per link
 /// (`lost_to_rank<R>`, `retransmitted_to_rank<R>`, `dropped_to_rank<R>`,
 /// `queueing_ns_to_rank<R>`).
-pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,heap_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
+pub const CSV_HEADER: &str = "t_s,cpu_user_pct,cpu_system_pct,rss_bytes,heap_bytes,frame_pool_bytes,endpoint_pool_bytes,disk_read_bytes,disk_write_bytes,net_sent_bytes,net_received_bytes";
 
 /// The CSV header for samples of these links.
 pub fn csv_header(links: &[(usize, u64, u64)]) -> String {
@@ -155,12 +165,14 @@ impl Sample {
     /// The sample as a CSV row.
     pub fn csv_row(&self) -> String {
         let mut row = format!(
-            "{:.3},{:.1},{:.1},{},{},{},{},{},{}",
+            "{:.3},{:.1},{:.1},{},{},{},{},{},{},{},{}",
             self.t,
             self.cpu_user_pct,
             self.cpu_system_pct,
             self.rss_bytes,
             self.heap_bytes.map(|b| b.to_string()).unwrap_or_default(),
+            self.frame_pool_bytes,
+            self.endpoint_pool_bytes,
             self.disk_read_bytes,
             self.disk_write_bytes,
             self.net_sent_bytes,
@@ -289,6 +301,8 @@ impl Probe {
             cpu_system_pct: pct(ticks.1, self.last.1 .1),
             rss_bytes: rss_bytes().unwrap_or(0),
             heap_bytes: crate::heap::live_bytes(),
+            frame_pool_bytes: traffic.frame_pool_bytes.load(Ordering::Relaxed),
+            endpoint_pool_bytes: traffic.endpoint_pool_bytes.load(Ordering::Relaxed),
             disk_read_bytes: read,
             disk_write_bytes: write,
             net_sent_bytes: traffic.sent.load(Ordering::Relaxed),
@@ -501,6 +515,8 @@ mod tests {
             cpu_system_pct: 2.0,
             rss_bytes: 10,
             heap_bytes: Some(9),
+            frame_pool_bytes: 6,
+            endpoint_pool_bytes: 8,
             disk_read_bytes: 1,
             disk_write_bytes: 2,
             net_sent_bytes: 3,
@@ -515,10 +531,18 @@ mod tests {
         let header: Vec<_> = text.lines().next().unwrap().split(',').collect();
         let row: Vec<_> = text.lines().nth(1).unwrap().split(',').collect();
         assert_eq!(header.len(), row.len());
-        assert_eq!(header[3..5], ["rss_bytes", "heap_bytes"]);
-        assert_eq!(row[3..5], ["10", "9"]);
         assert_eq!(
-            header[9..],
+            header[3..7],
+            [
+                "rss_bytes",
+                "heap_bytes",
+                "frame_pool_bytes",
+                "endpoint_pool_bytes"
+            ]
+        );
+        assert_eq!(row[3..7], ["10", "9", "6", "8"]);
+        assert_eq!(
+            header[11..],
             [
                 "sent_to_rank2",
                 "received_from_rank2",
@@ -528,6 +552,6 @@ mod tests {
                 "queueing_ns_to_rank2"
             ]
         );
-        assert_eq!(row[11..], ["5", "5", "0", "7"]);
+        assert_eq!(row[13..], ["5", "5", "0", "7"]);
     }
 }

@@ -323,4 +323,10 @@ pub trait Endpoint {
     /// driver's clock). A call before any deadline, or a second call for the same one, must
     /// do nothing, so a driver may call it spuriously. The default does nothing.
     fn handle_timeout(&mut self, _now_ns: u64) {}
+
+    /// Bytes the endpoint keeps in buffers for reuse, not in use now (a driver's metrics
+    /// show them beside the live heap). The default: none.
+    fn pooled_bytes(&self) -> usize {
+        0
+    }
 }

@@ -560,6 +560,7 @@ impl PsServer {
         if *n == self.owned_slices {
             self.updated_in_step.remove(&step);
             self.completed.push_back(step);
+            self.early.trim();
         }
     }
 
@@ -731,6 +732,10 @@ impl PsServer {
 }
 
 impl Endpoint for PsServer {
+    fn pooled_bytes(&self) -> usize {
+        self.early.pooled_bytes()
+    }
+
     fn poll_transmit(&mut self, link: Rank, out: &mut Vec<u8>) -> bool {
         let Some(h) = self.next_answer(link) else {
             return false;

@@ -86,10 +86,9 @@ impl CommLoop {
                 return handed;
             }
             self.rotation.arrange(&mut self.open);
-            let mut buf = self.pool.pop().unwrap_or_default();
-            buf.clear();
+            let mut buf = self.pool.take();
             let Some(transmit) = endpoint.poll_transmit_lent(&self.open, &mut buf) else {
-                self.pool.push(buf);
+                self.pool.give(buf);
                 return handed;
             };
             // A frame handed over moves the order on; a poll in vain does not.
@@ -99,7 +98,7 @@ impl CommLoop {
                 Transmit::Lent(peer, header) => (peer, Some(header)),
             };
             if self.hand_to_datagrams(endpoint, peer, lent, &buf) {
-                self.pool.push(buf);
+                self.pool.give(buf);
                 handed += 1;
                 // Into a batch now if the pacer allows, so the link takes the next one.
                 let now_ns = self.now_ns();
@@ -115,7 +114,7 @@ impl CommLoop {
                 if let Some(h) = frame.lent {
                     endpoint.handle_sent(peer, &h);
                 }
-                self.pool.push(frame.bytes);
+                self.pool.give(frame.bytes);
                 return handed;
             };
             let token = self.next_token;
@@ -196,7 +195,7 @@ impl CommLoop {
                         endpoint.handle_sent(link.peer, &h);
                     }
                     if frame.queued.is_some() {
-                        self.pool.push(frame.bytes);
+                        self.pool.give(frame.bytes);
                     }
                 }
             }

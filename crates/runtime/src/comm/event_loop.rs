@@ -69,6 +69,7 @@ impl CommLoop {
             let deadline = endpoint.poll_timeout();
             self.wait(&mut events, deadline)?;
             self.handle_events(&events, endpoint, hooks)?;
+            self.publish_pools(endpoint);
             if !finishing && hooks.on_progress(endpoint, self.status())? == Flow::Finish {
                 finishing = true;
             }

@@ -40,6 +40,7 @@ mod writer;
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +54,8 @@ use reader::{fresh_header, ReadState, STAGING_BYTES};
 use syncopate_core::buffers::BufferRelay;
 use syncopate_core::liveness::{Liveness, LivenessConfig};
 use syncopate_core::net::{LinkCap, NetCounters, NetworkProfile, Port, Rotation};
-use syncopate_core::strategy::{ProtocolError, Rank};
+use syncopate_core::pool::Pool;
+use syncopate_core::strategy::{Endpoint, ProtocolError, Rank};
 use syncopate_core::wire::mac::{FrameOpener, FrameSealer, IntegrityError, LinkKeys};
 use syncopate_core::wire::{Header, DEFAULT_MAX_PAYLOAD};
 use writer::OutFrame;
@@ -375,8 +377,10 @@ pub struct CommLoop {
     /// Whether the last fill stopped because the interface's window was full (so the loop
     /// must wake when it drains below the window).
     window_full: bool,
-    /// Frame buffers for reuse.
-    pool: Vec<Vec<u8>>,
+    /// Frame buffers for reuse, trimmed about once a second to what the last second used.
+    pool: Pool<u8>,
+    /// When the pools' bytes were last published to the sampler (the loop's clock).
+    pools_published_ns: u64,
     /// Scratch list of the links that can take a frame, in the rotation's order.
     open: Vec<Rank>,
     /// Fairness among the links (core's rule, the simulator's too): the order moves on
@@ -456,7 +460,8 @@ impl CommLoop {
                 ingress: (network.profile.ingress)
                     .then(|| Port::ingress(&network.profile, network.seed, network.host)),
                 window_full: false,
-                pool: Vec::new(),
+                pool: Pool::new(),
+                pools_published_ns: 0,
                 open: Vec::new(),
                 rotation: Rotation::new(),
                 traffic,
@@ -515,7 +520,23 @@ impl CommLoop {
     fn now_ns(&self) -> u64 {
         ns_since(self.origin)
     }
+
+    /// About once a second: trims the frame pool to what the last second used, and publishes
+    /// the bytes it and `endpoint` keep for reuse to the sampler.
+    fn publish_pools<E: Endpoint + ?Sized>(&mut self, endpoint: &E) {
+        let now_ns = self.now_ns();
+        if now_ns < self.pools_published_ns.saturating_add(POOL_PERIOD_NS) {
+            return;
+        }
+        self.pools_published_ns = now_ns;
+        self.pool.trim();
+        (self.traffic.frame_pool_bytes).store(self.pool.bytes() as u64, Ordering::Relaxed);
+        (self.traffic.endpoint_pool_bytes).store(endpoint.pooled_bytes() as u64, Ordering::Relaxed);
+    }
 }
+
+/// How often the loop publishes its pools' bytes.
+const POOL_PERIOD_NS: u64 = 1_000_000_000;
 
 /// Nanoseconds since `origin` (the loop's clock).
 fn ns_since(origin: Instant) -> u64 {

@@ -176,7 +176,7 @@ impl CommLoop {
                             }
                             if let Some(queued) = frame.queued {
                                 report_sent(&mut *hooks, &frame.bytes, queued);
-                                pool.push(frame.bytes);
+                                pool.give(frame.bytes);
                             }
                         }
                     }

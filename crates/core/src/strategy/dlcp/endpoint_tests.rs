@@ -276,6 +276,30 @@ fn a_duplicated_packet_is_counted_once() {
     assert_eq!((stats.packets, stats.packets_ignored), (2, 1));
 }
 
+/// Over many steps, the server keeps no more spare share buffers than the shares need:
+/// each key's buffers keep their key's size, not grown to the largest key's as they pass
+/// from key to key (whose arrival order the losses change).
+#[test]
+fn spare_share_buffers_stay_at_the_live_need() {
+    let sizes = [3000, 10, 10, 10, 10, 10];
+    let workers = 2;
+    let mut c = Cluster::new(workers, &sizes, exact(64));
+    let need = workers * sizes.iter().sum::<usize>() * std::mem::size_of::<f32>();
+    let mut rng = SplitMix64::new(7);
+    for step in 0..30 {
+        if step > 0 {
+            c.begin(step);
+        }
+        c.pump(&mut |_, _| rng.chance(0.05));
+        c.params();
+        let kept = c.server.pooled_bytes();
+        assert!(
+            kept <= 2 * need,
+            "step {step}: {kept} bytes kept, the shares need {need}"
+        );
+    }
+}
+
 /// The same losses give the same bits.
 #[test]
 fn the_same_seed_gives_the_same_bits() {

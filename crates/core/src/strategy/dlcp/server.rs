@@ -8,6 +8,7 @@ use super::geometry::{Geometry, PacketId};
 use super::pull::{PullFrame, PullSender};
 use super::tally::{indices_of, packets_needed, Marked, PacketTally};
 use super::{class_of_layer, DlcpOptions, KeyLoss, LossFill, LossStats};
+use crate::pool::Pool;
 use crate::strategy::{Endpoint, ProtocolError, PsServer, Rank, ServerSync, Transmit};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
@@ -31,7 +32,10 @@ pub struct DlcpServer {
     /// One packet's receive buffer per worker link: a packet's values are copied into its
     /// share only once it is counted, so a lost, late or duplicated one leaves no trace.
     scratch: Vec<Vec<f32>>,
-    spare: Vec<Vec<f32>>,
+    /// Share buffers not in use, trimmed once a step to what the last step needed.
+    spare: Pool<f32>,
+    /// The first key this server holds a share of: its aggregation marks a step's end.
+    first_key: Option<usize>,
     /// Per worker link: Stops and Missing bitmaps to send.
     control: Vec<ControlQueue>,
     stats: LossStats,
@@ -71,6 +75,7 @@ impl DlcpServer {
                 }
             })
             .collect();
+        let first_key = (0..keys.len()).find(|&key| geo.share_packets(key, index) > 0);
         let slices = geo.registry().slices().len();
         let mut server = Self {
             inner,
@@ -81,7 +86,8 @@ impl DlcpServer {
             handed: vec![false; slices],
             slice_missing: vec![0; slices],
             scratch: vec![vec![0.0; opts.packet_elems]; workers],
-            spare: Vec::new(),
+            spare: Pool::new(),
+            first_key,
             control: (0..workers).map(|_| ControlQueue::default()).collect(),
             stats: LossStats::default(),
             key_loss: vec![KeyLoss::default(); keys.len()],
@@ -175,8 +181,7 @@ impl DlcpServer {
         let elems = self.geo.share_elems(key, self.index);
         let spare = &mut self.spare;
         let values = share.values[link].get_or_insert_with(|| {
-            let mut v = spare.pop().unwrap_or_default();
-            v.clear();
+            let mut v = spare.take_for(elems);
             v.resize(elems, 0.0);
             v
         });
@@ -226,7 +231,10 @@ impl DlcpServer {
         }
         let share = &mut self.shares[key];
         for v in share.values.iter_mut().filter_map(Option::take) {
-            self.spare.push(v);
+            self.spare.give(v);
+        }
+        if self.first_key == Some(key) {
+            self.spare.trim();
         }
         share.tallies.iter_mut().for_each(PacketTally::reset);
         share.complete = 0;
@@ -461,6 +469,10 @@ impl Endpoint for DlcpServer {
 
     fn handle_sent(&mut self, link: Rank, header: &Header) {
         self.inner.handle_sent(link, header)
+    }
+
+    fn pooled_bytes(&self) -> usize {
+        self.spare.bytes() + self.inner.pooled_bytes()
     }
 
     fn recv_slot(&mut self, link: Rank, h: &Header) -> Result<&mut [f32], ProtocolError> {

@@ -4,6 +4,8 @@
 //! are reused. With a thousand workers most pushes come early, and a table of full entries
 //! (32 bytes each) was a stream of cache misses through tens of megabytes a step.
 
+use crate::pool::Pool;
+
 /// No push waiting.
 const NONE: u32 = u32::MAX;
 
@@ -21,8 +23,11 @@ pub(super) struct EarlyPushes {
     /// slices another server owns).
     at: Vec<Vec<u32>>,
     waiting: Vec<Waiting>,
-    /// Places in `waiting` free for the next early push (their buffers kept).
+    /// Places in `waiting` free for the next early push.
     free: Vec<u32>,
+    /// The freed places' buffers, each taken again for a push of about its size (a buffer
+    /// taken by whichever push came next would end at the largest slice's size).
+    buffers: Pool<f32>,
 }
 
 impl EarlyPushes {
@@ -66,7 +71,7 @@ impl EarlyPushes {
                 };
                 *entry = u32::try_from(i).ok()?;
                 let w = &mut self.waiting[i];
-                w.values.clear();
+                w.values = self.buffers.take_for(len);
                 w.values.resize(len, 0.0);
                 w.complete = false;
                 i
@@ -97,7 +102,19 @@ impl EarlyPushes {
         if let Some(i) = self.place(slice, link) {
             self.at[slice][link] = NONE;
             self.free.push(i as u32);
+            self.buffers
+                .give(std::mem::take(&mut self.waiting[i].values));
         }
+    }
+
+    /// Bytes the freed places' buffers hold.
+    pub fn pooled_bytes(&self) -> usize {
+        self.buffers.bytes()
+    }
+
+    /// Drops the kept buffers no early push has needed since the last call (once a step).
+    pub fn trim(&mut self) {
+        self.buffers.trim();
     }
 }
 
@@ -133,5 +150,28 @@ mod tests {
         assert_eq!(early.buffer(0, 0, 3).unwrap(), &[0.0, 0.0, 0.0]);
         assert_eq!(early.waiting.len(), 2);
         assert_eq!(early.values(0, 2), &[5.0, 0.0]);
+    }
+
+    /// One large and four small slices, pushed early every step and released in an order
+    /// that moves on each step: the buffers kept are of the pushes' sizes, not all of the
+    /// largest slice's.
+    #[test]
+    fn freed_buffers_keep_the_size_of_their_use() {
+        let sizes = [1000, 10, 10, 10, 10];
+        let n = sizes.len();
+        let mut early = EarlyPushes::new(sizes.iter().map(|_| 2));
+        for step in 0..10 {
+            for (slice, &len) in sizes.iter().enumerate() {
+                early.buffer(slice, 1, len).unwrap();
+            }
+            for k in 0..n {
+                early.release((k + step) % n, 1);
+            }
+            early.trim();
+        }
+        let held: usize = early.waiting.iter().map(|w| w.values.capacity()).sum();
+        let kept = held + early.buffers.bytes() / std::mem::size_of::<f32>();
+        let need: usize = sizes.iter().sum();
+        assert!(kept <= 2 * need, "{kept} values kept for pushes of {need}");
     }
 }
