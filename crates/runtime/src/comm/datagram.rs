@@ -89,6 +89,15 @@ fn grow_buffers(socket: &UdpSocket) {
     if sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER_BYTES).is_err() {
         let _ = sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER_BYTES);
     }
+    // The kernel reports twice what it granted (its own bookkeeping included).
+    let granted = sockopt::socket_recv_buffer_size(fd).unwrap_or(0) / 2;
+    if granted < SOCKET_BUFFER_BYTES / 2 {
+        tracing::warn!(
+            "a datagram socket got a {granted}-byte receive buffer of the {SOCKET_BUFFER_BYTES} \
+             asked (net.core.rmem_max caps it for non-root processes): a burst may overflow it, \
+             and such drops count as receive_buffer_drops, not network loss"
+        );
+    }
 }
 
 /// What the receiving side of one direction reports back to its sender.
