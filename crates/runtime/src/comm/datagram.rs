@@ -147,6 +147,9 @@ pub(super) struct DatagramPath {
     /// By path: whether its socket may hold more datagrams than the last read's budget
     /// took (the poll will not say so again: readiness is edge-triggered).
     backlog: Vec<bool>,
+    /// By link: whether an authentic datagram came from its peer since the last
+    /// [`DatagramPath::take_heard`] (proof that the peer lives, whatever its TCP link does).
+    heard: Vec<bool>,
     /// One datagram being sealed.
     seal_buf: Vec<u8>,
 }
@@ -203,6 +206,7 @@ impl DatagramPath {
             recv_buf: vec![0; MAX_BATCH_BYTES],
             seal_buf: Vec::with_capacity(MAX_DATAGRAM_LEN),
             backlog: vec![false; paths_len],
+            heard: vec![false; links.len()],
         })
     }
 
@@ -232,6 +236,11 @@ impl DatagramPath {
     /// The number of paths (sockets).
     pub(super) fn paths(&self) -> usize {
         self.out.paths()
+    }
+
+    /// The links whose peers sent an authentic datagram since the last call.
+    pub(super) fn take_heard(&mut self) -> impl Iterator<Item = usize> + '_ {
+        (self.heard.iter_mut().enumerate()).filter_map(|(i, h)| std::mem::take(h).then_some(i))
     }
 
     /// Whether a socket's last read left datagrams on it (its budget ran out).
@@ -453,9 +462,17 @@ impl DatagramPath {
                         &mut self.counters,
                     )
                 };
-                if let Err(reason) = result {
-                    self.counters.count_drop(reason);
-                    refused += 1;
+                match result {
+                    Ok(()) => self.heard[i] = true,
+                    Err(DropReason::Stale) => {
+                        // Authentic, only late: its peer lives.
+                        self.heard[i] = true;
+                        self.counters.count_drop(DropReason::Stale);
+                    }
+                    Err(reason) => {
+                        self.counters.count_drop(reason);
+                        refused += 1;
+                    }
                 }
             }
         }

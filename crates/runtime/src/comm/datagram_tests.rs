@@ -323,6 +323,11 @@ fn one_read_takes_at_most_its_budget_and_remembers_the_rest() {
         [budget, 2 * budget, all],
         "datagrams counted after each read"
     );
+    assert_eq!(
+        path.take_heard().count(),
+        0,
+        "a stranger proves no peer alive"
+    );
 }
 
 #[test]
@@ -353,6 +358,8 @@ fn the_peers_datagrams_are_read_in_long_runs_but_not_forever() {
     path.receive(0, &mut collector, origin).unwrap();
     assert_eq!(collector.handed.len(), RECEIVE_BUDGET_ALL);
     assert!(path.has_backlog());
+    let heard: Vec<usize> = path.take_heard().collect();
+    assert_eq!(heard, [0], "the peer's datagrams prove it alive");
     path.receive(0, &mut collector, origin).unwrap();
     assert_eq!(collector.handed.len(), waiting);
     assert!(!path.has_backlog());

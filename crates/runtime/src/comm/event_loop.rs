@@ -127,7 +127,13 @@ impl CommLoop {
         for j in paths {
             d.receive(j, endpoint, origin).map_err(CommError::Local)?;
         }
-        d.pump(super::ns_since(origin));
+        let now_ns = super::ns_since(origin);
+        // A peer whose datagrams arrive is alive, however long its TCP link stays silent
+        // (its heartbeats may wait behind a queue the datagrams fill).
+        for i in d.take_heard() {
+            self.liveness.handle_received(i, now_ns);
+        }
+        d.pump(now_ns);
         Ok(())
     }
 
