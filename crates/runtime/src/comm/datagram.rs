@@ -7,8 +7,10 @@
 //! the TCP stream. Each datagram is sealed (core's [`syncopate_core::wire::datagram`]) under keys
 //! derived from its link's handshake when it leaves, paced by its link's
 //! [`RateController`], sent with the IP DSCP of its priority class
-//! ([`dscp_of`]), on the path its flags choose (sprayed: the next path in turn; otherwise
-//! the key's path). A received datagram is handed to the endpoint only once it comes from
+//! ([`syncopate_core::wire::datagram::dscp_of`]), on the path its flags choose (sprayed: the
+//! next path in turn; otherwise the key's path), in batches ([`super::send_batch`]) through
+//! the kernel's offloads where it has them ([`super::udp_io`]). A received datagram, read a
+//! budget at a time, is handed to the endpoint only once it comes from
 //! a peer's known address, opens under that link's key, is fresh (the replay window) and is
 //! of the link's peer; every other one is dropped and counted by reason
 //! ([`DatagramCounters`]), never an error of the job. A datagram the endpoint refuses
