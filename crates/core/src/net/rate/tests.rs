@@ -113,6 +113,27 @@ fn an_idle_flow_sends_its_burst_at_once_then_paces() {
 }
 
 #[test]
+fn a_fast_flow_may_send_two_milliseconds_of_its_rate_at_once() {
+    // At 1 Gbit/s a bucket of four datagrams would hold 45 us, less than one late wake-up
+    // of a busy thread; the bucket holds 2 ms of the rate: 250 KB, about 179 datagrams.
+    let mut c = RateController::new(RateConfig {
+        initial_bps: 1e9,
+        ..RateConfig::default()
+    });
+    let later = 10 * MS;
+    let mut sent = 0;
+    while c.next_send_at(later) <= later {
+        c.on_sent(later, DATAGRAM, sent);
+        sent += 1;
+    }
+    let of_rate = 1_000_000_000 / 8 * BURST_TIME_NS / 1_000_000_000 / DATAGRAM;
+    assert!(
+        (of_rate..=of_rate + 2).contains(&sent),
+        "{sent} datagrams at once"
+    );
+}
+
+#[test]
 fn slow_start_doubles_the_rate_per_round_trip() {
     let mut c = RateController::new(RateConfig::default());
     let rtt = MS;
