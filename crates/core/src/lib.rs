@@ -8,6 +8,7 @@
 
 pub mod aggregate;
 pub mod buffers;
+pub mod datagram;
 pub mod json;
 pub mod latency;
 pub mod liveness;

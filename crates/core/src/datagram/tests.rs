@@ -1,0 +1,184 @@
+//! The datagram link end to end: two links, one per end, passing sealed datagrams in
+//! memory.
+
+use super::*;
+use crate::wire::mac::FrameKey;
+use crate::wire::{Flags, FrameKind};
+
+const GSO: SendLimits = SendLimits {
+    gso: true,
+    max_segments: 64,
+    max_bytes: 65_507,
+};
+
+/// The two ends of a link between ranks 0 and 1 over `paths` paths, at `rate` bit/s.
+fn pair(paths: usize, rate: f64) -> (DatagramLink, DatagramLink) {
+    let keys = LinkKeys {
+        send: FrameKey::new([1; 32]),
+        recv: FrameKey::new([2; 32]),
+    };
+    let config = RateConfig {
+        initial_bps: rate,
+        ..RateConfig::default()
+    };
+    let a = DatagramLink::new(1, &keys, paths, config, 1 << 16);
+    let b = DatagramLink::new(0, &keys.reversed(), paths, config, 1 << 16);
+    (a, b)
+}
+
+/// A loss-tolerant push of `values` values of `key` from rank 0, sprayed if so.
+fn push(key: u32, values: u32, sprayed: bool) -> (Header, Vec<u8>) {
+    let mut header = Header::data(FrameKind::Push, 0, key, 0, values);
+    header.sender = 0;
+    header.flags = Flags::class(0).loss_tolerant().spray_if(sprayed);
+    (header, (0..values * 4).map(|i| i as u8).collect())
+}
+
+/// Everything `from` hands out at `now` (flushing), as sealed batches.
+fn drain(from: &mut DatagramLink, now: u64) -> Vec<Sealed> {
+    let mut all = Vec::new();
+    let mut out = Sealed::default();
+    while from.poll_transmit(now, true, GSO, &mut out) {
+        all.push(out.clone());
+    }
+    all
+}
+
+/// Hands every datagram of `batches` to `to` at `now`; the payloads it delivered.
+fn deliver_all(to: &mut DatagramLink, batches: &[Sealed], now: u64) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    for sealed in batches {
+        for run in &sealed.runs {
+            for datagram in sealed.run_bytes(run).chunks(run.segment) {
+                let _ = to.handle_datagram(now, datagram, |_, p| {
+                    got.push(p.to_vec());
+                    true
+                });
+            }
+        }
+    }
+    got
+}
+
+#[test]
+fn frames_cross_the_link_and_feedback_comes_back() {
+    let (mut a, mut b) = pair(1, 1e9);
+    let frames: Vec<_> = (0..3).map(|k| push(k, 100, false)).collect();
+    for (h, p) in &frames {
+        a.enqueue(*h, p);
+    }
+    let sent = drain(&mut a, 1_000);
+    assert_eq!(sent.len(), 1, "one batch");
+    assert_eq!(sent[0].datagrams(), 3);
+    assert!(a.is_drained());
+    let got = deliver_all(&mut b, &sent, 51_000);
+    assert_eq!(got, frames.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>());
+    assert_eq!(b.counters().received, 3);
+    // The receiver's feedback falls due by time and carries the round trip back.
+    assert!(drain(&mut b, 51_000).is_empty(), "not yet due");
+    let due = b.poll_timeout(51_000).unwrap_or(u64::MAX);
+    let feedback = drain(&mut b, due);
+    assert_eq!(feedback.len(), 1);
+    assert_eq!(feedback[0].runs[0].dscp, FEEDBACK_DSCP);
+    deliver_all(&mut a, &feedback, due + 50_000);
+    let stats = a.rate_stats();
+    assert_eq!((stats.feedbacks, stats.last_loss), (1, 0.0));
+    assert_eq!(a.counters().feedback_received, 1);
+    assert_eq!(stats.srtt_ns, 100_000, "two 50 us hops, the time held excluded");
+}
+
+#[test]
+fn the_pacer_lets_frames_go_at_its_rate_and_says_when_next() {
+    // 10 Mbit/s: a 2 ms bucket holds 2,500 bytes, about two 1,100-byte datagrams.
+    let (mut a, _) = pair(1, 10e6);
+    for k in 0..10 {
+        let (h, p) = push(k, 256, false);
+        a.enqueue(h, &p);
+    }
+    let first: usize = drain(&mut a, 0).iter().map(Sealed::datagrams).sum();
+    assert!((1..10).contains(&first), "{first} left at once");
+    assert!(!a.takes_more());
+    let next = a.poll_timeout(0).unwrap_or(u64::MAX);
+    assert!(next > 0 && next < 2_000_000, "next departure at {next} ns");
+    let mut left = first;
+    let mut now = next;
+    while !a.is_drained() && now < 100_000_000 {
+        left += drain(&mut a, now).iter().map(Sealed::datagrams).sum::<usize>();
+        now = a.poll_timeout(now).unwrap_or(now + 1_000_000).max(now + 1);
+    }
+    assert_eq!(left, 10);
+    let bits = 10.0 * (256.0 * 4.0 + 100.0) * 8.0;
+    assert!(now as f64 >= 0.5 * bits / 10e6 * 1e9, "paced, not all at once: {now} ns");
+}
+
+#[test]
+fn sprayed_frames_take_the_paths_in_turn_and_a_batch_holds_one_path() {
+    let (mut a, mut b) = pair(2, 1e9);
+    for k in 0..4 {
+        let (h, p) = push(k, 10, true);
+        a.enqueue(h, &p);
+    }
+    let sent = drain(&mut a, 0);
+    let paths: Vec<usize> = sent.iter().map(|s| s.path).collect();
+    assert_eq!(paths, [1, 0, 1, 0]);
+    assert_eq!(deliver_all(&mut b, &sent, 1).len(), 4);
+    // Unsprayed: by key, so keys 0 and 2 share a path and a batch.
+    for k in [0, 2, 1] {
+        let (h, p) = push(k, 10, false);
+        a.enqueue(h, &p);
+    }
+    let sent = drain(&mut a, 1);
+    let shape: Vec<(usize, usize)> = sent.iter().map(|s| (s.path, s.datagrams())).collect();
+    assert_eq!(shape, [(0, 2), (1, 1)]);
+}
+
+#[test]
+fn forged_replayed_foreign_and_refused_datagrams_are_counted_not_delivered() {
+    let (mut a, mut b) = pair(1, 1e9);
+    let (h, p) = push(0, 10, false);
+    a.enqueue(h, &p);
+    let sent = drain(&mut a, 0);
+    let datagram = sent[0].bytes.clone();
+    let mut forged = datagram.clone();
+    if let Some(last) = forged.last_mut() {
+        *last ^= 1;
+    }
+    assert_eq!(b.handle_datagram(1, &forged, |_, _| true), Err(DropReason::BadMac));
+    assert_eq!(b.handle_datagram(1, &datagram, |_, _| false), Err(DropReason::Stale));
+    assert_eq!(b.handle_datagram(1, &datagram, |_, _| true), Err(DropReason::Replayed));
+    let long = vec![0; crate::wire::datagram::MAX_DATAGRAM_LEN + 1];
+    assert_eq!(b.handle_datagram(1, &long, |_, _| true), Err(DropReason::Oversized));
+    // A frame that names another sender than the link's peer.
+    let (mut h, p) = push(1, 10, false);
+    h.sender = 2;
+    a.enqueue(h, &p);
+    let sent = drain(&mut a, 2);
+    assert_eq!(b.handle_datagram(3, &sent[0].bytes, |_, _| true), Err(DropReason::Malformed));
+    let c = b.counters();
+    assert_eq!((c.bad_mac, c.stale, c.replayed, c.oversized, c.malformed), (1, 1, 1, 1, 1));
+    assert_eq!(c.drops(), 5);
+}
+
+#[test]
+fn a_feedback_due_seals_the_batch_first_so_numbers_follow_the_send_order() {
+    let (mut a, mut b) = pair(1, 1e9);
+    // b receives something, so that its feedback falls due...
+    let (h, p) = push(0, 10, false);
+    b.enqueue(Header { sender: 1, ..h }, &p);
+    let to_a = drain(&mut b, 0);
+    deliver_all(&mut a, &to_a, 0);
+    // ...while a has a batch open (no flush): the batch leaves first.
+    let (h, p) = push(1, 10, false);
+    a.enqueue(h, &p);
+    let mut out = Sealed::default();
+    assert!(!a.poll_transmit(0, false, GSO, &mut out), "the batch waits for a flush");
+    assert!(!a.is_drained());
+    assert!(a.poll_transmit(FEEDBACK_EVERY_NS, false, GSO, &mut out));
+    assert_eq!(out.runs[0].dscp, crate::wire::datagram::dscp_of(h.flags), "data first");
+    let data = out.clone();
+    assert!(a.poll_transmit(FEEDBACK_EVERY_NS, false, GSO, &mut out));
+    assert_eq!(out.runs[0].dscp, FEEDBACK_DSCP, "then the feedback");
+    // In that order the receiver's window sees no gap and no replay.
+    assert_eq!(deliver_all(&mut b, &[data, out], FEEDBACK_EVERY_NS).len(), 1);
+    assert_eq!(b.counters().drops(), 0);
+}
