@@ -187,7 +187,11 @@ mod tests {
         order(&mut frames);
         let full = DATA_OVERHEAD + 400;
         let out = sealed(&frames, GSO);
-        let shape: Vec<_> = out.runs.iter().map(|r| (r.dscp, r.count, r.segment)).collect();
+        let shape: Vec<_> = out
+            .runs
+            .iter()
+            .map(|r| (r.dscp, r.count, r.segment))
+            .collect();
         // class 0 (DSCP 46): the two full ones, then the short one, in one send
         assert_eq!(shape, [(46, 3, full), (45, 1, full), (8, 2, full)]);
         assert_eq!(frames[2].payload.len(), 160, "the short one ends its run");
@@ -215,7 +219,11 @@ mod tests {
             max_bytes: 3 * (DATA_OVERHEAD + 400),
             ..GSO
         };
-        let counts: Vec<usize> = sealed(&frames, limits).runs.iter().map(|r| r.count).collect();
+        let counts: Vec<usize> = sealed(&frames, limits)
+            .runs
+            .iter()
+            .map(|r| r.count)
+            .collect();
         assert_eq!(counts, [3, 3, 3, 1]);
     }
 }

@@ -81,7 +81,10 @@ mod tests {
         assert!(f.is_due(150), "by count");
         let sent = f.take(400);
         assert_eq!(sent.received, u64::from(FEEDBACK_EVERY_DATAGRAMS));
-        assert_eq!((sent.highest_seq, sent.echo_sent_ns, sent.echo_held_ns), (99, 990, 250));
+        assert_eq!(
+            (sent.highest_seq, sent.echo_sent_ns, sent.echo_held_ns),
+            (99, 990, 250)
+        );
         assert!(!f.is_due(u64::MAX), "nothing since");
     }
 }

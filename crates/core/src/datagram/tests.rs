@@ -50,7 +50,7 @@ fn deliver_all(to: &mut DatagramLink, batches: &[Sealed], now: u64) -> Vec<Vec<u
     for sealed in batches {
         for run in &sealed.runs {
             for datagram in sealed.run_bytes(run).chunks(run.segment) {
-                let _ = to.handle_datagram(now, datagram, |_, p| {
+                let _ = to.handle_datagram(now, sealed.path, datagram, |_, p| {
                     got.push(p.to_vec());
                     true
                 });
@@ -72,7 +72,10 @@ fn frames_cross_the_link_and_feedback_comes_back() {
     assert_eq!(sent[0].datagrams(), 3);
     assert!(a.is_drained());
     let got = deliver_all(&mut b, &sent, 51_000);
-    assert_eq!(got, frames.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>());
+    assert_eq!(
+        got,
+        frames.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>()
+    );
     assert_eq!(b.counters().received, 3);
     // The receiver's feedback falls due by time and carries the round trip back.
     assert!(drain(&mut b, 51_000).is_empty(), "not yet due");
@@ -81,10 +84,13 @@ fn frames_cross_the_link_and_feedback_comes_back() {
     assert_eq!(feedback.len(), 1);
     assert_eq!(feedback[0].runs[0].dscp, FEEDBACK_DSCP);
     deliver_all(&mut a, &feedback, due + 50_000);
-    let stats = a.rate_stats();
+    let stats = a.rate_stats()[0];
     assert_eq!((stats.feedbacks, stats.last_loss), (1, 0.0));
     assert_eq!(a.counters().feedback_received, 1);
-    assert_eq!(stats.srtt_ns, 100_000, "two 50 us hops, the time held excluded");
+    assert_eq!(
+        stats.srtt_ns, 100_000,
+        "two 50 us hops, the time held excluded"
+    );
 }
 
 #[test]
@@ -103,24 +109,34 @@ fn the_pacer_lets_frames_go_at_its_rate_and_says_when_next() {
     let mut left = first;
     let mut now = next;
     while !a.is_drained() && now < 100_000_000 {
-        left += drain(&mut a, now).iter().map(Sealed::datagrams).sum::<usize>();
+        left += drain(&mut a, now)
+            .iter()
+            .map(Sealed::datagrams)
+            .sum::<usize>();
         now = a.poll_timeout(now).unwrap_or(now + 1_000_000).max(now + 1);
     }
     assert_eq!(left, 10);
     let bits = 10.0 * (256.0 * 4.0 + 100.0) * 8.0;
-    assert!(now as f64 >= 0.5 * bits / 10e6 * 1e9, "paced, not all at once: {now} ns");
+    assert!(
+        now as f64 >= 0.5 * bits / 10e6 * 1e9,
+        "paced, not all at once: {now} ns"
+    );
 }
 
 #[test]
-fn sprayed_frames_take_the_paths_in_turn_and_a_batch_holds_one_path() {
+fn sprayed_frames_share_the_paths_and_the_others_keep_their_keys_path() {
     let (mut a, mut b) = pair(2, 1e9);
     for k in 0..4 {
         let (h, p) = push(k, 10, true);
         a.enqueue(h, &p);
     }
     let sent = drain(&mut a, 0);
-    let paths: Vec<usize> = sent.iter().map(|s| s.path).collect();
-    assert_eq!(paths, [1, 0, 1, 0]);
+    let shape: Vec<(usize, usize)> = sent.iter().map(|s| (s.path, s.datagrams())).collect();
+    assert_eq!(
+        shape,
+        [(0, 2), (1, 2)],
+        "alike paths: the one that carried fewer bytes"
+    );
     assert_eq!(deliver_all(&mut b, &sent, 1).len(), 4);
     // Unsprayed: by key, so keys 0 and 2 share a path and a batch.
     for k in [0, 2, 1] {
@@ -130,6 +146,88 @@ fn sprayed_frames_take_the_paths_in_turn_and_a_batch_holds_one_path() {
     let sent = drain(&mut a, 1);
     let shape: Vec<(usize, usize)> = sent.iter().map(|s| (s.path, s.datagrams())).collect();
     assert_eq!(shape, [(0, 2), (1, 1)]);
+}
+
+#[test]
+fn a_slow_path_carries_what_its_pacer_allows_and_the_fast_one_the_rest() {
+    let (mut a, _) = pair(2, 100e6);
+    // Path 1 has been cut to 10 Mbit/s (its controller timed out, as on a loss burst).
+    a.paths[1] = path::PathState::new(RateConfig {
+        initial_bps: 10e6,
+        ..RateConfig::default()
+    });
+    for k in 0..400 {
+        let (h, p) = push(k, 256, true);
+        a.enqueue(h, &p);
+    }
+    let mut per_path = [0usize; 2];
+    let mut now = 0;
+    while !a.is_drained() && now < 1_000_000_000 {
+        for s in drain(&mut a, now) {
+            per_path[s.path] += s.datagrams();
+        }
+        now = a.poll_timeout(now).unwrap_or(now + 1_000_000).max(now + 1);
+    }
+    assert_eq!(per_path[0] + per_path[1], 400);
+    let share = per_path[1] as f64 / 400.0;
+    assert!(
+        (0.04..0.2).contains(&share),
+        "the 10 Mbit/s path took {per_path:?}"
+    );
+}
+
+#[test]
+fn datagrams_reordered_between_paths_are_not_loss_and_a_lossy_path_is_slowed_alone() {
+    let (mut a, mut b) = pair(2, 1e9);
+    for k in 0..64 {
+        let (h, p) = push(k, 10, true);
+        a.enqueue(h, &p);
+    }
+    let mut sent = drain(&mut a, 0);
+    // Path 1's datagrams arrive first (a shorter path), and every fourth one on path 0 is lost.
+    sent.sort_by_key(|s| std::cmp::Reverse(s.path));
+    for s in &mut sent {
+        if s.path == 0 {
+            let kept: Vec<Vec<u8>> = (s.run_bytes(&s.runs[0]).chunks(s.runs[0].segment))
+                .enumerate()
+                .filter(|(n, _)| n % 4 != 3)
+                .map(|(_, d)| d.to_vec())
+                .collect();
+            let mut out = Sealed {
+                path: 0,
+                ..Sealed::default()
+            };
+            for d in kept {
+                let start = out.bytes.len();
+                out.bytes.extend_from_slice(&d);
+                let end = out.bytes.len();
+                out.runs.push(Run {
+                    dscp: 0,
+                    start,
+                    end,
+                    count: 1,
+                    segment: end - start,
+                });
+            }
+            *s = out;
+        }
+    }
+    assert_eq!(deliver_all(&mut b, &sent, 10_000).len(), 32 + 24);
+    let feedback = drain(&mut b, FEEDBACK_EVERY_NS);
+    assert_eq!(
+        feedback.iter().map(|s| s.path).collect::<Vec<_>>(),
+        [0, 1],
+        "one per path"
+    );
+    deliver_all(&mut a, &feedback, FEEDBACK_EVERY_NS + 10_000);
+    let stats = a.rate_stats();
+    assert_eq!(stats[1].last_loss, 0.0, "reordered, not lost");
+    assert!(
+        (stats[0].last_loss - 0.25).abs() < 0.05,
+        "path 0 lost a quarter: {}",
+        stats[0].last_loss
+    );
+    assert!(stats[0].rate_bps < stats[1].rate_bps);
 }
 
 #[test]
@@ -143,19 +241,37 @@ fn forged_replayed_foreign_and_refused_datagrams_are_counted_not_delivered() {
     if let Some(last) = forged.last_mut() {
         *last ^= 1;
     }
-    assert_eq!(b.handle_datagram(1, &forged, |_, _| true), Err(DropReason::BadMac));
-    assert_eq!(b.handle_datagram(1, &datagram, |_, _| false), Err(DropReason::Stale));
-    assert_eq!(b.handle_datagram(1, &datagram, |_, _| true), Err(DropReason::Replayed));
+    assert_eq!(
+        b.handle_datagram(1, 0, &forged, |_, _| true),
+        Err(DropReason::BadMac)
+    );
+    assert_eq!(
+        b.handle_datagram(1, 0, &datagram, |_, _| false),
+        Err(DropReason::Stale)
+    );
+    assert_eq!(
+        b.handle_datagram(1, 0, &datagram, |_, _| true),
+        Err(DropReason::Replayed)
+    );
     let long = vec![0; crate::wire::datagram::MAX_DATAGRAM_LEN + 1];
-    assert_eq!(b.handle_datagram(1, &long, |_, _| true), Err(DropReason::Oversized));
+    assert_eq!(
+        b.handle_datagram(1, 0, &long, |_, _| true),
+        Err(DropReason::Oversized)
+    );
     // A frame that names another sender than the link's peer.
     let (mut h, p) = push(1, 10, false);
     h.sender = 2;
     a.enqueue(h, &p);
     let sent = drain(&mut a, 2);
-    assert_eq!(b.handle_datagram(3, &sent[0].bytes, |_, _| true), Err(DropReason::Malformed));
+    assert_eq!(
+        b.handle_datagram(3, 0, &sent[0].bytes, |_, _| true),
+        Err(DropReason::Malformed)
+    );
     let c = b.counters();
-    assert_eq!((c.bad_mac, c.stale, c.replayed, c.oversized, c.malformed), (1, 1, 1, 1, 1));
+    assert_eq!(
+        (c.bad_mac, c.stale, c.replayed, c.oversized, c.malformed),
+        (1, 1, 1, 1, 1)
+    );
     assert_eq!(c.drops(), 5);
 }
 
@@ -171,14 +287,24 @@ fn a_feedback_due_seals_the_batch_first_so_numbers_follow_the_send_order() {
     let (h, p) = push(1, 10, false);
     a.enqueue(h, &p);
     let mut out = Sealed::default();
-    assert!(!a.poll_transmit(0, false, GSO, &mut out), "the batch waits for a flush");
+    assert!(
+        !a.poll_transmit(0, false, GSO, &mut out),
+        "the batch waits for a flush"
+    );
     assert!(!a.is_drained());
     assert!(a.poll_transmit(FEEDBACK_EVERY_NS, false, GSO, &mut out));
-    assert_eq!(out.runs[0].dscp, crate::wire::datagram::dscp_of(h.flags), "data first");
+    assert_eq!(
+        out.runs[0].dscp,
+        crate::wire::datagram::dscp_of(h.flags),
+        "data first"
+    );
     let data = out.clone();
     assert!(a.poll_transmit(FEEDBACK_EVERY_NS, false, GSO, &mut out));
     assert_eq!(out.runs[0].dscp, FEEDBACK_DSCP, "then the feedback");
     // In that order the receiver's window sees no gap and no replay.
-    assert_eq!(deliver_all(&mut b, &[data, out], FEEDBACK_EVERY_NS).len(), 1);
+    assert_eq!(
+        deliver_all(&mut b, &[data, out], FEEDBACK_EVERY_NS).len(),
+        1
+    );
     assert_eq!(b.counters().drops(), 0);
 }

@@ -3,50 +3,30 @@
 //! the handshake, control and reliable frames stay on the TCP links.
 //!
 //! The endpoint is the same sans-IO endpoint; only the driver differs: a frame the endpoint
-//! hands over whose flags say loss-tolerant goes into its link's datagram queue instead of
-//! the TCP stream. Each datagram is sealed (core's [`syncopate_core::wire::datagram`]) under keys
-//! derived from its link's handshake when it leaves, paced by its link's
-//! [`RateController`], sent with the IP DSCP of its priority class
-//! ([`syncopate_core::wire::datagram::dscp_of`]), on the path its flags choose (sprayed: the
-//! next path in turn; otherwise the key's path), in batches ([`super::send_batch`]) through
-//! the kernel's offloads where it has them ([`super::udp_io`]). A received datagram, read a
-//! budget at a time, is handed to the endpoint only once it comes from
-//! a peer's known address, opens under that link's key, is fresh (the replay window) and is
-//! of the link's peer; every other one is dropped and counted by reason
-//! ([`DatagramCounters`]), never an error of the job. A datagram the endpoint refuses
-//! (of a step it has finished: the network reorders and delays them) is dropped as
-//! [`DropReason::Stale`].
-//!
-//! The receiver of each direction sends transport feedback back (what it received, and
-//! the echo of the latest datagram's timestamp) every [`FEEDBACK_EVERY_NS`] or
-//! [`FEEDBACK_EVERY_DATAGRAMS`], whichever comes first, for the sender's rate controller.
+//! hands over whose flags say loss-tolerant goes to its link's
+//! [`DatagramLink`] (core: path choice, pacing, batches, sealing, feedback, opening) instead
+//! of the TCP stream. This module keeps only the sockets: it writes the batches the links
+//! seal, with the DSCP of each run and through the kernel's offloads where it has them
+//! ([`super::send_batch`], [`super::udp_io`]), and reads datagrams a budget at a time,
+//! handing each to the link of the peer whose address it comes from (one from no peer's
+//! address is dropped and counted) with its kernel receive time.
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 
 use mio::{Interest, Registry, Token};
-use syncopate_core::net::{RateConfig, RateController, RateSignal, RateStats};
+use syncopate_core::datagram::{hand_over, DatagramLink, Sealed};
+use syncopate_core::net::{RateConfig, RateStats};
 use syncopate_core::strategy::{Endpoint, Rank};
-use syncopate_core::wire::datagram::{
-    datagram_keys, DatagramCounters, DatagramOpener, DatagramSealer, DropReason, Feedback, Opened,
-    DATA_OVERHEAD, IP_UDP_HEADERS, MAX_DATAGRAM_LEN,
-};
+use syncopate_core::wire::datagram::{DatagramCounters, DropReason};
 use syncopate_core::wire::mac::LinkKeys;
-use syncopate_core::wire::{f32_bytes_mut, Header, HEADER_LEN};
+use syncopate_core::wire::{Header, HEADER_LEN};
 
-use super::send_batch::{Outbox, PathSocket, Queued};
+use super::send_batch::{Outbox, PathSocket};
 use super::udp_io::{self, Offloads, MAX_BATCH_BYTES};
-
-/// A receiver sends feedback at least this often while datagrams arrive (1 ms)...
-pub const FEEDBACK_EVERY_NS: u64 = 1_000_000;
-/// ...and after at most this many datagrams.
-pub const FEEDBACK_EVERY_DATAGRAMS: u32 = 16;
 /// Socket buffer sizes asked for: a burst of a step's packets must not overflow the
 /// receiver's socket (the drops to study are the network's, not ours).
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
-/// DSCP of feedback datagrams: the class of the TCP links (control traffic).
-const FEEDBACK_DSCP: u8 = 0;
 /// The most refused datagrams (strangers', forged, replayed ...) read from one socket per
 /// wake-up: then the loop goes round (timers, heartbeats, sends) before it reads on, so a
 /// flood cannot hold it in `receive`.
@@ -102,38 +82,10 @@ fn grow_buffers(socket: &UdpSocket) {
     }
 }
 
-/// What the receiving side of one direction reports back to its sender.
-#[derive(Default)]
-struct FeedbackState {
-    /// Authentic datagrams received (data and feedback: they share the numbers).
-    received: u64,
-    highest_seq: u64,
-    latest_sent_ns: u64,
-    latest_arrival_ns: u64,
-    /// Datagrams received since the last feedback.
-    pending: u32,
-    last_sent_ns: u64,
-}
-
-impl FeedbackState {
-    /// Whether a feedback is due at `now_ns`.
-    fn is_due(&self, now_ns: u64) -> bool {
-        self.pending >= FEEDBACK_EVERY_DATAGRAMS
-            || (self.pending > 0 && now_ns.saturating_sub(self.last_sent_ns) >= FEEDBACK_EVERY_NS)
-    }
-}
-
-/// The datagram state of one link.
+/// One link's datagrams: the core's link and the peer's address on each path.
 struct PeerDatagrams {
-    rank: Rank,
-    /// The peer's address on each path.
+    link: DatagramLink,
     addrs: Vec<SocketAddr>,
-    sealer: DatagramSealer,
-    opener: DatagramOpener,
-    rate: RateController,
-    /// Frames waiting for the pacer (the loop offers the link no more until they left).
-    queue: VecDeque<Queued>,
-    feedback: FeedbackState,
 }
 
 /// The datagram path of a communication loop.
@@ -141,9 +93,8 @@ pub(super) struct DatagramPath {
     out: Outbox,
     /// By link index.
     peers: Vec<PeerDatagrams>,
+    /// Drops no link can count: from no peer's address, or truncated by the kernel.
     counters: DatagramCounters,
-    sprayed: usize,
-    max_payload: u32,
     /// One receive: a datagram, or a run of them the kernel coalesced (GRO).
     recv_buf: Vec<u8>,
     /// By path: whether its socket may hold more datagrams than the last read's budget
@@ -152,8 +103,8 @@ pub(super) struct DatagramPath {
     /// By link: whether an authentic datagram came from its peer since the last
     /// [`DatagramPath::take_heard`] (proof that the peer lives, whatever its TCP link does).
     heard: Vec<bool>,
-    /// One datagram being sealed.
-    seal_buf: Vec<u8>,
+    /// One batch being sealed.
+    sealed: Sealed,
 }
 
 /// The first poll token of the datagram sockets; path `j` is `FIRST_TOKEN - j`.
@@ -188,25 +139,17 @@ impl DatagramPath {
                     paths.len()
                 )));
             }
-            let keys = datagram_keys(keys);
             peers.push(PeerDatagrams {
-                rank: *rank,
+                link: DatagramLink::new(*rank, keys, paths_len, rate, max_payload),
                 addrs: addrs.clone(),
-                sealer: DatagramSealer::new(&keys.send),
-                opener: DatagramOpener::new(&keys.recv),
-                rate: RateController::new(rate),
-                queue: VecDeque::new(),
-                feedback: FeedbackState::default(),
             });
         }
         Ok(Self {
             out: Outbox::new(paths),
             peers,
             counters: DatagramCounters::default(),
-            sprayed: 0,
-            max_payload,
             recv_buf: vec![0; MAX_BATCH_BYTES],
-            seal_buf: Vec::with_capacity(MAX_DATAGRAM_LEN),
+            sealed: Sealed::default(),
             backlog: vec![false; paths_len],
             heard: vec![false; links.len()],
         })
@@ -259,7 +202,7 @@ impl DatagramPath {
 
     /// Whether nothing waits to be sent on link `i`.
     pub(super) fn is_drained(&self, i: usize) -> bool {
-        self.peers.get(i).is_none_or(|p| p.queue.is_empty()) && !self.out.holds(i)
+        self.peers.get(i).is_none_or(|p| p.link.is_drained()) && !self.out.holds(i)
     }
 
     /// Whether link `i` may take another frame: its pacer let every datagram go into a
@@ -267,23 +210,24 @@ impl DatagramPath {
     /// it first; a batch the socket refused holds the link back). A Probe on TCP thus
     /// never overtakes the packets handed over before it.
     pub(super) fn takes_more(&self, i: usize) -> bool {
-        let held = self.out.holds(i) && self.out.is_blocked();
-        self.peers.get(i).is_none_or(|p| p.queue.is_empty()) && !held
+        self.peers.get(i).is_none_or(|p| p.link.takes_more()) && !self.out.holds(i)
     }
 
     /// Takes a loss-tolerant frame for link `i`: `header`, and its payload bytes.
     pub(super) fn enqueue(&mut self, i: usize, header: Header, payload: &[u8]) {
         if let Some(p) = self.peers.get_mut(i) {
-            p.queue.push_back(Queued {
-                header,
-                payload: payload.to_vec(),
-            });
+            p.link.enqueue(header, payload);
         }
     }
 
-    /// What the datagrams did so far (sends the kernel refused count as dropped at home).
+    /// What the datagrams did so far, over every link (sends the kernel refused count as
+    /// dropped at home).
     pub(super) fn counters(&self) -> (DatagramCounters, u64) {
-        (self.counters, self.out.send_failures())
+        let mut all = self.counters;
+        for p in &self.peers {
+            all.add(&p.link.counters());
+        }
+        (all, self.out.send_failures())
     }
 
     /// Datagrams the kernel dropped on arrival for want of receive-buffer room, over every
@@ -299,120 +243,60 @@ impl DatagramPath {
         self.out.socket(0).map(|s| s.offloads).unwrap_or_default()
     }
 
-    /// Every link's rate controller, for the summary.
-    pub(super) fn rate_stats(&self) -> Vec<(Rank, RateStats)> {
-        self.peers
-            .iter()
-            .map(|p| (p.rank, p.rate.stats()))
+    /// Every link's rate controllers (by path), for the summary.
+    pub(super) fn rate_stats(&self) -> Vec<(Rank, Vec<RateStats>)> {
+        (self.peers.iter())
+            .map(|p| (p.link.peer(), p.link.rate_stats()))
             .collect()
     }
 
-    /// Sends what the pacers allow and the feedback that is due, in batches.
+    /// Sends what the pacers allow and the feedback that is due, every batch included.
     pub(super) fn pump(&mut self, now_ns: u64) {
-        self.batch_due(now_ns);
-        self.flush(now_ns);
+        self.send_due(now_ns, true);
     }
 
-    /// Sends the batch (sealing its datagrams under its link's keys); `false` while the
-    /// socket refuses it.
-    fn flush(&mut self, now_ns: u64) -> bool {
-        let Some(p) = self.out.link().and_then(|i| self.peers.get_mut(i)) else {
-            return true;
-        };
-        self.out.flush(&mut p.sealer, now_ns)
-    }
-
-    /// Moves what the pacers allow into batches, sending a batch only once it is full or
-    /// the next datagram cannot join it; the last batch stays for [`DatagramPath::pump`]
-    /// (the frames the endpoint hands over next may join it). Sends the feedback due.
+    /// Sends the batches that are full and the feedback that is due; the batches still
+    /// open wait for [`DatagramPath::pump`] (the frames the endpoint hands over next may
+    /// join them).
     pub(super) fn batch_due(&mut self, now_ns: u64) {
-        if self.out.is_blocked() && !self.flush(now_ns) {
-            return;
-        }
-        for i in 0..self.peers.len() {
-            // The batch is one link's, and its datagrams take their numbers before the
-            // link's feedback does.
-            let feedback_due = self.peers[i].feedback.is_due(now_ns);
-            let other = self.out.link().is_some_and(|l| l != i || feedback_due);
-            if other && !self.flush(now_ns) {
-                return;
-            }
-            self.send_feedback_if_due(i, now_ns);
-            let p = &mut self.peers[i];
-            if p.rate.poll_timeout().is_some_and(|t| t <= now_ns) {
-                p.rate.handle_timeout(now_ns);
-            }
-            let paths = self.out.paths();
-            while p.rate.next_send_at(now_ns) <= now_ns {
-                let Some(q) = p.queue.front() else {
-                    break;
-                };
-                let path = choose_path(&q.header, paths, &mut self.sprayed);
-                let Some(&to) = p.addrs.get(path) else {
-                    break;
-                };
-                if !self.out.takes(i, path, to) && !self.out.flush(&mut p.sealer, now_ns) {
-                    break;
-                }
-                let Some(q) = p.queue.pop_front() else {
-                    break;
-                };
-                let len = DATA_OVERHEAD + q.payload.len();
-                let seq = p.sealer.next_seq() + self.out.len() as u64;
-                self.counters.sent += 1;
-                self.counters.bytes_sent += len as u64;
-                p.rate.on_sent(now_ns, (len + IP_UDP_HEADERS) as u64, seq);
-                self.out.push(i, path, to, q);
-            }
-        }
+        self.send_due(now_ns, false);
     }
 
-    /// Sends link `i`'s receiver feedback if it is due.
-    fn send_feedback_if_due(&mut self, i: usize, now_ns: u64) {
-        let Some(p) = self.peers.get_mut(i) else {
-            return;
-        };
-        let f = &p.feedback;
-        if !f.is_due(now_ns) {
+    /// Writes what the links hand out at `now_ns` (with `flush`, their open batches too),
+    /// until a socket refuses a batch.
+    fn send_due(&mut self, now_ns: u64, flush: bool) {
+        if !self.out.retry(now_ns) {
             return;
         }
-        let feedback = Feedback {
-            received: f.received,
-            highest_seq: f.highest_seq,
-            echo_sent_ns: f.latest_sent_ns,
-            echo_held_ns: now_ns.saturating_sub(f.latest_arrival_ns),
-        };
-        self.seal_buf.clear();
-        p.sealer
-            .seal_feedback(&mut self.seal_buf, &feedback, now_ns);
-        let (Some(socket), Some(addr)) = (self.out.socket(0), p.addrs.first()) else {
-            return;
-        };
-        match udp_io::send(&socket.socket, &self.seal_buf, None, *addr, FEEDBACK_DSCP) {
-            Ok(_) => self.counters.feedback_sent += 1,
-            Err(e) => tracing::debug!("feedback to rank {} was not sent: {e}", p.rank),
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            let limits = self.out.limits(0);
+            while p
+                .link
+                .poll_transmit(now_ns, flush, limits, &mut self.sealed)
+            {
+                let Some(&to) = p.addrs.get(self.sealed.path) else {
+                    continue;
+                };
+                if !self.out.send(i, &mut self.sealed, to, now_ns) {
+                    return;
+                }
+            }
         }
-        p.feedback.pending = 0;
-        p.feedback.last_sent_ns = now_ns;
     }
 
     /// When the path next needs [`DatagramPath::pump`]: a pacer's next departure, a
-    /// feedback due, a rate controller's timeout.
+    /// feedback due, a rate controller's timeout, the retry of a refused batch.
     pub(super) fn next_deadline(&self, now_ns: u64) -> Option<u64> {
-        let blocked = self.out.blocked_until();
-        let retry = self.out.link().map(|_| blocked);
-        let peers = self.peers.iter().flat_map(|p| {
-            let send = (!p.queue.is_empty()).then(|| p.rate.next_send_at(now_ns).max(blocked));
-            let feedback = (p.feedback.pending > 0)
-                .then(|| p.feedback.last_sent_ns.saturating_add(FEEDBACK_EVERY_NS));
-            [send, feedback, p.rate.poll_timeout()]
-        });
-        peers.chain([retry]).flatten().min()
+        let retry = self.out.retry_at();
+        let links = (self.peers.iter())
+            .filter_map(|p| p.link.poll_timeout(now_ns))
+            .map(|t| t.max(retry.unwrap_or(0)));
+        links.chain(retry).min()
     }
 
     /// Reads the datagrams waiting on path `j`'s socket (up to [`RECEIVE_BUDGET`] refused
-    /// ones, [`RECEIVE_BUDGET_ALL`] in all) and hands the good ones to the endpoint; `origin` is the loop's clock. A datagram longer than
-    /// [`MAX_DATAGRAM_LEN`] is refused by its length alone.
+    /// ones, [`RECEIVE_BUDGET_ALL`] in all) and hands each to its peer's link, which opens
+    /// it and gives the good ones to the endpoint; `origin` is the loop's clock.
     pub(super) fn receive<E: Endpoint + ?Sized>(
         &mut self,
         j: usize,
@@ -443,38 +327,36 @@ impl DatagramPath {
             let run = self.recv_buf.get(..got.len).unwrap_or_default();
             let datagrams = run.chunks(got.segment.max(1));
             read += datagrams.len();
-            let Some(i) = self.peers.iter().position(|p| p.addrs.contains(&got.from)) else {
+            let peer = self
+                .peers
+                .iter_mut()
+                .enumerate()
+                .find(|(_, p)| p.addrs.contains(&got.from));
+            let Some((i, p)) = peer.filter(|_| !got.truncated) else {
+                let reason = if got.truncated {
+                    DropReason::Oversized
+                } else {
+                    DropReason::UnknownAddress
+                };
                 for _ in datagrams {
-                    self.counters.count_drop(DropReason::UnknownAddress);
+                    self.counters.count_drop(reason);
                     refused += 1;
                 }
                 continue;
             };
+            let rank = p.link.peer();
             for datagram in datagrams {
-                let result = if got.truncated || datagram.len() > MAX_DATAGRAM_LEN {
-                    Err(DropReason::Oversized)
-                } else {
-                    let p = &mut self.peers[i];
-                    deliver(
-                        p,
-                        datagram,
-                        self.max_payload,
-                        endpoint,
-                        arrived_ns,
-                        &mut self.counters,
-                    )
+                let deliver = |h: &Header, payload: &[u8]| {
+                    hand_over(endpoint, rank, h, payload)
+                        .map_err(|e| {
+                            tracing::debug!("a datagram from rank {rank} was refused: {e}")
+                        })
+                        .is_ok()
                 };
-                match result {
-                    Ok(()) => self.heard[i] = true,
-                    Err(DropReason::Stale) => {
-                        // Authentic, only late: its peer lives.
-                        self.heard[i] = true;
-                        self.counters.count_drop(DropReason::Stale);
-                    }
-                    Err(reason) => {
-                        self.counters.count_drop(reason);
-                        refused += 1;
-                    }
+                match p.link.handle_datagram(arrived_ns, j, datagram, deliver) {
+                    // Authentic, if late: its peer lives.
+                    Ok(()) | Err(DropReason::Stale) => self.heard[i] = true,
+                    Err(_) => refused += 1,
                 }
             }
         }
@@ -516,95 +398,6 @@ fn clocks_now(origin: std::time::Instant) -> (u64, u128) {
         }
     }
     (best.1, best.2)
-}
-
-/// Opens one datagram from link `p`'s peer and acts on it: data to the endpoint, feedback
-/// to the rate controller.
-fn deliver<E: Endpoint + ?Sized>(
-    p: &mut PeerDatagrams,
-    datagram: &[u8],
-    max_payload: u32,
-    endpoint: &mut E,
-    now_ns: u64,
-    counters: &mut DatagramCounters,
-) -> Result<(), DropReason> {
-    let opened = p.opener.open(datagram, max_payload)?;
-    // Every authentic datagram counts as received, feedback too: the two share the
-    // direction's numbers, and the sender reads a gap in them as loss.
-    let (Opened::Data { seq, .. } | Opened::Feedback { seq, .. }) = opened;
-    p.feedback.received += 1;
-    p.feedback.highest_seq = p.feedback.highest_seq.max(seq);
-    match opened {
-        Opened::Feedback { feedback, .. } => {
-            counters.feedback_received += 1;
-            let rtt_ns = now_ns
-                .saturating_sub(feedback.echo_sent_ns)
-                .saturating_sub(feedback.echo_held_ns);
-            p.rate.on_feedback(
-                now_ns,
-                RateSignal {
-                    rtt_ns,
-                    received: feedback.received,
-                    highest_seq: feedback.highest_seq,
-                },
-            );
-            Ok(())
-        }
-        Opened::Data {
-            header,
-            payload,
-            sent_ns,
-            ..
-        } => {
-            if header.sender as usize != p.rank || !header.flags.is_loss_tolerant() {
-                return Err(DropReason::Malformed);
-            }
-            counters.received += 1;
-            counters.bytes_received += datagram.len() as u64;
-            let f = &mut p.feedback;
-            f.latest_sent_ns = sent_ns;
-            f.latest_arrival_ns = now_ns;
-            f.pending = f.pending.saturating_add(1);
-            hand_over(endpoint, p.rank, &header, payload)
-        }
-    }
-}
-
-/// Writes a datagram's payload into the endpoint's slot and tells it; a frame it refuses
-/// is [`DropReason::Stale`].
-fn hand_over<E: Endpoint + ?Sized>(
-    endpoint: &mut E,
-    rank: Rank,
-    header: &Header,
-    payload: &[u8],
-) -> Result<(), DropReason> {
-    let slot = endpoint.recv_slot(rank, header).map_err(|e| {
-        tracing::debug!("a datagram from rank {rank} was refused: {e}");
-        DropReason::Stale
-    })?;
-    let dest = f32_bytes_mut(slot);
-    if dest.len() != payload.len() {
-        return Err(DropReason::Stale);
-    }
-    dest.copy_from_slice(payload);
-    endpoint.handle_payload(rank, header).map_err(|e| {
-        tracing::debug!("a datagram from rank {rank} was refused: {e}");
-        DropReason::Stale
-    })
-}
-
-/// The path a frame takes: sprayed frames the next path in turn, the others their key's
-/// path (one flow per key, as ECMP hashes one).
-fn choose_path(header: &Header, paths: usize, sprayed: &mut usize) -> usize {
-    if paths <= 1 {
-        return 0;
-    }
-    if header.flags.is_sprayed() {
-        *sprayed = (*sprayed + 1) % paths;
-        *sprayed
-    } else {
-        header.key as usize % paths
-    }
 }
 
 /// The header and payload of a frame the endpoint handed over as one buffer.

@@ -337,8 +337,8 @@ pub struct DatagramReport {
     /// What the kernel took of the batching offloads (GSO, GRO) and receive timestamps.
     #[serde(default)]
     pub offloads: Offloads,
-    /// Each link's rate controller: its peer and its figures.
-    pub rates: Vec<(Rank, RateStats)>,
+    /// Each link's rate controllers: its peer and each path's figures (by path index).
+    pub rates: Vec<(Rank, Vec<RateStats>)>,
 }
 
 /// The emulated network of one process: the job's profile, and the job's seed and this
