@@ -35,6 +35,19 @@ def import_torch():
     return torch
 
 
+def has_gloo():
+    """Imports torch as import_torch() does and says whether it has the gloo distributed
+    backend, with an error on stderr where it has not."""
+    torch = import_torch()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        sys.stderr.write("error: this torch (%s) has no gloo distributed backend\n"
+                         % torch.__version__)
+        return False
+    return True
+
+
 MODELS = ("lenet", "mlp", "resnet20")
 
 # The input shape (channels, height, width) of each model.
@@ -145,6 +158,19 @@ def r4(x):
 def print_json(obj):
     # Keys keep their insertion order, so the format is stable from run to run.
     print(json.dumps(obj))
+
+
+def print_report(res, as_json, how, lines):
+    """Prints the result `res`: as one JSON object, or as text, a first line naming torch's
+    version (`res["torch_version"]`), `how` it ran, python's version and the cpus, then
+    `lines`."""
+    if as_json:
+        print_json(res)
+        return
+    print("framework        pytorch %s%s (python %s, %d cpus)"
+          % (res["torch_version"], how, res["python"], res["cpus"]))
+    for line in lines:
+        print(line)
 
 
 def free_loopback_port():

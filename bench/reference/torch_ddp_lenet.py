@@ -230,12 +230,7 @@ def worker(rank, args, port, result_queue):
 
 def main(argv=None):
     args = parse_args(argv)
-    torch = rc.import_torch()
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        sys.stderr.write("error: this torch (%s) has no gloo distributed backend\n"
-                         % torch.__version__)
+    if not rc.has_gloo():
         return 2
     if args.workers not in (2, 4):
         sys.stderr.write("note: --workers %d (the reference runs use 2 and 4)\n" % args.workers)
@@ -249,21 +244,18 @@ def main(argv=None):
     status, res = rc.spawn_ranks(worker, args, args.workers, "DDP")
     if status is not None:
         return status
-    if args.json:
-        rc.print_json(res)
-    else:
-        print("framework        pytorch %s DDP gloo on 127.0.0.1 (python %s, %d cpus)"
-              % (res["torch_version"], res["python"], res["cpus"]))
-        print("setup            %d workers x %d threads, %s, batch %d per worker (%d global), %s data"
-              % (res["workers"], res["threads_per_worker"], res["model"],
-                 res["batch_per_worker"], res["global_batch"], res["data"]))
-        print("steps            %d timed after %d warm-up, wall %.3f s"
-              % (res["steps"], res["warmup"], res["wall_s"]))
-        print("step      ms     median %9.3f  p10 %9.3f  p90 %9.3f (rank 0)"
-              % (res["step_ms_median"], res["step_ms_p10"], res["step_ms_p90"]))
-        print("throughput       %.1f samples/s (all workers)" % res["samples_per_sec"])
-        print("loss             %.4f first warm-up step, %.4f last step (mean over ranks)"
-              % (res["loss_first"], res["loss_last"]))
+    rc.print_report(res, args.json, " DDP gloo on 127.0.0.1", [
+        "setup            %d workers x %d threads, %s, batch %d per worker (%d global), %s data"
+        % (res["workers"], res["threads_per_worker"], res["model"],
+           res["batch_per_worker"], res["global_batch"], res["data"]),
+        "steps            %d timed after %d warm-up, wall %.3f s"
+        % (res["steps"], res["warmup"], res["wall_s"]),
+        "step      ms     median %9.3f  p10 %9.3f  p90 %9.3f (rank 0)"
+        % (res["step_ms_median"], res["step_ms_p10"], res["step_ms_p90"]),
+        "throughput       %.1f samples/s (all workers)" % res["samples_per_sec"],
+        "loss             %.4f first warm-up step, %.4f last step (mean over ranks)"
+        % (res["loss_first"], res["loss_last"]),
+    ])
     return 0
 
 

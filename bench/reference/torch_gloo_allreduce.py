@@ -205,12 +205,7 @@ def median(values):
 
 def main(argv=None):
     args = parse_args(argv)
-    torch = rc.import_torch()
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        sys.stderr.write("error: this torch (%s) has no gloo distributed backend\n"
-                         % torch.__version__)
+    if not rc.has_gloo():
         return 2
 
     status, res = rc.spawn_ranks(worker, args, args.ranks, "gloo")

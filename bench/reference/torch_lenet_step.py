@@ -109,17 +109,14 @@ def main(argv=None):
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
     }
-    if args.json:
-        rc.print_json(result)
-    else:
-        print("framework        pytorch %s (python %s, %d cpus)"
-              % (result["torch_version"], result["python"], result["cpus"]))
-        print("model            %s (%d parameters), batch %d, threads %d"
-              % (args.model, result["params"], args.batch, result["threads"]))
-        print("iterations       %d timed after %d warm-up, per phase" % (args.iters, args.warmup))
-        print("fwd+bwd   ms     median %9.3f  p10 %9.3f  p90 %9.3f" % (fb_med, fb_p10, fb_p90))
-        print("step      ms     median %9.3f  p10 %9.3f  p90 %9.3f" % (st_med, st_p10, st_p90))
-        print("throughput       %.1f samples/s (batch / median step)" % samples_per_sec)
+    rc.print_report(result, args.json, "", [
+        "model            %s (%d parameters), batch %d, threads %d"
+        % (args.model, result["params"], args.batch, result["threads"]),
+        "iterations       %d timed after %d warm-up, per phase" % (args.iters, args.warmup),
+        "fwd+bwd   ms     median %9.3f  p10 %9.3f  p90 %9.3f" % (fb_med, fb_p10, fb_p90),
+        "step      ms     median %9.3f  p10 %9.3f  p90 %9.3f" % (st_med, st_p10, st_p90),
+        "throughput       %.1f samples/s (batch / median step)" % samples_per_sec,
+    ])
     return 0
 
 

@@ -18,9 +18,10 @@
 //! maximum payload), then a sequence of operations on an in-process cluster of honest
 //! endpoints joined by per-link frame queues:
 //!
-//! * the training loop of a worker does its next local step, as `crates/runtime/src/worker.rs`
-//!   does: `begin_step`, `handle_gradient` for each key (last layer first),
-//!   `handle_backward_done`, and `begin_step(step + 1)` once `StepDone` has been seen;
+//! * the training loop of a worker does its next local step, as
+//!   `crates/runtime/src/worker/step_loop.rs` does: `begin_step`, `handle_gradient` for each
+//!   key (last layer first), `handle_backward_done`, and `begin_step(step + 1)` once
+//!   `StepDone` has been seen;
 //! * an endpoint transmits (`poll_transmit` to any rank, or `poll_transmit_any` over its peers);
 //! * a link delivers its next frame the way `crates/runtime/src/comm/reader.rs` reads one: decode the
 //!   header with the job's maximum payload, and for a data frame call `recv_slot`, copy the

@@ -171,7 +171,7 @@ impl BufferRelay {
             return refuse("malformed buffers frame");
         }
         if self.route.installs {
-            self.assemble(link, header, payload)?;
+            self.assemble(header, payload).or_else(|why| refuse(&why))?;
         }
         let mut frame = Vec::with_capacity(crate::wire::HEADER_LEN + payload.len());
         frame.extend_from_slice(&header.encode());
@@ -180,23 +180,20 @@ impl BufferRelay {
         Ok(())
     }
 
-    fn assemble(
-        &mut self,
-        link: Rank,
-        header: &Header,
-        payload: &[u8],
-    ) -> Result<(), ProtocolError> {
-        let refuse = |why: &str| Err(ProtocolError::unexpected(link, header, why));
+    /// Adds a checked frame's values to the set being assembled; `Err` says why the frame
+    /// does not fit it.
+    fn assemble(&mut self, header: &Header, payload: &[u8]) -> Result<(), String> {
+        let out_of_order = || Err("buffers out of order".to_string());
         let total = header.key as usize;
         if self.expected.is_some_and(|n| n != total) {
-            return refuse(&format!(
+            return Err(format!(
                 "buffers of {total} values where the model has {}",
                 self.expected.unwrap_or(0)
             ));
         }
         if self.assembly.is_none() {
             if header.offset != 0 || self.last_step.is_some_and(|s| header.step <= s) {
-                return refuse("buffers out of order");
+                return out_of_order();
             }
             self.assembly = Some(Assembly {
                 step: header.step,
@@ -205,10 +202,10 @@ impl BufferRelay {
             });
         }
         let Some(a) = self.assembly.as_mut() else {
-            return refuse("buffers out of order");
+            return out_of_order();
         };
         if a.step != header.step || a.filled != header.offset as usize || a.values.len() != total {
-            return refuse("buffers out of order");
+            return out_of_order();
         }
         let dst = &mut a.values[a.filled..a.filled + header.length as usize];
         for (v, b) in dst.iter_mut().zip(payload.chunks_exact(4)) {

@@ -21,8 +21,8 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use super::averaging::{ChainRound, ChainSchedule};
 use super::bucket::{cut, Buckets};
-use super::mixing::{ChainRound, ChainSchedule};
 use super::ring_layout::{left_of, right_of, KeySlots, LentFrames};
 use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::aggregate::{add_assign, scale};

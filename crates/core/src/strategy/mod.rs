@@ -32,14 +32,11 @@
 //!    then start again at 1. Calling it early or twice is harmless: spurious calls are
 //!    no-ops.
 
+mod averaging;
 mod bucket;
 mod chain;
 mod dlcp;
-mod gossip;
 mod kind;
-mod mixing;
-mod outer;
-mod periodic;
 mod plan;
 mod ps;
 mod ring;
@@ -48,17 +45,17 @@ mod ring_layout;
 mod tests;
 mod traffic;
 
+pub use averaging::{
+    gossip_matrix, gossip_peers, gossip_weights, mix_into, ChainRound, ChainSchedule, Gossip,
+    MixWeights, OuterNesterov, OuterOptions, Periodic, StepwiseHead,
+};
 pub use chain::ChainPass;
 pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
-pub use gossip::{gossip_matrix, gossip_peers, gossip_weights, mix_into, Gossip, MixWeights};
 pub use kind::{
     Averaged, StrategyInfo, StrategyKind, Topology, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES,
     DEFAULT_CREDIT_BYTES, DEFAULT_DILOCO_EVERY, DEFAULT_LOCAL_SGD_EVERY, DIRECT_SHARE_ELEMS,
     FRAME_ELEMS, MESH_MAX_WORKERS, P3_SLICE_PARAMS,
 };
-pub use mixing::{ChainRound, ChainSchedule, StepwiseHead};
-pub use outer::{OuterNesterov, OuterOptions};
-pub use periodic::Periodic;
 pub use plan::{Endpoints, PlanError, SyncPlan};
 pub use ps::{PsServer, PsWorker, ServerOptim};
 pub use ring::RingAllReduce;

@@ -14,7 +14,7 @@ use crate::registry::{KeyInfo, Placement, TensorRegistry};
 use crate::sched::SchedulerKind;
 use crate::wire::{Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
-#[path = "periodic_tests.rs"]
+#[path = "averaging/periodic_tests.rs"]
 mod periodic;
 
 /// A frame handed to a link.

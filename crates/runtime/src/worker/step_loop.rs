@@ -15,8 +15,9 @@ use syncopate_train::engine::{LayerGrads, LayerwiseEngine, StepOutput};
 use syncopate_train::trainer::{evaluate, Evaluation, LocalOptimizer, Observer};
 
 use super::checkpointing::{CarriedRecord, Checkpointer};
+use super::comm_thread::{Comm, FromComm, ToComm};
 use super::step_rows::StepRows;
-use super::{Comm, EvalLog, FromComm, ToComm, WorkerTimes};
+use super::{EvalLog, WorkerTimes};
 use crate::error::RunError;
 use crate::replicas::write_snapshot;
 use crate::trace::TraceRecorder;

@@ -19,14 +19,14 @@ pub fn build(name: &str, input: [usize; 3], classes: usize) -> Result<ModelSpec>
         // PyTorch's MNIST example shape: conv 1->32 3x3, relu, pool, conv 32->64 3x3, relu,
         // pool, fc 1600->128, relu, fc 128->10.
         "lenet" => {
-            b.conv("conv1", 32, 3, 1, 0, false, true)?;
-            b.conv("conv2", 64, 3, 1, 0, false, true)?;
+            b.conv3x3("conv1", 32, 0, false, true)?;
+            b.conv3x3("conv2", 64, 0, false, true)?;
             b.linear("fc1", 128, true)?;
             b.linear("fc2", classes, false)?;
         }
         // He et al.'s CIFAR ResNet-20: 3 stages of 3 basic blocks (16, 32, 64 channels).
         "resnet20" => {
-            b.conv("stem", 16, 3, 1, 1, true, false)?;
+            b.conv3x3("stem", 16, 1, true, false)?;
             for (stage, channels) in [16usize, 32, 64].into_iter().enumerate() {
                 for block in 0..3 {
                     let stride = if stage > 0 && block == 0 { 2 } else { 1 };
@@ -42,10 +42,10 @@ pub fn build(name: &str, input: [usize; 3], classes: usize) -> Result<ModelSpec>
         // VGG-style: small convolutions, then large fully-connected layers near the output,
         // so that most bytes belong to the last layers, as in VGG-19.
         "vgg-mini" => {
-            b.conv("conv1", 32, 3, 1, 1, false, false)?;
-            b.conv("conv2", 32, 3, 1, 1, false, true)?;
-            b.conv("conv3", 64, 3, 1, 1, false, false)?;
-            b.conv("conv4", 64, 3, 1, 1, false, true)?;
+            b.conv3x3("conv1", 32, 1, false, false)?;
+            b.conv3x3("conv2", 32, 1, false, true)?;
+            b.conv3x3("conv3", 64, 1, false, false)?;
+            b.conv3x3("conv4", 64, 1, false, true)?;
             b.linear("fc1", 512, true)?;
             b.linear("fc2", 512, true)?;
             b.linear("fc3", classes, false)?;
@@ -119,17 +119,17 @@ impl Builder {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn conv(
+    /// A 3x3 convolution with stride 1 (every plain convolution of the built-in models;
+    /// the residual blocks build their own), then the batch norm or bias, and the pool.
+    fn conv3x3(
         &mut self,
         name: &str,
         out_channels: usize,
-        kernel: usize,
-        stride: usize,
         padding: usize,
         batch_norm: bool,
         pool: bool,
     ) -> Result<()> {
+        let (kernel, stride) = (3, 1);
         let [c, h, w] = self.image_shape(name)?;
         let out = |x: usize| {
             (x + 2 * padding)

@@ -16,21 +16,10 @@ anchor and momentum, the step count and the inner optimizer's state, so a checkp
 resumes exactly.
 """
 
-import threading
-
 import torch
 
 from .. import _native
-from .hook import SyncopateState
-
-
-def _wait(future):
-    """Waits for ``future`` without holding the GIL (its completion needs it) and returns
-    its value, raising its exception."""
-    finished = threading.Event()
-    future.add_done_callback(lambda _: finished.set())
-    finished.wait()
-    return future.value()
+from .hook import SyncopateState, _wait
 
 
 class DiLoCo:

@@ -14,7 +14,8 @@
 
 use std::collections::VecDeque;
 
-use super::{Endpoint, OuterNesterov, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
+use super::OuterNesterov;
+use crate::strategy::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{FrameKind, Header};
 
 /// A boxed inner strategy.

@@ -13,11 +13,11 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use super::bucket::cut;
-use super::ring_layout::{left_of, right_of, LentFrames};
-use super::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::registry::KeyInfo;
 use crate::sched::{LinkQueues, Pending, SchedulerKind};
+use crate::strategy::bucket::cut;
+use crate::strategy::ring_layout::{left_of, right_of, LentFrames};
+use crate::strategy::{Endpoint, ProtocolError, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
 /// The weights of one row of gossip's mixing matrix on a ring: what a worker's own values

@@ -6,12 +6,12 @@
 //! step-wise averaging's full syncs) the sum travels to the last position and the average
 //! comes back to everyone. In a *partial* round (step-wise averaging) the worker at position
 //! `k` adopts the mean of positions `0..=k` and nothing comes back. The endpoint
-//! ([`super::ChainPass`]) and the long-run analysis ([`ChainSchedule::effective_contributors`])
+//! ([`crate::strategy::ChainPass`]) and the long-run analysis ([`ChainSchedule::effective_contributors`])
 //! both read the rounds from here.
 
 use serde::{Deserialize, Serialize};
 
-use super::Rank;
+use crate::strategy::Rank;
 
 /// Where a step-wise averaging chain starts each step (`--stepwise-head`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
