@@ -81,17 +81,4 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     done
 done
 
-python3 - "$RAW" "$A" "$B" <<'EOF'
-import csv, statistics, sys
-raw, a, b = sys.argv[1:]
-values = {}
-for row in csv.DictReader(open(raw)):
-    values.setdefault(row["check"], {}).setdefault(row["build"], []).append(float(row["value"]))
-print(f"| check | A ({a}), each round | B ({b}), each round | median B / A |")
-print("|---|---|---|---|")
-for check, by in values.items():
-    va, vb = by.get(a, [float("nan")]), by.get(b, [float("nan")])
-    rounds = lambda vs: " / ".join(f"{v:.4g}" for v in vs)
-    ratio = statistics.median(vb) / statistics.median(va)
-    print(f"| {check} | {rounds(va)} | {rounds(vb)} | {ratio:.3f} |")
-EOF
+python3 "$(dirname "${BASH_SOURCE[0]}")/bench_table.py" ab "$RAW" "$A" "$B"

@@ -6,7 +6,7 @@
 #   --steps   simulated steps per run (default 40: the search takes 15-25 of them)
 #   --out     where the table goes (default target/autotune-sweep)
 # SYNCOPATE_BIN=PATH runs that syncopate binary instead of building this checkout's (release).
-# Prints a Markdown table (python3 reads the reports): p3's step time, the fixed credit's and
+# Prints a Markdown table (`syncopate summary` reads the reports): p3's step time, the fixed credit's and
 # the tuned credit's (over the whole run, search included, and over the steps after the
 # search, beside p3's over the same steps), each as a share of p3's throughput, the credit
 # chosen (full-size bytes) and the steps the search took. Every report is kept in --out.
@@ -29,7 +29,8 @@ source "$root/scripts/bench-common.sh"
 bench_release_binary
 mkdir -p "$out"
 
-for spec in "vgg19:1gbit 2.5gbit 5gbit 10gbit 25gbit" "resnet50:0.5gbit 1gbit 2gbit 5gbit 10gbit"; do
+sweep=("vgg19:1gbit 2.5gbit 5gbit 10gbit 25gbit" "resnet50:0.5gbit 1gbit 2gbit 5gbit 10gbit")
+for spec in "${sweep[@]}"; do
   model=${spec%%:*}
   for bw in ${spec#*:}; do
     echo "autotune-sweep: $model at $bw" >&2
@@ -39,25 +40,32 @@ for spec in "vgg19:1gbit 2.5gbit 5gbit 10gbit 25gbit" "resnet50:0.5gbit 1gbit 2g
     "$syncopate" "${common[@]}" --strategy p3 --scheduler credit --autotune --json "$out/$model-$bw-autotune.json" >/dev/null
   done
 done
-python3 - "$out" <<'PY' | tee "$out/table.md"
-import json, sys
-out = sys.argv[1]
-mean = lambda v: sum(v) / len(v) if v else float("nan")
-print("| model | bandwidth | p3 step | credit (fixed) | credit --autotune, whole run | after the search (p3 over the same steps) | credit chosen | search steps |")
-print("|---|---|---|---|---|---|---|---|")
-for model, bws in [("vgg19", "1gbit 2.5gbit 5gbit 10gbit 25gbit"), ("resnet50", "0.5gbit 1gbit 2gbit 5gbit 10gbit")]:
-    for bw in bws.split():
-        r = {k: json.load(open(f"{out}/{model}-{bw}-{k}.json")) for k in ("p3", "credit", "autotune")}
-        p3, fixed, tuned = (r[k]["mean_step_seconds"] for k in ("p3", "credit", "autotune"))
-        tune = r["autotune"]["autotune"]
-        n = tune["settled_after_steps"]
-        if n is None:
-            after = "search not over"
-        else:
-            # The tuner's n-th step time is step n's; the chosen credit runs from step n + 1.
-            t, p = mean(r["autotune"]["step_seconds"][n + 1:]), mean(r["p3"]["step_seconds"][n + 1:])
-            after = f"{t:.3f} s ({100 * p / t:.0f} %; p3 {p:.3f} s)"
-        chosen = tune["chosen"]["credit_bytes"] / r["autotune"]["config"]["scale"] / 1e6
-        print(f"| {model} | {bw} | {p3:.3f} s | {fixed:.3f} s ({100 * p3 / fixed:.0f} %) | "
-              f"{tuned:.3f} s ({100 * p3 / tuned:.0f} %) | {after} | {chosen:.2f} MB | {n} |")
-PY
+
+# One figure (or several, tab-separated) of a simulator report.
+figure() { "$syncopate" summary --kind simulate "$@"; }
+{
+  echo "| model | bandwidth | p3 step | credit (fixed) | credit --autotune, whole run | after the search (p3 over the same steps) | credit chosen | search steps |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for spec in "${sweep[@]}"; do
+    model=${spec%%:*}
+    for bw in ${spec#*:}; do
+      run="$out/$model-$bw"
+      p3=$(figure "$run-p3.json" mean_step_seconds)
+      fixed=$(figure "$run-credit.json" mean_step_seconds)
+      read -r tuned n credit scale < <(figure "$run-autotune.json" mean_step_seconds \
+        autotune.settled_after_steps autotune.chosen.credit_bytes config.scale)
+      if [ "$n" = - ]; then
+        after="search not over"
+      else
+        # The tuner's n-th step time is step n's; the chosen credit runs from step n + 1.
+        t=$(figure --skip $((n + 1)) "$run-autotune.json" step_seconds:mean)
+        p=$(figure --skip $((n + 1)) "$run-p3.json" step_seconds:mean)
+        after=$(awk -v t="$t" -v p="$p" 'BEGIN { printf "%.3f s (%.0f %%; p3 %.3f s)", t, 100 * p / t, p }')
+      fi
+      awk -v m="$model" -v bw="$bw" -v p3="$p3" -v f="$fixed" -v t="$tuned" -v a="$after" \
+        -v c="$credit" -v s="$scale" -v n="$n" 'BEGIN {
+          printf "| %s | %s | %.3f s | %.3f s (%.0f %%) | %.3f s (%.0f %%) | %s | %.2f MB | %s |\n",
+            m, bw, p3, f, 100 * p3 / f, t, 100 * p3 / t, a, c / s / 1e6, n }'
+    done
+  done
+} | tee "$out/table.md"

@@ -68,8 +68,7 @@ run() {
         "${dataset[@]}" --batch-size 64 --steps "$steps" --quiet \
         --no-replica-stats --summary-json "$dir/s.json" "${flag[@]}" > "$dir/log" 2>&1 \
         || { cat "$dir/log" >&2; exit 1; }
-      /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' \
-        "$dir/s.json" | sed "s|^|lenet 4 workers samples/s,$mac,$round,|" >> "$raw" ;;
+      "$syncopate" summary "$dir/s.json" samples_per_sec | sed "s|^|lenet 4 workers samples/s,$mac,$round,|" >> "$raw" ;;
     vgg19)
       "$syncopate" launch --strategy p3 --workers 4 --servers 4 --model profile:vgg19 \
         --scale "$scale" --bandwidth 6gbit --steps 8 --batch-size 128 --metrics-dir "$dir" \
@@ -83,30 +82,5 @@ run() {
 
 bench_alternate_macs run "$jobs"
 
-PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
-import statistics
-from bench_table import publish, rows
-
-# job -> round -> mac -> figure
-figures = {}
-for row in rows():
-    figures.setdefault(row["job"], {}).setdefault(row["round"], {})[row["mac"]] = float(row["value"])
-
-lines = ["| job | without MACs | with MACs | cost (median) | cost per round |",
-         "|---|---|---|---|---|"]
-for job, rounds in figures.items():
-    pairs = [r for r in rounds.values() if "off" in r and "on" in r]
-    if not pairs:
-        continue
-    # A throughput falls with the cost, a step time rises.
-    cost = (lambda r: r["on"] / r["off"] - 1) if "step" in job else (lambda r: 1 - r["on"] / r["off"])
-    costs = sorted(cost(r) for r in pairs)
-    lines.append("| %s | %s | %s | **%.1f %%** | %s |" % (
-        job, " / ".join("%.4g" % r["off"] for r in pairs),
-        " / ".join("%.4g" % r["on"] for r in pairs), 100 * statistics.median(costs),
-        ", ".join("%.1f %%" % (100 * c) for c in costs)))
-text = "\n".join(lines) + ("\n\nEach round's figures without / with MACs; cost = the loss of "
-                           "samples/s or the rise in step time, from each round's pair.\n")
-publish(text)
-EOF
+/usr/bin/python3 "$root/scripts/bench_table.py" frame-mac-jobs "$raw" "$out/table.md"
 echo "raw measurements: $raw; table: $out/table.md" >&2

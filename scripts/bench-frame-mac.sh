@@ -49,31 +49,5 @@ run() {
 
 bench_alternate_macs run "$ranks"
 
-PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
-import statistics
-from bench_table import publish, rows, size_name
-
-# (ranks, size) -> round -> mac -> bus bandwidth
-bw = {}
-for row in rows():
-    key = (int(row["ranks"]), int(row["size_bytes"]))
-    bw.setdefault(key, {}).setdefault(row["round"], {})[row["mac"]] = float(row["busbw_GBps"])
-
-lines = ["| ranks | size | without MACs | with MACs | cost (median) | cost per round |",
-         "|---|---|---|---|---|---|"]
-for (n, size), rounds in sorted(bw.items()):
-    pairs = [r for r in rounds.values() if "off" in r and "on" in r]
-    if not pairs:
-        continue
-    off = statistics.median(r["off"] for r in pairs)
-    on = statistics.median(r["on"] for r in pairs)
-    costs = sorted(1 - r["on"] / r["off"] for r in pairs)
-    lines.append("| %d | %s | %.3f | %.3f | **%.0f %%** | %s |" % (
-        n, size_name(size), off, on, 100 * statistics.median(costs),
-        ", ".join("%.0f %%" % (100 * c) for c in costs)))
-count = max((len(r) for r in bw.values()), default=0)
-text = "\n".join(lines) + ("\n\nBus bandwidth in GB/s, median of %d round(s); cost = "
-                           "1 - with / without, from each round's pair.\n" % count)
-publish(text)
-EOF
+/usr/bin/python3 "$root/scripts/bench_table.py" frame-mac "$raw" "$out/table.md"
 echo "raw measurements: $raw; table: $out/table.md" >&2

@@ -149,7 +149,7 @@ kernel_transfer() {
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
   echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
     "$out/before.json" "$out/after.json")" >&2
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["completion_s"])' "$result"
+  "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -158,9 +158,12 @@ median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int(
 bottleneck 0 100mbit 1000
 rtt_ms=$(ip netns exec "$tag-h1" ping -c 20 -i 0.01 -q 10.79.0.1 |
   awk -F'[/ =]+' '/min\/avg/ { print $6 }')
-latency_us=$(python3 -c "print(max(1, round(float('$rtt_ms') * 500)))")
+latency_us=$(awk -v rtt="$rtt_ms" 'BEGIN { us = int(rtt * 500 + 0.5); print (us > 1 ? us : 1) }')
 echo "calibrate-net: base round trip ${rtt_ms} ms: the model's one-way latency ${latency_us}us" >&2
 
+# What the model's losses and repairs print as: each counter of both ports of a transfer.
+counters=()
+for k in frames_lost frames_dropped loss_probes timeouts; do counters+=("egress.$k" "ingress.$k"); done
 echo "| TCP | rung | kernel s (median of $repeats) | model s | model / kernel |"
 echo "|---|---|---|---|---|"
 IFS=, read -ra cc_list <<< "$ccs"
@@ -196,12 +199,14 @@ for cc in "${cc_list[@]}"; do
       "$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
         --network "$out/$rung.toml" --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
         --latency "${latency_us}us" "${model[@]}" > "$out/model.json"
-      ours+=("$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["completion_s"])' "$out/model.json")")
-      echo "calibrate-net: the model's $cc $rung run $r: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print({k: r["egress"][k] + r["ingress"][k] for k in ("frames_lost", "frames_dropped", "loss_probes", "timeouts")})' "$out/model.json")" >&2
+      ours+=("$("$SYNCOPATE_BIN" summary "$out/model.json" completion_s)")
+      echo "calibrate-net: the model's $cc $rung run $r: $("$SYNCOPATE_BIN" summary \
+        "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d",
+          $1 + $2, $3 + $4, $5 + $6, $7 + $8 }')" >&2
     done
     k=$(median "${kernel[@]}")
     m=$(median "${ours[@]}")
-    ratio=$(python3 -c "print(f'{$m / $k:.3f}')")
+    ratio=$(awk -v m="$m" -v k="$k" 'BEGIN { printf "%.3f", m / k }')
     echo "| $cc | $rung | $k | $m | $ratio |"
     printf '{"tcp": "%s", "rung": "%s", "kernel_s": [%s], "model_s": [%s]}\n' "$cc" "$rung" \
       "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")" >> "$out/cells.jsonl"
@@ -214,7 +219,7 @@ cleanup
 made=()
 # The training rung: P3 on the kernel and in the emulator, cell by cell, interleaved.
 mean_step() {
-  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["worker0"]["step_seconds"][5:]; print(f"{sum(s)/len(s):.4f}")' "$1"
+  "$SYNCOPATE_BIN" summary --skip 5 --decimals 4 "$1" worker0.step_seconds:mean
 }
 printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
 echo
@@ -242,6 +247,6 @@ for cc in "${cc_list[@]}"; do
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
     k=$(mean_step "$dir/kernel/summary.json")
     e=$(mean_step "$dir/emulated.json")
-    echo "| $cc | $cell | $k | $e | $(python3 -c "print(f'{$e / $k:.3f}')") |"
+    echo "| $cc | $cell | $k | $e | $(awk -v e="$e" -v k="$k" 'BEGIN { printf "%.3f", e / k }') |"
   done
 done

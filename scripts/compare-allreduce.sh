@@ -49,24 +49,21 @@ command -v iperf3 >/dev/null 2>&1 || { have_iperf=0; echo "compare-allreduce: no
 # `--bidir`, a stream each way at once (as a 2-rank ring sends and receives at once, the
 # two directions' copies sharing the cores): prints the mean of the two directions.
 loopback_stream() {
-  local port server bps bidir=${1:-}
-  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  local port server gbytes bidir=${1:-}
+  port=$((20000 + RANDOM % 20000))
   iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
   server=$!
   # The server may not be listening yet: the client retries until it connects.
   for _ in $(seq 1 50); do
     # shellcheck disable=SC2086
-    if bps=$(iperf3 -c 127.0.0.1 -p "$port" -t 3 $bidir -J 2>/dev/null | /usr/bin/python3 -c \
-      'import json, sys
-end = json.load(sys.stdin)["end"]
-each = [end[k]["bits_per_second"] for k in ("sum_received", "sum_received_bidir_reverse") if k in end]
-print(sum(each) / len(each))' 2>/dev/null); then
+    if gbytes=$(iperf3 -c 127.0.0.1 -p "$port" -t 3 $bidir -J 2>/dev/null |
+      /usr/bin/python3 "$root/scripts/bench_table.py" iperf 2>/dev/null); then
       break
     fi
     sleep 0.1
   done
   wait "$server" 2>/dev/null || true
-  [ -n "${bps:-}" ] && /usr/bin/python3 -c "print('%.6f' % ($bps / 8e9))"
+  [ -n "${gbytes:-}" ] && echo "$gbytes"
 }
 
 mkdir -p "$out"
@@ -115,64 +112,5 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-PYTHONPATH="$root/scripts" /usr/bin/python3 - "$raw" "$out/table.md" <<'EOF'
-import statistics
-from collections import defaultdict
-from bench_table import publish, rows, size_name
-
-bw = defaultdict(list)
-for row in rows():
-    bw[(row["impl"], int(row["ranks"]), int(row["size_bytes"]))].append(float(row["busbw_GBps"]))
-
-def fmt(v):
-    return "-" if v is None else "%.3f" % v
-
-def med(key):
-    v = bw.get(key)
-    return statistics.median(v) if v else None
-
-names = {"mpi": "Open MPI", "gloo": "Gloo"}
-modes = {"b2b": "back to back", "barrier": "barrier"}
-refs = [(i, m) for m in modes for i in names if any(k[0] == "%s-%s" % (i, m) for k in bw)]
-lines = ["| ranks | size | " + " | ".join(
-    "Syncopate, %s | " % modes[m] + " | ".join(
-        "%s, %s | ours / it" % (names[i], modes[m]) for i, mm in refs if mm == m)
-    for m in modes) + " |"]
-lines.append("|" + "---|" * (2 + len(modes) + 2 * len(refs)))
-for n, size in sorted({(k[1], k[2]) for k in bw if not k[0].startswith("iperf3")}):
-    cells = [str(n), size_name(size)]
-    for m in modes:
-        ours = med(("syncopate-" + m, n, size))
-        cells.append(fmt(ours))
-        for i, mm in refs:
-            if mm != m:
-                continue
-            ref = med(("%s-%s" % (i, m), n, size))
-            cells += [fmt(ref), "**%.2f**" % (ours / ref) if ours and ref else "-"]
-    lines.append("| " + " | ".join(cells) + " |")
-stream = med(("iperf3", 1, 0))
-bw.pop(("iperf3", 1, 0), None)
-both_ways = med(("iperf3-bidir", 1, 0))
-bw.pop(("iperf3-bidir", 1, 0), None)
-rounds = max((len(v) for v in bw.values()), default=0)
-text = "\n".join(lines) + (
-    "\n\nBus bandwidth in GB/s, median of %d round(s). Back to back: rank 0 times its calls "
-    "one after the other (bench-comm's default); barrier: each call starts after a barrier "
-    "and takes the slowest rank's time (the references' own method, bench-comm --barrier). "
-    "Each ratio compares like with like.\n" % rounds)
-largest = max((k[2] for k in bw if k[1] == 2), default=None)
-for name, reference in (("One iperf3 TCP stream over loopback", stream),
-                        ("One iperf3 stream each way at once, per direction", both_ways)):
-    if not reference:
-        continue
-    text += "\n%s: %.3f GB/s (median of the rounds)" % (name, reference)
-    for m in modes:
-        ours = med(("syncopate-" + m, 2, largest)) if largest else None
-        if ours:
-            text += "; ours at %s with 2 ranks, %s: %.0f %% of it" % (
-                size_name(largest), modes[m], 100 * ours / reference)
-    text += ".\n"
-
-publish(text)
-EOF
+/usr/bin/python3 "$root/scripts/bench_table.py" allreduce "$raw" "$out/table.md"
 echo "raw measurements: $raw; table: $out/table.md" >&2

@@ -104,35 +104,23 @@ for c in "${cell_list[@]}"; do
 done
 
 printf '%s\n' "${rows[@]}" > "$out/fidelity-runs.txt"
-python3 - "$out/fidelity-runs.txt" "$out/fidelity.md" <<'PY'
-import json, os, sys
-runs, table = sys.argv[1:]
-
-def mean_step(path):
-    try:
-        with open(path) as f:
-            s = json.load(f)
-    except (OSError, ValueError):
-        return None, None
-    steps = s["worker0"]["step_seconds"][5:]
-    return (sum(steps) / len(steps) if steps else None), s.get("time_to_accuracy_s")
-
-def fmt(value, spec):
-    return "-" if value is None else format(value, spec)
-
-lines = ["| cell | variant | kernel step s | emulator step s | emulator / kernel "
-         "| kernel to 98 % s | emulator to 98 % s |", "|---|---|---|---|---|---|---|"]
-with open(runs) as f:
-    for line in f:
-        cell, variant, folder = line.split(maxsplit=2)
-        folder = folder.strip()
-        ours, ours_t = mean_step(os.path.join(folder, "summary.json"))
-        kernel, kernel_t = mean_step(os.path.join(os.path.dirname(folder), "seed-1", "summary.json"))
-        ratio = ours / kernel if ours and kernel else None
-        lines.append(f"| {cell} | {variant} | {fmt(kernel, '.4f')} | {fmt(ours, '.4f')} "
-                     f"| {fmt(ratio, '.3f')} | {fmt(kernel_t, '.1f')} | {fmt(ours_t, '.1f')} |")
-text = "\n".join(lines) + "\n"
-with open(table, "w") as f:
-    f.write(text)
-print(text, end="")
-PY
+# A summary's mean step after 5 warm-up steps and its time to the target, or "- -".
+figures() {
+  [ -s "$1" ] || { echo "- -"; return; }
+  "$SYNCOPATE_BIN" summary --skip 5 "$1" worker0.step_seconds:mean time_to_accuracy_s | tr '\t' ' '
+}
+{
+  echo "| cell | variant | kernel step s | emulator step s | emulator / kernel | kernel to 98 % s | emulator to 98 % s |"
+  echo "|---|---|---|---|---|---|---|"
+  while read -r cell variant folder; do
+    read -r ours ours_t < <(figures "$folder/summary.json")
+    read -r kernel kernel_t < <(figures "$(dirname "$folder")/seed-1/summary.json")
+    awk -v c="$cell" -v v="$variant" -v o="$ours" -v ot="$ours_t" -v k="$kernel" -v kt="$kernel_t" '
+      function f(x, spec) { return x == "-" ? "-" : sprintf(spec, x) }
+      BEGIN {
+        ratio = (o != "-" && k != "-" && k + 0 != 0) ? sprintf("%.3f", o / k) : "-"
+        printf "| %s | %s | %s | %s | %s | %s | %s |\n", c, v, f(k, "%.4f"), f(o, "%.4f"), ratio,
+          f(kt, "%.1f"), f(ot, "%.1f")
+      }'
+  done < "$out/fidelity-runs.txt"
+} | tee "$out/fidelity.md"

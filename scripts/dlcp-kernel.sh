@@ -205,94 +205,66 @@ for run in "${runs[@]}"; do
   rm -f "$4/summary.json" "$4/kernel.json" "$4/failed"
   started=$(date +%s.%N)
   if "${cmd[@]}" > "$4/cluster.log" 2>&1; then
-    result=$(python3 -c '
-import json, sys
-s = json.load(open(sys.argv[1]))
-t = s.get("time_to_accuracy_s")
-accuracy = 100 * (s.get("test_accuracy") or 0)
-reached = "not reached" if t is None else f"reached after {t:.1f} s"
-print(f"test accuracy {accuracy:.2f} %, target {reached}")
-' "$4/summary.json" || echo "no readable summary")
+    result=$("$SYNCOPATE_BIN" summary "$4/summary.json" test_accuracy time_to_accuracy_s |
+      awk -F'\t' '{ reached = $2 == "-" ? "not reached" : sprintf("reached after %.1f s", $2)
+        printf "test accuracy %.2f %%, target %s\n", 100 * $1, reached }' ||
+      echo "no readable summary")
   else
     failed=$((failed + 1))
     rm -f "$4/summary.json"
     touch "$4/failed"
     result="FAILED (see $4/cluster.log and rank*.log)"
   fi
-  elapsed=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$started" "$(date +%s.%N)")
+  elapsed=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   echo "$label: ${elapsed} s: $result"
 done
 
 printf '%s\n' "${runs[@]}" > "$out/runs.txt"
-python3 - "$out/runs.txt" "$out/table.md" "$dataset" "$target" "$steps" "$bottleneck" \
-  "$queue_packets" "$loss" "$degraded_rate" <<'PY'
-import json, os, sys
-runs, table, dataset, target, steps, rate, queue, loss, degraded = sys.argv[1:]
+# A run's row of the table: worker 0's figures from its summary, the kernel's drops from
+# kernel.json, DLCP's own realised loss from its receivers' summaries (the servers; the
+# ring's workers): the gradient values they filled in, over all they aggregated.
+table_row() {
+  local cell=$1 variant=$2 seed=$3 folder=$4 figures kernel entries=0 filled=0 e f receivers
+  if [ ! -s "$folder/summary.json" ]; then
+    local state="not run"
+    [ -e "$folder/failed" ] && state=failed
+    echo "| $cell | $variant | $seed | $state | | | | | | | |"
+    return
+  fi
+  figures=$("$SYNCOPATE_BIN" summary "$folder/summary.json" time_to_accuracy_s test_accuracy \
+    worker0.step_seconds:p50 worker0.step_seconds:p99 worker0.tensor_completion.p99_s)
+  kernel=$(python3 "$root/scripts/netns_counters.py" drops "$folder")
+  local dlcp=-
+  case "$variant" in
+    dlcp*)
+      receivers=("$folder"/summary.server-*.json)
+      [ -e "${receivers[0]}" ] || receivers=("$folder"/summary.worker-*.json)
+      for r in "${receivers[@]}"; do
+        [ -e "$r" ] || continue
+        read -r e f < <("$SYNCOPATE_BIN" summary --kind member "$r" loss.entries loss.entries_filled)
+        entries=$((entries + e)) filled=$((filled + f))
+      done
+      [ "$entries" -gt 0 ] && dlcp=$(awk -v f="$filled" -v e="$entries" 'BEGIN { printf "%.3f", 100 * f / e }') ;;
+  esac
+  printf '%s\t%s\n' "$figures" "$kernel" | awk -F'\t' -v c="$cell" -v v="$variant" -v s="$seed" -v d="$dlcp" '
+    function f(x, spec, scale) { return x == "-" ? "-" : sprintf(spec, x * scale) }
+    { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, v, s,
+        $1 == "-" ? "not reached" : sprintf("%.1f", $1), f($2, "%.2f", 100), f($3, "%.4f", 1),
+        f($4, "%.4f", 1), f($5, "%.4f", 1), $6, $7, d }'
+}
 
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-def quantile(values, q):
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-def fmt(value, spec, scale=1.0, none="-"):
-    return none if value is None else format(value * scale, spec)
-
-cells = {"a": "lossless, deep buffer", "b": f"shallow buffer ({queue} packets), incast",
-         "c": f"random loss {loss}", "d": f"two paths, one at {degraded}"}
-lines = [f"{dataset}, LeNet, 4 workers, {steps} steps, {rate} bottleneck; target "
-         f"{100 * float(target):g} %. Cells: " + "; ".join(f"{k}: {v}" for k, v in cells.items()),
-         "",
-         "| cell | variant | seed | time to target s | final accuracy % | step p50 s | step p99 s "
-         "| tensor p99 s | kernel drops (tail + random) | kernel loss % | DLCP realised loss % |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
-with open(runs) as f:
-    for line in f:
-        cell, variant, seed, folder = line.split(maxsplit=3)
-        folder = folder.strip()
-        summary = load(os.path.join(folder, "summary.json"))
-        kernel = load(os.path.join(folder, "kernel.json"))
-        if summary is None:
-            state = "failed" if os.path.exists(os.path.join(folder, "failed")) else "not run"
-            lines.append(f"| {cell} | {variant} | {seed} | {state} | | | | | | | |")
-            continue
-        worker = summary.get("worker0") or {}
-        step_times = worker.get("step_seconds") or []
-        tensor = worker.get("tensor_completion") or {}
-        # DLCP's own realised loss: the gradient values its receivers (the servers; the
-        # ring's workers) filled in, over all they aggregated.
-        entries = filled = 0
-        names = os.listdir(folder)
-        receivers = [n for n in names if n.startswith("summary.server-")] or \
-            [n for n in names if n.startswith("summary.worker-")]
-        for name in receivers:
-            own = (load(os.path.join(folder, name)) or {}).get("loss") or {}
-            entries += own.get("entries", 0)
-            filled += own.get("entries_filled", 0)
-        dlcp = {"realised_loss": filled / entries} if entries else {}
-        drops = loss_text = "-"
-        if kernel:
-            total = kernel["total"]
-            drops = f"{total['qdisc_dropped_packets']} + {total['nft_dropped_packets']}"
-            loss_text = fmt(total["realised_loss"], ".3f", 100)
-        time_to = summary.get("time_to_accuracy_s")
-        lines.append(
-            f"| {cell} | {variant} | {seed} | {fmt(time_to, '.1f', none='not reached')} "
-            f"| {fmt(summary.get('test_accuracy'), '.2f', 100)} "
-            f"| {fmt(quantile(step_times, 0.5), '.4f')} | {fmt(quantile(step_times, 0.99), '.4f')} "
-            f"| {fmt(tensor.get('p99_s'), '.4f')} | {drops} | {loss_text} "
-            f"| {fmt(dlcp.get('realised_loss'), '.3f', 100)} |")
-text = "\n".join(lines) + "\n"
-with open(table, "w") as f:
-    f.write(text)
-print(text, end="")
-PY
+{
+  echo "$dataset, LeNet, 4 workers, $steps steps, $bottleneck bottleneck; target" \
+    "$(awk -v t="$target" 'BEGIN { printf "%g", 100 * t }') %. Cells: a: lossless, deep buffer;" \
+    "b: shallow buffer ($queue_packets packets), incast; c: random loss $loss; d: two paths," \
+    "one at $degraded_rate"
+  echo
+  echo "| cell | variant | seed | time to target s | final accuracy % | step p50 s | step p99 s" \
+    "| tensor p99 s | kernel drops (tail + random) | kernel loss % | DLCP realised loss % |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  while read -r cell variant seed folder; do
+    table_row "$cell" "$variant" "$seed" "$folder"
+  done < "$out/runs.txt"
+} | tee "$out/table.md"
 echo "dlcp-kernel: table in $out/table.md; runs under $out/$dataset/steps-$steps/"
 [ "$failed" = 0 ] || { echo "dlcp-kernel: $failed run(s) failed" >&2; exit 1; }

@@ -129,17 +129,12 @@ fi
 # The loss as a threshold of `numgen random mod 1000000` (parts per million).
 loss_ppm=0
 if [ -n "$loss" ]; then
-  loss_ppm=$(python3 - "$loss" <<'PY'
-import sys
-text = sys.argv[1].strip()
-try:
-    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-except ValueError:
-    sys.exit(1)
-if not 0 <= value < 1:
-    sys.exit(1)
-print(round(value * 1_000_000))
-PY
+  loss_ppm=$(awk -v t="$loss" 'BEGIN {
+      pct = sub(/%$/, "", t)
+      if (t !~ /^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$/) exit 1
+      v = pct ? t / 100 : t + 0
+      if (v >= 1) exit 1
+      printf "%d\n", v * 1000000 + 0.5 }'
   ) || fail "--loss must be a fraction in [0, 1) or a percentage such as 1%"
 fi
 [ "$(id -u)" = 0 ] || fail "needs root (it creates network namespaces)"
@@ -231,38 +226,7 @@ tcp_snapshot() {
 
 # $out/tcp.json: the congestion control and each host's TCP counters over the job.
 write_tcp_json() {
-  python3 - "$out" "$cc" "$hosts" <<'PY'
-import json, os, sys
-out, cc, hosts = sys.argv[1], sys.argv[2], int(sys.argv[3])
-WANTED = {
-    "TcpExt": ["TCPTimeouts", "TCPLossProbes", "TCPLossProbeRecovery", "TCPSackRecovery",
-               "TCPFastRetrans", "TCPLostRetransmit", "TCPSlowStartRetrans", "TCPSACKReorder",
-               "TCPRenoRecovery", "TCPDelivered", "DelayedACKs"],
-    "Tcp": ["OutSegs", "RetransSegs", "InSegs"],
-}
-def read(phase, host):
-    with open(os.path.join(out, "tcp", f"{phase}-h{host}.txt")) as f:
-        lines = f.read().splitlines()
-    found = {}
-    for names, values in zip(lines[0::2], lines[1::2]):
-        group, *keys = names.split()
-        _, *vals = values.split()
-        for k, v in zip(keys, vals):
-            found[(group.rstrip(":"), k)] = int(v)
-    return found
-per_host = []
-for h in range(hosts):
-    before, after = read("before", h), read("after", h)
-    per_host.append({f"{g}{k}": after.get((g, k), 0) - before.get((g, k), 0)
-                     for g, keys in WANTED.items() for k in keys})
-total = {k: sum(h[k] for h in per_host) for k in per_host[0]} if per_host else {}
-with open(os.path.join(out, "tcp.json"), "w") as f:
-    json.dump({"congestion_control": cc, "hosts": per_host, "total": total}, f, indent=1)
-print(f"netns-cluster: TCP ({cc}) over the job: {total.get('TcpRetransSegs', 0)} segments "
-      f"retransmitted of {total.get('TcpOutSegs', 0)}, {total.get('TcpExtTCPTimeouts', 0)} timeouts, "
-      f"{total.get('TcpExtTCPLossProbes', 0)} loss probes, {total.get('TcpExtTCPSackRecovery', 0)} "
-      f"SACK recoveries; {os.path.join(out, 'tcp.json')}")
-PY
+  python3 "$root/scripts/netns_counters.py" tcp "$out" "$cc" "$hosts"
 }
 
 # htb at RATE (or none) on device $2 in namespace $1.
@@ -377,94 +341,9 @@ snapshot() {
 # job; prints the totals in one line.
 write_kernel_json() {
   bottleneck_ports > "$out/kernel/ports.txt"
-  python3 - "$out" "$bottleneck" "$queue_packets" "$loss_ppm" "$prio" "$paths" \
-    "${degraded_rate:-none}" "$strategy" "$(has_server "$strategy" && echo ps || echo ring)" <<'PY'
-import json, os, sys
-out, rate, queue, loss_ppm, prio, paths, degraded, strategy, shape = sys.argv[1:]
-kernel = os.path.join(out, "kernel")
-
-def load(name, default):
-    path = os.path.join(kernel, name)
-    if not os.path.exists(path):
-        return default
-    with open(path) as f:
-        text = f.read().strip()
-    return json.loads(text) if text else default
-
-def nft_counters(phase):
-    found = {}
-    for item in load(f"{phase}-nft.json", {"nftables": []})["nftables"]:
-        counter = item.get("counter")
-        if counter:
-            found[counter["name"]] = (counter["packets"], counter["bytes"])
-    return found
-
-def root_qdisc(phase, port, direction):
-    for q in load(f"{phase}-{port}-{direction}.qdisc.json", []):
-        if q.get("root"):
-            return q
-    return {}
-
-def leaves(phase, port, direction):
-    return {q["handle"]: q for q in load(f"{phase}-{port}-{direction}.qdisc.json", [])
-            if q.get("kind") == "pfifo"}
-
-nft_before, nft_after = nft_counters("before"), nft_counters("after")
-def nft_delta(name):
-    b, a = nft_before.get(name, (0, 0)), nft_after.get(name, (0, 0))
-    return a[0] - b[0]
-
-ports = []
-with open(os.path.join(kernel, "ports.txt")) as f:
-    for line in f:
-        host, path, direction, ns, dev, port_rate, nft_first = line.split()
-        port = f"h{host}p{path}"  # the switch's port of this host and path
-        qa, qb = root_qdisc("after", port, direction), root_qdisc("before", port, direction)
-        grow = lambda key: qa.get(key, 0) - qb.get(key, 0)
-        sent, sent_bytes, tail = grow("packets"), grow("bytes"), grow("drops")
-        name = f"{port}_{direction}"
-        seen, random = nft_delta(name + "_seen"), nft_delta(name + "_drop")
-        # nftables before the queue (toward the host): its drops never reached the qdisc.
-        offered = sent + tail + (random if nft_first == "1" else 0)
-        la, lb = leaves("after", port, direction), leaves("before", port, direction)
-        classes = {h: {"parent": q.get("parent"),
-                       "sent_packets": q.get("packets", 0) - lb.get(h, {}).get("packets", 0),
-                       "dropped_packets": q.get("drops", 0) - lb.get(h, {}).get("drops", 0)}
-                   for h, q in la.items()}
-        ports.append({
-            "host": int(host), "path": int(path), "direction": direction,
-            "namespace": ns, "device": dev, "rate": port_rate,
-            "sent_packets": sent, "sent_bytes": sent_bytes,
-            "qdisc_dropped_packets": tail, "nft_seen_packets": seen,
-            "nft_dropped_packets": random, "offered_packets": offered,
-            "realised_loss": (tail + random) / offered if offered else 0.0,
-            "leaf_queues": classes,
-        })
-
-total = {key: sum(p[key] for p in ports) for key in
-         ("sent_packets", "sent_bytes", "qdisc_dropped_packets", "nft_dropped_packets")}
-# Packets that entered the bottleneck, each once: a ring's packet leaves its sender's shaped
-# port and then enters its receiver's, a parameter server's crosses only the server's port.
-total["offered_packets"] = sum(p["offered_packets"] for p in ports
-                               if shape == "ps" or p["direction"] == "from_host")
-drops = total["qdisc_dropped_packets"] + total["nft_dropped_packets"]
-total["realised_loss"] = drops / total["offered_packets"] if total["offered_packets"] else 0.0
-tcp_path = os.path.join(out, "tcp.json")
-tcp = json.load(open(tcp_path)) if os.path.exists(tcp_path) else None
-report = {
-    "strategy": strategy, "bottleneck": rate,
-    "congestion_control": tcp["congestion_control"] if tcp else None, "tcp": tcp, "queue_packets": int(queue),
-    "loss": int(loss_ppm) / 1_000_000, "prio": prio == "1", "paths": int(paths),
-    "degraded_rate": None if degraded == "none" else degraded,
-    "ports": ports, "total": total,
-}
-with open(os.path.join(out, "kernel.json"), "w") as f:
-    json.dump(report, f, indent=1)
-print(f"netns-cluster: kernel at the bottleneck ({len(ports)} device directions): "
-      f"{total['sent_packets']} packets sent, {total['qdisc_dropped_packets']} dropped by the "
-      f"qdiscs (tail), {total['nft_dropped_packets']} by nftables (random), realised loss "
-      f"{100 * total['realised_loss']:.3f} %; {os.path.join(out, 'kernel.json')}")
-PY
+  python3 "$root/scripts/netns_counters.py" kernel "$out" "$bottleneck" "$queue_packets" \
+    "$loss_ppm" "$prio" "$paths" "${degraded_rate:-none}" "$strategy" \
+    "$(has_server "$strategy" && echo ps || echo ring)"
 }
 
 # Whether FLAGS name a flag ($1 or $1=...).
@@ -532,7 +411,7 @@ run_job() {
 
 # Mean step time of a summary after 5 warm-up steps.
 mean_step() {
-  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["worker0"]["step_seconds"][5:] or [float("nan")]; print(f"{sum(s)/len(s):.4f}")' "$1"
+  "$SYNCOPATE_BIN" summary --skip 5 --decimals 4 "$1" worker0.step_seconds:mean
 }
 
 if [ "$fidelity" = 0 ]; then
@@ -584,7 +463,7 @@ for r in 20mbit 100mbit 1gbit; do
     run_job "$s" "$out/$s-$r-emulated.json" --bandwidth "$r" "${extra[@]}"
     kernel=$(mean_step "$out/$s-$r-htb.json")
     ours=$(mean_step "$out/$s-$r-emulated.json")
-    ratio=$(python3 -c "print(f'{$ours / $kernel:.3f}')")
+    ratio=$(awk -v o="$ours" -v k="$kernel" 'BEGIN { printf "%.3f", o / k }')
     echo "| $s | $r | $kernel | $ours | $ratio |"
   done
 done

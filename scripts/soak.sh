@@ -73,16 +73,14 @@ done
 
 # rate (bit/s) and steps for each strategy, from its calibration
 plan() {
-  python3 - "$1" "$slowdown" "$minutes" "$2" <<'EOF'
-import json, sys
-s = json.load(open(sys.argv[1]))
-slowdown, minutes, funnel = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-compute = s["worker0"]["times"]["compute"] / s["steps"]
-# The busiest link carries `funnel` workers' bytes (a lone server's carries all of them).
-rate = s["bytes_per_step"] * funnel * 8 / compute / slowdown
-step_seconds = compute * slowdown
-print(f"{max(rate, 1000):.0f} {max(int(minutes * 60 / step_seconds), 10)}")
-EOF
+  local compute steps bytes
+  read -r compute steps bytes < <("$SYNCOPATE_BIN" summary "$1" worker0.times.compute steps bytes_per_step)
+  # The busiest link carries `funnel` workers' bytes (a lone server's carries all of them).
+  awk -v c="$compute" -v n="$steps" -v b="$bytes" -v funnel="$2" -v slowdown="$slowdown" \
+    -v minutes="$minutes" 'BEGIN {
+      compute = c / n; rate = b * funnel * 8 / compute / slowdown
+      steps = int(minutes * 60 / (compute * slowdown))
+      printf "%.0f %d\n", rate > 1000 ? rate : 1000, steps > 10 ? steps : 10 }'
 }
 
 pids=()
@@ -102,52 +100,4 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "soak: a job failed; see $out/*.log" >&2; exit 1; }
 fi
 
-python3 - "$out" <<'EOF'
-import csv, glob, os, sys
-out = sys.argv[1]
-mib = lambda b: f"{b / 2**20:.1f}"
-pct = lambda a, b: (b - a) / a * 100 if a else 0.0
-print("| strategy | process | RSS floor, first / last quarter (MiB) | RSS ceiling, first / last "
-      "quarter (MiB) | live heap floor, first / last quarter (MiB) |")
-print("|---|---|---|---|---|")
-failed, minutes = [], 0.0
-paths = sorted(glob.glob(f"{out}/*/metrics-rank*.csv"))
-if not paths:
-    sys.exit(f"soak: no metrics-rank*.csv under {out}")
-for path in paths:
-    rows = list(csv.DictReader(open(path)))
-    end = float(rows[-1]["t_s"])
-    minutes = max(minutes, end / 60)
-    warm = [r for r in rows if float(r["t_s"]) >= 0.1 * end]
-    if len(warm) < 20:
-        sys.exit(f"soak: {path} has too few samples")
-    q = len(warm) // 4
-    first, last = warm[:q], warm[-q:]
-    # Every quarter spans several steps, so its floor and ceiling are those of a step; a
-    # leak raises the floor, unbounded buffering the ceiling. The live heap's floor tells a
-    # leak from an allocator keeping freed pages (which raises only RSS).
-    rss = lambda part, f: f(int(r["rss_bytes"]) for r in part)
-    heap = lambda part: min(int(r["heap_bytes"]) for r in part) if part[0].get("heap_bytes") else None
-    strategy = os.path.basename(os.path.dirname(path))
-    rank = path.rsplit("rank", 1)[1].split(".")[0]
-    name = f"{strategy} rank {rank}"
-    cells = []
-    for what, f in (("RSS floor", min), ("RSS ceiling", max)):
-        a, b = rss(first, f), rss(last, f)
-        cells.append(f"{mib(a)} / {mib(b)} ({pct(a, b):+.1f} %)")
-        if pct(a, b) > 5:
-            failed.append(f"{name}: {what} grew {pct(a, b):+.1f} %")
-    h0, h1 = heap(first), heap(last)
-    if h0 is None:
-        cells.append("not counted")
-    else:
-        cells.append(f"{mib(h0)} / {mib(h1)} ({pct(h0, h1):+.2f} %)")
-        if pct(h0, h1) > 1:
-            failed.append(f"{name}: the live heap's floor grew {pct(h0, h1):+.2f} %")
-    print(f"| {strategy} | rank {rank} | " + " | ".join(cells) + " |")
-print(f"\nover {minutes:.1f} min; warm from 10 % of each run on; limits: RSS floor and "
-      "ceiling +5 %, live-heap floor +1 %")
-for f in failed:
-    print(f"soak: {f}", file=sys.stderr)
-sys.exit(1 if failed else 0)
-EOF
+python3 "$root/scripts/bench_table.py" soak "$out"

@@ -42,7 +42,9 @@ enum Command {
     /// the clock.
     BenchComm(cmd::bench::BenchArgs),
     /// Run a study: a matrix of jobs (models x strategies x bandwidths x workers x seeds)
-    /// one after another, resumable, then its report (results.csv, report.html).
+    /// one after another, resumable, then its report (results.csv, report.html). Its `kind`
+    /// makes each run a job (`launch`), a simulation (`simulate`), or both side by side
+    /// with the ratio of their step times (`agreement`).
     Study(study::StudyArgs),
     /// Simulate strategies on virtual time with the very state machines the runtime runs:
     /// step time, throughput, link utilisation, a trace; lists of strategies, bandwidths or
@@ -50,6 +52,10 @@ enum Command {
     Simulate(cmd::simulate::SimulateArgs),
     /// Rebuild a study's report from its finished runs.
     Report(study::ReportArgs),
+    /// Print selected figures of a result file (a job summary, a member's summary, a
+    /// simulator report or a transfer), read through the type that wrote it: plain values on
+    /// one line, tab-separated, for scripts; a field the file's type lacks is an error.
+    Summary(cmd::summary::SummaryArgs),
     /// Bulk transfers through the network model alone (N senders to one receiver over the
     /// reliable transport): the model's side of the calibration against the kernel's TCP.
     Transfer(cmd::transfer::TransferArgs),
@@ -142,6 +148,7 @@ fn main() -> std::process::ExitCode {
         Command::Report(a) => study::report_cmd(a),
         Command::Simulate(a) => cmd::simulate::run(a),
         Command::Transfer(a) => cmd::transfer::run(a),
+        Command::Summary(a) => cmd::summary::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

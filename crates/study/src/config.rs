@@ -1,6 +1,6 @@
 //! A study file: the matrix of runs (models x variants x networks x workers x seeds), each a
 //! `syncopate launch` of real training or, for a `kind = "simulate"` study, a `syncopate
-//! simulate` on virtual time.
+//! simulate` on virtual time, or for a `kind = "agreement"` study both.
 
 use std::path::Path;
 
@@ -76,14 +76,19 @@ pub enum StudyKind {
     /// The simulator: every run a `syncopate simulate` of a profile model on virtual time
     /// (seconds for a run of 1,024 workers), for questions of scale.
     Simulate,
+    /// The simulator against the runtime: every cell a `syncopate launch` of a profile model
+    /// (tensors and network scaled by `scale`) and a `syncopate simulate` of it at full size,
+    /// reported side by side with the ratio of their step times.
+    Agreement,
 }
 
 impl StudyKind {
-    /// The `syncopate` subcommand that runs one cell.
-    pub fn command(self) -> &'static str {
+    /// The `syncopate` subcommands that run one cell, in order.
+    pub fn commands(self) -> &'static [&'static str] {
         match self {
-            StudyKind::Launch => "launch",
-            StudyKind::Simulate => "simulate",
+            StudyKind::Launch => &["launch"],
+            StudyKind::Simulate => &["simulate"],
+            StudyKind::Agreement => &["launch", "simulate"],
         }
     }
 }
@@ -252,14 +257,14 @@ impl StudyConfig {
                 n.latency_ms().with_context(name)?;
             }
         }
-        if let (StudyKind::Simulate, Some(m)) = (
+        if let (StudyKind::Simulate | StudyKind::Agreement, Some(m)) = (
             self.kind,
             self.models
                 .iter()
                 .find(|m| !syncopate_train::model::is_profile_name(&m.name)),
         ) {
             bail!(
-                "model {}: a simulated study replays profiles (profile:resnet50, \
+                "model {}: a simulated or agreement study replays profiles (profile:resnet50, \
                  profile:vgg16, ...)",
                 m.name
             );

@@ -141,5 +141,10 @@ fn bad_networks_and_simulated_real_models_are_refused() {
     )
     .unwrap();
     c.validate().unwrap();
-    assert_eq!(c.kind.command(), "simulate");
+    assert_eq!(c.kind.commands(), ["simulate"]);
+    // An agreement study simulates too: profiles only.
+    let agreement = NETWORKS.replace("steps = 4", "steps = 4\nkind = \"agreement\"");
+    let c: StudyConfig = toml::from_str(&agreement).unwrap();
+    assert!(format!("{:#}", c.validate().unwrap_err()).contains("model lenet"));
+    assert_eq!(c.kind.commands(), ["launch", "simulate"]);
 }

@@ -3,7 +3,10 @@
 //! study resumes), and the report that compares them: `results.csv`, `report.html` and a
 //! table on the terminal. This crate's one job is that loop from a study file to its
 //! report; the `syncopate study` and `syncopate report` commands only hand it their flags.
+//! A study's `kind` says what a run is: a job (`launch`), a simulation (`simulate`), or both
+//! side by side (`agreement`).
 
+mod agreement;
 mod compare;
 mod config;
 mod csv_format;
@@ -91,6 +94,13 @@ pub fn rebuild_report(dir: &Path) -> Result<()> {
 
 /// Prints the terminal table of the finished runs and writes the report; returns its path.
 fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
+    if config.kind == StudyKind::Agreement {
+        let rows = agreement::collect(config, dir)?;
+        for line in agreement::markdown_lines(&rows) {
+            println!("{line}");
+        }
+        return agreement::write_report(config, dir, &rows);
+    }
     let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {
         println!("{line}");
@@ -112,6 +122,7 @@ fn collect_rows(config: &StudyConfig, dir: &Path) -> Result<Vec<rows::RunRow>> {
         let row = match config.kind {
             StudyKind::Launch => rows::launch_row(config, &run, &run_dir, &text),
             StudyKind::Simulate => crate::sim_rows::row(config, &run, &text),
+            StudyKind::Agreement => unreachable!("an agreement study reads its own rows"),
         };
         rows.push(row.with_context(|| format!("reading {}", path.display()))?);
     }

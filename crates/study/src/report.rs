@@ -19,22 +19,7 @@ use crate::table::summary_table;
 /// `results.csv`: a header naming [`RunRow`]'s columns (its serialised fields), then one row
 /// per run, both from that one type.
 fn results_csv(rows: &[RunRow]) -> Result<Vec<u8>> {
-    let empty = [RunRow::empty("", 0)];
-    // serde names the columns only as it writes a row: without runs, the header of one.
-    let written = if rows.is_empty() { &empty[..] } else { rows };
-    let mut out = csv::Writer::from_writer(Vec::new());
-    for row in written {
-        out.serialize(row)?;
-    }
-    let text = out.into_inner().map_err(|e| e.into_error())?;
-    if rows.is_empty() {
-        let header_end = text
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(text.len(), |i| i + 1);
-        return Ok(text[..header_end].to_vec());
-    }
-    Ok(text)
+    crate::csv_format::table(rows, &RunRow::empty("", 0))
 }
 
 /// What the figures that need a definition are.
@@ -91,6 +76,7 @@ pub fn write_report(
             html.paragraph(SIMULATED);
             scale_section(&mut html, config, rows)?;
         }
+        StudyKind::Agreement => unreachable!("an agreement study writes its own report"),
     }
     html.heading("All runs");
     let (header, table) = summary_table(rows);

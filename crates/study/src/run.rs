@@ -33,6 +33,60 @@ pub fn summary_path(run_dir: &Path) -> PathBuf {
     run_dir.join("summary.json")
 }
 
+/// Where a cell's job runs, under its run directory.
+pub fn runtime_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("runtime")
+}
+
+/// Where a cell's simulation runs.
+pub fn simulator_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("simulator")
+}
+
+/// The simulator's arguments for a cell: the job's without `--scale`, since the simulator
+/// runs the full-size model (a scaled job stands for it).
+pub fn simulator_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut given = args.iter();
+    while let Some(a) = given.next() {
+        if a == "--scale" {
+            given.next();
+        } else if !a.starts_with("--scale=") {
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
+/// One command of a run: a run of a `launch` or `simulate` study is one, a cell of an
+/// agreement study two (the job in `runtime/`, the simulation in `simulator/`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// The `syncopate` subcommand.
+    pub command: &'static str,
+    /// Where it writes its `run.toml`, `log.txt` and `summary.json`.
+    pub dir: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+/// The commands of `run`, whose directory is `run_dir`, in the order they run.
+pub fn parts(kind: StudyKind, run: &RunSpec, run_dir: &Path) -> Vec<Part> {
+    let part = |command, dir: PathBuf, args| Part { command, dir, args };
+    match kind {
+        StudyKind::Launch => vec![part("launch", run_dir.to_path_buf(), run.args.clone())],
+        StudyKind::Simulate => vec![part("simulate", run_dir.to_path_buf(), run.args.clone())],
+        StudyKind::Agreement => vec![
+            part("launch", runtime_dir(run_dir), run.args.clone()),
+            part(
+                "simulate",
+                simulator_dir(run_dir),
+                simulator_args(&run.args),
+            ),
+        ],
+    }
+}
+
 /// Runs every run of `config` not yet finished under `dir` with the `syncopate` executable
 /// `exe`, with a progress bar.
 pub fn run_matrix(
@@ -43,7 +97,7 @@ pub fn run_matrix(
     quiet: bool,
 ) -> Result<Vec<(RunSpec, RunOutcome)>> {
     let runs = config.runs();
-    let stale = stale_runs(&runs, dir);
+    let stale = stale_runs(config.kind, &runs, dir);
     if !stale.is_empty() {
         anyhow::bail!(
             "{} finished run(s) under {} were made with other arguments than the study now \
@@ -68,18 +122,19 @@ pub fn run_matrix(
     for run in runs {
         bar.set_message(run.id.clone());
         let run_dir = dir.join("runs").join(&run.id);
-        let outcome = if summary_path(&run_dir).is_file() {
-            RunOutcome::Skipped
-        } else {
-            match execute(exe, config.kind, &run, &run_dir, run_timeout) {
-                Ok(()) => RunOutcome::Done,
-                Err(e) => {
-                    let msg = format!("{e:#}");
-                    bar.println(format!("run {} failed: {msg}", run.id));
-                    RunOutcome::Failed(msg)
-                }
+        let mut outcome = RunOutcome::Skipped;
+        for part in parts(config.kind, &run, &run_dir) {
+            if summary_path(&part.dir).is_file() {
+                continue;
             }
-        };
+            if let Err(e) = execute(exe, &part, &run, run_timeout) {
+                let msg = format!("{e:#}");
+                bar.println(format!("run {} failed: {msg}", run.id));
+                outcome = RunOutcome::Failed(msg);
+                break;
+            }
+            outcome = RunOutcome::Done;
+        }
         outcomes.push((run, outcome));
         bar.inc(1);
     }
@@ -87,23 +142,27 @@ pub fn run_matrix(
     Ok(outcomes)
 }
 
-/// The finished runs under `dir` whose recorded arguments (`run.toml`) differ from what
-/// the study gives them now: resuming would silently reuse them.
-pub fn stale_runs(runs: &[RunSpec], dir: &Path) -> Vec<String> {
+/// The finished runs under `dir` (a study of `kind`) whose recorded arguments (`run.toml`)
+/// differ from what the study gives them now: resuming would silently reuse them.
+pub fn stale_runs(kind: StudyKind, runs: &[RunSpec], dir: &Path) -> Vec<String> {
     #[derive(serde::Deserialize)]
     struct Recorded {
         args: Vec<String>,
     }
+    let stale = |part: &Part| {
+        if !summary_path(&part.dir).is_file() {
+            return false;
+        }
+        let recorded = std::fs::read_to_string(part.dir.join("run.toml"))
+            .ok()
+            .and_then(|text| toml::from_str::<Recorded>(&text).ok());
+        recorded.is_none_or(|r| r.args != part.args)
+    };
     runs.iter()
         .filter(|run| {
-            let run_dir = dir.join("runs").join(&run.id);
-            if !summary_path(&run_dir).is_file() {
-                return false;
-            }
-            let recorded = std::fs::read_to_string(run_dir.join("run.toml"))
-                .ok()
-                .and_then(|text| toml::from_str::<Recorded>(&text).ok());
-            recorded.is_none_or(|r| r.args != run.args)
+            parts(kind, run, &dir.join("runs").join(&run.id))
+                .iter()
+                .any(stale)
         })
         .map(|run| run.id.clone())
         .collect()
@@ -113,23 +172,24 @@ pub fn stale_runs(runs: &[RunSpec], dir: &Path) -> Vec<String> {
 /// `launch` adds the job's resolved `config.toml`, the metrics, the final weights and (on
 /// success) `summary.json`, written to a temporary name first so a killed run never looks
 /// finished; `simulate` adds its report as `summary.json` the same way.
-fn execute(
-    exe: &Path,
-    kind: StudyKind,
-    run: &RunSpec,
-    run_dir: &Path,
-    timeout: Duration,
-) -> Result<()> {
+fn execute(exe: &Path, part: &Part, run: &RunSpec, timeout: Duration) -> Result<()> {
+    let run_dir = part.dir.as_path();
+    let launch = part.command == "launch";
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let recorded = RunSpec {
+        args: part.args.clone(),
+        ..run.clone()
+    };
     std::fs::write(
         run_dir.join("run.toml"),
-        toml::to_string_pretty(run).context("encoding the run's config")?,
+        toml::to_string_pretty(&recorded).context("encoding the run's config")?,
     )?;
     let partial = run_dir.join("summary.json.partial");
     let checkpoints = run_dir.join("checkpoints");
-    let every = match kind {
-        StudyKind::Launch => checkpoint_every(&run.args),
-        StudyKind::Simulate => None,
+    let every = if launch {
+        checkpoint_every(&part.args)
+    } else {
+        None
     };
     let resume = every.and_then(|_| newest_complete_any(&checkpoints));
     let mut log = std::fs::OpenOptions::new()
@@ -139,7 +199,7 @@ fn execute(
         .truncate(resume.is_none())
         .open(run_dir.join("log.txt"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg(kind.command()).args(&run.args);
+    cmd.arg(part.command).args(&part.args);
     if let Some(every) = every {
         cmd.arg("--checkpoint-every")
             .arg(every.to_string())
@@ -158,26 +218,26 @@ fn execute(
         )?;
         cmd.arg("--resume").arg(&checkpoints);
     }
-    match kind {
-        StudyKind::Launch => cmd
-            .arg("--quiet")
+    if launch {
+        cmd.arg("--quiet")
             .arg("--summary-json")
             .arg(&partial)
             .arg("--metrics-dir")
-            .arg(run_dir),
-        StudyKind::Simulate => cmd.arg("--json").arg(&partial),
-    };
+            .arg(run_dir);
+    } else {
+        cmd.arg("--json").arg(&partial);
+    }
     let child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
-        .with_context(|| format!("starting syncopate {}", kind.command()))?;
+        .with_context(|| format!("starting syncopate {}", part.command))?;
     let status = wait_for(child, timeout, run_dir)?;
     if !status.success() {
         anyhow::bail!(
             "{} exited with {status} (see {})",
-            kind.command(),
+            part.command,
             run_dir.join("log.txt").display()
         );
     }
@@ -262,11 +322,51 @@ mod tests {
         )
         .unwrap();
         // Not finished: never stale.
-        assert!(stale_runs(&[spec("20")], dir.path()).is_empty());
+        let stale = |s| stale_runs(StudyKind::Launch, &[spec(s)], dir.path());
+        assert!(stale("20").is_empty());
         std::fs::write(summary_path(&run_dir), "{}").unwrap();
-        assert!(stale_runs(&[spec("10")], dir.path()).is_empty());
-        assert_eq!(stale_runs(&[spec("20")], dir.path()), vec!["lenet-ps"]);
+        assert!(stale("10").is_empty());
+        assert_eq!(stale("20"), vec!["lenet-ps"]);
         std::fs::remove_file(run_dir.join("run.toml")).unwrap();
-        assert_eq!(stale_runs(&[spec("10")], dir.path()), vec!["lenet-ps"]);
+        assert_eq!(stale("10"), vec!["lenet-ps"]);
+    }
+
+    #[test]
+    fn an_agreement_cell_is_a_scaled_job_and_a_full_size_simulation() {
+        let mut run = spec("10");
+        run.args
+            .extend(["--scale", "1/16", "--model", "profile:vgg19"].map(String::from));
+        let dir = Path::new("runs/cell");
+        let parts = parts(StudyKind::Agreement, &run, dir);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            (parts[0].command, parts[0].dir.as_path()),
+            ("launch", Path::new("runs/cell/runtime"))
+        );
+        assert_eq!(parts[0].args, run.args);
+        assert_eq!(parts[1].command, "simulate");
+        assert_eq!(parts[1].dir, Path::new("runs/cell/simulator"));
+        assert_eq!(parts[1].args, ["--steps", "10", "--model", "profile:vgg19"]);
+        let one = super::parts(StudyKind::Simulate, &run, dir);
+        assert_eq!((one.len(), one[0].dir.as_path()), (1, dir));
+    }
+
+    #[test]
+    fn the_simulator_runs_at_full_size() {
+        let args: Vec<String> = [
+            "--model",
+            "profile:vgg19",
+            "--scale",
+            "1/16",
+            "--scale=2",
+            "--steps",
+            "4",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            simulator_args(&args),
+            ["--model", "profile:vgg19", "--steps", "4"]
+        );
     }
 }

@@ -5,6 +5,7 @@ pub mod dist;
 pub mod models;
 pub mod sim_faults;
 pub mod simulate;
+pub mod summary;
 pub mod train;
 pub mod transfer;
 

@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use syncopate_core::net::{parse_size, NetCounters};
 use syncopate_sim::transfer::{transfer, TransferSpec};
 
@@ -33,6 +33,23 @@ pub struct TransferArgs {
     pub net: NetworkArgs,
 }
 
+/// What `syncopate transfer --json` prints (and `syncopate summary` reads): one object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TransferReport {
+    /// Seconds until the last flow's last byte arrived.
+    pub completion_s: f64,
+    /// Seconds until each flow's last byte arrived, flow by flow.
+    pub flow_completion_s: Vec<f64>,
+    /// Payload bits over the completion time, Mbit/s.
+    pub goodput_mbit_s: f64,
+    /// The TCP congestion control modelled.
+    pub tcp: String,
+    /// What the network did to the senders' frames as they left.
+    pub egress: NetCounters,
+    /// What it did to them at the receiver's port.
+    pub ingress: NetCounters,
+}
+
 /// Runs one transfer and prints when it completed.
 pub fn run(args: TransferArgs) -> Result<()> {
     let profile = args.net.resolve_with(Some(1e8))?;
@@ -50,15 +67,15 @@ pub fn run(args: TransferArgs) -> Result<()> {
         let flows: Vec<f64> = (report.flow_completion_ns.iter())
             .map(|&ns| ns as f64 * 1e-9)
             .collect();
-        let out = json!({
-            "completion_s": seconds,
-            "flow_completion_s": flows,
-            "goodput_mbit_s": goodput,
-            "tcp": profile.tcp.name(),
-            "egress": report.egress,
-            "ingress": report.ingress,
-        });
-        println!("{out}");
+        let out = TransferReport {
+            completion_s: seconds,
+            flow_completion_s: flows,
+            goodput_mbit_s: goodput,
+            tcp: profile.tcp.name().to_string(),
+            egress: report.egress,
+            ingress: report.ingress,
+        };
+        println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
     println!(
