@@ -241,7 +241,7 @@ table_row() {
       [ -e "${receivers[0]}" ] || receivers=("$folder"/summary.worker-*.json)
       for r in "${receivers[@]}"; do
         [ -e "$r" ] || continue
-        read -r e f < <("$SYNCOPATE_BIN" summary --kind member "$r" loss.entries loss.entries_filled)
+        read -r e f < <("$SYNCOPATE_BIN" summary "$r" loss.entries loss.entries_filled)
         entries=$((entries + e)) filled=$((filled + f))
       done
       [ "$entries" -gt 0 ] && dlcp=$(awk -v f="$filled" -v e="$entries" 'BEGIN { printf "%.3f", 100 * f / e }') ;;

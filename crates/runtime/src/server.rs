@@ -25,7 +25,7 @@ use crate::process::join;
 use crate::trace::{TraceRecorder, RECEIVE};
 
 /// A server's outcome.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ServerSummary {
     /// This server's rank.
     pub rank: Rank,
@@ -38,13 +38,13 @@ pub struct ServerSummary {
     pub links: Vec<(Rank, u64, u64)>,
     /// What a loss-tolerant server (dlcp) lost and recovered: values filled in, packets
     /// ignored, probes answered, stops sent.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossStats>,
     /// Per key, the gradient values it aggregated and filled in (loss-tolerant servers).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_loss: Vec<KeyLoss>,
     /// What its datagrams did (`--transport udp`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datagrams: Option<crate::comm::DatagramReport>,
 }
 

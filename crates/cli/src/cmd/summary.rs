@@ -9,7 +9,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 use syncopate_report::summary::JobSummary;
-use syncopate_runtime::worker::WorkerSummary;
+use syncopate_runtime::server::ServerSummary;
+use syncopate_runtime::worker::{OwnLoss, WorkerSummary};
 use syncopate_sim::SimReport;
 
 use super::transfer::TransferReport;
@@ -54,13 +55,15 @@ pub struct SummaryArgs {
 /// The formats `syncopate summary` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FileKind {
-    /// Told from the file: `worker0` makes a job summary, `rank` a member's, `config` a
-    /// simulator report, `completion_s` a transfer.
+    /// Told from the file: `worker0` makes a job summary, `rank` and `updates` a server's,
+    /// `rank` alone a worker's, `config` a simulator report, `completion_s` a transfer.
     Auto,
     /// A job summary (`syncopate launch --summary-json`).
     Job,
-    /// One worker's or server's own summary.
+    /// A loss-tolerant worker's own summary (`summary.worker-N.json`).
     Member,
+    /// One server's own summary (`summary.server-N.json`).
+    Server,
     /// A simulator report (`syncopate simulate --json`).
     Simulate,
     /// A transfer (`syncopate transfer --json`).
@@ -90,9 +93,10 @@ pub fn run(args: SummaryArgs) -> Result<()> {
 /// error naming it) and written back, so that only the type's fields can be asked for.
 fn typed_value(text: &str, kind: FileKind) -> Result<Value> {
     let raw: Value = serde_json::from_str(text).context("not JSON")?;
-    let kind = match kind {
-        FileKind::Auto => guess_kind(&raw)?,
-        k => k,
+    let kind = if kind == FileKind::Auto {
+        guess_kind(&raw)?
+    } else {
+        kind
     };
     fn through<T: serde::Serialize + serde::de::DeserializeOwned>(raw: Value) -> Result<Value> {
         let typed: T = serde_json::from_value(raw)?;
@@ -100,10 +104,12 @@ fn typed_value(text: &str, kind: FileKind) -> Result<Value> {
     }
     match kind {
         FileKind::Job => through::<JobSummary<WorkerSummary>>(raw).context("a job summary"),
-        FileKind::Member => through::<WorkerSummary>(raw).context("a member's summary"),
+        FileKind::Member => through::<OwnLoss>(raw).context("a worker's own summary"),
+        FileKind::Server => through::<ServerSummary>(raw).context("a server's summary"),
         FileKind::Simulate => through::<SimReport>(raw).context("a simulator report"),
-        FileKind::Transfer => through::<TransferReport>(raw).context("a transfer report"),
-        FileKind::Auto => unreachable!("resolved above"),
+        FileKind::Transfer | FileKind::Auto => {
+            through::<TransferReport>(raw).context("a transfer report")
+        }
     }
 }
 
@@ -112,6 +118,8 @@ fn guess_kind(raw: &Value) -> Result<FileKind> {
     let has = |k: &str| raw.get(k).is_some();
     Ok(if has("worker0") {
         FileKind::Job
+    } else if has("rank") && has("updates") {
+        FileKind::Server
     } else if has("rank") {
         FileKind::Member
     } else if has("config") && has("step_seconds") {

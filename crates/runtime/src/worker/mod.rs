@@ -30,7 +30,7 @@ use eval_log::EvalLog;
 use step_loop::{Record, StepLoop};
 use step_rows::Log;
 use summary::summarise;
-pub use summary::{EvalPoint, WorkerSummary, WorkerTimes};
+pub use summary::{EvalPoint, OwnLoss, WorkerSummary, WorkerTimes};
 
 /// What a worker trains and how.
 #[derive(Debug, Clone)]

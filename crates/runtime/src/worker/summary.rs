@@ -97,6 +97,35 @@ pub struct WorkerSummary {
     pub datagrams: Option<crate::comm::DatagramReport>,
 }
 
+/// A loss-tolerant worker's own file beside the job's summary (`summary.worker-N.json`):
+/// what it lost and filled in, and what its datagrams did, for `launch` to add up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnLoss {
+    /// The worker's rank.
+    pub rank: Rank,
+    /// Values lost and filled in (`None`: an exact strategy).
+    pub loss: Option<LossStats>,
+    /// The same per key.
+    #[serde(default)]
+    pub key_loss: Vec<KeyLoss>,
+    /// What its datagrams did (`--transport udp`).
+    #[serde(default)]
+    pub datagrams: Option<crate::comm::DatagramReport>,
+}
+
+impl OwnLoss {
+    /// Worker `rank`'s file from its `summary`; `None` where it has nothing of its own
+    /// (an exact strategy over TCP).
+    pub fn of(rank: Rank, summary: &WorkerSummary) -> Option<Self> {
+        (summary.loss.is_some() || summary.datagrams.is_some()).then(|| OwnLoss {
+            rank,
+            loss: summary.loss,
+            key_loss: summary.key_loss.clone(),
+            datagrams: summary.datagrams.clone(),
+        })
+    }
+}
+
 /// One evaluation of the test set during training.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct EvalPoint {
