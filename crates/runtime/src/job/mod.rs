@@ -1,10 +1,7 @@
-//! What a distributed job is: its strategy, its processes and how they reach each other;
-//! how its packets travel ([`transport`]), its summary ([`summary`]) and its replicas'
-//! statistics ([`replicas`]). The commands (`syncopate launch`, `worker`, `server`) parse
-//! flags and call these.
+//! What a distributed job is: its strategy, its processes and how they reach each other,
+//! and how its packets travel ([`transport`]); what it leaves is [`crate::outcome`]'s. The
+//! commands (`syncopate launch`, `worker`, `server`) parse flags and call these.
 
-pub mod replicas;
-pub mod summary;
 pub mod transport;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};

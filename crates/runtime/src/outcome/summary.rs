@@ -9,8 +9,8 @@ use syncopate_core::wire::datagram::DatagramCounters;
 use syncopate_report::summary::JobSummary;
 use syncopate_train::trainer::Evaluation;
 
-use super::JobLayout;
 use crate::comm::DatagramReport;
+use crate::job::JobLayout;
 use crate::server::ServerSummary;
 use crate::worker::WorkerSummary;
 
