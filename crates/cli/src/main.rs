@@ -1,4 +1,7 @@
-//! The `syncopate` command: wires the library crates together; no logic of its own.
+//! The `syncopate` command: parses the flags, turns them into the library crates' settings and
+//! calls them; what a job, a study or a simulation does is decided in those crates (a
+//! distributed job's rules in `syncopate_runtime::job`, its summary and replica statistics
+//! in `syncopate_runtime::outcome`).
 
 use clap::{Parser, Subcommand};
 

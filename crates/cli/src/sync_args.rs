@@ -12,6 +12,7 @@ use syncopate_core::strategy::{
     LossFill, OuterOptions, StepwiseHead, StrategyKind, SyncPlan, DEFAULT_BUCKET_BYTES,
     DEFAULT_CREDIT_BYTES, MESH_MAX_WORKERS,
 };
+use syncopate_runtime::job::Transport;
 
 /// How the workers synchronise: the strategy, its servers, the scheduler and every size and
 /// switch of the strategies' state machines. Every flag left out takes the core's default
@@ -114,6 +115,18 @@ impl SyncArgs {
         workers: usize,
         default_servers: usize,
     ) -> Result<SyncPlan> {
+        self.plan_on(strategy, workers, default_servers, Transport::Tcp)
+    }
+
+    /// [`SyncArgs::plan`] for a job whose loss-tolerant packets travel on `transport`,
+    /// which sizes them (`--packet-bytes` checked against it, or its default).
+    pub fn plan_on(
+        &self,
+        strategy: StrategyKind,
+        workers: usize,
+        default_servers: usize,
+        transport: Transport,
+    ) -> Result<SyncPlan> {
         if self.bucket_mb.is_nan() || self.bucket_mb <= 0.0 {
             bail!("--bucket-mb must be positive");
         }
@@ -139,7 +152,7 @@ impl SyncArgs {
             ..defaults
         };
         self.refuse_other_families(strategy)?;
-        let plan = self.dlcp.apply(self.averaging.apply(plan))?;
+        let plan = self.dlcp.apply(self.averaging.apply(plan), transport)?;
         plan.validate()?;
         Ok(plan)
     }
@@ -200,6 +213,15 @@ pub fn strategy_parser() -> impl TypedValueParser<Value = StrategyKind> {
     let values = StrategyKind::ALL.map(|s| PossibleValue::new(s.name()).help(s.summary()));
     PossibleValuesParser::new(values).try_map(|name| {
         StrategyKind::from_name(&name).ok_or_else(|| format!("unknown strategy '{name}'"))
+    })
+}
+
+/// Values of `--transport`: the runtime's transports by name, each listed in `--help` with
+/// its description.
+pub fn transport_parser() -> impl TypedValueParser<Value = Transport> {
+    let values = Transport::ALL.map(|t| PossibleValue::new(t.name()).help(t.description()));
+    PossibleValuesParser::new(values).try_map(|name| {
+        Transport::from_name(&name).ok_or_else(|| format!("unknown transport '{name}'"))
     })
 }
 
@@ -390,8 +412,9 @@ impl DlcpArgs {
         given.iter().find(|(_, g)| *g).map(|(flag, _)| *flag)
     }
 
-    /// `plan` with the settings given, parsed (their ranges are the plan's to check).
-    fn apply(&self, plan: SyncPlan) -> Result<SyncPlan> {
+    /// `plan` with the settings given, parsed (their ranges are the plan's to check);
+    /// `transport` decides the packet size: the one given, checked, or its default.
+    fn apply(&self, plan: SyncPlan, transport: Transport) -> Result<SyncPlan> {
         let mut dlcp = plan.dlcp;
         if let Some(text) = &self.loss_bound {
             dlcp.loss_bound =
@@ -401,12 +424,18 @@ impl DlcpArgs {
             dlcp.pull_loss_bound =
                 parse_probability(text).with_context(|| format!("--pull-loss-bound {text}"))?;
         }
-        if let Some(text) = &self.packet_bytes {
-            let bytes = parse_size(text).with_context(|| format!("--packet-bytes {text}"))?;
-            if bytes == 0 || bytes % 4 != 0 {
-                bail!("--packet-bytes {text}: must be a positive multiple of 4 bytes");
+        let packet_bytes = match &self.packet_bytes {
+            Some(text) => {
+                let bytes = parse_size(text).with_context(|| format!("--packet-bytes {text}"))?;
+                if bytes == 0 || bytes % 4 != 0 {
+                    bail!("--packet-bytes {text}: must be a positive multiple of 4 bytes");
+                }
+                Some(bytes)
             }
-            dlcp.packet_elems = bytes / 4;
+            None => None,
+        };
+        if plan.strategy.loss_tolerant() {
+            dlcp.packet_elems = transport.packet_elems(packet_bytes, dlcp.packet_elems)?;
         }
         if let Some(fill) = self.loss_fill {
             dlcp.fill = fill;

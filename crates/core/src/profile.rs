@@ -11,7 +11,8 @@
 //!   layer's parameters are one tensor;
 //! - lines starting with `#` are comments; `# batch_size: N` and `# parameters: N` are
 //!   headers (the batch the times were measured at; the model's parameter total, checked
-//!   against the layers).
+//!   against the layers); `# model: NAME` and the other comments are kept apart
+//!   ([`ProfileNotes`]).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -61,6 +62,31 @@ pub enum ProfileError {
     /// A derived built-in (VGG-19) did not find the layout it expects in its base profile.
     #[error("cannot derive profile: {0}")]
     Layout(String),
+}
+
+impl ProfileError {
+    /// The 1-based line at fault, where one is.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ProfileError::Malformed(line, _)
+            | ProfileError::MissingField(line, _)
+            | ProfileError::BadNumber(line, ..)
+            | ProfileError::ParamBytes(line, _)
+            | ProfileError::DuplicateNode(line, _)
+            | ProfileError::UnknownNode(line, _)
+            | ProfileError::Cycle(line, _) => Some(*line),
+            _ => None,
+        }
+    }
+}
+
+/// What a profile's comment lines say besides its headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileNotes {
+    /// The model's name, from a `# model: NAME` line (the last one).
+    pub model: Option<String>,
+    /// The other comment lines, in order, without their `#` and trimmed.
+    pub comments: Vec<String>,
 }
 
 /// One layer (a node of the profiled graph) in execution order.
@@ -228,19 +254,29 @@ struct Headers {
     batch_size: Option<(usize, usize)>,
     /// `# parameters: N`: the model's parameter total.
     parameters: Option<(usize, usize)>,
+    /// The model's name and the free comments.
+    notes: ProfileNotes,
 }
 
 impl Headers {
-    /// Reads a comment line (`text` after its `#`): a known header is recorded, anything
-    /// else is a comment and ignored.
+    /// Reads a comment line (`text` after its `#`): a known header is recorded, the model's
+    /// name and anything else kept as notes.
     fn read(&mut self, line: usize, text: &str) -> Result<(), ProfileError> {
         let Some((key, value)) = text.split_once(':') else {
+            self.notes.comments.push(text.trim().into());
             return Ok(());
         };
         let slot = match key.trim() {
             "batch_size" => &mut self.batch_size,
             "parameters" => &mut self.parameters,
-            _ => return Ok(()),
+            "model" if !value.trim().is_empty() => {
+                self.notes.model = Some(value.trim().into());
+                return Ok(());
+            }
+            _ => {
+                self.notes.comments.push(text.trim().into());
+                return Ok(());
+            }
         };
         if slot.is_some() {
             let why = format!("second `{}` header", key.trim());
@@ -338,6 +374,11 @@ impl ModelProfile {
     /// by a topological sort of its edges (Kahn's algorithm, ties broken by node number,
     /// smallest first). A `# parameters: N` header must equal the layers' total.
     pub fn parse(name: &str, text: &str) -> Result<Self, ProfileError> {
+        Self::parse_with_notes(name, text).map(|(profile, _)| profile)
+    }
+
+    /// [`ModelProfile::parse`], with what the comment lines say besides the headers.
+    pub fn parse_with_notes(name: &str, text: &str) -> Result<(Self, ProfileNotes), ProfileError> {
         let (nodes, index, edges, headers) = read_lines(text)?;
         if nodes.is_empty() {
             return Err(ProfileError::NoNodes);
@@ -360,7 +401,7 @@ impl ModelProfile {
                 return Err(ProfileError::Malformed(line, why));
             }
         }
-        Ok(profile)
+        Ok((profile, headers.notes))
     }
 
     /// The profile in the `graph.txt` format (see the module docs), which

@@ -2,7 +2,10 @@
 //! job of Syncopate's runtime ([`syncopate_runtime::collective::Ring`]) that a PyTorch
 //! training loop all-reduces its buffers over. It only translates between Python and the
 //! runtime; what moves on the wire, the rendezvous, the authentication and the liveness
-//! rules are the runtime's and core's.
+//! rules are the runtime's and core's. It also reads compute profiles with core's parser
+//! ([`profile`]).
+
+mod profile;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -371,12 +374,15 @@ fn new_token() -> String {
     JobToken::generate().to_hex()
 }
 
-/// The native module: `Ring`, `OuterNesterov` and `new_token`.
+/// The native module: `Ring`, `OuterNesterov`, `new_token`, `parse_profile` and
+/// `ProfileError`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Ring>()?;
     m.add_class::<Outer>()?;
     m.add_function(wrap_pyfunction!(new_token, m)?)?;
+    m.add_function(wrap_pyfunction!(profile::parse_profile, m)?)?;
+    m.add("ProfileError", m.py().get_type::<profile::ProfileError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -149,22 +149,6 @@ def test_input_only_batch_and_custom_loss(tmp_path):
     assert got.keys() == [(0, 12), (0, 3), (2, 6), (2, 2)]
 
 
-def test_format_errors_name_the_line():
-    node = "n -- A -- forward_compute_time=1, backward_compute_time=1"
-    cases = [
-        (f"{node}, parameter_size=12, parameter_tensors=2;2", 1, "sum to 4 values"),
-        (f"#\n{node}, parameter_size=8, parameter_tensors=2;0", 2, "parameter_tensors"),
-        (f"# parameters: 3\n{node}, parameter_size=8", 1, "header says 3 parameters"),
-        (f"{node}, parameter_size=6", 1, "multiple of 4"),
-        (f"{node}", 1, "missing field `parameter_size`"),
-        (f"{node}, parameter_size=8\n\tn -- m", 2, "unknown node 'm'"),
-    ]
-    for text, line, what in cases:
-        with pytest.raises(profile_format.ProfileFormatError) as e:
-            profile_format.parse(text)
-        assert e.value.line == line and what in str(e.value), (text, str(e.value))
-
-
 def test_reads_without_torch(tmp_path):
     path = tmp_path / "l.graph.txt"
     profile(LeNet(), (torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))), path, steps=1, warmup=0)

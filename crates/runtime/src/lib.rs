@@ -15,6 +15,7 @@ pub mod frame_io;
 pub mod heap;
 pub mod job;
 pub mod launch;
+pub mod outcome;
 pub mod process;
 pub mod rendezvous;
 pub mod replicas;

@@ -190,3 +190,38 @@ fn a_simulate_sweep_gives_each_family_its_own_settings() {
     assert_eq!(plans[1].dlcp.loss_bound, 0.03);
     assert_eq!((plans[2].full_sync_every, plans[2].servers), (2, 0));
 }
+
+#[test]
+fn the_transport_sizes_dlcps_packets_in_the_plan() {
+    let udp = launch_plan(&["--strategy", "dlcp-allreduce", "--transport", "udp"]).unwrap();
+    assert_eq!(udp.dlcp.packet_elems * 4, 1388);
+    let given = [
+        "--strategy",
+        "dlcp-allreduce",
+        "--transport",
+        "udp",
+        "--packet-bytes",
+        "400",
+    ];
+    assert_eq!(launch_plan(&given).unwrap().dlcp.packet_elems, 100);
+    let big = [
+        "--strategy",
+        "dlcp-allreduce",
+        "--transport",
+        "udp",
+        "--packet-bytes",
+        "8KiB",
+    ];
+    let e = launch_plan(&big).unwrap_err().to_string();
+    assert!(e.contains("at most 1388 bytes"), "{e}");
+    let tcp = launch_plan(&["--strategy", "dlcp-allreduce"]).unwrap();
+    assert_eq!(
+        tcp.dlcp.packet_elems,
+        SyncPlan::new(tcp.strategy, 2, 1).dlcp.packet_elems
+    );
+    let e = launch_plan(&["--strategy", "allreduce", "--transport", "udp"]).unwrap_err();
+    assert!(
+        e.to_string().contains("dlcp and dlcp-allreduce only"),
+        "{e}"
+    );
+}

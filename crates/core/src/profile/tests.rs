@@ -374,3 +374,16 @@ fn malformed_torch_profiles_name_line_and_fault() {
         "line 7: parameter_tensors sum to 57 values, parameter_size holds 56"
     );
 }
+
+#[test]
+fn notes_keep_the_model_name_and_the_free_comments() {
+    let text = "# model: tiny\n# batch_size: 4\n# measured on a laptop\n#plain\n\
+                n1 -- A -- forward_compute_time=1, backward_compute_time=2, parameter_size=8\n";
+    let (p, notes) = ModelProfile::parse_with_notes("file", text).unwrap();
+    assert_eq!((p.name.as_str(), p.batch_size), ("file", Some(4)));
+    assert_eq!(notes.model.as_deref(), Some("tiny"));
+    assert_eq!(notes.comments, ["measured on a laptop", "plain"]);
+    let e = ModelProfile::parse("x", "# parameters: 3\nn -- A -- parameter_size=8").unwrap_err();
+    assert_eq!(e.line(), Some(2));
+    assert_eq!(ProfileError::NoNodes.line(), None);
+}

@@ -2,7 +2,8 @@
 
 A profile is PipeDream's ``graph.txt`` text format with Syncopate's two extensions, the same
 format that ``syncopate simulate --model profile:PATH`` and ``syncopate launch --model
-profile:PATH`` read (the Rust parser in ``syncopate_core::profile`` is the reference)::
+profile:PATH`` read. Reading goes through that very parser (``syncopate_core::profile``, in
+the native module); writing is this module's (:meth:`Profile.to_text`)::
 
     # model: resnet20
     # batch_size: 32
@@ -26,15 +27,15 @@ become ready in the reverse order (:meth:`Profile.backward_keys`).
 
 from __future__ import annotations
 
-import heapq
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
+
+from . import _native
 
 __all__ = ["Layer", "Profile", "ProfileFormatError", "parse", "read"]
 
 _SEP = " -- "
-_COUNT_MAX = 2**53  # integers are exact in a float64 below this, as the Rust parser requires
 
 
 class ProfileFormatError(ValueError):
@@ -142,138 +143,26 @@ def _check_writable(profile: Profile) -> None:
         raise ValueError("the profile's name has a line break")
 
 
-def _number(line: int, key: str, value: str) -> float:
-    try:
-        v = float(value)
-    except ValueError:
-        v = float("nan")
-    if not (v >= 0.0 and v < float("inf")):
-        raise ProfileFormatError(line, f"bad number for `{key}`: '{value}'")
-    return v
-
-
-def _count(line: int, key: str, value: str, positive: bool = False) -> int:
-    v = _number(line, key, value)
-    if v != int(v) or v >= _COUNT_MAX or (positive and v == 0):
-        raise ProfileFormatError(line, f"bad number for `{key}`: '{value}'")
-    return int(v)
-
-
-def _node(line: int, text: str) -> Layer:
-    first, last = text.find(_SEP), text.rfind(_SEP)
-    if first < 0 or first >= last:
-        raise ProfileFormatError(line, "expected `name -- op -- metrics`")
-    name = text[:first].strip()
-    if not name or re.search(r"\s", name):
-        raise ProfileFormatError(line, "bad node name")
-    metrics: Dict[str, str] = {}
-    for item in (i.strip() for i in text[last + len(_SEP) :].split(",")):
-        if not item:
-            continue
-        if "=" not in item:
-            raise ProfileFormatError(line, f"metric '{item}' is not key=value")
-        key, value = item.split("=", 1)
-        metrics[key.strip()] = value
-    for key in ("forward_compute_time", "backward_compute_time", "parameter_size"):
-        if key not in metrics:
-            raise ProfileFormatError(line, f"missing field `{key}`")
-    size = _count(line, "parameter_size", metrics["parameter_size"])
-    if size % 4:
-        raise ProfileFormatError(line, f"parameter_size {size} is not a multiple of 4 bytes")
-    tensors = [size // 4] if size else []
-    if "parameter_tensors" in metrics:
-        sizes = metrics["parameter_tensors"].split(";")
-        tensors = [_count(line, "parameter_tensors", s, positive=True) for s in sizes]
-        if sum(tensors) != size // 4:
-            raise ProfileFormatError(
-                line,
-                f"parameter_tensors sum to {sum(tensors)} values, "
-                f"parameter_size holds {size // 4}",
-            )
-    return Layer(
-        name=name,
-        op=text[first + len(_SEP) : last].strip(),
-        forward_ms=_number(line, "forward_compute_time", metrics["forward_compute_time"]),
-        backward_ms=_number(line, "backward_compute_time", metrics["backward_compute_time"]),
-        tensors=tensors,
-    )
-
-
-def _order_key(name: str) -> Tuple[float, str]:
-    m = re.search(r"\d+$", name)
-    return (int(m.group()) if m else float("inf"), name)
-
-
-def _execution_order(nodes: List[Tuple[int, Layer]], edges) -> List[Layer]:
-    index = {layer.name: i for i, (_, layer) in enumerate(nodes)}
-    successors: List[List[int]] = [[] for _ in nodes]
-    in_degree = [0] * len(nodes)
-    for line, a, b in edges:
-        for n in (a, b):
-            if n not in index:
-                raise ProfileFormatError(line, f"edge to unknown node '{n}'")
-        successors[index[a]].append(index[b])
-        in_degree[index[b]] += 1
-    ready = [(_order_key(nodes[i][1].name), i) for i in range(len(nodes)) if not in_degree[i]]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(nodes[i][1])
-        for j in successors[i]:
-            in_degree[j] -= 1
-            if not in_degree[j]:
-                heapq.heappush(ready, (_order_key(nodes[j][1].name), j))
-    stuck = [i for i in range(len(nodes)) if in_degree[i]]
-    if stuck:
-        line, layer = nodes[stuck[0]]
-        raise ProfileFormatError(line, f"node '{layer.name}' is on or after a cycle in the graph")
-    return order
-
-
 def parse(text: str, name: str = "profile") -> Profile:
-    """Parses a profile's text; ``name`` is used where the text has no ``# model:`` line."""
-    nodes: List[Tuple[int, Layer]] = []
-    edges: List[Tuple[int, str, str]] = []
-    headers: Dict[str, Tuple[int, int]] = {}
-    comments: List[str] = []
-    names = set()
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        if raw.startswith("#"):
-            key, _, value = raw[1:].partition(":")
-            key = key.strip()
-            if key in ("batch_size", "parameters"):
-                if key in headers:
-                    raise ProfileFormatError(line, f"second `{key}` header")
-                headers[key] = (line, _count(line, key, value))
-            elif key == "model" and value.strip():
-                name = value.strip()
-            else:
-                comments.append(raw[1:].strip())
-        elif raw.startswith("\t"):
-            a, sep, b = raw.strip().partition(_SEP)
-            if not sep:
-                raise ProfileFormatError(line, "edge is not `\\tnodeA -- nodeB`")
-            edges.append((line, a.strip(), b.strip()))
-        else:
-            layer = _node(line, raw)
-            if layer.name in names:
-                raise ProfileFormatError(line, f"duplicate node '{layer.name}'")
-            names.add(layer.name)
-            nodes.append((line, layer))
-    if not nodes:
-        raise ProfileFormatError(0, "profile has no nodes")
-    batch = headers.get("batch_size")
-    profile = Profile(name, _execution_order(nodes, edges), batch[1] if batch else None, comments)
-    if "parameters" in headers:
-        line, total = headers["parameters"]
-        if total != profile.param_count:
-            raise ProfileFormatError(
-                line, f"header says {total} parameters, the layers hold {profile.param_count}"
-            )
-    return profile
+    """Parses a profile's text with Syncopate's own parser (``syncopate_core::profile``, the
+    one ``simulate`` and ``launch`` read profiles with); ``name`` is used where the text has
+    no ``# model:`` line."""
+    try:
+        parsed = _native.parse_profile(text, name)
+    except _native.ProfileError as e:
+        line, reason = e.args
+        raise ProfileFormatError(line, reason) from None
+    layers = [
+        Layer(
+            name=layer["name"],
+            op=layer["op"],
+            forward_ms=layer["forward_ns"] / 1e6,
+            backward_ms=layer["backward_ns"] / 1e6,
+            tensors=list(layer["tensors"]),
+        )
+        for layer in parsed["layers"]
+    ]
+    return Profile(parsed["name"], layers, parsed["batch_size"], list(parsed["comments"]))
 
 
 def read(path) -> Profile:

@@ -11,11 +11,12 @@ use syncopate_runtime::auth::{AuthError, JobToken, TOKEN_ENV};
 use syncopate_runtime::checkpoint::{new_run_id, newest_complete_any};
 use syncopate_runtime::job::JobLayout;
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
+use syncopate_runtime::outcome::replicas;
+use syncopate_runtime::outcome::summary::{describe_loss, merge_datagrams, merge_loss_stats};
 use syncopate_runtime::trace::merge_traces;
 use syncopate_train::model;
 
-use super::summary::{merge_datagrams, merge_loss_stats};
-use super::{replicas, JobArgs, LaunchedJob};
+use super::{JobArgs, LaunchedJob};
 
 /// Refuses `--resume` from a checkpoint that already holds every step asked for with
 /// `--steps`: the job would run nothing and report no accuracy.
@@ -54,7 +55,13 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         bail!("profile models replay compute only: give --steps N");
     }
     let exe = std::env::current_exe().context("locating the syncopate executable")?;
-    let replicas = replicas::snapshot_dir(&args)?;
+    let replicas = match args.no_replica_stats || model::is_profile_name(&args.settings.model) {
+        true => None,
+        false => Some(replicas::snapshot_dir(
+            args.replica_dir.as_deref(),
+            args.metrics_dir.as_deref(),
+        )?),
+    };
     let handed = handed_job(&args, &layout, replicas.clone())?;
     let scale = match args.sync.scale {
         Some(f) => format!(" (model scaled by {f}: bytes and bandwidth)"),
@@ -81,11 +88,13 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
         token,
     })?;
     if let Some(dir) = &replicas {
-        replicas::report(&args, layout.workers, dir)?;
+        replica_report(&args, layout.workers, dir)?;
     }
     if let (Some(path), true) = (&args.summary_json, layout.strategy.loss_tolerant()) {
-        merge_loss_stats(path, &layout)?;
-        merge_datagrams(path, &layout)?;
+        eprintln!("{}", describe_loss(&merge_loss_stats(path, &layout)?));
+        if let Some(datagrams) = merge_datagrams(path, &layout)? {
+            eprintln!("{}", datagrams.describe());
+        }
     }
     if let (Some(dir), Some(_)) = (&args.metrics_dir, &args.trace_steps) {
         if let Some(path) = merge_traces(dir).context("merging the processes' traces")? {
@@ -94,6 +103,24 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
                 path.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// After a successful job: the replica statistics of every evaluation step in `dir`, into
+/// evals-rank0.csv (--metrics-dir) and --summary-json, and one line on stdout; then the
+/// snapshots are removed unless --keep-replicas.
+fn replica_report(args: &JobArgs, workers: usize, dir: &std::path::Path) -> Result<()> {
+    let (spec, data) = args.model_and_data()?;
+    let outputs = replicas::ReplicaOutputs {
+        metrics_dir: args.metrics_dir.as_deref(),
+        summary_json: args.summary_json.as_deref(),
+        keep: args.keep_replicas,
+    };
+    let report = replicas::report(spec, args.settings.seed, &data.test, workers, dir, &outputs)?;
+    println!("{}", report.describe());
+    if args.keep_replicas {
+        eprintln!("replica snapshots kept in {}", dir.display());
     }
     Ok(())
 }

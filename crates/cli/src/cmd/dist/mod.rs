@@ -1,17 +1,15 @@
 //! `syncopate launch`, `syncopate worker` and `syncopate server`: distributed training.
-//! This module holds the job's flags and what every process makes of them; `launch`,
-//! `worker`, `server`, the job's summary and the replica statistics have a module each.
+//! This module holds the job's flags and turns them into the runtime's settings
+//! (`syncopate_runtime::job` and `::outcome` decide what they mean); `launch`, `worker` and `server` have a
+//! module each.
 
 #[cfg(test)]
 mod frame_mac_tests;
 mod launch;
-mod replicas;
 mod server;
-mod summary;
-mod transport;
 mod worker;
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,15 +22,14 @@ use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::checkpoint::{claim_fresh, CheckpointPlan, WeightSettings};
-use syncopate_runtime::comm::{CommOptions, DatagramOptions};
-use syncopate_runtime::env;
-use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext};
+use syncopate_runtime::comm::CommOptions;
+use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, Transport};
 use syncopate_runtime::process::local_ip_towards;
 use syncopate_train::model;
-use syncopate_train::trainer::{Duration as TrainDuration, OptimConfig};
+use syncopate_train::trainer::OptimConfig;
 
 use crate::args::{parse_seconds, LivenessArgs, NetworkArgs, StepWindow, TrainSettings};
-use crate::sync_args::SyncArgs;
+use crate::sync_args::{transport_parser, SyncArgs};
 
 pub use launch::launch_cmd;
 pub use server::server_cmd;
@@ -114,8 +111,8 @@ pub struct JobArgs {
     /// A packet is then one datagram that fits a 1500-byte MTU (--packet-bytes at most
     /// 1388, the default). For dlcp and dlcp-allreduce on a real (or kernel-shaped)
     /// network; every process of the job needs the same.
-    #[arg(long, value_enum, default_value_t = transport::Transport::Tcp)]
-    pub transport: transport::Transport,
+    #[arg(long, value_parser = transport_parser(), default_value = "tcp")]
+    pub transport: Transport,
     /// With --transport udp: this process's address on each path, comma-separated, one
     /// per --paths (default: the address it accepts links on; on loopback 127.0.0.1,
     /// 127.0.0.2, ... one per path).
@@ -281,15 +278,11 @@ impl JobArgs {
         let factor = self.scale_factor()?;
         let network = self.net.resolve()?.scaled(factor);
         let strategy = self.sync.strategy()?;
-        let mut layout = JobLayout {
-            sync: self.sync.plan(strategy, self.workers, 0)?.scaled(factor),
-            network,
-            net_seed: self.settings.seed,
-        };
-        let packet_bytes_given = self.sync.dlcp.packet_bytes.is_some();
-        transport::apply(self.transport, &mut layout, packet_bytes_given)?;
-        layout.network.validate()?;
-        layout.validate()?;
+        let sync = self
+            .sync
+            .plan_on(strategy, self.workers, 0, self.transport)?
+            .scaled(factor);
+        let layout = JobLayout::checked(sync, network, self.settings.seed, self.transport)?;
         Straggler::check(&self.slow_worker, self.workers)?;
         Ok(layout)
     }
@@ -411,60 +404,26 @@ impl JobArgs {
     }
 }
 
-/// Steps of a run: what the learning-rate schedule spans, on workers and servers alike.
-fn steps_of(duration: TrainDuration, train_len: usize, batch: usize, workers: usize) -> u64 {
-    match duration {
-        TrainDuration::Steps(n) => n,
-        TrainDuration::Epochs(e) => e * (train_len / (batch * workers).max(1)) as u64,
-    }
-}
-
-/// This process's place in the job: its rank from the environment (checked against the
+/// This process's place in the job (its rank from the environment, checked against the
 /// layout and the role it was started as), the token, the coordinator and its options.
 fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<ProcessContext> {
-    let env = env::from_env()?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "no rank in the environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT \
-             (torchrun style), or start under mpirun or srun, or use `syncopate launch`"
-        )
-    })?;
-    if env.world_size != layout.world_size() {
-        bail!(
-            "{} says the world has {} processes, but --workers {} --servers {} make {}",
-            env.source,
-            env.world_size,
-            layout.workers,
-            layout.servers,
-            layout.world_size()
-        );
-    }
-    let is_worker = env.rank < layout.workers;
-    if is_worker != want_worker {
-        bail!(
-            "rank {} is a {} rank (workers are ranks 0..{}, servers the rest); start it with `syncopate {}`",
-            env.rank,
-            if is_worker { "worker" } else { "server" },
-            layout.workers,
-            if is_worker { "worker" } else { "server" }
-        );
-    }
-    let coordinator: SocketAddr = (env.master_addr.as_str(), env.master_port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving MASTER_ADDR {}", env.master_addr))?
-        .next()
-        .with_context(|| format!("MASTER_ADDR {} has no address", env.master_addr))?;
+    let place = layout.placement(want_worker)?;
     let token = JobToken::resolve(args.token.as_deref(), args.token_file.as_deref())?;
-    let external = std::env::var_os("SYNCOPATE_EXTERNAL_COORDINATOR").is_some();
-    let bind_ip = args.bind.unwrap_or_else(|| local_ip_towards(coordinator));
+    let bind_ip = args
+        .bind
+        .unwrap_or_else(|| local_ip_towards(place.coordinator));
     let mut comm = args.comm_options()?;
-    let rate = transport::rate_config(args.transport, args.rate_control.as_deref())?;
-    comm.datagram = transport::options(args.transport, &args.udp_addrs, layout, bind_ip)?
-        .map(|d| DatagramOptions { rate, ..d });
+    comm.datagram = args.transport.datagram_options(
+        &args.udp_addrs,
+        args.rate_control.as_deref(),
+        layout.network.paths,
+        bind_ip,
+    )?;
     Ok(ProcessContext {
-        rank: env.rank,
+        rank: place.rank,
         token,
-        coordinator,
-        host_coordinator: env.rank == 0 && !external,
+        coordinator: place.coordinator,
+        host_coordinator: place.host_coordinator,
         bind_ip,
         connect_timeout: Duration::from_secs_f64(args.connect_timeout.max(1.0)),
         comm,

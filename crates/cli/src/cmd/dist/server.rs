@@ -1,11 +1,12 @@
 //! `syncopate server`: one parameter server of a distributed job.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use syncopate_runtime::job::steps_of;
+use syncopate_runtime::outcome::summary::write_server_own;
 use syncopate_runtime::server::{run_server, ServerPlan};
 use syncopate_train::checkpoint;
 
-use super::summary::member_summary_path;
-use super::{context, steps_of, Job, MemberArgs};
+use super::{context, Job, MemberArgs};
 
 /// `syncopate server`.
 pub fn server_cmd(member: MemberArgs) -> Result<()> {
@@ -50,9 +51,7 @@ pub fn server_cmd(member: MemberArgs) -> Result<()> {
         );
     }
     if let Some(path) = &args.summary_json {
-        let path = member_summary_path(path, "server", ctx.rank);
-        std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_server_own(path, ctx.rank, &summary)?;
     }
     Ok(())
 }

@@ -5,14 +5,14 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use syncopate_core::step::Straggler;
 use syncopate_core::tune::TuneReport;
-use syncopate_runtime::job::ProcessContext;
+use syncopate_runtime::job::{steps_of, ProcessContext};
+use syncopate_runtime::outcome::summary::{write_job_summary, write_worker_own, JobOutcome};
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::engine::{BurnEngine, ProfileEngine};
 use syncopate_train::model::ModelSpec;
 use syncopate_train::trainer::{Duration as TrainDuration, Evaluation, Observer};
 
-use super::summary::{member_summary_path, write_job_summary};
-use super::{context, steps_of, Job, JobArgs, MemberArgs};
+use super::{context, Job, JobArgs, MemberArgs};
 use crate::progress::{RankNotices, TrainProgress};
 
 /// `syncopate worker`.
@@ -43,7 +43,9 @@ pub fn worker_cmd(member: MemberArgs) -> Result<()> {
     };
     progress.finish();
     let summary = summary?;
-    write_own_loss(args, ctx.rank, &summary)?;
+    if let Some(path) = &args.summary_json {
+        write_worker_own(path, ctx.rank, &summary)?;
+    }
     if ctx.rank != 0 {
         return Ok(());
     }
@@ -88,19 +90,6 @@ fn worker_plan(
     })
 }
 
-/// A loss-tolerant worker's own losses and datagram counts, beside the job's summary (for `launch` to add up).
-fn write_own_loss(args: &JobArgs, rank: usize, summary: &WorkerSummary) -> Result<()> {
-    let has_own = summary.loss.is_some() || summary.datagrams.is_some();
-    if let (Some(path), true) = (&args.summary_json, has_own) {
-        let path = member_summary_path(path, "worker", rank);
-        let own = serde_json::json!({ "rank": rank, "loss": summary.loss,
-            "key_loss": summary.key_loss, "datagrams": summary.datagrams });
-        std::fs::write(&path, serde_json::to_string_pretty(&own)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
-}
-
 /// Worker 0's account of the job: the figures on stdout, the tuner's outcome, the summary.
 fn report(job: &Job, summary: &WorkerSummary, test: &Evaluation) -> Result<()> {
     let (args, layout) = (&job.args, &job.layout);
@@ -136,8 +125,14 @@ fn report(job: &Job, summary: &WorkerSummary, test: &Evaluation) -> Result<()> {
         }
     }
     if let Some(path) = &args.summary_json {
-        let command = if job.launched { "launch" } else { "worker" };
-        write_job_summary(path, command, layout, summary, test, args)?;
+        let outcome = JobOutcome {
+            command: if job.launched { "launch" } else { "worker" },
+            worker0: summary,
+            test,
+            target_accuracy: args.target_accuracy,
+            settings: args,
+        };
+        write_job_summary(path, layout, &outcome)?;
     }
     Ok(())
 }
