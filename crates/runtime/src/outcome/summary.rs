@@ -12,7 +12,7 @@ use syncopate_train::trainer::Evaluation;
 use crate::comm::DatagramReport;
 use crate::job::JobLayout;
 use crate::server::ServerSummary;
-use crate::worker::WorkerSummary;
+use crate::worker::{OwnLoss, WorkerSummary};
 
 /// Why a summary file could not be written, read or completed.
 #[derive(Debug, thiserror::Error)]
@@ -129,12 +129,10 @@ pub fn write_worker_own(
     rank: usize,
     worker: &WorkerSummary,
 ) -> Result<(), SummaryError> {
-    if worker.loss.is_none() && worker.datagrams.is_none() {
-        return Ok(());
+    match OwnLoss::of(rank, worker) {
+        Some(own) => write_json(&member_summary_path(summary, "worker", rank), &own),
+        None => Ok(()),
     }
-    let own = serde_json::json!({ "rank": rank, "loss": worker.loss,
-        "key_loss": worker.key_loss, "datagrams": worker.datagrams });
-    write_json(&member_summary_path(summary, "worker", rank), &own)
 }
 
 /// Server `rank`'s summary, beside the job's `summary`.
