@@ -7,7 +7,10 @@
 #   b  shallow-buffer incast (--queue-packets, default 32)
 #   c  random loss (--loss, default 1 %, nftables)
 #   d  two paths, the second degraded (--degraded-rate, default 20mbit)
-# Variants: p3 and allreduce over the kernel's TCP (cubic; p3-bbr: P3 on bbr); dlcp-1 and
+#   e  blackouts: once a second every packet dropped for --blackout ms (default 20)
+#   f  two equal paths
+# Variants: p3 and allreduce over the kernel's TCP (cubic; p3-bbr: P3 on bbr; p3-rto5: P3
+# with a 5 ms minimum RTO on its routes, a tuned TCP); dlcp-1 and
 # dlcp-10 (DLCP with --loss-bound 1 % and 10 %), dlcp-10-pull (and the parameters back as
 # datagrams with --pull-loss-bound 10 %, MLT's pulls), dlcp-1-prio and dlcp-10-prio (behind
 # strict-priority DSCP classes at the bottleneck), dlcp-allreduce; the DLCP ones with
@@ -17,9 +20,11 @@
 #                               [--dataset mnist|fashion-mnist] [--data DIR] [--steps 500]
 #                               [--eval-every 25] [--lr 0.07] [--seeds 1] [--bottleneck 100mbit]
 #                               [--queue-packets 32] [--loss 1%] [--degraded-rate 20mbit]
+#                               [--blackout 20]
 #                               [--out DIR] [--force] [--dry-run]
-#   --cells       which cells (default a,b,c,d)
-#   --variants    which variants (default all nine; with --tcp-only p3,p3-bbr,allreduce)
+#   --cells       which cells (default a,b,c,d; e and f on request)
+#   --variants    which variants (default all ten; with --tcp-only p3,p3-bbr,p3-rto5,allreduce)
+#   --blackout    cell e's blackout, milliseconds a second (default 20)
 #   --tcp-only    only the variants over TCP (p3, allreduce): for a binary without the
 #                 datagram transport
 #   --dataset     mnist (target accuracy 98 %) or fashion-mnist (85 %); default mnist
@@ -39,7 +44,7 @@
 #   --dry-run     print the runs (netns-cluster.sh commands) and stop
 # Prints one line per run with its elapsed time, then (and into OUT/table.md) a Markdown
 # table: time to the target accuracy, final accuracy, step p50/p99, per-tensor completion
-# p99, the kernel's drops (qdisc tail drops + nftables random drops) and realised loss, and
+# p99, the kernel's drops (qdisc tail drops + nftables random and blackout drops) and realised loss, and
 # DLCP's own realised loss. Root only (netns-cluster.sh creates namespaces); SYNCOPATE_BIN
 # as there. Exits non-zero when a run failed (the table marks it; a rerun retries it).
 set -euo pipefail
@@ -59,6 +64,7 @@ bottleneck=100mbit
 queue_packets=32
 loss=1%
 degraded_rate=20mbit
+blackout=20
 out="$root/target/dlcp-kernel"
 force=0
 dry_run=0
@@ -77,6 +83,7 @@ while [ $# -gt 0 ]; do
     --queue-packets) queue_packets=$2; shift 2 ;;
     --loss) loss=$2; shift 2 ;;
     --degraded-rate) degraded_rate=$2; shift 2 ;;
+    --blackout) blackout=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --force) force=1; shift ;;
     --dry-run) dry_run=1; shift ;;
@@ -86,8 +93,8 @@ while [ $# -gt 0 ]; do
 done
 fail() { echo "dlcp-kernel: $*" >&2; exit 2; }
 
-tcp_variants=(p3 p3-bbr allreduce)
-all_variants=(p3 p3-bbr allreduce dlcp-1 dlcp-10 dlcp-10-pull dlcp-1-prio dlcp-10-prio dlcp-allreduce)
+tcp_variants=(p3 p3-bbr p3-rto5 allreduce)
+all_variants=(p3 p3-bbr p3-rto5 allreduce dlcp-1 dlcp-10 dlcp-10-pull dlcp-1-prio dlcp-10-prio dlcp-allreduce)
 if [ -z "$variants" ]; then
   if [ "$tcp_only" = 1 ]; then variants=$(IFS=,; echo "${tcp_variants[*]}")
   else variants=$(IFS=,; echo "${all_variants[*]}"); fi
@@ -96,7 +103,7 @@ IFS=, read -r -a cell_list <<< "$cells"
 IFS=, read -r -a variant_list <<< "$variants"
 IFS=, read -r -a seed_list <<< "$seeds"
 for c in "${cell_list[@]}"; do
-  [[ "$c" =~ ^[abcd]$ ]] || fail "unknown cell '$c' (a, b, c or d)"
+  [[ "$c" =~ ^[a-f]$ ]] || fail "unknown cell '$c' (a to f)"
 done
 for v in "${variant_list[@]}"; do
   [[ " ${all_variants[*]} " == *" $v "* ]] || fail "unknown variant '$v' (${all_variants[*]})"
@@ -131,6 +138,8 @@ cell_flags() {
     b) echo "--bottleneck $bottleneck --queue-packets $queue_packets" ;;
     c) echo "--bottleneck $bottleneck --loss $loss" ;;
     d) echo "--bottleneck $bottleneck --paths 2 --degraded-rate $degraded_rate" ;;
+    e) echo "--bottleneck $bottleneck --blackout $blackout" ;;
+    f) echo "--bottleneck $bottleneck --paths 2" ;;
   esac
 }
 
@@ -139,6 +148,7 @@ variant_spec() {
   case "$1" in
     p3) echo "p3 5 | " ;;
     p3-bbr) echo "p3 5 --cc bbr | " ;;
+    p3-rto5) echo "p3 5 --rto-min 5 | " ;;
     allreduce) echo "allreduce 4 | " ;;
     dlcp-1) echo "dlcp 5 | --loss-bound 1% --transport udp" ;;
     dlcp-10) echo "dlcp 5 | --loss-bound 10% --transport udp" ;;
@@ -257,7 +267,7 @@ table_row() {
   echo "$dataset, LeNet, 4 workers, $steps steps, $bottleneck bottleneck; target" \
     "$(awk -v t="$target" 'BEGIN { printf "%g", 100 * t }') %. Cells: a: lossless, deep buffer;" \
     "b: shallow buffer ($queue_packets packets), incast; c: random loss $loss; d: two paths," \
-    "one at $degraded_rate"
+    "one at $degraded_rate; e: blackouts of $blackout ms a second; f: two equal paths"
   echo
   echo "| cell | variant | seed | time to target s | final accuracy % | step p50 s | step p99 s" \
     "| tensor p99 s | kernel drops (tail + random) | kernel loss % | DLCP realised loss % |"

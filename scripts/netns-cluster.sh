@@ -6,7 +6,8 @@
 #
 # Usage: scripts/netns-cluster.sh [--hosts 3] [--strategy allreduce] [--rate 100mbit]
 #                                 [--steps 40] [--cc cubic] [--emulate] [--out DIR]
-#                                 [--bottleneck RATE [--queue-packets N] [--loss P] [--prio]
+#                                 [--rto-min MS] [--bottleneck RATE [--queue-packets N]
+#                                  [--loss P] [--blackout MS] [--prio]
 #                                  [--paths K [--degraded-rate RATE]]] [-- FLAGS...]
 #        scripts/netns-cluster.sh --fidelity [--hosts 3] [--steps 40] [--out DIR]
 #   --hosts     hosts (= processes): all workers for ring strategies; for ps, p3 and dlcp the
@@ -24,6 +25,8 @@
 #               named in every result (OUT/tcp.json, kernel.json, the closing line), with
 #               each namespace's TCP counters over the job (timeouts, loss probes, SACK
 #               recoveries, fast and lost retransmits, segments sent and retransmitted)
+#   --rto-min MS  every host's routes get `rto_min MS ms` (TCP's minimum retransmission
+#               timeout, 200 ms by default; a tuned-TCP baseline takes 5)
 #   --out       where each process's log, worker 0's summary.json and (with --bottleneck)
 #               kernel.json and the raw counters in kernel/ go (default target/netns-cluster)
 #   --fidelity  the check: all-reduce and ps at 20mbit, 100mbit and 1gbit, each once with
@@ -41,6 +44,9 @@
 #               UDP alike: nftables' `numgen random` drops with counters, in the switch, once
 #               per packet (ps: toward and from the server; rings: on the way into each host).
 #               Needs nftables (installed with apt-get where it is missing and apt is there)
+#   --blackout MS  once a second the switch drops every IPv4 packet (TCP and UDP alike) for
+#               about MS milliseconds (an nftables drop rule switched on and off by a loop;
+#               its drops are counted as blackout_drop in kernel/*-nft.json)
 #   --prio      the bottleneck's htb gets strict-priority leaf classes chosen by the IP DSCP
 #               field (u32 filters): prio 0 DSCP 0 (TCP: control, reliable frames, ACKs),
 #               prio 1-6 DSCP 46-41 (DLCP packet classes 0-5; prio 6 also DSCP 40 and 39,
@@ -73,6 +79,8 @@ bottleneck=""
 queue_packets=1000
 queue_given=0
 loss=""
+blackout=""
+rto_min=""
 prio=0
 paths=1
 degraded_rate=""
@@ -91,6 +99,8 @@ while [ $# -gt 0 ]; do
     --bottleneck) bottleneck=$2; shift 2 ;;
     --queue-packets) queue_packets=$2; queue_given=1; shift 2 ;;
     --loss) loss=$2; shift 2 ;;
+    --blackout) blackout=$2; shift 2 ;;
+    --rto-min) rto_min=$2; shift 2 ;;
     --prio) prio=1; shift ;;
     --paths) paths=$2; shift 2 ;;
     --degraded-rate) degraded_rate=$2; shift 2 ;;
@@ -109,6 +119,7 @@ case "$cc" in cubic|bbr|reno) ;; *) fail "--cc must be cubic, bbr or reno (got '
 [[ "$queue_packets" =~ ^[1-9][0-9]{0,5}$ ]] || fail "--queue-packets must be 1 to 999999 packets"
 if [ -z "$bottleneck" ]; then
   for given in "$queue_given:--queue-packets" "${loss:+1}:--loss" "$prio:--prio" \
+    "${blackout:+1}:--blackout" \
     "${degraded_rate:+1}:--degraded-rate"; do
     if [ "${given%%:*}" = 1 ]; then
       fail "${given#*:} shapes the bottleneck: it needs --bottleneck RATE"
@@ -126,6 +137,12 @@ if [ -n "$degraded_rate" ]; then
   is_rate "$degraded_rate" || fail "--degraded-rate must be a tc rate such as 20mbit"
   [ "$paths" -ge 2 ] || fail "--degraded-rate shapes the last of several paths: it needs --paths 2 or more"
 fi
+if [ -n "$blackout" ]; then
+  [[ "$blackout" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--blackout must be 1 to 999 milliseconds (once a second)"
+fi
+if [ -n "$rto_min" ]; then
+  [[ "$rto_min" =~ ^[1-9][0-9]{0,3}$ ]] || fail "--rto-min must be 1 to 9999 milliseconds"
+fi
 # The loss as a threshold of `numgen random mod 1000000` (parts per million).
 loss_ppm=0
 if [ -n "$loss" ]; then
@@ -141,7 +158,7 @@ fi
 for tool in ip tc python3; do
   command -v "$tool" >/dev/null 2>&1 || fail "needs \`$tool\` on PATH"
 done
-if [ -n "$loss" ] && ! command -v nft >/dev/null 2>&1; then
+if { [ -n "$loss" ] || [ -n "$blackout" ]; } && ! command -v nft >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
     echo "netns-cluster: installing nftables (--loss needs nft)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2 ||
@@ -163,7 +180,9 @@ tag="sy$$"
 switch="$tag-sw"
 made=()
 pids=()
+blackout_pid=""
 cleanup() {
+  if [ -n "$blackout_pid" ]; then kill -9 "$blackout_pid" 2>/dev/null || true; fi
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
 }
@@ -198,6 +217,10 @@ for ((i = 0; i < hosts; i++)); do
     ip -n "$switch" link set "$(port "$i" "$p")" master "br$p" up
     ip -n "$ns" addr add "10.77.$p.$((i + 1))/24" dev "eth$p"
     ip -n "$ns" link set "eth$p" up
+    if [ -n "$rto_min" ]; then
+      ip -n "$ns" route replace "10.77.$p.0/24" dev "eth$p" proto kernel scope link \
+        src "10.77.$p.$((i + 1))" rto_min "${rto_min}ms"
+    fi
   done
 done
 
@@ -319,6 +342,27 @@ add_random_loss() {
   } | ip netns exec "$switch" nft -f -
 }
 
+# The blackouts: a table whose chain is empty but for a second's last --blackout ms, when
+# it drops every IPv4 packet the switch forwards; a loop in the background switches it.
+start_blackouts() {
+  printf '%s\n' "table bridge syncopate_blackout {" "  counter blackout_drop {}" \
+    "  chain forward {" "    type filter hook forward priority -1; policy accept;" "  }" "}" |
+    ip netns exec "$switch" nft -f -
+  local on off
+  on=$(awk -v m="$blackout" 'BEGIN { printf "%.3f", m / 1000 }')
+  off=$(awk -v m="$blackout" 'BEGIN { printf "%.3f", (1000 - m) / 1000 }')
+  (
+    while :; do
+      sleep "$off"
+      ip netns exec "$switch" nft add rule bridge syncopate_blackout forward \
+        ether type ip counter name blackout_drop drop
+      sleep "$on"
+      ip netns exec "$switch" nft flush chain bridge syncopate_blackout forward
+    done
+  ) &
+  blackout_pid=$!
+}
+
 # The kernel's counters at the bottleneck into $out/kernel/$1-*: tc -s (text and JSON) of
 # every shaped device, and nftables' ruleset and counters.
 snapshot() {
@@ -331,7 +375,7 @@ snapshot() {
     ip netns exec "$ns" tc -s -j qdisc show dev "$dev" > "$base.qdisc.json"
     ip netns exec "$ns" tc -s -j class show dev "$dev" > "$base.class.json"
   done < <(bottleneck_ports)
-  if [ -n "$loss" ]; then
+  if [ -n "$loss" ] || [ -n "$blackout" ]; then
     ip netns exec "$switch" nft list ruleset > "$out/kernel/$phase-nft.txt"
     ip netns exec "$switch" nft -j list counters > "$out/kernel/$phase-nft.json"
   fi
@@ -428,11 +472,17 @@ if [ "$fidelity" = 0 ]; then
     [ -n "$loss" ] && add_random_loss
     rm -rf "$out/kernel" "$out/kernel.json"
     snapshot before
+    if [ -n "$blackout" ]; then start_blackouts; fi
   fi
   rm -rf "$out/tcp" "$out/tcp.json"
   tcp_snapshot before
   job=0
   run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
+  if [ -n "$blackout_pid" ]; then
+    kill -9 "$blackout_pid" 2>/dev/null || true
+    wait "$blackout_pid" 2>/dev/null || true
+    blackout_pid=""
+  fi
   tcp_snapshot after
   write_tcp_json
   if [ -n "$bottleneck" ]; then
@@ -444,6 +494,7 @@ if [ "$fidelity" = 0 ]; then
   [ "$emulate" = 1 ] && how="at $rate (emulated)"
   if [ -n "$bottleneck" ]; then
     how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
+    how+=" blackouts ${blackout:-0} ms a second,"
     how+=" prio $prio, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
   fi
   echo "netns-cluster: $strategy on $hosts hosts over TCP $cc $how:" \

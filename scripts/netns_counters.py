@@ -118,7 +118,11 @@ def kernel(out, rate, queue, loss_ppm, prio, paths, degraded, strategy, shape):
     # port and then enters its receiver's, a parameter server's crosses only the server's port.
     total["offered_packets"] = sum(p["offered_packets"] for p in ports
                                    if shape == "ps" or p["direction"] == "from_host")
-    drops = total["qdisc_dropped_packets"] + total["nft_dropped_packets"]
+    # The blackouts' drops (--blackout), switch-wide: every packet forwarded meanwhile.
+    total["blackout_dropped_packets"] = nft_delta("blackout_drop")
+    total["offered_packets"] += total["blackout_dropped_packets"]
+    drops = (total["qdisc_dropped_packets"] + total["nft_dropped_packets"]
+             + total["blackout_dropped_packets"])
     total["realised_loss"] = drops / total["offered_packets"] if total["offered_packets"] else 0.0
     tcp_path = os.path.join(out, "tcp.json")
     tcp = json.load(open(tcp_path)) if os.path.exists(tcp_path) else None
@@ -133,7 +137,8 @@ def kernel(out, rate, queue, loss_ppm, prio, paths, degraded, strategy, shape):
         json.dump(report, f, indent=1)
     print(f"netns-cluster: kernel at the bottleneck ({len(ports)} device directions): "
           f"{total['sent_packets']} packets sent, {total['qdisc_dropped_packets']} dropped by the "
-          f"qdiscs (tail), {total['nft_dropped_packets']} by nftables (random), realised loss "
+          f"qdiscs (tail), {total['nft_dropped_packets']} by nftables (random), "
+          f"{total['blackout_dropped_packets']} in blackouts, realised loss "
           f"{100 * total['realised_loss']:.3f} %; {os.path.join(out, 'kernel.json')}")
 
 
@@ -145,7 +150,8 @@ def drops(folder):
         return
     with open(path) as f:
         total = json.load(f)["total"]
-    print(f"{total['qdisc_dropped_packets']} + {total['nft_dropped_packets']}\t"
+    nft = total["nft_dropped_packets"] + total.get("blackout_dropped_packets", 0)
+    print(f"{total['qdisc_dropped_packets']} + {nft}\t"
           f"{100 * total['realised_loss']:.3f}")
 
 
