@@ -25,6 +25,7 @@
 //! folder holding step folders already ([`claim_fresh`]) unless told to replace them.
 
 mod identity;
+mod plan;
 #[cfg(test)]
 mod tests;
 
@@ -34,6 +35,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use identity::{new_run_id, settings_of, Difference, JobIdentity, WeightSettings};
+pub use plan::{JobFolders, TrainingFlags};
 
 /// Where and how often a process writes checkpoints (`--checkpoint-dir`, `--checkpoint-every`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +170,9 @@ pub enum CheckpointError {
         /// Its step folders.
         steps: Vec<PathBuf>,
     },
+    /// Checkpoints were asked for with no folder to write them into.
+    #[error("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to write into")]
+    NoFolder,
     /// No step of the folder is complete.
     #[error("no complete checkpoint in {dir}: {why}")]
     NoneComplete {

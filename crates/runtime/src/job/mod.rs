@@ -2,11 +2,13 @@
 //! and how its packets travel ([`transport`]); what it leaves is [`crate::outcome`]'s. The
 //! commands (`syncopate launch`, `worker`, `server`) parse flags and call these.
 
+pub mod token;
 pub mod transport;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::net::{NetworkProfile, ProfileError};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{PlanError, Rank};
@@ -80,6 +82,12 @@ pub enum JobError {
     /// MASTER_ADDR resolves to nothing.
     #[error("MASTER_ADDR {0} has no address")]
     NoAddress(String),
+    /// A negative or NaN `--stall-timeout`.
+    #[error("--stall-timeout must be >= 0, got {0}")]
+    StallTimeout(f64),
+    /// A `--stall-timeout` too large for a duration.
+    #[error(transparent)]
+    Seconds(#[from] std::time::TryFromFloatSecsError),
 }
 
 /// Steps of a run: what the learning-rate schedule spans, on workers and servers alike
@@ -89,6 +97,30 @@ pub fn steps_of(duration: TrainDuration, train_len: usize, batch: usize, workers
         TrainDuration::Steps(n) => n,
         TrainDuration::Epochs(e) => e * (train_len / (batch * workers).max(1)) as u64,
     }
+}
+
+/// The network in words, for the start-up banner and `config.toml`.
+pub fn describe_network(p: &NetworkProfile) -> String {
+    let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
+        format!("{:.3} Gbit/s", b / 1e9)
+    });
+    let loss = if p.is_lossy() {
+        let unit = p
+            .mtu_bytes
+            .map_or("frame".to_string(), |m| format!("{m}-byte packet"));
+        format!(
+            ", loss {:.3} % per {unit} (rto {:.1} ms)",
+            p.loss * 100.0,
+            p.rto_ns as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
+        p.latency_ns as f64 / 1e6,
+        p.buffer_bytes / 1024
+    )
 }
 
 /// Where a process stands in a job, from its launcher's variables.
@@ -128,6 +160,27 @@ pub struct JobLayout {
 }
 
 impl JobLayout {
+    /// The stall timeout in nanoseconds (`None`: never): `seconds` (`--stall-timeout`; 0:
+    /// never), or its default for a model of `params` parameters on the job's network.
+    pub fn stall_timeout_ns(
+        &self,
+        seconds: Option<f64>,
+        params: usize,
+    ) -> Result<Option<u64>, JobError> {
+        match seconds {
+            Some(s) if s.is_nan() || s < 0.0 => Err(JobError::StallTimeout(s)),
+            Some(0.0) => Ok(None),
+            Some(s) => {
+                let ns = u64::try_from(Duration::try_from_secs_f64(s)?.as_nanos());
+                Ok(Some(ns.unwrap_or(u64::MAX)))
+            }
+            None => Ok(Some(LivenessConfig::default_stall_timeout_ns(
+                params,
+                self.network.bandwidth_bps,
+            ))),
+        }
+    }
+
     /// The layout of a job: `sync` (its packets sized for `transport`) placed on
     /// `network`, every part checked, and `transport` checked against them.
     pub fn checked(

@@ -4,13 +4,12 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
-use syncopate_core::net::NetworkProfile;
 use syncopate_core::strategy::Averaged;
-use syncopate_runtime::auth::{AuthError, JobToken, TOKEN_ENV};
 use syncopate_runtime::checkpoint::{new_run_id, newest_complete_any};
-use syncopate_runtime::job::JobLayout;
+use syncopate_runtime::job::token::TokenSources;
+use syncopate_runtime::job::{describe_network, JobLayout};
 use syncopate_runtime::launch::{launch, LaunchPlan, LAUNCH_GRACE};
+use syncopate_runtime::outcome::config::write_resolved_config;
 use syncopate_runtime::outcome::replicas;
 use syncopate_runtime::outcome::summary::{describe_loss, merge_datagrams, merge_loss_stats};
 use syncopate_runtime::trace::merge_traces;
@@ -42,7 +41,12 @@ pub fn launch_cmd(args: JobArgs) -> Result<()> {
     // What every process will check, checked here once, before any process starts.
     args.liveness.config()?;
     refuse_a_finished_resume(&args)?;
-    let token = args.launch_token()?;
+    let token = TokenSources {
+        token: args.token.as_deref(),
+        token_file: args.token_file.as_deref(),
+        folders: args.folders(),
+    }
+    .launch_token()?;
     if let Some(t) = args.target_accuracy {
         if !(t > 0.0 && t <= 1.0) {
             bail!("--target-accuracy {t} is not a fraction in (0, 1] (e.g. 0.97)");
@@ -144,168 +148,6 @@ fn handed_job(
         network: layout.network.clone(),
     };
     serde_json::to_string(&handed).context("encoding the resolved job")
-}
-
-/// The name of the file in a checkpoint folder where `launch` keeps a token it generated.
-const TOKEN_NAME: &str = "job.token";
-
-impl JobArgs {
-    /// The job's token for `launch`: the given one (a --token-file that does not exist yet
-    /// receives a fresh one, kept there rather than beside the checkpoints), else the one
-    /// kept in the folder resumed from (copied into another --checkpoint-dir, so that a
-    /// later resume from there finds it), else the one kept in --checkpoint-dir, made and
-    /// kept there on the first run; `None`: a fresh one.
-    fn launch_token(&self) -> Result<Option<JobToken>> {
-        if let Some(dir) = self.resume.as_deref().filter(|d| !d.is_dir()) {
-            bail!("--resume {}: no such folder", dir.display());
-        }
-        let token_env = std::env::var(TOKEN_ENV).is_ok_and(|t| !t.trim().is_empty());
-        let new_file = self.token_file.as_deref().filter(|p| !p.exists());
-        if let (Some(path), None, false) = (new_file, &self.token, token_env) {
-            if self.resume.is_some() {
-                bail!(
-                    "--token-file {}: no such file, and a resumed job needs the token it \
-                     was started with",
-                    path.display()
-                );
-            }
-            let token = JobToken::generate();
-            write_secret(path, &token.to_hex())?;
-            return Ok(Some(token));
-        }
-        if let Some(token) = self.given_token()? {
-            return Ok(Some(token));
-        }
-        if let Some(from) = self.resume.as_deref() {
-            let path = from.join(TOKEN_NAME);
-            if !path.exists() {
-                bail!(
-                    "{} has no {TOKEN_NAME}: resume with the job's --token or --token-file",
-                    from.display()
-                );
-            }
-            let token = JobToken::resolve(None, Some(&path))?;
-            if let (Some(to), true) = (&self.checkpoint_dir, self.writes_into_another_folder()) {
-                keep_token(to, &token)?;
-            }
-            return Ok(Some(token));
-        }
-        let Some(dir) = self.checkpoint_dir.as_deref() else {
-            return Ok(None);
-        };
-        let path = dir.join(TOKEN_NAME);
-        if path.exists() {
-            return Ok(Some(JobToken::resolve(None, Some(&path))?));
-        }
-        let token = JobToken::generate();
-        keep_token(dir, &token)?;
-        Ok(Some(token))
-    }
-
-    /// The token given with `--token`, `--token-file` or the environment (`None`: `launch`
-    /// makes a fresh one).
-    fn given_token(&self) -> Result<Option<JobToken>> {
-        match JobToken::resolve(self.token.as_deref(), self.token_file.as_deref()) {
-            Ok(token) => Ok(Some(token)),
-            Err(AuthError::NoToken) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// Keeps `token` as `dir/job.token` (mode 0600), replacing a file of another token there.
-fn keep_token(dir: &std::path::Path, token: &JobToken) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(TOKEN_NAME);
-    if path.exists() {
-        if JobToken::resolve(None, Some(&path)).is_ok_and(|t| t.to_hex() == token.to_hex()) {
-            return Ok(());
-        }
-        std::fs::remove_file(&path).with_context(|| format!("replacing {}", path.display()))?;
-    }
-    write_secret(&path, &token.to_hex())
-}
-
-/// What `config.toml` in a job's --metrics-dir holds: every flag with its default filled
-/// in, and what the flags resolved to.
-#[derive(Serialize)]
-struct ResolvedConfig<'a> {
-    sync: ResolvedSync,
-    job: &'a JobArgs,
-}
-
-/// The synchronisation settings a job runs with, after defaults and --scale.
-#[derive(Serialize)]
-struct ResolvedSync {
-    strategy: &'static str,
-    scheduler: &'static str,
-    descriptor: String,
-    slice_params: usize,
-    credit_bytes: usize,
-    bucket_bytes: usize,
-    /// The network in words (an absent bandwidth_bps below means unlimited).
-    network_summary: String,
-    network: NetworkProfile,
-}
-
-/// Writes the job's resolved configuration as `dir/config.toml`.
-fn write_resolved_config(dir: &std::path::Path, args: &JobArgs, layout: &JobLayout) -> Result<()> {
-    let config = ResolvedConfig {
-        sync: ResolvedSync {
-            strategy: layout.strategy.name(),
-            scheduler: layout.scheduler.name(),
-            descriptor: layout.sync_descriptor(),
-            slice_params: layout.slice_params,
-            credit_bytes: layout.credit_bytes,
-            bucket_bytes: layout.bucket_bytes,
-            network_summary: describe_network(&layout.network),
-            network: layout.network.clone(),
-        },
-        job: args,
-    };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("config.toml");
-    let text = toml::to_string_pretty(&config).context("encoding the resolved config")?;
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// The network in words for the start-up banner and config.toml.
-fn describe_network(p: &NetworkProfile) -> String {
-    let bw = p.bandwidth_bps.map_or("unlimited".to_string(), |b| {
-        format!("{:.3} Gbit/s", b / 1e9)
-    });
-    let loss = if p.is_lossy() {
-        let unit = p
-            .mtu_bytes
-            .map_or("frame".to_string(), |m| format!("{m}-byte packet"));
-        format!(
-            ", loss {:.3} % per {unit} (rto {:.1} ms)",
-            p.loss * 100.0,
-            p.rto_ns as f64 / 1e6
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
-        p.latency_ns as f64 / 1e6,
-        p.buffer_bytes / 1024
-    )
-}
-
-/// Writes `text` to a new file at `path` that only its owner may read.
-fn write_secret(path: &std::path::Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

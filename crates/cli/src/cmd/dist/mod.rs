@@ -16,12 +16,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::net::NetworkProfile;
 use syncopate_core::step::Straggler;
 use syncopate_core::strategy::SyncPlan;
 use syncopate_runtime::auth::JobToken;
-use syncopate_runtime::checkpoint::{claim_fresh, CheckpointPlan, WeightSettings};
+use syncopate_runtime::checkpoint::{CheckpointPlan, JobFolders, TrainingFlags, WeightSettings};
 use syncopate_runtime::comm::CommOptions;
 use syncopate_runtime::job::{JobLayout, MetricsOptions, ProcessContext, Transport};
 use syncopate_runtime::process::local_ip_towards;
@@ -338,69 +337,37 @@ impl JobArgs {
         })
     }
 
-    /// `--checkpoint-every N` into `--checkpoint-dir` (or, resuming, the `--resume` folder).
-    fn checkpoint_plan(&self) -> Result<Option<CheckpointPlan>> {
-        let Some(every) = self.checkpoint_every else {
-            return Ok(None);
-        };
-        let Some(dir) = self.checkpoint_dir.as_ref().or(self.resume.as_ref()) else {
-            bail!("--checkpoint-every needs --checkpoint-dir DIR (or --resume DIR) to write into");
-        };
-        if self.writes_into_another_folder() {
-            claim_fresh(dir, self.replace_checkpoints)?;
+    /// `--checkpoint-dir` and `--resume`.
+    fn folders(&self) -> JobFolders<'_> {
+        JobFolders {
+            checkpoint_dir: self.checkpoint_dir.as_deref(),
+            resume: self.resume.as_deref(),
         }
-        Ok(Some(CheckpointPlan {
-            dir: dir.clone(),
-            every,
-            run: self.run_id.clone(),
-        }))
     }
 
-    /// Whether the job writes its checkpoints into a folder other than the one it resumes
-    /// from (every job started afresh does): one that must hold no other job's.
-    fn writes_into_another_folder(&self) -> bool {
-        match (&self.checkpoint_dir, &self.resume) {
-            (Some(to), Some(from)) => !same_folder(to, from),
-            (to, _) => to.is_some(),
-        }
+    /// `--checkpoint-every N` into `--checkpoint-dir` (or, resuming, the `--resume` folder).
+    fn checkpoint_plan(&self) -> Result<Option<CheckpointPlan>> {
+        let plan = self.folders().plan(
+            self.checkpoint_every,
+            self.replace_checkpoints,
+            self.run_id.as_deref(),
+        )?;
+        Ok(plan)
     }
 
     /// The training settings that change the weights, as the job's checkpoints record them
-    /// (with `optim`, the optimizer they resolve to: its schedule spans the run's steps).
+    /// (with `optim`, the optimizer they resolve to).
     fn weight_settings(&self, optim: &OptimConfig) -> WeightSettings {
         let s = &self.settings;
-        let mut out = WeightSettings::new();
-        let shape = s.synthetic_shape.clone().unwrap_or_default();
-        for (flag, value) in [
-            ("--lr", optim.lr.to_string()),
-            ("--momentum", optim.sgd.momentum.to_string()),
-            ("--weight-decay", optim.sgd.weight_decay.to_string()),
-            ("--lr-schedule", format!("{:?}", optim.schedule)),
-            ("--batch-size", s.batch_size.to_string()),
-            ("--seed", s.seed.to_string()),
-            ("--dataset", format!("{:?}", s.dataset)),
-            ("--synthetic-samples", s.synthetic_samples.to_string()),
-            ("--synthetic-shape", shape),
-        ] {
-            out.insert(flag.to_string(), value);
+        TrainingFlags {
+            optim,
+            batch_size: s.batch_size,
+            seed: s.seed,
+            dataset: s.dataset.into(),
+            synthetic_samples: s.synthetic_samples,
+            synthetic_shape: s.synthetic_shape.as_deref(),
         }
-        out
-    }
-
-    /// `--stall-timeout` in nanoseconds, or its default for a model of `params` parameters.
-    fn stall_timeout(&self, params: usize, layout: &JobLayout) -> Result<Option<u64>> {
-        match self.stall_timeout {
-            Some(s) if s.is_nan() || s < 0.0 => bail!("--stall-timeout must be >= 0, got {s}"),
-            Some(0.0) => Ok(None),
-            Some(s) => {
-                let ns = u64::try_from(Duration::try_from_secs_f64(s)?.as_nanos());
-                Ok(Some(ns.unwrap_or(u64::MAX)))
-            }
-            None => Ok(Some(LivenessConfig::default_stall_timeout_ns(
-                params,
-                layout.network.bandwidth_bps,
-            ))),
-        }
+        .weight_settings()
     }
 }
 
@@ -433,13 +400,4 @@ fn context(args: &JobArgs, layout: &JobLayout, want_worker: bool) -> Result<Proc
             trace_steps: args.trace_steps.clone().map(|w| w.0),
         }),
     })
-}
-
-/// Whether `a` and `b` name the same folder (as written, or once resolved).
-fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
-    a == b
-        || matches!(
-            (a.canonicalize(), b.canonicalize()),
-            (Ok(a), Ok(b)) if a == b
-        )
 }

@@ -1,11 +1,10 @@
 //! `syncopate worker`: one worker of a distributed job, and worker 0's account of it
 //! (the console lines, the tuner's outcome and the job's summary).
 
-use anyhow::{Context, Result};
-use serde::Serialize;
+use anyhow::Result;
 use syncopate_core::step::Straggler;
-use syncopate_core::tune::TuneReport;
 use syncopate_runtime::job::{steps_of, ProcessContext};
+use syncopate_runtime::outcome::config::{describe_tuning, record_tuning};
 use syncopate_runtime::outcome::summary::{write_job_summary, write_worker_own, JobOutcome};
 use syncopate_runtime::worker::{run_worker, WorkerPlan, WorkerSummary};
 use syncopate_train::engine::{BurnEngine, ProfileEngine};
@@ -23,7 +22,8 @@ pub fn worker_cmd(member: MemberArgs) -> Result<()> {
     let s = &args.settings;
     let duration = s.duration()?;
     let (spec, data) = args.model_and_data()?;
-    ctx.comm.liveness.stall_timeout_ns = args.stall_timeout(spec.num_params(), layout)?;
+    ctx.comm.liveness.stall_timeout_ns =
+        layout.stall_timeout_ns(args.stall_timeout, spec.num_params())?;
     let steps_hint = steps_of(duration, data.train.len(), s.batch_size, layout.workers);
     let plan = worker_plan(args, &ctx, &spec, duration, steps_hint)?;
     let test_len = data.test.len();
@@ -135,39 +135,4 @@ fn report(job: &Job, summary: &WorkerSummary, test: &Evaluation) -> Result<()> {
         write_job_summary(path, layout, &outcome)?;
     }
     Ok(())
-}
-
-/// One line on what the tuner chose, with the chosen credit's measured step time.
-fn describe_tuning(tune: &TuneReport, scale: f64) -> String {
-    let best = tune
-        .trials
-        .iter()
-        .filter(|t| t.credit_bytes == tune.chosen.credit_bytes)
-        .map(|t| t.step_seconds)
-        .next_back()
-        .map_or(String::new(), |s| format!("; {s:.3} s a step"));
-    format!("autotune: {}{best}", tune.describe(scale))
-}
-
-/// Appends worker 0's tuning outcome to the run's `config.toml` as its `[autotune]` table
-/// (the chosen settings first, then every candidate measured).
-fn record_tuning(dir: &std::path::Path, tune: &TuneReport) -> Result<()> {
-    #[derive(Serialize)]
-    struct Table<'a> {
-        autotune: &'a TuneReport,
-    }
-    let path = dir.join("config.toml");
-    let text = toml::to_string_pretty(&Table { autotune: tune })
-        .context("encoding the autotune outcome")?;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    use std::io::Write as _;
-    writeln!(
-        file,
-        "\n# Chosen by worker 0's tuner (--autotune) during the run.\n{text}"
-    )
-    .with_context(|| format!("writing {}", path.display()))
 }
