@@ -11,6 +11,7 @@ pub mod collective;
 pub mod comm;
 pub mod env;
 pub mod error;
+pub mod file_error;
 pub mod frame_io;
 pub mod heap;
 pub mod job;

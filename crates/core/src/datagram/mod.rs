@@ -192,21 +192,28 @@ impl DatagramLink {
     ) -> Result<(), DropReason> {
         self.counters.bytes_received =
             (self.counters.bytes_received).saturating_add(datagram.len() as u64);
-        let result = self.open(now_ns, path, datagram, deliver);
+        let result = match self.accept(now_ns, path, datagram) {
+            Ok(Some((header, payload))) => deliver(&header, payload)
+                .then_some(())
+                .ok_or(DropReason::Stale),
+            Ok(None) => Ok(()),
+            Err(reason) => Err(reason),
+        };
         if let Err(reason) = result {
             self.counters.count_drop(reason);
         }
         result
     }
 
-    /// [`DatagramLink::handle_datagram`] before the count of a refusal.
-    fn open(
+    /// Opens `datagram`, arrived on `path` at `now_ns`, and counts it: a feedback goes to
+    /// the path's controller (`None`), data is handed back (its header and payload) for the
+    /// endpoint.
+    fn accept<'a>(
         &mut self,
         now_ns: u64,
         path: usize,
-        datagram: &[u8],
-        deliver: impl FnOnce(&Header, &[u8]) -> bool,
-    ) -> Result<(), DropReason> {
+        datagram: &'a [u8],
+    ) -> Result<Option<(Header, &'a [u8])>, DropReason> {
         let opened = self.opener.open(datagram, self.max_payload)?;
         let p = self.paths.get_mut(path).ok_or(DropReason::UnknownAddress)?;
         // Every authentic datagram counts as received, feedback too: the two share the
@@ -217,7 +224,7 @@ impl DatagramLink {
             Opened::Feedback { feedback, .. } => {
                 self.counters.feedback_received += 1;
                 p.on_feedback(now_ns, &feedback);
-                Ok(())
+                Ok(None)
             }
             Opened::Data {
                 header,
@@ -230,9 +237,7 @@ impl DatagramLink {
                 }
                 self.counters.received += 1;
                 p.feedback.on_data(sent_ns, now_ns);
-                deliver(&header, payload)
-                    .then_some(())
-                    .ok_or(DropReason::Stale)
+                Ok(Some((header, payload)))
             }
         }
     }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::auth::{AuthError, JobToken, TOKEN_ENV};
 use crate::checkpoint::JobFolders;
+use crate::file_error::FileError;
 
 /// The name of the file in a checkpoint folder where `launch` keeps a token it generated.
 pub const TOKEN_NAME: &str = "job.token";
@@ -30,17 +31,9 @@ pub enum TokenError {
     /// The given or kept token is malformed or unreadable.
     #[error(transparent)]
     Auth(#[from] AuthError),
-    /// A file or folder could not be created, written or replaced.
-    #[error("{what} {}", path.display())]
-    Io {
-        /// What was being done: `creating`, `writing`, `replacing`.
-        what: &'static str,
-        /// The file or folder.
-        path: PathBuf,
-        /// The operating system's reason.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file or folder could not be created, opened, written or replaced.
+    #[error(transparent)]
+    Io(#[from] FileError),
 }
 
 /// Where `launch` looks for the job's token: the flags that give one, and the job's
@@ -114,23 +107,15 @@ impl TokenSources<'_> {
     }
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TokenError + 'a {
-    move |source| TokenError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Keeps `token` as `dir/job.token` (mode 0600), replacing a file of another token there.
 pub fn keep_token(dir: &Path, token: &JobToken) -> Result<(), TokenError> {
-    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    std::fs::create_dir_all(dir).map_err(FileError::of("creating", dir))?;
     let path = dir.join(TOKEN_NAME);
     if path.exists() {
         if JobToken::resolve(None, Some(&path)).is_ok_and(|t| t.to_hex() == token.to_hex()) {
             return Ok(());
         }
-        std::fs::remove_file(&path).map_err(io("replacing", &path))?;
+        std::fs::remove_file(&path).map_err(FileError::of("replacing", &path))?;
     }
     write_secret(&path, &token.to_hex())
 }
@@ -142,10 +127,11 @@ pub fn write_secret(path: &Path, text: &str) -> Result<(), TokenError> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .map_err(io("creating", path))?;
+        .map_err(FileError::of("creating", path))?;
     file.write_all(text.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(io("writing", path))
+        .map_err(FileError::of("writing", path))?;
+    Ok(())
 }
 
 #[cfg(test)]

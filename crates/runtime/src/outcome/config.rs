@@ -2,28 +2,21 @@
 //! resolved to (written by `launch`), and then what worker 0's tuner chose.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 use syncopate_core::net::NetworkProfile;
 use syncopate_core::tune::TuneReport;
 
+use crate::file_error::FileError;
 use crate::job::{describe_network, JobLayout};
 
 /// Why `config.toml` could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// A file or folder could not be created, opened or written.
-    #[error("{what} {}", path.display())]
-    Io {
-        /// What was being done: `creating`, `opening`, `writing`.
-        what: &'static str,
-        /// The file or folder.
-        path: PathBuf,
-        /// The operating system's reason.
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file or folder could not be created, opened, written or replaced.
+    #[error(transparent)]
+    Io(#[from] FileError),
     /// The configuration could not be encoded as TOML.
     #[error("encoding the {what}")]
     Encode {
@@ -33,14 +26,6 @@ pub enum ConfigError {
         #[source]
         source: toml::ser::Error,
     },
-}
-
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ConfigError + 'a {
-    move |source| ConfigError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// What `config.toml` in a job's --metrics-dir holds: every flag with its default filled
@@ -86,13 +71,14 @@ pub fn write_resolved_config<S: Serialize>(
         },
         job: settings,
     };
-    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    std::fs::create_dir_all(dir).map_err(FileError::of("creating", dir))?;
     let path = dir.join("config.toml");
     let text = toml::to_string_pretty(&config).map_err(|source| ConfigError::Encode {
         what: "resolved config",
         source,
     })?;
-    std::fs::write(&path, text).map_err(io("writing", &path))
+    std::fs::write(&path, text).map_err(FileError::of("writing", &path))?;
+    Ok(())
 }
 
 /// One line on what the tuner chose, with the chosen credit's measured step time
@@ -126,10 +112,11 @@ pub fn record_tuning(dir: &Path, tune: &TuneReport) -> Result<(), ConfigError> {
         .create(true)
         .append(true)
         .open(&path)
-        .map_err(io("opening", &path))?;
+        .map_err(FileError::of("opening", &path))?;
     writeln!(
         file,
         "\n# Chosen by worker 0's tuner (--autotune) during the run.\n{text}"
     )
-    .map_err(io("writing", &path))
+    .map_err(FileError::of("writing", &path))?;
+    Ok(())
 }
