@@ -11,8 +11,8 @@
 #                        [--models lenet,resnet20,transformer] [--dtypes fp32,bf16]
 #                        [--processes 2,4]
 #
-# --device cuda trains on the GPUs (one per process); where torch sees none it says "no GPU"
-# and runs the CPU table.
+# --device cuda trains on the GPUs (rank r on GPU r modulo their number, so the processes
+# may share one GPU); where torch sees none it says "no GPU" and runs the CPU table.
 #
 # The processes get torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 # from this script: Debian's torch 1.13 torchrun fails on Python 3.11. Needs the package

@@ -69,7 +69,8 @@ def parse_args(description, default_steps):
                    help="random images and labels instead of MNIST")
     p.add_argument("--save", help="write the final weights here (rank 0, .npy)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where the model trains (cuda: the GPU of LOCAL_RANK)")
+                   help="where the model trains (cuda: GPU LOCAL_RANK modulo the GPUs "
+                   "there are, so several ranks may share one)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="the model's (and so the gradient buckets') dtype (bf16 needs a "
                    "torch whose Gloo handles bfloat16: 2.x, not 1.13)")
@@ -110,7 +111,8 @@ def run(args, name):
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if name == "transformer":
@@ -122,7 +124,7 @@ def run(args, name):
         x = x.to(dtype)
     x, y = x.to(device), y.to(device)
     net = model(name).to(device, dtype)
-    ddp = DistributedDataParallel(net)
+    ddp = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     state = None
     if args.backend == "syncopate":
         import syncopate.torch
