@@ -9,10 +9,12 @@
 #   scripts/bench-ddp.sh [--reps N] [--lenet-steps N] [--resnet-steps N] [--synthetic]
 #                        [--device cpu|cuda] [--transformer] [--transformer-steps N]
 #                        [--models lenet,resnet20,transformer] [--dtypes fp32,bf16]
-#                        [--processes 2,4]
+#                        [--processes 2,4] [--no-frame-mac]
 #
 # --device cuda trains on the GPUs (rank r on GPU r modulo their number, so the processes
 # may share one GPU); where torch sees none it says "no GPU" and runs the CPU table.
+# --no-frame-mac runs the hook without frame MACs (SYNCOPATE_FRAME_MAC=0), as Gloo, which
+# authenticates nothing, runs.
 #
 # The processes get torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 # from this script: Debian's torch 1.13 torchrun fails on Python 3.11. Needs the package
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --dtypes) dtypes=$2; shift 2 ;;
     --processes) processes=$2; shift 2 ;;
+    --no-frame-mac) export SYNCOPATE_FRAME_MAC=0; shift ;;
     *) echo "bench-ddp: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -72,7 +75,7 @@ run() {
 
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-echo "device: $device"
+echo "device: $device, frame MACs $([ "${SYNCOPATE_FRAME_MAC:-1}" = 0 ] && echo off || echo on)"
 echo
 echo "| model | dtype | processes | Gloo samples/s | Syncopate samples/s | ratio | final loss Gloo / Syncopate | weights max diff |"
 echo "|---|---|---|---|---|---|---|---|"

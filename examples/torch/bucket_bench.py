@@ -1,5 +1,6 @@
 """One big bucket end to end: the time Gloo's all_reduce and Syncopate's hook path
-(``SyncopateState.allreduce(...).wait()``) take to average one tensor, on every rank:
+(``SyncopateState.allreduce(...).wait()``, with frame MACs and without) take to average one
+tensor, on every rank:
 
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 bucket_bench.py --mb 100 &
     RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 python3 bucket_bench.py --mb 100
@@ -40,8 +41,11 @@ def synchronize():
         torch.cuda.synchronize(device)
 
 
-state = syncopate.torch.SyncopateState()
-times = {"gloo": [], "syncopate": []}
+states = {
+    "syncopate": syncopate.torch.SyncopateState(),
+    "no-MACs": syncopate.torch.SyncopateState(port_offset=2, frame_mac=False),
+}
+times = {"gloo": [], "syncopate": [], "no-MACs": []}
 try:
     dist.all_reduce(t.clone())
     gloo = True
@@ -56,16 +60,18 @@ for _ in range(args.reps):
         dist.all_reduce(t)
         synchronize()
         times["gloo"].append(time.perf_counter() - start)
-    dist.barrier()
-    start = time.perf_counter()
-    state.allreduce(t).wait()
-    synchronize()
-    times["syncopate"].append(time.perf_counter() - start)
+    for name, state in states.items():
+        dist.barrier()
+        start = time.perf_counter()
+        state.allreduce(t).wait()
+        synchronize()
+        times[name].append(time.perf_counter() - start)
 if rank == 0:
     for name, ts in times.items():
         if not ts:
             continue
         s = statistics.median(ts)
         print(f"{name:10s} {args.mb:.0f} MB {args.dtype} {args.device}: {s * 1e3:8.1f} ms  {args.mb / 1e3 / s:6.2f} GB/s", flush=True)
-state.close()
+for state in states.values():
+    state.close()
 dist.destroy_process_group()

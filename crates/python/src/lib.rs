@@ -160,8 +160,11 @@ impl Ring {
     /// A peer silent for `peer_timeout` seconds fails the job, naming it (the ring's own
     /// thread sends heartbeats, so a process busy elsewhere is never silent); an operation
     /// not complete `collective_timeout` seconds after it started fails it too.
+    /// `frame_mac` tags every frame under the job's keys (every rank must agree; off only
+    /// on a network where nobody else can send or alter packets: it then authenticates the
+    /// handshake alone, as Gloo authenticates nothing).
     #[new]
-    #[pyo3(signature = (rank, world_size, master_addr, port, token, peer_timeout=30.0, connect_timeout=120.0, bind_addr=None, collective_timeout=1800.0))]
+    #[pyo3(signature = (rank, world_size, master_addr, port, token, peer_timeout=30.0, connect_timeout=120.0, bind_addr=None, collective_timeout=1800.0, frame_mac=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -174,6 +177,7 @@ impl Ring {
         connect_timeout: f64,
         bind_addr: Option<&str>,
         collective_timeout: f64,
+        frame_mac: bool,
     ) -> PyResult<Self> {
         let collective_timeout = seconds("collective_timeout", collective_timeout)?;
         let coordinator = resolve(master_addr, port)?;
@@ -195,6 +199,7 @@ impl Ring {
             comm: CommOptions {
                 liveness: LivenessConfig::default()
                     .with_peer_timeout(u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX)),
+                frame_mac,
                 ..CommOptions::default()
             },
             metrics: None,

@@ -18,21 +18,22 @@ STEPS = 4
 
 
 def free_port():
-    """A port free on loopback, with the next one free too (Syncopate's rendezvous takes
-    MASTER_PORT + 1)."""
+    """A port free on loopback, with the next two free too (Syncopate's rendezvous takes
+    MASTER_PORT + 1, a second state MASTER_PORT + 2)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port >= 65535:
+        if port >= 65534:
             continue
         try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
+            for offset in (1, 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + offset))
             return port
         except OSError:
             continue
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError("no three consecutive free ports")
 
 
 def start_ranks(world_size, role, *args):
@@ -139,6 +140,20 @@ def test_a_failed_collective_raises_a_runtime_error_naming_the_rank():
     code, out, err = outputs[0]
     assert code == 0, err
     assert "RuntimeError" in out and "rank 1" in out, out
+
+
+def test_frame_macs_off_reduce_alike_and_a_mismatch_is_refused(monkeypatch):
+    outputs = finish(start_ranks(2, "frame-mac"), timeout=120)
+    for rank, (code, out, err) in enumerate(outputs):
+        assert code == 0, f"rank {rank} failed:\n{err}"
+        assert "joined" not in out, f"rank {rank} joined a ring whose frame MACs differ"
+    messages = "".join(out for _, out, _ in outputs)
+    assert "frame MACs" in messages, messages
+    import syncopate.torch
+
+    monkeypatch.setenv("SYNCOPATE_FRAME_MAC", "perhaps")
+    with pytest.raises(ValueError, match="SYNCOPATE_FRAME_MAC"):
+        syncopate.torch.SyncopateState(token="00" * 32)
 
 
 def test_half_precision_is_reduced_and_other_dtypes_refused():
@@ -324,6 +339,20 @@ def _rank_main(role, args):
             assert averaged == (step % 2 == 0), step
             np.save(os.path.join(out, f"local-{rank}-{step}.npy"), _flat(model))
         state.close()
+    elif role == "frame-mac":
+        # Off on every rank: the same average, untagged frames.
+        state = syncopate.torch.SyncopateState(frame_mac=False)
+        t = torch.full((100_000,), float(rank + 1))
+        state.allreduce(t).wait()
+        assert torch.equal(t, torch.full((100_000,), 1.5)), t[:4]
+        state.close()
+        # On here, off there: refused at the handshake, naming frame MACs.
+        try:
+            syncopate.torch.SyncopateState(port_offset=2, frame_mac=rank == 0, connect_timeout=20.0)
+            print("joined", flush=True)
+        except RuntimeError as e:
+            print(f"RuntimeError: {e}", flush=True)
+        os._exit(0)
     elif role == "lost-peer":
         state = syncopate.torch.SyncopateState(peer_timeout=5.0)
         dist.barrier()

@@ -403,7 +403,8 @@ pub(crate) fn compat_mismatch(
     if t.frame_mac != o.frame_mac {
         let on_off = |on: bool| if on { "on" } else { "off" };
         return Some(format!(
-            "frame MACs {} differ from {label} {} (give --no-frame-mac to every process or to none)",
+            "frame MACs {} differ from {label} {} (turn them off in every process or in none: \
+             `--no-frame-mac`, or `SYNCOPATE_FRAME_MAC=0` for Python)",
             on_off(t.frame_mac),
             on_off(o.frame_mac)
         ));

@@ -64,8 +64,17 @@ REDUCED_DTYPES = {
 }
 
 
-def _truthy(value):
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+def _env_flag(name, default):
+    """The boolean environment variable ``name`` (1/true/yes/on, 0/false/no/off), or
+    ``default`` when it is unset or empty; anything else is refused."""
+    value = (os.environ.get(name) or "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"syncopate: ${name} must be 1/true/yes/on or 0/false/no/off, not {value!r}")
 
 
 def _shared_token(group, require_env_token=False):
@@ -119,6 +128,12 @@ class SyncopateState:
     can reach the store and the process group's sockets can read it). ``require_env_token``
     (or ``SYNCOPATE_REQUIRE_TOKEN=1``) refuses that: the token must then come from the
     environment or the argument.
+
+    Frame MACs: every frame carries a tag under keys derived from the token (on by default).
+    ``frame_mac=False`` (or ``SYNCOPATE_FRAME_MAC=0``), the same on every rank, leaves the
+    frames untagged: only the handshake is then authenticated, and anyone who can send
+    packets on the network can alter gradients, as with Gloo. On large buckets the tags
+    cost up to half the all-reduce's speed on a loaded CPU (docs/BENCHMARKS.md).
     """
 
     def __init__(
@@ -133,9 +148,12 @@ class SyncopateState:
         bind_addr=None,
         collective_timeout=None,
         require_env_token=None,
+        frame_mac=None,
     ):
+        if frame_mac is None:
+            frame_mac = _env_flag("SYNCOPATE_FRAME_MAC", True)
         if require_env_token is None:
-            require_env_token = _truthy(os.environ.get("SYNCOPATE_REQUIRE_TOKEN"))
+            require_env_token = _env_flag("SYNCOPATE_REQUIRE_TOKEN", False)
         if peer_timeout is None:
             peer_timeout = float(os.environ.get("SYNCOPATE_PEER_TIMEOUT", "30"))
         if collective_timeout is None:
@@ -162,6 +180,7 @@ class SyncopateState:
             connect_timeout=connect_timeout,
             bind_addr=bind_addr,
             collective_timeout=collective_timeout,
+            frame_mac=bool(frame_mac),
         )
         _open_states.add(self)
 
