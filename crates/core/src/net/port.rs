@@ -479,6 +479,11 @@ impl Port {
         // A host's own queue never drops its reliable frames: what it cannot hold waits in
         // the sender's socket, as TCP's backpressure keeps it (the send window bounds it).
         let own_tcp = held.meta.reliable && !self.one_per_flow;
+        if own_tcp {
+            // Nothing is admitted here, so nothing else forgets the frames that have left:
+            // forget them now, as an admission at `t` would (or the record grows forever).
+            path.queue.occupancy(t);
+        }
         let refused = !own_tcp && path.queue.admit(t, bytes, held.meta.drop_eligible).is_err();
         if refused && held.retransmissions == 0 {
             self.count(held.slot, i, |c| c.dropped(bytes));
@@ -630,6 +635,17 @@ impl Port {
 
 mod direct;
 mod reliable;
+impl Port {
+    /// Frames each path still records as serialising (bounded by what can be in flight).
+    #[cfg(test)]
+    fn serialising_records(&self) -> usize {
+        self.paths
+            .iter()
+            .map(|p| p.queue.serialising_records())
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests;
 

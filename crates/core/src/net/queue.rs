@@ -111,6 +111,13 @@ impl<T> FrameQueue<T> {
         self.classes.iter().all(VecDeque::is_empty)
     }
 
+    /// Frames recorded as serialising (those that left are forgotten at the next
+    /// [`FrameQueue::occupancy`]).
+    #[cfg(test)]
+    pub fn serialising_records(&self) -> usize {
+        self.serialising.len()
+    }
+
     /// Records that a frame of `bytes` serialises until `done` (it keeps its room until
     /// then).
     pub fn serialising(&mut self, done: Nanos, bytes: usize) {

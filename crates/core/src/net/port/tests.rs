@@ -239,6 +239,26 @@ fn a_lossless_reliable_flow_fills_the_link() {
     );
 }
 
+/// A host's own TCP queue admits nothing, yet forgets the frames that have left: a long
+/// reliable flow keeps a record as short as what is in flight, not one entry per frame
+/// ever sent (which grew a parameter server's heap by 16 bytes a frame).
+#[test]
+fn a_long_reliable_flow_keeps_no_record_of_frames_gone() {
+    let profile = NetworkProfile {
+        loss: 0.01,
+        mtu_bytes: Some(1_500.0),
+        ..gbit(100_000)
+    };
+    let mut port = Port::egress(&profile, 3, 0);
+    let out = drive(&mut port, 2, 20_000, 1_448);
+    assert_eq!(out.len(), 40_000);
+    let records = port.serialising_records();
+    assert!(
+        records < 1_000,
+        "{records} frames still recorded as serialising"
+    );
+}
+
 /// Drives `port` as a sender does: `frames` frames of `bytes` on each of `flows` flows
 /// (token `seq << 8 | flow`), offered in turn while the send window has room; every
 /// decision, in order.
