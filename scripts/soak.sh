@@ -80,7 +80,7 @@ plan() {
     -v minutes="$minutes" 'BEGIN {
       compute = c / n; rate = b * funnel * 8 / compute / slowdown
       steps = int(minutes * 60 / (compute * slowdown))
-      printf "%.0f %d\n", rate > 1000 ? rate : 1000, steps > 10 ? steps : 10 }'
+      printf "%.0f %d\n", (rate > 1000 ? rate : 1000), (steps > 10 ? steps : 10) }'
 }
 
 pids=()
