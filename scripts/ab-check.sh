@@ -19,6 +19,11 @@ usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 [[ $# -ge 2 ]] || usage 2
 A=$1 B=$2
 shift 2
+# The figures are kept by folder: one folder twice would compare a run with itself.
+if [[ "$(cd "$A" && pwd -P)" == "$(cd "$B" && pwd -P)" ]]; then
+    echo "ab-check: A_DIR and B_DIR are the same folder ($A): copy one build elsewhere" >&2
+    exit 2
+fi
 ROUNDS=3
 CHECKS="allreduce p3 scale"
 OUT=target/ab-check
