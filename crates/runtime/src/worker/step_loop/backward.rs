@@ -15,6 +15,8 @@ use crate::error::RunError;
 use crate::worker::comm_thread::{Comm, ToComm};
 
 impl<E: LayerwiseEngine> StepLoop<'_, E> {
+    /// Runs the whole backward pass (the engine calls back after each layer); the
+    /// sequencer says what follows each layer: its hand-over, and first, where weights are
     /// averaged, its local optimizer step.
     pub(super) fn backward(
         &mut self,

@@ -236,9 +236,7 @@ impl<'a, E: LayerwiseEngine> StepLoop<'a, E> {
         Ok(())
     }
 
-    /// Runs the whole backward pass (the engine calls back after each layer); the
-    /// sequencer says what follows each layer: its hand-over, and first, where weights are
-
+    /// The optimizer on every key with the averaged gradients (all-reduce strategies).
     fn optimize(&mut self) -> Result<(), RunError> {
         let t = Instant::now();
         self.optimizer.apply(&mut *self.engine, &self.grads)?;
