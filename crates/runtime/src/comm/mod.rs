@@ -221,16 +221,20 @@ pub trait Hooks<E: ?Sized> {
         }
     }
     /// A data frame from `peer` came in: its header at `arrived`, its last byte at `read`;
-    /// the endpoint had handled it at `handled`.
+    /// the endpoint had handled it at `handled`. The default records it, from its header to
+    /// its handling, on the timeline.
     fn on_frame_received(
         &mut self,
         _endpoint: &E,
-        _peer: Rank,
-        _header: &Header,
-        _arrived: Instant,
+        peer: Rank,
+        header: &Header,
+        arrived: Instant,
         _read: Instant,
-        _handled: Instant,
+        handled: Instant,
     ) {
+        if let Some(t) = self.extras().and_then(|x| x.tracer.as_mut()) {
+            t.frame_received(peer, header, arrived, handled);
+        }
     }
 }
 

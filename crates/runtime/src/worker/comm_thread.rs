@@ -12,7 +12,6 @@ use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
 use syncopate_core::tune::Knobs;
-use syncopate_core::wire::Header;
 
 use crate::comm::{CommError, CommLoop, Flow, HookExtras, Hooks, LinkCounters, LinkStatus};
 use crate::error::RunError;
@@ -146,20 +145,6 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
 
     fn extras(&mut self) -> Option<&mut HookExtras> {
         Some(&mut self.extras)
-    }
-
-    fn on_frame_received(
-        &mut self,
-        _: &(dyn WorkerSync + Send + 'static),
-        peer: Rank,
-        header: &Header,
-        arrived: Instant,
-        _read: Instant,
-        handled: Instant,
-    ) {
-        if let Some(t) = self.extras.tracer.as_mut() {
-            t.frame_received(peer, header, arrived, handled);
-        }
     }
 }
 
