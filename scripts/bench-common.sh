@@ -1,6 +1,17 @@
 # Shared by the benchmark scripts that run `syncopate` in rounds
-# (compare-allreduce.sh, bench-frame-mac.sh, bench-frame-mac-jobs.sh); source it after setting the defaults of
-# ranks, sizes, rounds, min_time, bench_args and out, and root (the repository).
+# (compare-allreduce.sh, bench-frame-mac.sh, bench-frame-mac-jobs.sh); source it after
+# setting root (the repository).
+
+# Sets the defaults of the all-reduce sweeps' options: ranks "2 4", sizes 4K to 100M,
+# min_time 1; $2 rounds, $3 bench_args, and out target/$1 ($1: the script's name).
+bench_defaults() {
+  ranks="2 4"
+  sizes="4K 64K 1M 16M 100M"
+  rounds=$2
+  min_time=1
+  bench_args=$3
+  out="$root/target/$1"
+}
 
 # Parses the options every such script takes (--ranks, --sizes, --rounds, --min-time,
 # --bench-args, --out, --help) into those variables. $1: the script's name for messages;

@@ -20,14 +20,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-ranks="2 4"
-sizes="4K 64K 1M 16M 100M"
-rounds=5
-min_time=1
-bench_args=""
-out="$root/target/bench-frame-mac"
 # shellcheck source=scripts/bench-common.sh
 source "$root/scripts/bench-common.sh"
+bench_defaults bench-frame-mac 5 ""
 bench_parse_args bench-frame-mac 18 "$@"
 bench_binary
 

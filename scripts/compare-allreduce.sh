@@ -28,14 +28,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-ranks="2 4"
-sizes="4K 64K 1M 16M 100M"
-rounds=3
-min_time=1
-bench_args="--no-frame-mac"
-out="$root/target/compare-allreduce"
 # shellcheck source=scripts/bench-common.sh
 source "$root/scripts/bench-common.sh"
+bench_defaults compare-allreduce 3 "--no-frame-mac"
 bench_parse_args compare-allreduce 26 "$@"
 bench_binary
 have_mpi=1

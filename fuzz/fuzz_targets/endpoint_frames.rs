@@ -19,7 +19,7 @@
 //! endpoints joined by per-link frame queues:
 //!
 //! * the training loop of a worker does its next local step, as
-//!   `crates/runtime/src/worker/step_loop.rs` does: `begin_step`, `handle_gradient` for each
+//!   `crates/runtime/src/worker/step_loop/` does: `begin_step`, `handle_gradient` for each
 //!   key (last layer first), `handle_backward_done`, and `begin_step(step + 1)` once
 //!   `StepDone` has been seen;
 //! * an endpoint transmits (`poll_transmit` to any rank, or `poll_transmit_any` over its peers);

@@ -16,6 +16,7 @@ pub mod frame_io;
 pub mod heap;
 pub mod job;
 pub mod launch;
+pub mod losses;
 pub mod outcome;
 pub mod process;
 pub mod rendezvous;

@@ -3,7 +3,7 @@
 
 use syncopate_core::buffers::{BufferRelay, BufferRoute};
 use syncopate_core::step::CheckpointSchedule;
-use syncopate_core::strategy::{KeyLoss, LossStats, ProtocolError, Rank, ServerOptim, ServerSync};
+use syncopate_core::strategy::{Rank, ServerOptim, ServerSync};
 
 /// A server endpoint of any parameter-server strategy.
 type Server = dyn ServerSync + Send;
@@ -18,9 +18,10 @@ use std::time::Instant;
 
 use syncopate_core::wire::Header;
 
-use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
+use crate::comm::{CommError, CommLoop, Flow, HookExtras, Hooks, LinkStatus};
 use crate::error::RunError;
 use crate::job::{key_infos, JobLayout, ProcessContext};
+use crate::losses::Losses;
 use crate::process::join;
 use crate::trace::{TraceRecorder, RECEIVE};
 
@@ -36,16 +37,9 @@ pub struct ServerSummary {
     pub peak_early_values: usize,
     /// Bytes per link: `(peer, sent, received)`.
     pub links: Vec<(Rank, u64, u64)>,
-    /// What a loss-tolerant server (dlcp) lost and recovered: values filled in, packets
-    /// ignored, probes answered, stops sent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<LossStats>,
-    /// Per key, the gradient values it aggregated and filled in (loss-tolerant servers).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub key_loss: Vec<KeyLoss>,
-    /// What its datagrams did (`--transport udp`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub datagrams: Option<crate::comm::DatagramReport>,
+    /// What a loss-tolerant server (dlcp) lost and recovered, and what its datagrams did.
+    #[serde(flatten)]
+    pub losses: Losses,
 }
 
 /// What a server runs with besides the job's layout.
@@ -152,8 +146,9 @@ fn restore(
 /// A server's loop: nothing to command, done when every worker has said goodbye.
 pub(crate) struct ServerHooks {
     pub(crate) layout: JobLayout,
-    /// The frames' timeline, when a window of steps is recorded.
-    pub(crate) tracer: Option<TraceRecorder>,
+    /// Its part in relaying worker 0's buffers (the first server passes them on) and the
+    /// frames' timeline.
+    pub(crate) extras: HookExtras,
     /// Slice updates seen so far (a push that raises it applied a slice).
     pub(crate) updates: u64,
     /// The latest step a push was received for (errors name it).
@@ -162,8 +157,6 @@ pub(crate) struct ServerHooks {
     pub(crate) checkpoints: Option<ServerCheckpointer>,
     /// This server's rank.
     pub(crate) rank: Rank,
-    /// Its part in relaying worker 0's buffers (the first server passes them on).
-    buffers: BufferRelay,
 }
 
 impl ServerHooks {
@@ -178,12 +171,14 @@ impl ServerHooks {
         let route = BufferRoute::of(layout.strategy, layout.workers, layout.servers, rank);
         Self {
             layout: layout.clone(),
-            tracer,
+            extras: HookExtras {
+                buffers: BufferRelay::new(route, None),
+                tracer,
+            },
             updates: 0,
             step: 0,
             checkpoints,
             rank,
-            buffers: BufferRelay::new(route, None),
         }
     }
 }
@@ -212,30 +207,12 @@ impl Hooks<Server> for ServerHooks {
         self.step
     }
 
-    fn on_buffers(
-        &mut self,
-        peer: Rank,
-        header: &Header,
-        payload: &[u8],
-    ) -> Result<(), ProtocolError> {
-        self.buffers.handle_frame(peer, header, payload)?;
-        Ok(())
-    }
-
-    fn buffer_relay(&mut self) -> Option<&mut BufferRelay> {
-        Some(&mut self.buffers)
-    }
-
     fn describe(&self, rank: Rank) -> String {
         self.layout.describe(rank)
     }
 
-    fn tracer(&self) -> Option<&TraceRecorder> {
-        self.tracer.as_ref()
-    }
-
-    fn tracer_mut(&mut self) -> Option<&mut TraceRecorder> {
-        self.tracer.as_mut()
+    fn extras(&mut self) -> Option<&mut HookExtras> {
+        Some(&mut self.extras)
     }
 
     fn on_frame_received(
@@ -249,7 +226,7 @@ impl Hooks<Server> for ServerHooks {
     ) {
         let applied = server.updates() > self.updates;
         self.updates = server.updates();
-        let Some(t) = self.tracer.as_mut() else {
+        let Some(t) = self.extras.tracer.as_mut() else {
             return;
         };
         if applied {
@@ -303,7 +280,7 @@ pub fn run_server(
     let sampler = ctx.start_sampler(comm.traffic())?;
     comm.run(server.as_mut(), &mut hooks)?;
     crate::sampler::finish_sampler(sampler)?;
-    if let (Some(t), Some(m)) = (&hooks.tracer, &ctx.metrics) {
+    if let (Some(t), Some(m)) = (&hooks.extras.tracer, &ctx.metrics) {
         t.write(&m.dir, &format!("server {}", ctx.rank - layout.workers))
             .map_err(|e| RunError::Local(format!("writing the trace: {e}")))?;
     }
@@ -311,9 +288,11 @@ pub fn run_server(
         rank: ctx.rank,
         updates: server.updates(),
         peak_early_values: server.peak_early_values(),
-        loss: server.loss_stats(),
-        key_loss: server.key_loss(),
-        datagrams: comm.datagram_report(),
+        losses: Losses {
+            loss: server.loss_stats(),
+            key_loss: server.key_loss(),
+            datagrams: comm.datagram_report(),
+        },
         links: comm
             .counters()
             .iter()

@@ -15,7 +15,7 @@ use crate::config::{RunSpec, StudyConfig};
 use crate::csv_format;
 use crate::rows::Summary;
 use crate::run::{runtime_dir, simulator_dir, summary_path};
-use crate::table::or_dash;
+use crate::table::fixed;
 
 /// One cell of an agreement study: one row of its `results.csv`, whose columns are these
 /// fields in this order.
@@ -153,18 +153,9 @@ fn cells(r: &AgreementRow) -> Vec<String> {
         r.variant.clone(),
         r.network.clone(),
         r.workers.to_string(),
-        or_dash(
-            r.runtime_step_seconds,
-            format!("{:.3} s", r.runtime_step_seconds),
-        ),
-        or_dash(
-            r.simulator_step_seconds,
-            format!("{:.3} s", r.simulator_step_seconds),
-        ),
-        or_dash(
-            r.simulator_over_runtime,
-            format!("{:.3}", r.simulator_over_runtime),
-        ),
+        fixed(r.runtime_step_seconds, 3, " s"),
+        fixed(r.simulator_step_seconds, 3, " s"),
+        fixed(r.simulator_over_runtime, 3, ""),
         format!(
             "{}, {}; {}, {}",
             count(r.runtime_frames_dropped),

@@ -13,6 +13,11 @@ pub fn or_dash(v: f64, text: String) -> String {
     }
 }
 
+/// `v` with `decimals` decimals followed by `unit` (`""`, `" s"`), or `-`.
+pub fn fixed(v: f64, decimals: usize, unit: &str) -> String {
+    or_dash(v, format!("{v:.decimals$}{unit}"))
+}
+
 /// `v` as a percentage with two decimals, or `-`.
 pub fn percent_cell(v: f64) -> String {
     or_dash(v, format!("{:.2} %", v * 100.0))
@@ -62,10 +67,7 @@ fn table_row(r: &RunRow) -> Vec<String> {
         r.seed.to_string(),
         format!("{:.3}", r.step_seconds),
         format!("{:.1}", r.samples_per_sec),
-        or_dash(
-            r.ideal_samples_per_sec,
-            format!("{:.1}", r.ideal_samples_per_sec),
-        ),
+        fixed(r.ideal_samples_per_sec, 1, ""),
         or_dash(
             r.fraction_of_ideal,
             format!("{:.0} %", r.fraction_of_ideal * 100.0),
@@ -76,13 +78,13 @@ fn table_row(r: &RunRow) -> Vec<String> {
         time_to_accuracy_cell(r),
         mega_cell(r.bytes_per_step),
         mega_cell(r.textbook_bytes_per_step),
-        or_dash(r.mean_cpu_percent, format!("{:.0}", r.mean_cpu_percent)),
+        fixed(r.mean_cpu_percent, 0, ""),
         mega_cell(r.peak_rss_bytes),
         mega_cell(r.net_bytes),
         mega_cell(r.disk_bytes),
         or_dash(r.frames_lost, format!("{}", r.frames_lost)),
         or_dash(r.realised_loss, format!("{:.3} %", r.realised_loss * 100.0)),
-        or_dash(r.tensor_p99_s, format!("{:.4}", r.tensor_p99_s)),
+        fixed(r.tensor_p99_s, 4, ""),
     ]
 }
 
@@ -136,9 +138,7 @@ fn terminal_columns() -> (Vec<Column>, Vec<Column>) {
         figure("avg accuracy", |r| percent_cell(r.average_accuracy)),
         figure("time to target", time_to_accuracy_cell),
         figure("MB/step", |r| mega_cell(r.bytes_per_step)),
-        figure("CPU %", |r| {
-            or_dash(r.mean_cpu_percent, format!("{:.0}", r.mean_cpu_percent))
-        }),
+        figure("CPU %", |r| fixed(r.mean_cpu_percent, 0, "")),
     ];
     (place, figures)
 }

@@ -135,9 +135,16 @@ pub(super) fn handle_control<E: ?Sized>(
     hooks: &mut dyn Hooks<E>,
 ) -> Result<(), CommError> {
     match header.kind {
-        FrameKind::Buffers => hooks
-            .on_buffers(link.peer, header, payload)
-            .map_err(|e| protocol(&*hooks, link.peer, e)),
+        FrameKind::Buffers => {
+            let relayed = match hooks.extras() {
+                Some(x) => x.buffers.handle_frame(link.peer, header, payload),
+                None => Err(ProtocolError::Unexpected {
+                    from: link.peer,
+                    reason: format!("buffers of step {} on a link that relays none", header.step),
+                }),
+            };
+            relayed.map_err(|e| protocol(&*hooks, link.peer, e))
+        }
         FrameKind::Goodbye => {
             link.goodbye_received = true;
             Ok(())

@@ -195,62 +195,56 @@ pub trait Hooks<E: ?Sized> {
     fn step(&self) -> u64;
     /// How to name a rank in messages, e.g. `rank 2 (server 0)`.
     fn describe(&self, rank: Rank) -> String;
-    /// A [`FrameKind::Buffers`](syncopate_core::wire::FrameKind::Buffers) frame from `peer` (worker 0's buffers relayed beside the
-    /// strategy's frames, [`syncopate_core::buffers`]). Hooks that relay none refuse it.
-    fn on_buffers(
-        &mut self,
-        peer: Rank,
-        header: &Header,
-        _payload: &[u8],
-    ) -> Result<(), ProtocolError> {
-        Err(ProtocolError::Unexpected {
-            from: peer,
-            reason: format!("buffers of step {} on a link that relays none", header.step),
-        })
-    }
-    /// The relay of worker 0's buffers these hooks keep, if any; the default
-    /// [`Hooks::poll_control`] writes its frames.
-    fn buffer_relay(&mut self) -> Option<&mut BufferRelay> {
-        None
-    }
-    /// The recorder of this process's frame timeline, if it keeps one; the default
-    /// [`Hooks::traces_frames`] asks whether there is one.
-    fn tracer(&self) -> Option<&TraceRecorder> {
-        None
-    }
-    /// The same recorder, to write to; the default [`Hooks::on_frame_sent`] records to it.
-    fn tracer_mut(&mut self) -> Option<&mut TraceRecorder> {
+    /// The buffer relay and frame timeline these hooks keep, if any: the loop hands the
+    /// relay [`FrameKind::Buffers`](syncopate_core::wire::FrameKind::Buffers) frames (worker
+    /// 0's buffers relayed beside the strategy's frames, [`syncopate_core::buffers`]; hooks
+    /// that relay none refuse them), and the defaults of [`Hooks::poll_control`],
+    /// [`Hooks::traces_frames`] and [`Hooks::on_frame_sent`] use them.
+    fn extras(&mut self) -> Option<&mut HookExtras> {
         None
     }
     /// The next frame the hooks want written beside the strategy's (relayed buffers), and
     /// its link; the loop asks after every command and every frame received.
     fn poll_control(&mut self) -> Option<(Rank, Vec<u8>)> {
-        self.buffer_relay()?.poll_transmit()
+        self.extras()?.buffers.poll_transmit()
     }
     /// Whether to report every data frame ([`Hooks::on_frame_sent`],
     /// [`Hooks::on_frame_received`]), for timelines.
-    fn traces_frames(&self) -> bool {
-        self.tracer().is_some()
+    fn traces_frames(&mut self) -> bool {
+        self.extras().is_some_and(|x| x.tracer.is_some())
     }
     /// A data frame went out: handed to the network interface at `queued`, its last byte
     /// written to the socket at `written`.
     fn on_frame_sent(&mut self, header: &Header, queued: Instant, written: Instant) {
-        if let Some(t) = self.tracer_mut() {
+        if let Some(t) = self.extras().and_then(|x| x.tracer.as_mut()) {
             t.frame_sent(header, queued, written);
         }
     }
     /// A data frame from `peer` came in: its header at `arrived`, its last byte at `read`;
-    /// the endpoint had handled it at `handled`.
+    /// the endpoint had handled it at `handled`. The default records it, from its header to
+    /// its handling, on the timeline.
     fn on_frame_received(
         &mut self,
         _endpoint: &E,
-        _peer: Rank,
-        _header: &Header,
-        _arrived: Instant,
+        peer: Rank,
+        header: &Header,
+        arrived: Instant,
         _read: Instant,
-        _handled: Instant,
+        handled: Instant,
     ) {
+        if let Some(t) = self.extras().and_then(|x| x.tracer.as_mut()) {
+            t.frame_received(peer, header, arrived, handled);
+        }
     }
+}
+
+/// What a server's or worker's hooks keep beside their endpoint: their part in relaying
+/// worker 0's buffers and the recorder of their frame timeline.
+pub struct HookExtras {
+    /// This process's part in relaying worker 0's buffers.
+    pub buffers: BufferRelay,
+    /// The frames' timeline, when a window of steps is recorded.
+    pub tracer: Option<TraceRecorder>,
 }
 
 /// The frame MACs of a link: the frames it sends are tagged, those it receives checked.

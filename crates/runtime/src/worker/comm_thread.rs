@@ -10,13 +10,13 @@ use mio::Waker;
 use syncopate_core::buffers::{BufferRelay, BufferRoute};
 use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
-use syncopate_core::strategy::{KeyLoss, LossStats, ProtocolError, Rank, WorkerEvent, WorkerSync};
+use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
 use syncopate_core::tune::Knobs;
-use syncopate_core::wire::Header;
 
-use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkCounters, LinkStatus};
+use crate::comm::{CommError, CommLoop, Flow, HookExtras, Hooks, LinkCounters, LinkStatus};
 use crate::error::RunError;
 use crate::job::{JobLayout, ProcessContext};
+use crate::losses::Losses;
 use crate::process::join;
 use crate::trace::{TraceRecorder, SEND};
 
@@ -50,19 +50,18 @@ struct WorkerHooks {
     tx: Sender<FromComm>,
     step: u64,
     layout: JobLayout,
-    /// The frames' timeline (send and receive threads), when a window is recorded.
-    tracer: Option<TraceRecorder>,
+    /// This worker's part in relaying worker 0's buffers, and the frames' timeline (send
+    /// and receive threads) when a window is recorded.
+    extras: HookExtras,
     /// Per key, its slices as `(offset, length)` (parameter-server strategies), for the
     /// timeline's enqueue instants.
     slices: Vec<Vec<(usize, usize)>>,
-    /// This worker's part in relaying worker 0's buffers.
-    buffers: BufferRelay,
 }
 
 impl WorkerHooks {
     /// Marks on the timeline that `key`'s gradient (each of its slices) entered the queue.
     fn trace_enqueue(&mut self, key: usize) {
-        let Some(t) = self.tracer.as_mut().filter(|t| t.records(self.step)) else {
+        let Some(t) = self.extras.tracer.as_mut().filter(|t| t.records(self.step)) else {
             return;
         };
         let now = Instant::now();
@@ -77,7 +76,11 @@ impl WorkerHooks {
         }
     }
 
+    /// Hands the training thread the endpoint's events and worker 0's buffers relayed here.
     fn drain(&mut self, ep: &mut dyn WorkerSync) {
+        while let Some((step, values)) = self.extras.buffers.poll_delivered() {
+            let _ = self.tx.send(FromComm::Buffers(step, values));
+        }
         while let Some(ev) = ep.poll_event() {
             let values = match ev {
                 WorkerEvent::ParamsReady(k) | WorkerEvent::GradReady(k) => ep.take_values(k),
@@ -106,7 +109,9 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
                 }
                 Ok(ToComm::BackwardDone) => ep.handle_backward_done(),
                 Ok(ToComm::Retune(knobs)) => ep.retune(knobs),
-                Ok(ToComm::Buffers(step, values)) => self.buffers.handle_local(step, &values),
+                Ok(ToComm::Buffers(step, values)) => {
+                    self.extras.buffers.handle_local(step, &values)
+                }
                 Ok(ToComm::SyncState) => {
                     let _ = self.tx.send(FromComm::SyncState(ep.sync_state()));
                 }
@@ -138,43 +143,8 @@ impl Hooks<dyn WorkerSync + Send> for WorkerHooks {
         self.layout.describe(rank)
     }
 
-    fn on_buffers(
-        &mut self,
-        peer: Rank,
-        header: &Header,
-        payload: &[u8],
-    ) -> Result<(), ProtocolError> {
-        self.buffers.handle_frame(peer, header, payload)?;
-        while let Some((step, values)) = self.buffers.poll_delivered() {
-            let _ = self.tx.send(FromComm::Buffers(step, values));
-        }
-        Ok(())
-    }
-
-    fn buffer_relay(&mut self) -> Option<&mut BufferRelay> {
-        Some(&mut self.buffers)
-    }
-
-    fn tracer(&self) -> Option<&TraceRecorder> {
-        self.tracer.as_ref()
-    }
-
-    fn tracer_mut(&mut self) -> Option<&mut TraceRecorder> {
-        self.tracer.as_mut()
-    }
-
-    fn on_frame_received(
-        &mut self,
-        _: &(dyn WorkerSync + Send + 'static),
-        peer: Rank,
-        header: &Header,
-        arrived: Instant,
-        _read: Instant,
-        handled: Instant,
-    ) {
-        if let Some(t) = self.tracer.as_mut() {
-            t.frame_received(peer, header, arrived, handled);
-        }
+    fn extras(&mut self) -> Option<&mut HookExtras> {
+        Some(&mut self.extras)
     }
 }
 
@@ -184,11 +154,8 @@ pub(super) struct CommOutcome {
     pub(super) counters: Vec<LinkCounters>,
     /// The frames' timeline.
     pub(super) frames: Option<TraceRecorder>,
-    /// What a loss-tolerant endpoint lost and filled in, overall and per key.
-    pub(super) loss: Option<LossStats>,
-    pub(super) key_loss: Vec<KeyLoss>,
-    /// What the datagram path did (`--transport udp`).
-    pub(super) datagrams: Option<crate::comm::DatagramReport>,
+    /// What a loss-tolerant endpoint lost and filled in, and what the datagram path did.
+    pub(super) losses: Losses,
 }
 
 type CommResult = Result<CommOutcome, CommError>;
@@ -309,12 +276,14 @@ fn start_comm(
         tx: from_tx.clone(),
         step: 0,
         layout: layout.clone(),
-        tracer,
+        extras: HookExtras {
+            buffers: BufferRelay::new(
+                BufferRoute::of(layout.strategy, layout.workers, layout.servers, ctx.rank),
+                Some(buffer_values),
+            ),
+            tracer,
+        },
         slices,
-        buffers: BufferRelay::new(
-            BufferRoute::of(layout.strategy, layout.workers, layout.servers, ctx.rank),
-            Some(buffer_values),
-        ),
     };
     let thread = std::thread::Builder::new()
         .name("syncopate-comm".into())
@@ -325,10 +294,12 @@ fn start_comm(
             }
             r.map(|()| CommOutcome {
                 counters: comm_loop.counters(),
-                frames: hooks.tracer.take(),
-                loss: endpoint.loss_stats(),
-                key_loss: endpoint.key_loss(),
-                datagrams: comm_loop.datagram_report(),
+                frames: hooks.extras.tracer.take(),
+                losses: Losses {
+                    loss: endpoint.loss_stats(),
+                    key_loss: endpoint.key_loss(),
+                    datagrams: comm_loop.datagram_report(),
+                },
             })
         })
         .map_err(|e| RunError::Local(format!("starting the communication thread: {e}")))?;
@@ -376,9 +347,7 @@ mod tests {
             Ok(CommOutcome {
                 counters: Vec::new(),
                 frames: None,
-                loss: None,
-                key_loss: Vec::new(),
-                datagrams: None,
+                losses: Losses::default(),
             })
         });
         let mut comm = Comm {

@@ -13,6 +13,7 @@ use super::comm_thread::CommOutcome;
 use super::step_loop::Record;
 use super::WorkerPlan;
 use crate::job::JobLayout;
+use crate::losses::Losses;
 
 /// Time spent in each phase over the run, seconds.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -85,16 +86,10 @@ pub struct WorkerSummary {
     /// What the tuner measured and chose (`--autotune`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autotune: Option<TuneReport>,
-    /// What a loss-tolerant worker (dlcp-allreduce) lost and filled in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<LossStats>,
-    /// Per key, the values it received and filled in (loss-tolerant workers).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub key_loss: Vec<KeyLoss>,
-    /// What its datagrams did (`--transport udp`): sent, received, dropped by reason, and
-    /// each link's rate controller.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub datagrams: Option<crate::comm::DatagramReport>,
+    /// What a loss-tolerant worker (dlcp-allreduce) lost and filled in, and what its
+    /// datagrams did.
+    #[serde(flatten)]
+    pub losses: Losses,
 }
 
 /// A loss-tolerant worker's own file beside the job's summary (`summary.worker-N.json`):
@@ -117,11 +112,12 @@ impl OwnLoss {
     /// Worker `rank`'s file from its `summary`; `None` where it has nothing of its own
     /// (an exact strategy over TCP).
     pub fn of(rank: Rank, summary: &WorkerSummary) -> Option<Self> {
-        (summary.loss.is_some() || summary.datagrams.is_some()).then(|| OwnLoss {
+        let l = &summary.losses;
+        (l.loss.is_some() || l.datagrams.is_some()).then(|| OwnLoss {
             rank,
-            loss: summary.loss,
-            key_loss: summary.key_loss.clone(),
-            datagrams: summary.datagrams.clone(),
+            loss: l.loss,
+            key_loss: l.key_loss.clone(),
+            datagrams: l.datagrams.clone(),
         })
     }
 }
@@ -201,9 +197,7 @@ pub(super) fn summarise(
         }),
         autotune: seq.tuner().map(|t| t.report()),
         tensor_completion: Percentiles::default(),
-        loss: outcome.loss,
-        key_loss: outcome.key_loss,
-        datagrams: outcome.datagrams,
+        losses: outcome.losses,
     }
 }
 

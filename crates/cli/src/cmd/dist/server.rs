@@ -41,7 +41,7 @@ pub fn server_cmd(member: MemberArgs) -> Result<()> {
         peak_early_values = summary.peak_early_values,
         "server done"
     );
-    if let Some(loss) = &summary.loss {
+    if let Some(loss) = &summary.losses.loss {
         tracing::info!(
             realised_loss = loss.realised_loss(),
             packets = loss.packets,
