@@ -156,8 +156,12 @@ fn operations_started_at_once_travel_together_and_complete_alike() {
 
 #[test]
 fn a_panic_of_the_thread_fails_the_pending_and_the_queued_operations() {
+    // Rank 1 keeps its ring open until rank 0 has its errors: were it to close first, rank
+    // 0's operation could fail with "rank 1 left" before the panic was injected.
+    static RANK_0_DONE: std::sync::Barrier = std::sync::Barrier::new(2);
     let results = with_rings(2, |ring| {
         if ring.rank() == 1 {
+            RANK_0_DONE.wait();
             return Vec::new();
         }
         let (tx, rx) = channel();
@@ -171,7 +175,9 @@ fn a_panic_of_the_thread_fails_the_pending_and_the_queued_operations() {
             );
             ring.inject_panic("injected for the test".into());
         }
-        vec![rx.recv().expect("fails"), rx.recv().expect("fails")]
+        let errors = vec![rx.recv().expect("fails"), rx.recv().expect("fails")];
+        RANK_0_DONE.wait();
+        errors
     });
     for result in &results[0] {
         let error = result.as_ref().expect_err("fails");
