@@ -145,7 +145,12 @@ impl Sim<'_> {
     /// Hands the frame in `buf` that host `h`'s endpoint made for `to` to their datagram
     /// link if it is loss-tolerant and the job sends such frames as datagrams, and lets it
     /// into a batch if the pacer allows; returns whether it did.
-    pub(super) fn to_datagrams(&mut self, h: Rank, to: Rank, buf: &[u8]) -> Result<bool, SimError> {
+    pub(super) fn hand_to_datagrams(
+        &mut self,
+        h: Rank,
+        to: Rank,
+        buf: &[u8],
+    ) -> Result<bool, SimError> {
         let Some(d) = self.datagrams.as_deref_mut() else {
             return Ok(false);
         };

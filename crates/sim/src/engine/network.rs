@@ -41,7 +41,7 @@ impl Sim<'_> {
                 }
                 return Ok(());
             };
-            if self.datagrams.is_some() && self.to_datagrams(h, to, &buf)? {
+            if self.datagrams.is_some() && self.hand_to_datagrams(h, to, &buf)? {
                 self.pool.push(buf);
                 continue;
             }
