@@ -296,3 +296,27 @@ fn simulate_reads_a_torch_profile_file() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `--transport udp` runs DLCP's pushes through the core's datagram link and says what its
+/// datagrams did; the report carries their counters.
+#[test]
+fn simulate_runs_dlcp_over_datagrams() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let flags = "--model profile:resnet50 --strategy dlcp --workers 2 --servers 1 \
+                 --bandwidth 1gbit --loss 1% --paths 2 --steps 1 --transport udp";
+    let mut cmd = Command::new(EXE);
+    cmd.arg("simulate").args(flags.split_whitespace());
+    let out = cmd.arg("--json").arg(&json).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.contains("datagrams: "),
+        "{text}{err}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let d = &report["datagrams"];
+    let (sent, received) = (d["sent"].as_u64().unwrap(), d["received"].as_u64().unwrap());
+    assert!(sent > 0 && received < sent, "{d}");
+    assert_eq!(report["config"]["scale"], 1.0);
+}

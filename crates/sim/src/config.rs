@@ -3,8 +3,9 @@
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
-use syncopate_core::net::{round_to_u64, NetworkProfile};
+use syncopate_core::net::{round_to_u64, NetworkProfile, RateConfig};
 use syncopate_core::step::Straggler;
+use syncopate_core::wire::datagram::{max_packet_bytes, DEFAULT_MTU};
 use syncopate_core::wire::HEADER_LEN;
 
 use crate::faults::FaultConfig;
@@ -42,6 +43,12 @@ pub struct SimConfig {
     /// rules and the report says how each ended.
     #[serde(default)]
     pub faults: FaultConfig,
+    /// Loss-tolerant frames travel as datagrams of the core's datagram link (one per pair
+    /// of processes: pacing and rate control by this controller's settings, feedback, the
+    /// link's choice of path), as `--transport udp` sends them; `None`: each is a frame on
+    /// the ports, as the emulated transport sends it.
+    #[serde(default)]
+    pub datagram: Option<RateConfig>,
 }
 
 impl std::ops::Deref for SimConfig {
@@ -81,6 +88,7 @@ impl SimConfig {
             stragglers: Vec::new(),
             trace_steps: None,
             faults: FaultConfig::default(),
+            datagram: None,
         }
     }
 
@@ -109,6 +117,20 @@ impl SimConfig {
             return fail("at least one step is needed".into());
         }
         self.faults.validate().map_err(SimError::Config)?;
+        if self.datagram.is_some() && self.scale != 1.0 {
+            return fail(format!(
+                "datagrams carry the values a packet holds: they need scale 1 (got {})",
+                self.scale
+            ));
+        }
+        let fits = max_packet_bytes(DEFAULT_MTU).unwrap_or(0);
+        let packet = self.sync.dlcp.packet_elems.saturating_mul(4);
+        if self.datagram.is_some() && self.strategy.loss_tolerant() && packet > fits {
+            return fail(format!(
+                "a {packet}-byte packet does not fit one datagram: with datagrams a packet \
+                 is at most {fits} bytes (--transport udp sizes them so)"
+            ));
+        }
         Ok(())
     }
 

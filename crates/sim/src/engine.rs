@@ -21,6 +21,7 @@ use crate::rng::Jitter;
 use crate::symmetry::times;
 use crate::{SimConfig, SimError};
 
+mod datagrams;
 mod life;
 mod mirror;
 mod network;
@@ -59,6 +60,8 @@ struct InFlight {
     bytes: usize,
     /// When the frame starts arriving (first bit, or start of ingress serialisation).
     recv_start: u64,
+    /// A datagram of a datagram link (its DSCP and path), not a frame.
+    datagram: Option<(u8, usize)>,
 }
 
 /// One simulation run.
@@ -109,6 +112,8 @@ pub(crate) struct Sim<'a> {
     lives: Option<Box<life::Lives>>,
     /// One worker standing for all ([`crate::symmetry`]); `None` at packet level.
     mirror: Option<crate::symmetry::Mirror>,
+    /// The datagram links, where loss-tolerant frames travel as datagrams.
+    datagrams: Option<Box<datagrams::Datagrams>>,
 }
 
 /// The network flow of the directed link `from -> to` (ranks fit 32 bits).
@@ -233,6 +238,7 @@ impl<'a> Sim<'a> {
         Ok(Self {
             lives,
             mirror: None,
+            datagrams: datagrams::Datagrams::for_job(cfg),
             cfg,
             profile,
             polling,
@@ -311,6 +317,7 @@ impl<'a> Sim<'a> {
                 Event::Strike(i) => self.strike(i),
                 Event::Control(slot) => self.control(slot),
                 Event::Liveness(h) => self.liveness_due(h),
+                Event::Datagram(h) => self.datagram_timer(h)?,
             }
             if let Some(h) = touched {
                 self.arm_timer(h);
@@ -346,7 +353,9 @@ impl<'a> Sim<'a> {
             return true;
         };
         match ev {
-            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => lives.active(h),
+            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) | Event::Datagram(h) => {
+                lives.active(h)
+            }
             Event::NetPoll { host, .. } => lives.port_runs(host),
             Event::Arrive(_)
             | Event::Deliver(_)
@@ -500,6 +509,10 @@ impl<'a> Sim<'a> {
         if !self.admitted(slot) {
             return Ok(());
         }
+        if (self.frames.get(slot)).is_some_and(|f| f.as_ref().is_some_and(|f| f.datagram.is_some()))
+        {
+            return self.deliver_datagram(slot);
+        }
         // Read where it lies (a frame is a hundred bytes: not copied out to be read once).
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
@@ -595,7 +608,9 @@ impl<'a> Sim<'a> {
     /// The host whose endpoint event `ev` calls (whose timer may then change).
     fn touched_host(&self, ev: Event) -> Option<usize> {
         match ev {
-            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) => Some(h),
+            Event::ComputeDone(h) | Event::NicReady(h) | Event::Timeout(h) | Event::Datagram(h) => {
+                Some(h)
+            }
             Event::Deliver(slot) => self.frames.get(slot)?.as_ref().map(|f| f.to),
             Event::Control(_) | Event::Strike(_) => None,
             Event::Liveness(h) => Some(h),
@@ -708,6 +723,7 @@ impl<'a> Sim<'a> {
             RankEndpoint::Worker(w) => w.key_loss(),
         }));
         SimReport {
+            datagrams: self.datagrams.as_ref().map(|d| d.counters()),
             model: self.profile.name.clone(),
             config: cfg.clone(),
             step_end_ns: self.step_end,

@@ -78,6 +78,8 @@ pub fn simulate_packet_level(
 }
 
 #[cfg(test)]
+mod datagram_tests;
+#[cfg(test)]
 mod fault_tests;
 #[cfg(test)]
 mod net_tests;

@@ -31,6 +31,9 @@ pub(crate) enum Event {
     Strike(usize),
     /// A control frame (slot in the control table) reaches its receiver.
     Control(usize),
+    /// A host's datagram links have something due (a pacer's departure, a feedback, a rate
+    /// controller's timeout).
+    Datagram(usize),
     /// A host's liveness clocks need looking at (a heartbeat or a peer timeout is due).
     Liveness(usize),
     /// A host's network port has something due (a retransmission, a serialisation start).

@@ -6,6 +6,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use syncopate_core::net::NetCounters;
+use syncopate_core::wire::datagram::DatagramCounters;
 
 use crate::SimConfig;
 
@@ -50,6 +51,11 @@ pub struct TraceEvent {
 pub struct SimReport {
     /// Model name of the profile.
     pub model: String,
+    /// What the datagram links did, summed over every link (`None` where loss-tolerant
+    /// frames travelled as frames): data and feedback sent and received, refusals by
+    /// reason; the network's losses and drops of them are in `network`.
+    #[serde(default)]
+    pub datagrams: Option<DatagramCounters>,
     /// The configuration simulated.
     pub config: SimConfig,
     /// When each step was complete on every worker (its last StepDone), virtual ns.

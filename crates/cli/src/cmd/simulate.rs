@@ -6,16 +6,18 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use syncopate_core::net::RateConfig;
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::strategy::StrategyKind;
 use syncopate_core::tune::TuneReport;
 use syncopate_report::{LineChart, LineStyle, Scale, Series};
+use syncopate_runtime::job::Transport;
 use syncopate_sim::{chrome_trace_json, model_choice, simulate, SimConfig, SimReport};
 use syncopate_train::model;
 
 use super::sim_faults::{print_report, FaultArgs};
 use crate::args::{NetworkArgs, StepWindow};
-use crate::sync_args::SyncArgs;
+use crate::sync_args::{transport_parser, SyncArgs};
 
 /// `syncopate simulate`.
 #[derive(Debug, Args)]
@@ -29,6 +31,14 @@ pub struct SimulateArgs {
     /// settings go to the strategies of the family).
     #[command(flatten)]
     pub sync: SyncArgs,
+    /// How the loss-tolerant packets of dlcp and dlcp-allreduce travel: tcp, each a frame
+    /// on the ports (lost or not as the network model decides); udp, as the runtime's
+    /// --transport udp sends them: datagrams of the core's datagram link between each pair
+    /// of processes (pacing and rate control by its feedback, its choice of path per
+    /// packet), each a packet of the network model, with packets of at most 1388 bytes
+    /// and the model at scale 1. The other strategies' frames are reliable either way.
+    #[arg(long, value_parser = transport_parser(), default_value = "tcp")]
+    pub transport: Transport,
     /// Workers, comma-separated for a sweep.
     #[arg(long, default_value = "4")]
     pub workers: String,
@@ -140,8 +150,14 @@ pub(crate) fn sim_config(
     workers: usize,
     members: &[(StrategyKind, usize)],
 ) -> Result<SimConfig> {
+    let datagrams = args.transport == Transport::Udp && strategy.loss_tolerant();
+    let transport = if datagrams {
+        Transport::Udp
+    } else {
+        Transport::Tcp
+    };
     let sync = (args.sync.for_sweep_member(strategy, workers, members))
-        .plan(strategy, workers, workers)
+        .plan_on(strategy, workers, workers, transport)
         .with_context(|| format!("{} with {workers} workers", strategy.name()))?;
     let hosts = sync.world_size() as f64;
     let mut config = SimConfig::with_plan(sync);
@@ -154,8 +170,11 @@ pub(crate) fn sim_config(
     config.stragglers = args.slow_worker.clone();
     config.faults = args.faults.config()?;
     config.trace_steps = args.trace_steps.clone().map(|w| w.0);
+    config.datagram = datagrams.then(RateConfig::default);
     config.scale = match args.sync.scale {
         Some(f) => f,
+        // A datagram carries the values its packet holds: the model at full size.
+        None if datagrams => 1.0,
         None => auto_scale(profile, &mut config, hosts),
     };
     Ok(config)
@@ -231,6 +250,18 @@ fn print_details(report: &SimReport, config: &SimConfig) -> Result<()> {
             net.queueing_ns_max as f64 / 1e3,
             t.p50_s,
             t.p99_s
+        );
+    }
+    if let Some(d) = &report.datagrams {
+        println!(
+            "  datagrams: {} sent, {} received ({} lost or dropped on the way), {} refused; \
+             feedback {} sent, {} received",
+            d.sent,
+            d.received,
+            d.sent.saturating_sub(d.received + d.drops()),
+            d.drops(),
+            d.feedback_sent,
+            d.feedback_received
         );
     }
     if let Some(faults) = &report.faults {

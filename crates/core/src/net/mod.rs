@@ -76,6 +76,9 @@ pub struct FrameMeta {
     pub flow: u64,
     /// Choose the path per frame (spraying) rather than per flow (hashing, as ECMP does).
     pub spray: bool,
+    /// The path its sender chose (a datagram link's choice, one socket per path): taken
+    /// as it is (modulo the port's paths), before any hashing or spraying.
+    pub path: Option<usize>,
     /// Reliable transport (TCP-like): a lost or dropped frame is retransmitted after the
     /// retransmission timeout and deliveries on the flow stay in order. Otherwise the frame
     /// is simply lost ([`Fate::Lost`], [`Fate::Dropped`]).
@@ -136,8 +139,25 @@ impl FrameMeta {
             drop_eligible: f.is_drop_eligible(),
             flow,
             spray: f.is_sprayed(),
+            path: None,
             reliable: !f.is_loss_tolerant(),
             identity: Some(FrameIdentity::of_header(header)),
+        }
+    }
+
+    /// What the network sees of a datagram of `bytes` on the wire (IP and UDP headers
+    /// included) with IP DSCP `dscp`, on `flow`, sent on `path`: never retransmitted, of the
+    /// class and drop eligibility its DSCP marks ([`crate::wire::datagram::class_of_dscp`]),
+    /// its loss drawn from the path's stream.
+    pub fn of_datagram(dscp: u8, bytes: usize, flow: u64, path: usize) -> Self {
+        let (class, drop_eligible) = crate::wire::datagram::class_of_dscp(dscp);
+        Self {
+            bytes,
+            class,
+            drop_eligible,
+            flow,
+            path: Some(path),
+            ..Self::default()
         }
     }
 }

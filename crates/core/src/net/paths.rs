@@ -78,12 +78,16 @@ impl<T> Path<T> {
     }
 }
 
-/// The path a frame offered at `now` takes: a reliable (TCP) flow the first path, as a
-/// connection to a host's first address does; another flow by hash of its flow (salted by
-/// the job's seed) unless it sprays, then the path where it would finish first, ties to the
-/// path that has carried the fewest bytes, then the lowest index.
+/// The path a frame offered at `now` takes: the one its sender chose, if it did (a datagram
+/// link's); a reliable (TCP) flow the first path, as a connection to a host's first address
+/// does; another flow by hash of its flow (salted by the job's seed) unless it sprays, then
+/// the path where it would finish first, ties to the path that has carried the fewest
+/// bytes, then the lowest index.
 pub(crate) fn choose<T>(paths: &[Path<T>], meta: &FrameMeta, salt: u64, now: Nanos) -> usize {
     let k = paths.len();
+    if let Some(path) = meta.path {
+        return path % k.max(1);
+    }
     if k <= 1 || (meta.reliable && !meta.spray) {
         return 0;
     }

@@ -93,6 +93,17 @@ pub fn dscp_of(flags: Flags) -> u8 {
     }
 }
 
+/// The priority class and drop eligibility a datagram of IP DSCP `dscp` carries, as
+/// [`dscp_of`] marked them: 8 (CS1) drop-eligible and of the lowest class (7), 39..=46
+/// class `46 - dscp`; any other (the feedback's 0, the TCP links' class) class 0.
+pub fn class_of_dscp(dscp: u8) -> (u8, bool) {
+    match dscp {
+        8 => (7, true),
+        39..=46 => (46 - dscp, false),
+        _ => (0, false),
+    }
+}
+
 /// The IP TOS byte (`IP_TOS`) a frame with these flags is sent with: its [`dscp_of`] in the
 /// upper six bits, ECN bits clear.
 pub fn tos_of(flags: Flags) -> u8 {

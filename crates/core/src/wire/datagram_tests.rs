@@ -402,3 +402,14 @@ proptest! {
         prop_assert_eq!(opener.window().highest(), None);
     }
 }
+
+#[test]
+fn a_datagrams_dscp_gives_back_its_class_and_drop_eligibility() {
+    for class in 0..8 {
+        let flags = Flags::class(class).loss_tolerant();
+        assert_eq!(class_of_dscp(dscp_of(flags)), (class, false));
+        let eligible = flags.drop_eligible_if(true);
+        assert_eq!(class_of_dscp(dscp_of(eligible)), (7, true));
+    }
+    assert_eq!(class_of_dscp(0), (0, false), "feedback: the control class");
+}

@@ -97,7 +97,7 @@ impl CommLoop {
                 Transmit::Copied(peer) => (peer, None),
                 Transmit::Lent(peer, header) => (peer, Some(header)),
             };
-            if self.hand_to_datagrams(endpoint, peer, lent, &buf) {
+            if self.hand_hand_to_datagrams(endpoint, peer, lent, &buf) {
                 self.pool.give(buf);
                 handed += 1;
                 // Into a batch now if the pacer allows, so the link takes the next one.
@@ -135,7 +135,7 @@ impl CommLoop {
     /// Hands a loss-tolerant frame for `peer` (its buffer `buf`, or its header `lent`) to the
     /// datagram path, if the loop has one; a lent payload is copied and returned to the
     /// endpoint at once. Returns whether it did.
-    fn hand_to_datagrams<E: Endpoint + ?Sized>(
+    fn hand_hand_to_datagrams<E: Endpoint + ?Sized>(
         &mut self,
         endpoint: &mut E,
         peer: Rank,

@@ -6,7 +6,7 @@
 #[cfg(doc)]
 use syncopate_core::net::Rotation;
 use syncopate_core::net::{Decision, Fate, FrameMeta};
-use syncopate_core::strategy::Rank;
+use syncopate_core::strategy::{Endpoint, Rank};
 
 use super::{decode, flow, frame_name, InFlight, Polling, Sim};
 use crate::build::RankEndpoint;
@@ -18,6 +18,13 @@ impl Sim<'_> {
     /// Asks host `h`'s endpoint for frames while its NIC's backlog is below the window (the
     /// runtime's `fill`); arms a wake-up for when the backlog drains below it.
     pub(super) fn fill(&mut self, h: Rank) -> Result<(), SimError> {
+        self.offer_frames(h)?;
+        // The endpoint has nothing more for now: the datagram links' open batches leave.
+        self.pump(h, None, true)
+    }
+
+    /// [`Sim::fill`]'s offers: frames while the NIC has room and the endpoint has any.
+    fn offer_frames(&mut self, h: Rank) -> Result<(), SimError> {
         let workers = self.cfg.workers;
         loop {
             if !self.nic_has_room(h) {
@@ -34,6 +41,10 @@ impl Sim<'_> {
                 }
                 return Ok(());
             };
+            if self.datagrams.is_some() && self.hand_to_datagrams(h, to, &buf)? {
+                self.pool.push(buf);
+                continue;
+            }
             self.send_frame(h, to, buf)?;
         }
     }
@@ -62,6 +73,22 @@ impl Sim<'_> {
         let workers = self.cfg.workers;
         let host = &mut self.hosts[h];
         let n = host.links.len() / 2;
+        if let Some(d) = self.datagrams.as_deref_mut() {
+            // The runtime's rule: only the links whose datagrams have all left the pacer.
+            let open = d.open_links(h, &host.links[..n], &host.rotation);
+            let ep: &mut dyn Endpoint = match &mut host.endpoint {
+                RankEndpoint::Worker(w) => w.as_mut(),
+                RankEndpoint::Server(s) => s.as_mut(),
+            };
+            let to = (!open.is_empty())
+                .then(|| ep.poll_transmit_any(&open, buf))
+                .flatten();
+            if to.is_some() {
+                host.rotation.sent();
+            }
+            d.give_open(open);
+            return to;
+        }
         match &mut host.endpoint {
             RankEndpoint::Worker(_) if n == 0 => None,
             RankEndpoint::Worker(ep)
@@ -121,17 +148,9 @@ impl Sim<'_> {
             buf,
             bytes,
             recv_start: 0,
+            datagram: None,
         };
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                self.frames[slot] = Some(frame);
-                slot
-            }
-            None => {
-                self.frames.push(Some(frame));
-                self.frames.len() - 1
-            }
-        };
+        let slot = self.file_frame(frame);
         if let Some(lives) = self.lives.as_deref_mut() {
             lives.wrote(h, to, now);
         }
@@ -140,6 +159,21 @@ impl Sim<'_> {
         self.frames_sent += 1;
         (host.nic.egress).enqueue(now, slot as u64, meta);
         self.collect(h, false)
+    }
+
+    /// Gives `frame` a slot of the in-flight table.
+    #[inline(always)]
+    pub(super) fn file_frame(&mut self, frame: InFlight) -> usize {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.frames[slot] = Some(frame);
+                slot
+            }
+            None => {
+                self.frames.push(Some(frame));
+                self.frames.len() - 1
+            }
+        }
     }
 
     /// [`SimConfig::wire_bytes`](crate::SimConfig::wire_bytes) of `elems`, from the last frame's when it had as many.
@@ -204,10 +238,12 @@ impl Sim<'_> {
         f.recv_start = d.start + at.saturating_sub(d.done);
         // The header stays in its slot (not copied per frame for a trace seldom taken).
         let (from, to, header) = (f.from, f.to, &f.header);
-        self.tracer
-            .record(header.step, from, Lane::Send, (d.start, d.done), || {
-                frame_name(header, from, to)
-            });
+        if f.datagram.is_none() {
+            self.tracer
+                .record(header.step, from, Lane::Send, (d.start, d.done), || {
+                    frame_name(header, from, to)
+                });
+        }
         let arrive = self.cfg.network.ingress;
         self.queue.push(
             at,
@@ -231,7 +267,10 @@ impl Sim<'_> {
         };
         let (from, to) = (f.from, f.to);
         let bytes = f.bytes * self.fan(to);
-        let meta = FrameMeta::of_frame(&f.header, bytes, flow(from, to));
+        let meta = match f.datagram {
+            Some((dscp, path)) => FrameMeta::of_datagram(dscp, bytes, flow(from, to), path),
+            None => FrameMeta::of_frame(&f.header, bytes, flow(from, to)),
+        };
         let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
             return Err(self.internal(format!("rank {to} has no ingress port")));
         };

@@ -577,6 +577,25 @@ fn hashing_pins_a_flow_to_one_path_and_tcp_to_the_first() {
     assert!(used.len() > 1, "40 flows all hashed to {used:?}");
 }
 
+/// A datagram takes the path its sender chose, whatever its flow hashes to (modulo the
+/// port's paths), and the class its DSCP marks.
+#[test]
+fn a_datagram_takes_the_path_its_sender_chose() {
+    let mut port = Port::egress(&multipath(3), 3, 0);
+    for token in 0..300u64 {
+        let meta = FrameMeta::of_datagram(46, 1_500, 7, token as usize % 4);
+        assert!(!meta.reliable && meta.class == 0 && !meta.drop_eligible);
+        port.enqueue(token * 100, token, meta);
+    }
+    for d in run_all(&mut port, Vec::new()) {
+        let Fate::Delivered { path, .. } = d.fate else {
+            panic!("{d:?}")
+        };
+        assert_eq!(path, (d.token % 4) as usize % 3, "token {}", d.token);
+    }
+    assert!(FrameMeta::of_datagram(8, 100, 7, 0).drop_eligible);
+}
+
 /// A degraded path (its own bandwidth, latency and loss) affects only the frames on it.
 #[test]
 fn each_path_has_its_own_bandwidth_latency_and_loss() {
