@@ -6,7 +6,13 @@
 //! each a list of its events in (time, insertion) order, with a bit per occupied bucket;
 //! an event further ahead waits in a binary heap and moves into its bucket once the window
 //! reaches it. A frame's events (its sender's window reopening, its delivery) land within
-//! the window, so most events are filed once and found by a scan of a bit map. Measured on
+//! the window, so most events are filed once and found by a scan of a bit map. Beyond the
+//! window a second ring of 4,096 coarse buckets, one window wide each (4.3 s in all),
+//! holds the far events unordered; a coarse bucket goes into the heap only when the
+//! window's end reaches it, so the heap holds about one window's events (under incast a
+//! lossy 1,024-worker simulation delivers frames tens of milliseconds ahead, and one heap
+//! of them all was its largest cost). Events beyond the coarse ring wait in a heap of
+//! their own. Measured on
 //! the 1,024-worker simulation (docs/BENCHMARKS.md): the radix heap with 4-bit digits used
 //! before moved each event down four or five levels (a sixth of the instructions); a 4-ary
 //! heap was slower than that; a window of 262 us sent a frame's delivery to the heap too
@@ -55,6 +61,10 @@ const WORDS: usize = BUCKETS / 64;
 const SPAN: u64 = (BUCKETS as u64) << WIDTH_BITS;
 /// The end of a bucket's list, or of the free list.
 const NIL: usize = usize::MAX;
+/// Bits of a coarse bucket's width in nanoseconds: one window.
+const COARSE_BITS: u32 = WIDTH_BITS + BUCKETS.trailing_zeros();
+/// Coarse buckets in the ring.
+const COARSE: u64 = 4096;
 
 /// An event waiting in the window, linked into its bucket's list (or the free list): 32
 /// bytes on a 32-byte boundary, so reading one reads one cache line. It needs no insertion
@@ -112,8 +122,17 @@ pub(crate) struct EventQueue {
     occupied: [u64; WORDS],
     /// A bit per word of `occupied` that is not 0.
     words: u64,
-    /// Events at or after the window's end.
+    /// Events at or after the window's end whose coarse bucket (`time >> COARSE_BITS`) is
+    /// before `spilled`.
     far: BinaryHeap<Far>,
+    /// The coarse buckets from `spilled` on (bucket `c` at `c % COARSE`), unordered.
+    coarse: Vec<Vec<Far>>,
+    /// Events in `coarse`.
+    in_coarse: usize,
+    /// Events of coarse buckets at or past `spilled + COARSE`.
+    beyond: BinaryHeap<Far>,
+    /// The first coarse bucket not yet moved into `far`.
+    spilled: u64,
     /// The node last filed inside a bucket's list (not at either end), while it is in the
     /// window (`NIL` once popped): a walk along that list starts there when it can.
     cursor: usize,
@@ -136,6 +155,10 @@ impl Default for EventQueue {
             occupied: [0; WORDS],
             words: 0,
             far: BinaryHeap::new(),
+            coarse: vec![Vec::new(); COARSE as usize],
+            in_coarse: 0,
+            beyond: BinaryHeap::new(),
+            spilled: 0,
             cursor: NIL,
         }
     }
@@ -159,12 +182,65 @@ impl EventQueue {
         }
     }
 
-    /// Queues an event beyond the window in the heap.
+    /// Queues an event beyond the window: in the heap if its coarse bucket was moved
+    /// there, else in its coarse bucket, else beyond the coarse ring.
     #[inline(never)]
     fn push_far(&mut self, time: u64, event: Event) {
         let seq = self.seq;
         self.seq = seq.wrapping_add(1);
-        self.far.push(Far { time, seq, event });
+        let far = Far { time, seq, event };
+        let c = time >> COARSE_BITS;
+        if c < self.spilled {
+            self.far.push(far);
+        } else if c - self.spilled < COARSE {
+            self.coarse[(c % COARSE) as usize].push(far);
+            self.in_coarse += 1;
+        } else {
+            self.beyond.push(far);
+        }
+    }
+
+    /// Moves every coarse bucket up to `last` (inclusive), and the events beyond the ring
+    /// that fall in them, into the heap.
+    fn spill_through(&mut self, last: u64) {
+        while self.spilled <= last {
+            if self.in_coarse == 0 {
+                // Nothing in the ring: skip to `last` at once.
+                self.spilled = self.spilled.max(last);
+            }
+            let c = self.spilled;
+            // Taken, not drained: a bucket keeps no capacity for the ring's next turn.
+            let bucket = std::mem::take(&mut self.coarse[(c % COARSE) as usize]);
+            self.in_coarse -= bucket.len();
+            self.far.extend(bucket);
+            while self
+                .beyond
+                .peek()
+                .is_some_and(|f| f.time >> COARSE_BITS <= c)
+            {
+                if let Some(f) = self.beyond.pop() {
+                    self.far.push(f);
+                }
+            }
+            self.spilled = c + 1;
+        }
+    }
+
+    /// Spills coarse buckets until the heap holds the earliest far event (`false`: there
+    /// are none).
+    fn spill_next(&mut self) -> bool {
+        while self.far.is_empty() {
+            let next = if self.in_coarse > 0 {
+                self.spilled
+            } else {
+                match self.beyond.peek() {
+                    Some(f) => f.time >> COARSE_BITS,
+                    None => return false,
+                }
+            };
+            self.spill_through(next);
+        }
+        true
     }
 
     /// The earliest event (first scheduled among equal times).
@@ -179,6 +255,9 @@ impl EventQueue {
                 return Some((node.time, node.event));
             }
             // The window is empty: it moves to the earliest far event.
+            if !self.spill_next() {
+                return None;
+            }
             self.last = self.far.peek()?.time;
             self.admit_far();
         }
@@ -193,13 +272,15 @@ impl EventQueue {
     /// heap's pop would make every pop save and restore its registers).
     fn far_due(&self) -> bool {
         let end = self.window_end();
-        self.far.peek().is_some_and(|f| f.time < end)
+        (end - 1) >> COARSE_BITS >= self.spilled || self.far.peek().is_some_and(|f| f.time < end)
     }
 
-    /// Files the far events the window now reaches into their buckets.
+    /// Files the far events the window now reaches into their buckets (first moving the
+    /// coarse buckets it reaches into the heap).
     #[inline(never)]
     fn admit_far(&mut self) {
         let end = self.window_end();
+        self.spill_through((end - 1) >> COARSE_BITS);
         while self.far.peek().is_some_and(|f| f.time < end) {
             if let Some(f) = self.far.pop() {
                 self.file(f.time, f.event);
@@ -348,6 +429,7 @@ mod tests {
                 0u64..300,
                 SPAN - 300..SPAN + 300,
                 0..3 * SPAN,
+                ((COARSE - 2) << COARSE_BITS)..((COARSE + 2) << COARSE_BITS),
             ]), 1..400),
         ) {
             let mut q = EventQueue::default();

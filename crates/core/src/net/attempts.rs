@@ -4,8 +4,9 @@
 //! order depends on timing; the simulator's does not).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
-use super::rng::hash;
+use super::rng::{hash, mix};
 use super::FrameIdentity;
 
 /// Steps of attempts remembered behind the newest step seen (a frame of an older step is
@@ -20,8 +21,33 @@ const MAX_REMEMBERED: usize = 1 << 20;
 /// packet resent after a probe is a new attempt, with draws of its own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Attempts {
-    seen: HashMap<(u64, FrameIdentity), u32>,
+    seen: HashMap<(u64, FrameIdentity), u32, BuildHasherDefault<WordHasher>>,
     newest_step: u64,
+}
+
+/// The hasher of [`Attempts`]' table: its keys are three 64-bit words, one of them a hash
+/// already, so a multiply per word and one SplitMix64 finish replace SipHash (which was a
+/// tenth of a lossy 64-worker simulation). Which entries a table holds does not depend on
+/// the hasher, so neither does any draw.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        mix(self.0)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(23) ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl Attempts {

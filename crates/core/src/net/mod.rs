@@ -25,6 +25,7 @@
 mod attempts;
 mod counters;
 mod flow_map;
+mod later;
 mod link;
 mod loss;
 mod order;

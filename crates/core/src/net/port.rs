@@ -47,11 +47,12 @@
 //! with one port per host can still report per link: give each directed link its own
 //! `flow`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::attempts::Attempts;
 use super::counters::NetCounters;
 use super::flow_map::FlowTable;
+use super::later::Later;
 use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
@@ -142,7 +143,7 @@ pub struct Port {
     salt: u64,
     /// Frames to offer at a later time, by (time, order): retransmissions, and (ingress)
     /// the next frame of a flow once the one ahead has left.
-    retransmits: BTreeMap<(Nanos, u64), Held>,
+    retransmits: Later<Held>,
     /// Ingress only: one frame of a flow in the port at a time, the others waiting behind
     /// it ([`FlowGate`]).
     one_per_flow: bool,
@@ -238,7 +239,7 @@ impl Port {
             window: profile.buffer_bytes,
             lazy: profile.queue_discipline == QueueDiscipline::Prio,
             salt: hash(&[seed, 0xEC3F]),
-            retransmits: BTreeMap::new(),
+            retransmits: Later::default(),
             one_per_flow: direction == Direction::Ingress,
             retransmit_order: 0,
             ready: VecDeque::new(),
@@ -289,7 +290,7 @@ impl Port {
         }
         if held >= self.window {
             // Nothing drains until a held frame is let through (then the driver asks again).
-            let release = self.retransmits.keys().next().map(|&(t, _)| t);
+            let release = self.retransmits.first_key().map(|(t, _)| t);
             return release.unwrap_or(now).max(now.saturating_add(1));
         }
         window::room_at(self.backlogs(), self.window - held, now)
@@ -381,7 +382,7 @@ impl Port {
         if self.direct {
             return None;
         }
-        let retransmit = self.retransmits.keys().next().map(|&(t, _)| t);
+        let retransmit = self.retransmits.first_key().map(|(t, _)| t);
         let dispatch = self.next_dispatch().map(|(t, _)| t);
         retransmit.into_iter().chain(dispatch).min()
     }
@@ -453,11 +454,11 @@ impl Port {
     fn advance(&mut self, now: Nanos) {
         self.clock = self.clock.max(now);
         loop {
-            let retransmit = (self.retransmits.keys().next().copied()).filter(|&(t, _)| t <= now);
+            let retransmit = self.retransmits.first_key().filter(|&(t, _)| t <= now);
             let dispatch = self.next_dispatch().filter(|&(t, _)| t <= now);
             match (retransmit, dispatch) {
                 (Some(key), d) if d.is_none_or(|(t, _)| key.0 <= t) => {
-                    if let Some(held) = self.retransmits.remove(&key) {
+                    if let Some(held) = self.retransmits.pop_first() {
                         self.offer(key.0, held);
                     }
                 }
