@@ -56,6 +56,10 @@ const GOODBYE_GRACE: Duration = Duration::from_secs(10);
 /// Endpoints kept for reuse, all lengths together.
 const IDLE_ENDPOINTS: usize = 64;
 
+/// Buffers of early frames kept for the next ones (a fresh buffer is fresh pages, each
+/// faulted in as the payload is read: a tenth of a large all-reduce's time).
+const SPARE_EARLY_BUFFERS: usize = 4;
+
 /// What an operation's caller is given when it ends: the averaged values, or the error that
 /// ended the job (it names the peer).
 pub type Completion = Box<dyn FnOnce(Result<Vec<f32>, String>) + Send>;
@@ -341,6 +345,8 @@ struct Pipeline {
     early: BTreeMap<u64, Vec<EarlyFrame>>,
     /// Per link, the early frame whose payload is being read: `(operation, index)`.
     receiving: HashMap<Rank, (u64, usize)>,
+    /// Buffers of early frames handed on, for the next early frames.
+    spare: Vec<Vec<f32>>,
     /// When a peer's goodbye was first seen, and whose.
     goodbye: Option<(Rank, Instant)>,
 }
@@ -357,6 +363,7 @@ impl Pipeline {
             idle_count: 0,
             early: BTreeMap::new(),
             receiving: HashMap::new(),
+            spare: Vec::new(),
             goodbye: None,
         }
     }
@@ -421,10 +428,10 @@ impl Pipeline {
             let mut kept = Vec::new();
             for f in frames {
                 if f.replayed {
-                    continue;
-                }
-                if f.complete {
+                    self.recycle(f.values);
+                } else if f.complete {
                     replay(&mut active, &f).map_err(|e| self.protocol(f.link, e))?;
+                    self.recycle(f.values);
                 } else {
                     kept.push(f);
                 }
@@ -459,7 +466,9 @@ impl Pipeline {
             let Some(mut a) = self.active.remove(&id) else {
                 continue;
             };
-            self.early.remove(&id);
+            for f in self.early.remove(&id).into_iter().flatten() {
+                self.recycle(f.values);
+            }
             let numel = a.op.len();
             match a.ep.gradient_slot(0) {
                 Some(values) => a.op.complete(Ok(values)),
@@ -473,6 +482,21 @@ impl Pipeline {
                 self.idle_count += 1;
             }
         }
+    }
+
+    /// Keeps an early frame's buffer for the next early frame, while there is room.
+    fn recycle(&mut self, values: Vec<f32>) {
+        if self.spare.len() < SPARE_EARLY_BUFFERS && values.capacity() > 0 {
+            self.spare.push(values);
+        }
+    }
+
+    /// A buffer of `len` zeros for an early frame, a spare one when there is one.
+    fn early_buffer(&mut self, len: usize) -> Vec<f32> {
+        let mut values = self.spare.pop().unwrap_or_default();
+        values.clear();
+        values.resize(len, 0.0);
+        values
     }
 
     /// The error of a frame from `link` that breaks the protocol.
@@ -609,11 +633,12 @@ impl Endpoint for Pipeline {
                 "a frame of a collective already completed here",
             ));
         }
+        let values = self.early_buffer(header.length as usize);
         let frames = self.early.entry(id).or_default();
         frames.push(EarlyFrame {
             link,
             header: *header,
-            values: vec![0.0; header.length as usize],
+            values,
             complete: false,
             replayed: false,
         });
@@ -643,7 +668,9 @@ impl Endpoint for Pipeline {
                         complete: true,
                         replayed: true,
                     };
-                    return replay(a, &frame);
+                    let replayed = replay(a, &frame);
+                    self.recycle(frame.values);
+                    return replayed;
                 }
                 return Ok(());
             }

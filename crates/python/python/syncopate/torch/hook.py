@@ -13,8 +13,8 @@ flight, and returns a ``torch.futures.Future``. That native thread reads the val
 from the tensor and writes the average straight back into it, without the GIL; it takes the
 GIL only to complete the future: its result, or its exception (a ``RuntimeError`` whose
 message names the rank that failed). DDP waits on the future outside the GIL, so backward
-keeps computing while the bucket travels. A bucket on another device is staged through a
-CPU copy (no pinned memory or side stream yet).
+keeps computing while the bucket travels. A bucket on a GPU is staged through pinned host
+memory on a side stream, and its future completes on the GPU's timeline (``staging``).
 
 The ring lives as long as the state: its thread keeps the links alive with heartbeats
 between collectives, so a rank may spend minutes outside the hook (evaluation, a
@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
+from .staging import Stager
 
 #: The rendezvous port is MASTER_PORT plus this, unless a port is given: torch's own store
 #: listens on MASTER_PORT.
@@ -182,6 +183,7 @@ class SyncopateState:
             collective_timeout=collective_timeout,
             frame_mac=bool(frame_mac),
         )
+        self._stager = None
         _open_states.add(self)
 
     def allreduce(self, tensor):
@@ -197,10 +199,12 @@ class SyncopateState:
                 "float16 and bfloat16 are reduced (cast it, or use torch.distributed for "
                 "exact integer, float64 or complex sums)"
             )
+        tensor = tensor.detach()
+        if tensor.device.type == "cuda":
+            return self._allreduce_cuda(tensor, name)
         future = torch.futures.Future()
-        host = tensor.detach()
-        if host.device.type != "cpu" or not host.is_contiguous():
-            host = host.to("cpu").contiguous()
+        on_host = tensor.device.type == "cpu" and tensor.is_contiguous()
+        host = tensor if on_host else tensor.to("cpu").contiguous()
         staged = host.data_ptr() != tensor.data_ptr()
 
         def done(error):
@@ -217,8 +221,48 @@ class SyncopateState:
                 if not future.done():
                     future.set_exception(e)
 
-        self._ring.allreduce(host.data_ptr(), host.numel(), name, done)
+        self._start(host, name, done, future)
         return future
+
+    def _allreduce_cuda(self, tensor, name):
+        """``allreduce`` of a tensor on a GPU: staged through pinned host memory on a side
+        stream (``staging``), the future completed on the GPU's timeline."""
+        if self._stager is None:
+            self._stager = Stager()
+        stager = self._stager
+        future = torch.futures.Future(devices=[tensor.device])
+        host, copied = stager.stage(tensor)
+
+        def done(error):
+            # On the ring's thread, with the GIL; the average is in `host`.
+            try:
+                if error is not None:
+                    future.set_exception(RuntimeError(f"syncopate: {error}"))
+                    return
+                stager.unstage(host, tensor, future)
+            except Exception as e:  # the future must complete, whatever went wrong
+                if not future.done():
+                    future.set_exception(e)
+
+        self._start(host, name, done, future, ready=copied)
+        return future
+
+    def _start(self, host, name, done, future, ready=None):
+        """Hands ``host`` to the ring, through the stager's queue once there is one (so
+        collectives start in the order they were asked for)."""
+
+        def start():
+            self._ring.allreduce(host.data_ptr(), host.numel(), name, done)
+
+        if self._stager is None:
+            start()
+            return
+
+        def fail(e):
+            if not future.done():
+                future.set_exception(e)
+
+        self._stager.submit(start, fail, ready)
 
     def failure(self):
         """The error that ended the job (it names the peer), or None."""
@@ -227,6 +271,10 @@ class SyncopateState:
     def close(self):
         """Completes the queued operations, waits for every rank to close too, and closes
         the links."""
+        stager = getattr(self, "_stager", None)
+        if stager is not None:
+            stager.close()
+            self._stager = None
         ring = getattr(self, "_ring", None)
         if ring is not None:
             ring.close()
