@@ -27,7 +27,10 @@
 //! instead travel as one authenticated UDP datagram ([`datagram`]).
 
 pub mod datagram;
+pub mod halves;
 pub mod mac;
+
+pub use halves::WireFloat;
 
 /// Protocol version spoken by this build.
 pub const VERSION: u8 = 1;
@@ -162,7 +165,14 @@ impl Flags {
     const LOSS_TOLERANT: u32 = 1 << 3;
     const DROP_ELIGIBLE: u32 = 1 << 4;
     const SPRAY: u32 = 1 << 5;
-    const KNOWN: u32 = Self::CLASS_MASK | Self::LOSS_TOLERANT | Self::DROP_ELIGIBLE | Self::SPRAY;
+    /// Two bits: the float the values travel as ([`WireFloat::bits`]).
+    const WIRE_SHIFT: u32 = 6;
+    const WIRE_MASK: u32 = 0b11 << Self::WIRE_SHIFT;
+    const KNOWN: u32 = Self::CLASS_MASK
+        | Self::LOSS_TOLERANT
+        | Self::DROP_ELIGIBLE
+        | Self::SPRAY
+        | Self::WIRE_MASK;
 
     /// A reliable frame of priority class `class` (0 the most urgent; above 7 counts as 7).
     pub fn class(class: u8) -> Self {
@@ -208,6 +218,16 @@ impl Flags {
         self.0 & Self::SPRAY != 0
     }
 
+    /// The same, its values travelling as `float`.
+    pub fn wire_float(self, float: WireFloat) -> Self {
+        Flags(self.0 & !Self::WIRE_MASK | float.bits() << Self::WIRE_SHIFT)
+    }
+
+    /// The float its values travel as.
+    pub fn float(self) -> WireFloat {
+        WireFloat::from_bits((self.0 & Self::WIRE_MASK) >> Self::WIRE_SHIFT).unwrap_or_default()
+    }
+
     /// The wire's 32 bits.
     pub fn bits(self) -> u32 {
         self.0
@@ -215,7 +235,8 @@ impl Flags {
 
     /// Flags from the wire's 32 bits, `None` if an unknown bit is set.
     pub fn from_bits(bits: u32) -> Option<Self> {
-        (bits & !Self::KNOWN == 0).then_some(Flags(bits))
+        let float = WireFloat::from_bits((bits & Self::WIRE_MASK) >> Self::WIRE_SHIFT);
+        (bits & !Self::KNOWN == 0 && float.is_some()).then_some(Flags(bits))
     }
 }
 
@@ -306,7 +327,9 @@ impl Header {
                 max: max_payload,
             });
         }
-        if kind.carries_values() && u64::from(h.length) * 4 != u64::from(h.payload_len) {
+        if kind.carries_values()
+            && h.flags.float().payload_bytes(h.length) != u64::from(h.payload_len)
+        {
             return Err(WireError::LengthMismatch {
                 length: h.length,
                 payload_len: h.payload_len,
@@ -320,6 +343,13 @@ impl Header {
             return Err(WireError::UnexpectedPayload(h.payload_len));
         }
         Ok(h)
+    }
+
+    /// The same frame with its values travelling as `float` (its payload's length to match).
+    pub fn with_float(mut self, float: WireFloat) -> Self {
+        self.flags = self.flags.wire_float(float);
+        self.payload_len = u32::try_from(float.payload_bytes(self.length)).unwrap_or(u32::MAX);
+        self
     }
 
     /// End of the carried range within the key (`offset + length`), without overflow.

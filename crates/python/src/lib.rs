@@ -14,6 +14,8 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::strategy::{OuterNesterov, OuterOptions};
+use syncopate_core::wire::halves::{narrow, widen};
+use syncopate_core::wire::WireFloat;
 use syncopate_runtime::auth::JobToken;
 use syncopate_runtime::collective::{Operation, Ring as RuntimeRing};
 use syncopate_runtime::comm::CommOptions;
@@ -44,8 +46,8 @@ fn seconds(name: &str, value: f64) -> PyResult<Duration> {
         .ok_or_else(|| PyValueError::new_err(format!("{name} must be > 0 seconds, got {value}")))
 }
 
-/// The element types a buffer may have: float32, or float16/bfloat16 accumulated in
-/// float32 (converted as they are read and written).
+/// The element types a buffer may have: float32, or float16/bfloat16, accumulated in
+/// float32 (converted as they are read and written) and sent as they are (half the bytes).
 #[derive(Debug, Clone, Copy)]
 enum Dtype {
     F32,
@@ -88,23 +90,23 @@ impl Operation for TensorOperation {
         // contiguous CPU tensor of `numel` elements of `dtype`, and keeps that tensor alive
         // and untouched until `done` has been called.
         unsafe {
-            match self.dtype {
-                Dtype::F32 => {
+            match self.wire_float() {
+                WireFloat::F32 => {
                     std::ptr::copy_nonoverlapping(self.address as *const f32, into.as_mut_ptr(), n)
                 }
-                Dtype::F16 => {
-                    let src = std::slice::from_raw_parts(self.address as *const half::f16, n);
-                    for (o, v) in into.iter_mut().zip(src) {
-                        *o = v.to_f32();
-                    }
-                }
-                Dtype::Bf16 => {
-                    let src = std::slice::from_raw_parts(self.address as *const half::bf16, n);
-                    for (o, v) in into.iter_mut().zip(src) {
-                        *o = v.to_f32();
-                    }
+                float => {
+                    let bits = std::slice::from_raw_parts(self.address as *const u16, n);
+                    widen(bits, float, &mut into[..n]);
                 }
             }
+        }
+    }
+
+    fn wire_float(&self) -> WireFloat {
+        match self.dtype {
+            Dtype::F32 => WireFloat::F32,
+            Dtype::F16 => WireFloat::F16,
+            Dtype::Bf16 => WireFloat::Bf16,
         }
     }
 
@@ -114,25 +116,15 @@ impl Operation for TensorOperation {
                 let n = self.numel.min(values.len());
                 // SAFETY: as in `read`; nothing else touches the tensor until `done`.
                 unsafe {
-                    match self.dtype {
-                        Dtype::F32 => std::ptr::copy_nonoverlapping(
+                    match self.wire_float() {
+                        WireFloat::F32 => std::ptr::copy_nonoverlapping(
                             values.as_ptr(),
                             self.address as *mut f32,
                             n,
                         ),
-                        Dtype::F16 => {
-                            let dst =
-                                std::slice::from_raw_parts_mut(self.address as *mut half::f16, n);
-                            for (o, v) in dst.iter_mut().zip(values) {
-                                *o = half::f16::from_f32(*v);
-                            }
-                        }
-                        Dtype::Bf16 => {
-                            let dst =
-                                std::slice::from_raw_parts_mut(self.address as *mut half::bf16, n);
-                            for (o, v) in dst.iter_mut().zip(values) {
-                                *o = half::bf16::from_f32(*v);
-                            }
+                        float => {
+                            let bits = std::slice::from_raw_parts_mut(self.address as *mut u16, n);
+                            narrow(&values[..n], float, bits);
                         }
                     }
                 }

@@ -34,9 +34,10 @@ use mio::Waker;
 use syncopate_core::net::NetworkProfile;
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{
-    Endpoint, ProtocolError, Rank, StrategyKind, SyncPlan, Transmit, WorkerEvent, WorkerSync,
+    Endpoint, HalfWire, ProtocolError, Rank, StrategyKind, SyncPlan, Transmit, WorkerEvent,
+    WorkerSync,
 };
-use syncopate_core::wire::Header;
+use syncopate_core::wire::{Header, WireFloat};
 
 use crate::comm::{CommError, CommLoop, Flow, Hooks, LinkStatus};
 use crate::error::RunError;
@@ -77,6 +78,11 @@ pub trait Operation: Send {
     fn read(&self, into: &mut [f32]);
     /// Called once: the average over every rank, or the error that ended the job.
     fn complete(self: Box<Self>, result: Result<&[f32], String>);
+    /// The float the values travel as: 16-bit for a buffer of 16-bit floats (half the
+    /// bytes; every rank must agree), `f32` (the default) otherwise.
+    fn wire_float(&self) -> WireFloat {
+        WireFloat::F32
+    }
 }
 
 /// An operation on an owned buffer, completed by a callback.
@@ -340,7 +346,8 @@ struct Pipeline {
     /// The number the next operation asked for gets (its frames' step).
     next_op: u64,
     active: BTreeMap<u64, Active>,
-    idle: HashMap<usize, Vec<Box<dyn WorkerSync + Send>>>,
+    /// Endpoints of finished operations, by length and wire float.
+    idle: HashMap<(usize, WireFloat), Vec<Box<dyn WorkerSync + Send>>>,
     idle_count: usize,
     early: BTreeMap<u64, Vec<EarlyFrame>>,
     /// Per link, the early frame whose payload is being read: `(operation, index)`.
@@ -391,7 +398,8 @@ impl Pipeline {
             op.complete(Ok(&[]));
             return Ok(());
         }
-        let reused = self.idle.get_mut(&numel).and_then(Vec::pop);
+        let float = op.wire_float();
+        let reused = self.idle.get_mut(&(numel, float)).and_then(Vec::pop);
         let mut ep = match reused {
             Some(mut ep) => {
                 self.idle_count -= 1;
@@ -402,7 +410,7 @@ impl Pipeline {
                 ep.begin_step(id.saturating_sub(1));
                 ep
             }
-            None => (self.layout).worker_endpoint(self.rank, vec![KeyInfo { numel, layer: 0 }]),
+            None => self.endpoint(numel, float),
         };
         ep.begin_step(id);
         match ep.gradient_slot(0) {
@@ -469,7 +477,7 @@ impl Pipeline {
             for f in self.early.remove(&id).into_iter().flatten() {
                 self.recycle(f.values);
             }
-            let numel = a.op.len();
+            let key = (a.op.len(), a.op.wire_float());
             match a.ep.gradient_slot(0) {
                 Some(values) => a.op.complete(Ok(values)),
                 None => {
@@ -478,10 +486,25 @@ impl Pipeline {
                 }
             }
             if self.idle_count < IDLE_ENDPOINTS {
-                self.idle.entry(numel).or_default().push(a.ep);
+                self.idle.entry(key).or_default().push(a.ep);
                 self.idle_count += 1;
             }
         }
+    }
+
+    /// A new endpoint for an operation of `numel` values travelling as `float`: the
+    /// layout's ring, which for 16-bit floats shares no buffer whole ([`HalfWire`]).
+    fn endpoint(&self, numel: usize, float: WireFloat) -> Box<dyn WorkerSync + Send> {
+        let keys = vec![KeyInfo { numel, layer: 0 }];
+        if float == WireFloat::F32 {
+            return self.layout.worker_endpoint(self.rank, keys);
+        }
+        let mut layout = self.layout.clone();
+        layout.sync.direct_share_elems = 0;
+        Box::new(HalfWire::new(
+            layout.worker_endpoint(self.rank, keys),
+            float,
+        ))
     }
 
     /// Keeps an early frame's buffer for the next early frame, while there is room.
@@ -633,7 +656,8 @@ impl Endpoint for Pipeline {
                 "a frame of a collective already completed here",
             ));
         }
-        let values = self.early_buffer(header.length as usize);
+        // The payload's words: its values, or half as many where they travel as halves.
+        let values = self.early_buffer(header.payload_len as usize / 4);
         let frames = self.early.entry(id).or_default();
         frames.push(EarlyFrame {
             link,

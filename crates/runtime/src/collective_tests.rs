@@ -184,3 +184,77 @@ fn a_panic_of_the_thread_fails_the_pending_and_the_queued_operations() {
         assert!(error.contains("injected for the test"), "{error}");
     }
 }
+
+/// An operation whose values travel as `float`.
+struct FloatOperation {
+    values: Vec<f32>,
+    float: WireFloat,
+    done: Completion,
+}
+
+impl Operation for FloatOperation {
+    fn len(&self) -> usize {
+        self.values.len()
+    }
+    fn read(&self, into: &mut [f32]) {
+        into.copy_from_slice(&self.values);
+    }
+    fn complete(self: Box<Self>, result: Result<&[f32], String>) {
+        (self.done)(result.map(<[f32]>::to_vec));
+    }
+    fn wire_float(&self) -> WireFloat {
+        self.float
+    }
+}
+
+#[test]
+fn half_float_operations_beside_f32_ones_of_the_same_length_agree_everywhere() {
+    // The same length as f32, bf16 and f16, all in flight at once: each float its own
+    // endpoint, frames arriving before their operation starts here kept at their size.
+    const OPS: [(usize, WireFloat); 5] = [
+        (100_000, WireFloat::Bf16),
+        (100_000, WireFloat::F32),
+        (7, WireFloat::F16),
+        (100_000, WireFloat::F16),
+        (100_000, WireFloat::Bf16),
+    ];
+    let workers = 3;
+    let results = with_rings(workers, move |ring| {
+        let rank = ring.rank();
+        let receivers: Vec<_> = (OPS.iter().enumerate())
+            .map(|(op, &(n, float))| {
+                let (tx, rx) = channel();
+                let done: Completion = Box::new(move |r| {
+                    let _ = tx.send(r);
+                });
+                let values = buffer(rank, op, n);
+                ring.start(Box::new(FloatOperation {
+                    values,
+                    float,
+                    done,
+                }));
+                rx
+            })
+            .collect();
+        (receivers.into_iter())
+            .map(|rx| rx.recv().expect("completed").expect("reduces"))
+            .collect::<Vec<_>>()
+    });
+    for (op, &(n, float)) in OPS.iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..workers).map(|r| buffer(r, op, n)).collect();
+        let tolerance = match float {
+            WireFloat::F32 => 1e-5,
+            WireFloat::F16 => 2e-3,
+            WireFloat::Bf16 => 2e-2,
+        };
+        for (i, a) in results[0][op].iter().enumerate() {
+            let e = inputs.iter().map(|v| v[i]).sum::<f32>() / workers as f32;
+            assert!((a - e).abs() < tolerance, "operation {op}: {a} vs {e}");
+            assert_eq!(float.round(*a), *a, "operation {op}: not a {float:?}");
+        }
+        for rank_results in &results[1..] {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&rank_results[op]), bits(&results[0][op]), "op {op}");
+        }
+    }
+}

@@ -36,6 +36,7 @@ mod averaging;
 mod bucket;
 mod chain;
 mod dlcp;
+mod half_wire;
 mod kind;
 mod plan;
 mod ps;
@@ -51,6 +52,7 @@ pub use averaging::{
 };
 pub use chain::ChainPass;
 pub use dlcp::{DlcpOptions, DlcpRing, DlcpServer, DlcpWorker, KeyLoss, LossFill, LossStats};
+pub use half_wire::HalfWire;
 pub use kind::{
     Averaged, StrategyInfo, StrategyKind, Topology, CHAIN_SEGMENT_ELEMS, DEFAULT_BUCKET_BYTES,
     DEFAULT_CREDIT_BYTES, DEFAULT_DILOCO_EVERY, DEFAULT_LOCAL_SGD_EVERY, DIRECT_SHARE_ELEMS,
@@ -291,7 +293,8 @@ pub trait Endpoint {
     fn handle_sent(&mut self, _link: Rank, _header: &Header) {}
 
     /// Where the payload of a data frame announced by `header` from `link` goes: the driver
-    /// reads exactly `header.length` values into the returned slice, then calls
+    /// reads exactly `header.payload_len` bytes (`header.length` values, packed two to a
+    /// word where they travel as 16-bit floats) into the returned slice, then calls
     /// [`Endpoint::handle_payload`]. Refuses frames that do not fit the protocol state. A
     /// driver reading the payload as it arrives asks again for the same frame: the answer
     /// must be the same slot.

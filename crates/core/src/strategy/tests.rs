@@ -1095,3 +1095,102 @@ fn a_mesh_refuses_misplaced_copies() {
         refused(&mut w, link, &h, "twice");
     }
 }
+
+/// Ring all-reduce with its values on the wire as bfloat16 or half: every worker ends with
+/// the same bits, each a value of that float, and the mean within the roundings of its hops.
+#[test]
+fn half_wire_rings_agree_bit_for_bit_within_the_roundings_of_the_mean() {
+    use crate::wire::WireFloat;
+    let sizes = [5, 301, 40];
+    for n in [2, 3, 4] {
+        for (float, tolerance) in [(WireFloat::Bf16, 0.05), (WireFloat::F16, 0.005)] {
+            let mut workers: Vec<Box<dyn WorkerSync>> = (0..n)
+                .map(|r| {
+                    let ring =
+                        RingAllReduce::new(r, n, keys(&sizes), 128, 32, true, SchedulerKind::Fifo);
+                    Box::new(HalfWire::new(Box::new(ring), float)) as Box<dyn WorkerSync>
+                })
+                .collect();
+            let results = drive(&mut workers, &mut [], &sizes, 3, 11 + n as u64);
+            for (step, per_worker) in results.iter().enumerate() {
+                for (key, &len) in sizes.iter().enumerate() {
+                    let first = &per_worker[0][key];
+                    for other in &per_worker[1..] {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(first), bits(&other[key]), "{float:?} n {n} key {key}");
+                    }
+                    let mean = mean_grad(step as u64, n, key, len);
+                    for (got, want) in first.iter().zip(&mean) {
+                        assert_eq!(float.round(*got), *got, "not a {float:?}");
+                        assert!(
+                            (got - want).abs() <= tolerance,
+                            "{float:?}: {got} for {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A collective whose frames travel as halves refuses a frame of f32 values (a peer that
+/// disagrees), naming the floats.
+#[test]
+fn a_half_wire_ring_refuses_a_frame_of_another_float() {
+    use crate::wire::{FrameKind, WireFloat};
+    let ring = RingAllReduce::new(0, 2, keys(&[10]), 100, 4, true, SchedulerKind::Fifo);
+    let mut worker = HalfWire::new(Box::new(ring), WireFloat::Bf16);
+    // Rank 1's first reduce segment: chunk 1 of [0..5, 5..10], in frames of 4 values.
+    let h = Header::data(FrameKind::Reduce, 0, 0, 5, 4);
+    let err = worker.recv_slot(1, &h).expect_err("an f32 frame");
+    assert!(err.to_string().contains("F32"), "{err}");
+    let slot = worker
+        .recv_slot(1, &h.with_float(WireFloat::Bf16))
+        .expect("a bf16 frame");
+    assert_eq!(slot.len(), 2, "4 values packed in 2 words");
+}
+
+/// A half-wire worker's step is done only once every frame of it it lent has been written
+/// (a driver may drop a finished collective's endpoint and its buffers).
+#[test]
+fn a_half_wire_step_is_done_only_once_its_lent_frames_are_written() {
+    use crate::wire::WireFloat;
+    let mut workers: Vec<HalfWire> = (0..2)
+        .map(|r| {
+            let ring = RingAllReduce::new(r, 2, keys(&[9]), 100, 4, true, SchedulerKind::Fifo);
+            HalfWire::new(Box::new(ring), WireFloat::Bf16)
+        })
+        .collect();
+    let mut unwritten: Vec<Vec<Header>> = vec![Vec::new(), Vec::new()];
+    let mut done = [false; 2];
+    for w in &mut workers {
+        w.begin_step(0);
+        w.handle_gradient(0, &[1.0; 9]);
+        w.handle_backward_done();
+    }
+    for round in 0..100 {
+        for w in 0..2 {
+            let mut out = Vec::new();
+            if let Some(Transmit::Lent(to, h)) = workers[w].poll_transmit_lent(&[1 - w], &mut out) {
+                let payload = workers[w].lent_payload(&h).to_vec();
+                let slot = workers[to].recv_slot(w, &h).expect("slot");
+                slot.copy_from_slice(&payload);
+                workers[to].handle_payload(w, &h).expect("payload");
+                unwritten[w].push(h);
+            }
+            // Written late: every other round.
+            if round % 2 == 1 {
+                for h in std::mem::take(&mut unwritten[w]) {
+                    workers[w].handle_sent(1 - w, &h);
+                }
+            }
+            while let Some(event) = workers[w].poll_event() {
+                if event == WorkerEvent::StepDone {
+                    assert!(unwritten[w].is_empty(), "step done with a frame still lent");
+                    done[w] = true;
+                }
+            }
+        }
+    }
+    assert_eq!(done, [true, true]);
+}

@@ -7,7 +7,7 @@ communication hook that averages every gradient bucket over that job's ring;
 ``LocalSgdAverager`` averages a model's parameters every few steps over it.
 
 How a bucket's future completes: the hook hands the bucket's memory (a contiguous CPU
-tensor; float32, or float16/bfloat16, which are accumulated in float32) to the ring's
+tensor; float32, or float16/bfloat16, sent as they are and added in float32) to the ring's
 communication thread, which starts its all-reduce at once, beside the buckets still in
 flight, and returns a ``torch.futures.Future``. That native thread reads the values straight
 from the tensor and writes the average straight back into it, without the GIL; it takes the
@@ -57,7 +57,8 @@ def _close_open_states():
 atexit.register(_close_open_states)
 
 
-#: The dtypes a bucket may have: float32, and float16/bfloat16 (accumulated in float32).
+#: The dtypes a bucket may have: float32, and float16/bfloat16 (on the wire in their own
+#: dtype, added in float32).
 REDUCED_DTYPES = {
     torch.float32: "float32",
     torch.float16: "float16",
