@@ -88,6 +88,8 @@ pub trait Operation: Send {
 /// An operation on an owned buffer, completed by a callback.
 struct VecOperation {
     values: Vec<f32>,
+    /// The float its values travel as.
+    float: WireFloat,
     done: Completion,
 }
 
@@ -100,6 +102,9 @@ impl Operation for VecOperation {
     }
     fn complete(self: Box<Self>, result: Result<&[f32], String>) {
         (self.done)(result.map(<[f32]>::to_vec));
+    }
+    fn wire_float(&self) -> WireFloat {
+        self.float
     }
 }
 
@@ -210,7 +215,11 @@ impl Ring {
     /// communication thread with the averaged values (or the job's error). Every rank must
     /// ask for the same lengths in the same order.
     pub fn allreduce(&self, values: Vec<f32>, done: Completion) {
-        self.start(Box::new(VecOperation { values, done }));
+        self.start(Box::new(VecOperation {
+            values,
+            float: WireFloat::F32,
+            done,
+        }));
     }
 
     /// Starts `operation` at once (beside those in flight): the average of its values over

@@ -185,28 +185,6 @@ fn a_panic_of_the_thread_fails_the_pending_and_the_queued_operations() {
     }
 }
 
-/// An operation whose values travel as `float`.
-struct FloatOperation {
-    values: Vec<f32>,
-    float: WireFloat,
-    done: Completion,
-}
-
-impl Operation for FloatOperation {
-    fn len(&self) -> usize {
-        self.values.len()
-    }
-    fn read(&self, into: &mut [f32]) {
-        into.copy_from_slice(&self.values);
-    }
-    fn complete(self: Box<Self>, result: Result<&[f32], String>) {
-        (self.done)(result.map(<[f32]>::to_vec));
-    }
-    fn wire_float(&self) -> WireFloat {
-        self.float
-    }
-}
-
 #[test]
 fn half_float_operations_beside_f32_ones_of_the_same_length_agree_everywhere() {
     // The same length as f32, bf16 and f16, all in flight at once: each float its own
@@ -228,7 +206,7 @@ fn half_float_operations_beside_f32_ones_of_the_same_length_agree_everywhere() {
                     let _ = tx.send(r);
                 });
                 let values = buffer(rank, op, n);
-                ring.start(Box::new(FloatOperation {
+                ring.start(Box::new(VecOperation {
                     values,
                     float,
                     done,
