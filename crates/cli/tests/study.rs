@@ -288,3 +288,29 @@ args = ["--average-every", "2"]
         "{steps}"
     );
 }
+
+/// `studies/autotune-quick.toml`, the credit scheduler with and without `--autotune` in the
+/// simulator: `table.md` sets both against p3 and says what the search chose, and
+/// `matrix.csv` has a row per run with its baseline.
+#[test]
+fn the_autotune_study_sets_the_credit_scheduler_against_p3() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_study(dir.path(), &root.join("studies/autotune-quick.toml"));
+    assert!(o.status.success(), "{o:?}");
+    let table = std::fs::read_to_string(dir.path().join("autotune-quick/table.md")).unwrap();
+    assert!(
+        table.contains("| network | p3 | credit (fixed) | credit --autotune |"),
+        "{table}"
+    );
+    let row = table.lines().last().unwrap();
+    assert!(row.starts_with("| 1gbit | 0."), "{table}");
+    assert!(row.contains("; after the search "), "{table}");
+    let csv = std::fs::read_to_string(dir.path().join("autotune-quick/matrix.csv")).unwrap();
+    let baselines: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(7).unwrap())
+        .collect();
+    assert_eq!(baselines, ["", "p3", "p3"], "{csv}");
+}

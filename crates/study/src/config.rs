@@ -105,6 +105,10 @@ pub struct NetworkEntry {
     pub bandwidth: String,
     /// `--latency`, one way (e.g. `50ms`; default none).
     pub latency: Option<String>,
+    /// Extra flags of every run on this network (e.g. `["--loss", "1%"]`, or `--network`
+    /// and a network file).
+    #[serde(default)]
+    pub args: Vec<String>,
 }
 
 impl NetworkEntry {
@@ -114,6 +118,7 @@ impl NetworkEntry {
             label: None,
             bandwidth: bandwidth.to_string(),
             latency: None,
+            args: Vec::new(),
         }
     }
 
@@ -151,6 +156,9 @@ pub struct ModelEntry {
     /// study's).
     #[serde(default)]
     pub networks: Vec<NetworkEntry>,
+    /// Worker counts of this model's runs (default: the study's).
+    #[serde(default)]
+    pub workers: Vec<usize>,
     /// Extra flags for this model's runs (e.g. `--dataset mnist`).
     #[serde(default)]
     pub args: Vec<String>,
@@ -179,6 +187,9 @@ pub struct Variant {
     /// Steps of this variant's runs (default: the study's), e.g. a whole averaging period
     /// of a simulated local SGD.
     pub steps: Option<u64>,
+    /// The label of the variant this one is set against in a simulated study's
+    /// `table.md` (its step time over the baseline's, on the same network, workers and seed).
+    pub baseline: Option<String>,
     /// Extra flags.
     #[serde(default)]
     pub args: Vec<String>,
@@ -242,6 +253,10 @@ impl StudyConfig {
         if self.workers.is_empty() || self.workers.contains(&0) || self.seeds.is_empty() {
             bail!("workers and seeds must be non-empty lists (workers >= 1)");
         }
+        if let Some(m) = self.models.iter().find(|m| m.workers.contains(&0)) {
+            bail!("model {}: its workers must be at least 1", m.display_name());
+        }
+        self.validate_baselines()?;
         for m in &self.models {
             let networks = self.networks_of(m);
             if networks.is_empty() {
@@ -297,6 +312,44 @@ impl StudyConfig {
         Ok(())
     }
 
+    /// Every variant's `baseline` names another variant, and only a simulated study has them.
+    fn validate_baselines(&self) -> Result<()> {
+        for v in &self.variants {
+            let Some(baseline) = &v.baseline else {
+                continue;
+            };
+            if self.kind != StudyKind::Simulate {
+                bail!(
+                    "variant '{}': a baseline is for simulated studies (kind = \"simulate\"), \
+                     whose table.md sets each variant against it",
+                    v.label
+                );
+            }
+            if baseline == &v.label || !self.variants.iter().any(|o| &o.label == baseline) {
+                bail!(
+                    "variant '{}': its baseline '{baseline}' is not another variant's label \
+                     (variants: {})",
+                    v.label,
+                    self.variants
+                        .iter()
+                        .map(|o| o.label.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The worker counts of `model`: its own when it lists any, else the study's.
+    pub fn workers_of<'a>(&'a self, model: &'a ModelEntry) -> &'a [usize] {
+        if model.workers.is_empty() {
+            &self.workers
+        } else {
+            &model.workers
+        }
+    }
+
     /// The networks of `model`: its own `bandwidths` then `networks` when it lists any, else
     /// the study's.
     pub fn networks_of(&self, model: &ModelEntry) -> Vec<NetworkEntry> {
@@ -317,7 +370,7 @@ impl StudyConfig {
         let mut runs = Vec::new();
         for model in &self.models {
             for network in self.networks_of(model) {
-                for &workers in &self.workers {
+                for &workers in self.workers_of(model) {
                     for variant in &self.variants {
                         for &seed in &self.seeds {
                             runs.push(self.run(model, variant, &network, workers, seed));
@@ -376,6 +429,7 @@ impl StudyConfig {
             args.extend(["--scale".to_string(), scale.clone()]);
         }
         args.extend(self.args.iter().cloned());
+        args.extend(network.args.iter().cloned());
         args.extend(model.args.iter().cloned());
         args.extend(variant.args.iter().cloned());
         let id = sanitize(&format!(

@@ -4,7 +4,8 @@
 //! table on the terminal. This crate's one job is that loop from a study file to its
 //! report; the `syncopate study` and `syncopate report` commands only hand it their flags.
 //! A study's `kind` says what a run is: a job (`launch`), a simulation (`simulate`), or both
-//! side by side (`agreement`).
+//! side by side (`agreement`). A simulated study also sets each variant against its
+//! `baseline` in `table.md` (see `sim_matrix`).
 
 mod agreement;
 mod compare;
@@ -16,6 +17,7 @@ mod report;
 mod rows;
 mod run;
 mod scale;
+mod sim_matrix;
 mod sim_rows;
 mod styles;
 mod table;
@@ -104,6 +106,13 @@ fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
     let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {
         println!("{line}");
+    }
+    if config.kind == StudyKind::Simulate {
+        let matrix = sim_matrix::collect(config, dir)?;
+        sim_matrix::write(config, dir, &matrix)?;
+        for line in sim_matrix::markdown_lines(config, &matrix) {
+            println!("{line}");
+        }
     }
     report::write_report(config, dir, &rows)
 }
