@@ -78,9 +78,7 @@ fn write_runs(config: &StudyConfig, dir: &Path) {
 
 #[test]
 fn a_simulated_matrix_sets_each_variant_against_its_baseline() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), STUDY).unwrap();
-    let config = StudyConfig::load(file.path()).unwrap();
+    let config = StudyConfig::parse(STUDY).unwrap();
     let runs = config.runs();
     // Two networks of resnet50 at 2 workers, vgg16's at 3, three variants each.
     assert_eq!(runs.len(), 12);
@@ -123,11 +121,7 @@ fn a_simulated_matrix_sets_each_variant_against_its_baseline() {
 
 #[test]
 fn a_baseline_must_name_another_variant_of_a_simulated_study() {
-    let load = |text: &str| {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), text).unwrap();
-        StudyConfig::load(file.path()).map_err(|e| format!("{e:#}"))
-    };
+    let load = |text: &str| StudyConfig::parse(text).map_err(|e| format!("{e:#}"));
     let err = load(&STUDY.replace(
         "baseline = \"p3\"\n[[variants]]",
         "baseline = \"p4\"\n[[variants]]",
