@@ -284,3 +284,32 @@ fn a_kernel_study_says_what_this_machine_lacks() {
     );
     assert!(!out.path().join("fidelity-tiny/runs").exists());
 }
+
+/// The same cell as a kernel study: one job on the testbed, its row in `results.csv` with
+/// the packets the kernel dropped at the bottleneck (`frames_lost`, from `kernel.json`).
+#[test]
+fn a_kernel_study_runs_its_cell_on_the_testbed() {
+    if cannot_run_lossy("a_kernel_study_runs_its_cell_on_the_testbed") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let kernel = FIDELITY_STUDY.replace("\"fidelity\"", "\"kernel\"");
+    let o = run_study(out.path(), &kernel, None);
+    let text = String::from_utf8_lossy(&[&o.stdout[..], &o.stderr[..]].concat()).into_owned();
+    assert!(o.status.success(), "{text}");
+    let csv = std::fs::read_to_string(out.path().join("fidelity-tiny/results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_else(|| panic!("{csv}"))
+        .split(',')
+        .collect();
+    let lost = header.iter().position(|h| *h == "frames_lost").unwrap();
+    let drops: f64 = row[lost].parse().unwrap();
+    assert!(drops.is_finite() && drops >= 0.0, "{csv}");
+    let cell = out
+        .path()
+        .join("fidelity-tiny/runs/lenet-allreduce-lossy-w2-s42");
+    assert!(cell.join("kernel.json").is_file(), "{text}");
+}

@@ -158,7 +158,11 @@ fn collect_rows(config: &StudyConfig, dir: &Path) -> Result<Vec<rows::RunRow>> {
                 unreachable!("a study of cells run twice reads its own rows")
             }
         };
-        rows.push(row.with_context(|| format!("reading {}", path.display()))?);
+        let mut row = row.with_context(|| format!("reading {}", path.display()))?;
+        if config.kind == StudyKind::Kernel {
+            row.frames_lost = testbed::kernel_drops(&run_dir)?.map_or(f64::NAN, |d| d as f64);
+        }
+        rows.push(row);
     }
     Ok(rows)
 }

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
 
 /// The script, relative to the repository root.
 const SCRIPT: &str = "scripts/netns-cluster.sh";
@@ -96,9 +97,58 @@ pub fn command(exe: &Path, args: &[String], out: &Path) -> Result<Command> {
     Ok(cmd)
 }
 
+/// The totals of a testbed job's `kernel.json` (the script's counters at the bottleneck).
+#[derive(Debug, Deserialize)]
+struct KernelTotal {
+    /// Packets the bottleneck's qdiscs dropped (tail drops).
+    qdisc_dropped_packets: u64,
+    /// Packets nftables dropped at random.
+    nft_dropped_packets: u64,
+    /// Packets nftables dropped in blackouts (absent: no blackouts).
+    #[serde(default)]
+    blackout_dropped_packets: u64,
+}
+
+/// A testbed job's `kernel.json`.
+#[derive(Debug, Deserialize)]
+struct KernelCounters {
+    /// Over every bottleneck port and direction.
+    total: KernelTotal,
+}
+
+/// The packets the kernel dropped at the bottleneck of the testbed job in `dir` (qdisc tail
+/// drops, nftables' random and blackout drops); `None` when it wrote no `kernel.json`.
+pub fn kernel_drops(dir: &Path) -> Result<Option<u64>> {
+    let path = dir.join("kernel.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let read = || -> Result<u64> {
+        let counters: KernelCounters = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let t = counters.total;
+        Ok(t.qdisc_dropped_packets + t.nft_dropped_packets + t.blackout_dropped_packets)
+    };
+    read()
+        .map(Some)
+        .with_context(|| format!("reading the kernel's counters {}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernels_drops_are_the_qdiscs_and_nftables() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(kernel_drops(dir.path()).unwrap(), None);
+        let total = r#"{"total": {"sent_packets": 9, "qdisc_dropped_packets": 3,
+            "nft_dropped_packets": 4, "blackout_dropped_packets": 5, "realised_loss": 0.1}}"#;
+        std::fs::write(dir.path().join("kernel.json"), total).unwrap();
+        assert_eq!(kernel_drops(dir.path()).unwrap(), Some(12));
+        std::fs::write(dir.path().join("kernel.json"), r#"{"total": {}}"#).unwrap();
+        let err = format!("{:#}", kernel_drops(dir.path()).unwrap_err());
+        assert!(err.contains("qdisc_dropped_packets"), "{err}");
+    }
 
     #[test]
     fn the_out_folder_goes_before_the_job_flags() {
