@@ -1,6 +1,8 @@
 //! A study file: the matrix of runs (models x variants x networks x workers x seeds), each a
 //! `syncopate launch` of real training or, for a `kind = "simulate"` study, a `syncopate
-//! simulate` on virtual time, or for a `kind = "agreement"` study both.
+//! simulate` on virtual time, or for a `kind = "agreement"` study both; a `kind = "kernel"`
+//! study runs each job on the network-namespace testbed, a `kind = "fidelity"` study there
+//! and on the emulator.
 
 use std::path::Path;
 
