@@ -85,6 +85,8 @@ pub fn write_report(
         }
         StudyKind::Simulate => {
             html.paragraph(SIMULATED);
+            let matrix = crate::sim_matrix::collect(config, dir)?;
+            crate::sim_matrix::html_section(&mut html, config, &matrix);
             scale_section(&mut html, config, rows)?;
         }
         StudyKind::Agreement | StudyKind::Fidelity => {

@@ -209,56 +209,100 @@ fn cell(r: &MatrixRow) -> String {
     cell
 }
 
-/// The tables of `table.md`: per model and worker count (in the matrix's order), a row per
-/// network and seed, a column per variant.
-pub fn markdown_lines(config: &StudyConfig, rows: &[MatrixRow]) -> Vec<String> {
-    let mut groups: Vec<(&str, usize)> = Vec::new();
-    for r in rows {
-        if !groups.contains(&(r.model.as_str(), r.workers)) {
-            groups.push((r.model.as_str(), r.workers));
+/// What every cell of the tables says.
+pub const EXPLAINED: &str = "Mean step seconds (over the baseline; gradient values filled in; \
+    after the autotuner's search, over the baseline's same steps)";
+
+/// One table: a model at a worker count, a row per network (and seed), a column per variant.
+pub struct MatrixTable {
+    /// `resnet50, 16 workers`.
+    pub title: String,
+    /// `network`, then the variants' labels.
+    pub header: Vec<String>,
+    /// The network's name, then a cell per variant (`-`: not run).
+    pub rows: Vec<Vec<String>>,
+}
+
+/// The first appearance of each value of `key` over `items`, in order.
+fn distinct<'a, T, K: PartialEq>(items: &'a [T], key: impl Fn(&'a T) -> K) -> Vec<K> {
+    let mut out: Vec<K> = Vec::new();
+    for item in items {
+        let k = key(item);
+        if !out.contains(&k) {
+            out.push(k);
         }
     }
+    out
+}
+
+/// The tables of `rows`: per model and worker count (in the matrix's order), a row per
+/// network and seed, a column per variant.
+pub fn tables(config: &StudyConfig, rows: &[MatrixRow]) -> Vec<MatrixTable> {
     let variants: Vec<&str> = config.variants.iter().map(|v| v.label.as_str()).collect();
     let seeds = config.seeds.len() > 1;
-    let mut lines = vec![
-        "Mean step seconds (over the baseline; gradient values filled in; after the \
-         autotuner's search, over the baseline's same steps)"
-            .to_string(),
-    ];
-    for (model, workers) in groups {
-        let in_group: Vec<&MatrixRow> = rows
-            .iter()
-            .filter(|r| r.model == model && r.workers == workers)
-            .collect();
-        lines.push(String::new());
-        lines.push(format!("{model}, {workers} workers"));
-        lines.push(String::new());
-        lines.push(format!("| network | {} |", variants.join(" | ")));
-        lines.push(format!("|---|{}", "---|".repeat(variants.len())));
-        let mut places: Vec<(&str, u64)> = Vec::new();
-        for r in &in_group {
-            if !places.contains(&(r.network.as_str(), r.seed)) {
-                places.push((r.network.as_str(), r.seed));
-            }
-        }
-        for (network, seed) in places {
-            let cells: Vec<String> = variants
+    let header: Vec<String> = std::iter::once("network")
+        .chain(variants.iter().copied())
+        .map(String::from)
+        .collect();
+    let groups = distinct(rows, |r| (r.model.as_str(), r.workers));
+    groups
+        .into_iter()
+        .map(|(model, workers)| {
+            let in_group: Vec<&MatrixRow> = rows
                 .iter()
-                .map(|v| {
-                    in_group
-                        .iter()
-                        .find(|r| r.network == network && r.seed == seed && r.variant == *v)
-                        .map_or("-".to_string(), |r| cell(r))
+                .filter(|r| r.model == model && r.workers == workers)
+                .collect();
+            let places = distinct(&in_group, |r| (r.network.as_str(), r.seed));
+            let table_rows = places
+                .into_iter()
+                .map(|(network, seed)| {
+                    let name = match seeds {
+                        true => format!("{network}, seed {seed}"),
+                        false => network.to_string(),
+                    };
+                    let cells = variants.iter().map(|v| {
+                        in_group
+                            .iter()
+                            .find(|r| r.network == network && r.seed == seed && r.variant == *v)
+                            .map_or("-".to_string(), |r| cell(r))
+                    });
+                    std::iter::once(name).chain(cells).collect()
                 })
                 .collect();
-            let name = match seeds {
-                true => format!("{network}, seed {seed}"),
-                false => network.to_string(),
-            };
-            lines.push(format!("| {name} | {} |", cells.join(" | ")));
-        }
+            MatrixTable {
+                title: format!("{model}, {workers} workers"),
+                header: header.clone(),
+                rows: table_rows,
+            }
+        })
+        .collect()
+}
+
+/// The tables of `table.md` in Markdown (see [`tables`]).
+pub fn markdown_lines(config: &StudyConfig, rows: &[MatrixRow]) -> Vec<String> {
+    let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
+    let mut lines = vec![EXPLAINED.to_string()];
+    for table in tables(config, rows) {
+        lines.extend([String::new(), table.title, String::new()]);
+        lines.push(line(&table.header));
+        lines.push(format!("|{}", "---|".repeat(table.header.len())));
+        lines.extend(table.rows.iter().map(|r| line(r)));
     }
     lines
+}
+
+/// The tables in the HTML report: a heading and a table each.
+pub fn html_section(
+    html: &mut syncopate_report::HtmlReport,
+    config: &StudyConfig,
+    rows: &[MatrixRow],
+) {
+    html.paragraph(EXPLAINED);
+    for table in tables(config, rows) {
+        html.heading(&table.title);
+        let header: Vec<&str> = table.header.iter().map(String::as_str).collect();
+        html.table(&header, &table.rows);
+    }
 }
 
 /// Writes `matrix.csv` and `table.md` under `dir`.
