@@ -13,7 +13,7 @@
 #   --repeats  kernel runs per cell (the median is reported; default 3); the model runs the
 #              same number of seeds
 #   --out      where cells.jsonl (every run) goes (default target/calibrate-net)
-#   --train    then the training rung: the cells of scripts/dlcp-kernel.sh with P3 (4 workers,
+#   --train    then the training rung: the cells of studies/dlcp-kernel.toml with P3 (4 workers,
 #              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
 #              kernel (scripts/netns-cluster.sh --cc) and in our emulator (`syncopate launch
 #              --tcp CC --mtu 1500` with the cell's queue, loss or paths); mean step after 5

@@ -8,9 +8,6 @@ from the snapshots that script takes before and after it:
   netns_counters.py kernel OUT RATE QUEUE LOSS_PPM PRIO PATHS DEGRADED STRATEGY SHAPE
       OUT/kernel.json: per port and direction of the bottleneck, the qdisc's and nftables'
       counters' growth over the job (from OUT/kernel/); prints the totals in one line.
-  netns_counters.py drops FOLDER
-      FOLDER/kernel.json's drops (qdisc tail + nftables random) and realised loss in %,
-      tab-separated ("-" for both without one), for scripts/dlcp-kernel.sh's table.
 
 The job's own figures (summary.json) are read with `syncopate summary`, not here."""
 import json
@@ -142,21 +139,8 @@ def kernel(out, rate, queue, loss_ppm, prio, paths, degraded, strategy, shape):
           f"{100 * total['realised_loss']:.3f} %; {os.path.join(out, 'kernel.json')}")
 
 
-def drops(folder):
-    """The drops and realised loss (%) of FOLDER/kernel.json, tab-separated."""
-    path = os.path.join(folder, "kernel.json")
-    if not os.path.exists(path):
-        print("-\t-")
-        return
-    with open(path) as f:
-        total = json.load(f)["total"]
-    nft = total["nft_dropped_packets"] + total.get("blackout_dropped_packets", 0)
-    print(f"{total['qdisc_dropped_packets']} + {nft}\t"
-          f"{100 * total['realised_loss']:.3f}")
-
-
 def main():
-    commands = {"tcp": (tcp, 3), "kernel": (kernel, 9), "drops": (drops, 1)}
+    commands = {"tcp": (tcp, 3), "kernel": (kernel, 9)}
     args = sys.argv[1:]
     if not args or args[0] not in commands or len(args) - 1 != commands[args[0]][1]:
         sys.exit(__doc__)

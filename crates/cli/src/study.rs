@@ -22,6 +22,12 @@ pub struct StudyArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run only these variants (labels, comma-separated); the report has every finished run.
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<String>,
+    /// Run only these networks (names, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub networks: Vec<String>,
 }
 
 /// `syncopate report`.
@@ -40,6 +46,10 @@ pub fn study_cmd(args: StudyArgs) -> Result<()> {
         run_timeout: Duration::from_secs(args.run_timeout.max(1)),
         quiet: args.quiet,
         syncopate: std::env::current_exe().context("locating the syncopate executable")?,
+        selection: syncopate_study::Selection {
+            variants: args.variants,
+            networks: args.networks,
+        },
     })
 }
 

@@ -204,3 +204,112 @@ fn dlcp_over_udp_survives_the_kernels_real_drops() {
         "{kernel}"
     );
 }
+
+/// A fidelity study of one tiny cell: two hosts on the testbed behind a 100 Mbit/s
+/// bottleneck losing 1 % at random (nftables), and the same job on the emulator; the table
+/// sets the two step times side by side and the testbed's folder keeps the kernel's counters.
+const FIDELITY_STUDY: &str = r#"
+name = "fidelity-tiny"
+kind = "fidelity"
+steps = 8
+warmup_steps = 2
+batch_size = 32
+workers = [2]
+args = ["--dataset", "synthetic"]
+[[networks]]
+label = "lossy"
+bandwidth = "100mbit"
+args = ["--ingress", "--loss", "1%"]
+testbed = ["--loss", "1%"]
+[[models]]
+name = "lenet"
+[[variants]]
+label = "allreduce"
+strategy = "allreduce"
+"#;
+
+/// Runs `syncopate study --quiet --out OUT` on the study `text`, with `path` as PATH when
+/// given.
+fn run_study(out: &Path, text: &str, path: Option<&str>) -> std::process::Output {
+    let study = out.join("study.toml");
+    std::fs::write(&study, text).unwrap();
+    let mut cmd = Command::new(EXE);
+    cmd.args(["study", "--quiet", "--out"]).arg(out).arg(&study);
+    if let Some(path) = path {
+        cmd.env("PATH", path);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn a_fidelity_study_runs_its_cell_on_the_kernel_and_on_the_emulator() {
+    if cannot_run_lossy("a_fidelity_study_runs_its_cell_on_the_kernel_and_on_the_emulator") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let o = run_study(out.path(), FIDELITY_STUDY, None);
+    let text = String::from_utf8_lossy(&[&o.stdout[..], &o.stderr[..]].concat()).into_owned();
+    assert!(o.status.success(), "{text}");
+    let study = out.path().join("fidelity-tiny");
+    let csv = std::fs::read_to_string(study.join("results.csv")).unwrap();
+    let mut lines = csv.lines().skip(1);
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_else(|| panic!("{csv}"))
+        .split(',')
+        .collect();
+    let ratio: f64 = row[8].parse().unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{csv}");
+    let cell = study.join("runs/lenet-allreduce-lossy-w2-s42");
+    assert!(cell.join("kernel/kernel.json").is_file(), "{text}");
+    assert!(cell.join("emulator/summary.json").is_file(), "{text}");
+}
+
+/// Without nft, tc and ip on PATH (or without root) a kernel study refuses to start, saying
+/// why, before it runs anything.
+#[test]
+fn a_kernel_study_says_what_this_machine_lacks() {
+    let out = tempfile::tempdir().unwrap();
+    let kernel = FIDELITY_STUDY.replace("\"fidelity\"", "\"kernel\"");
+    let o = run_study(out.path(), &kernel, Some("/nonexistent"));
+    let text = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains("runs its cells in network namespaces"),
+        "{text}"
+    );
+    assert!(
+        text.contains("needs root") || text.contains("needs ip, tc, nft on PATH"),
+        "{text}"
+    );
+    assert!(!out.path().join("fidelity-tiny/runs").exists());
+}
+
+/// The same cell as a kernel study: one job on the testbed, its row in `results.csv` with
+/// the packets the kernel dropped at the bottleneck (`frames_lost`, from `kernel.json`).
+#[test]
+fn a_kernel_study_runs_its_cell_on_the_testbed() {
+    if cannot_run_lossy("a_kernel_study_runs_its_cell_on_the_testbed") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let kernel = FIDELITY_STUDY.replace("\"fidelity\"", "\"kernel\"");
+    let o = run_study(out.path(), &kernel, None);
+    let text = String::from_utf8_lossy(&[&o.stdout[..], &o.stderr[..]].concat()).into_owned();
+    assert!(o.status.success(), "{text}");
+    let csv = std::fs::read_to_string(out.path().join("fidelity-tiny/results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_else(|| panic!("{csv}"))
+        .split(',')
+        .collect();
+    let lost = header.iter().position(|h| *h == "frames_lost").unwrap();
+    let drops: f64 = row[lost].parse().unwrap();
+    assert!(drops.is_finite() && drops >= 0.0, "{csv}");
+    let cell = out
+        .path()
+        .join("fidelity-tiny/runs/lenet-allreduce-lossy-w2-s42");
+    assert!(cell.join("kernel.json").is_file(), "{text}");
+}

@@ -288,3 +288,45 @@ args = ["--average-every", "2"]
         "{steps}"
     );
 }
+
+/// `studies/autotune-quick.toml`, the credit scheduler with and without `--autotune` in the
+/// simulator, p3 first and the rest after: `table.md` (and the report) sets both against p3
+/// and says what the search chose, and `matrix.csv` has a row per run with its baseline.
+#[test]
+fn the_autotune_study_sets_the_credit_scheduler_against_p3() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let study = root.join("studies/autotune-quick.toml");
+    let dir = tempfile::tempdir().unwrap();
+    // p3 alone first (`--variants`), then the rest of the matrix.
+    let o = Command::new(EXE)
+        .args(["study", "--quiet", "--variants", "p3", "--out"])
+        .arg(dir.path())
+        .arg(&study)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let runs = std::fs::read_dir(dir.path().join("autotune-quick/runs")).unwrap();
+    assert_eq!(runs.count(), 1);
+    let o = run_study(dir.path(), &study);
+    assert!(o.status.success(), "{o:?}");
+    let report = std::fs::read_to_string(dir.path().join("autotune-quick/report.html")).unwrap();
+    assert!(
+        report.contains("profile:resnet50, 4 workers"),
+        "the matrix in the report"
+    );
+    let table = std::fs::read_to_string(dir.path().join("autotune-quick/table.md")).unwrap();
+    assert!(
+        table.contains("| network | p3 | credit (fixed) | credit --autotune |"),
+        "{table}"
+    );
+    let row = table.lines().last().unwrap();
+    assert!(row.starts_with("| 1gbit | 0."), "{table}");
+    assert!(row.contains("; after the search "), "{table}");
+    let csv = std::fs::read_to_string(dir.path().join("autotune-quick/matrix.csv")).unwrap();
+    let baselines: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(7).unwrap())
+        .collect();
+    assert_eq!(baselines, ["", "p3", "p3"], "{csv}");
+}

@@ -8,18 +8,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use syncopate_report::HtmlReport;
 use syncopate_sim::SimReport;
 
 use crate::config::{RunSpec, StudyConfig};
 use crate::csv_format;
+use crate::pairs::{mean_after, PairRow};
 use crate::rows::Summary;
-use crate::run::{runtime_dir, simulator_dir, summary_path};
+use crate::run::{runtime_dir, simulator_dir};
 use crate::table::fixed;
 
 /// One cell of an agreement study: one row of its `results.csv`, whose columns are these
 /// fields in this order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AgreementRow {
     /// Run id.
     pub id: String,
@@ -52,34 +52,35 @@ pub struct AgreementRow {
     pub simulator_frames_retransmitted: u64,
 }
 
-impl AgreementRow {
-    /// A row of no cell: what names the columns of an empty `results.csv`.
-    fn blank() -> Self {
-        Self {
-            id: String::new(),
-            model: String::new(),
-            variant: String::new(),
-            network: String::new(),
-            workers: 0,
-            seed: 0,
-            runtime_step_seconds: f64::NAN,
-            simulator_step_seconds: f64::NAN,
-            simulator_over_runtime: f64::NAN,
-            runtime_frames_dropped: None,
-            runtime_frames_retransmitted: None,
-            simulator_frames_dropped: 0,
-            simulator_frames_retransmitted: 0,
-        }
-    }
-}
+impl PairRow for AgreementRow {
+    const HEADER: &'static [&'static str] = &HEADER;
+    const EXPLAINED: &'static str = EXPLAINED;
+    const SIDES: [fn(&Path) -> PathBuf; 2] = [runtime_dir, simulator_dir];
 
-/// The mean of `steps` after the first `warmup` (NaN when none are left).
-fn mean_after(steps: &[f64], warmup: u64) -> f64 {
-    let measured = steps.get(warmup as usize..).unwrap_or_default();
-    if measured.is_empty() {
-        return f64::NAN;
+    fn cells(&self) -> Vec<String> {
+        let r = self;
+        let count = |v: Option<u64>| v.map_or("-".to_string(), |n| n.to_string());
+        vec![
+            fixed(r.runtime_step_seconds, 3, " s"),
+            fixed(r.simulator_step_seconds, 3, " s"),
+            fixed(r.simulator_over_runtime, 3, ""),
+            format!(
+                "{}, {}; {}, {}",
+                count(r.runtime_frames_dropped),
+                count(r.runtime_frames_retransmitted),
+                r.simulator_frames_dropped,
+                r.simulator_frames_retransmitted
+            ),
+        ]
     }
-    measured.iter().sum::<f64>() / measured.len() as f64
+
+    fn read(config: &StudyConfig, run: &RunSpec, first: &str, second: &str) -> Result<Self> {
+        row(config, run, first, second)
+    }
+
+    fn place(&self) -> (&str, &str, &str, usize) {
+        (&self.model, &self.variant, &self.network, self.workers)
+    }
 }
 
 /// The row of cell `run` from its job's summary and its simulation's report (their texts).
@@ -111,71 +112,13 @@ pub fn row(
     })
 }
 
-/// The rows of every cell of `config` under `dir` whose job and simulation both finished.
-pub fn collect(config: &StudyConfig, dir: &Path) -> Result<Vec<AgreementRow>> {
-    let mut rows = Vec::new();
-    for run in config.runs() {
-        let run_dir = dir.join("runs").join(&run.id);
-        let (job, sim) = (
-            summary_path(&runtime_dir(&run_dir)),
-            summary_path(&simulator_dir(&run_dir)),
-        );
-        if !job.is_file() || !sim.is_file() {
-            continue;
-        }
-        let read = |p: &Path| {
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
-        };
-        let row = row(config, &run, &read(&job)?, &read(&sim)?)
-            .with_context(|| format!("reading the cell {}", run_dir.display()))?;
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
-/// The header of the table of cells.
-const HEADER: [&str; 8] = [
-    "model",
-    "variant",
-    "network",
-    "workers",
+/// The header of the table's figures (after the cell's place).
+const HEADER: [&str; 4] = [
     "runtime step",
     "simulator step",
     "simulator / runtime",
     "drops, retransmissions: runtime (worker 0); simulator (all hosts)",
 ];
-
-/// The cells of one row of the table.
-fn cells(r: &AgreementRow) -> Vec<String> {
-    let count = |v: Option<u64>| v.map_or("-".to_string(), |n| n.to_string());
-    vec![
-        r.model.clone(),
-        r.variant.clone(),
-        r.network.clone(),
-        r.workers.to_string(),
-        fixed(r.runtime_step_seconds, 3, " s"),
-        fixed(r.simulator_step_seconds, 3, " s"),
-        fixed(r.simulator_over_runtime, 3, ""),
-        format!(
-            "{}, {}; {}, {}",
-            count(r.runtime_frames_dropped),
-            count(r.runtime_frames_retransmitted),
-            r.simulator_frames_dropped,
-            r.simulator_frames_retransmitted
-        ),
-    ]
-}
-
-/// The table of cells in Markdown (what `table.md` holds and the terminal shows).
-pub fn markdown_lines(rows: &[AgreementRow]) -> Vec<String> {
-    let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
-    let mut lines = vec![
-        line(&HEADER.map(String::from)),
-        format!("|{}", "---|".repeat(HEADER.len())),
-    ];
-    lines.extend(rows.iter().map(|r| line(&cells(r))));
-    lines
-}
 
 /// What the figures of an agreement study are.
 const EXPLAINED: &str = "Every cell runs twice: as a job over real sockets on this machine \
@@ -184,35 +127,11 @@ const EXPLAINED: &str = "Every cell runs twice: as a job over real sockets on th
     core's network model and the same seed. Step: the mean step time after the warm-up steps \
     (worker 0's in the job). Simulator / runtime: 1 when they agree.";
 
-/// Writes `results.csv`, `table.md` and `report.html` under `dir`; returns the report's path.
-pub fn write_report(config: &StudyConfig, dir: &Path, rows: &[AgreementRow]) -> Result<PathBuf> {
-    std::fs::write(
-        dir.join("results.csv"),
-        csv_format::table(rows, &AgreementRow::blank())?,
-    )?;
-    let markdown = markdown_lines(rows).join("\n") + "\n";
-    std::fs::write(dir.join("table.md"), markdown)?;
-    let mut html = HtmlReport::new(&format!("Study {}", config.name));
-    if !config.description.is_empty() {
-        html.paragraph(&config.description);
-    }
-    html.paragraph(&format!(
-        "{} finished cells; {} steps each, the first {} left out of the means.",
-        rows.len(),
-        config.steps,
-        config.warmup_steps
-    ));
-    html.paragraph(EXPLAINED);
-    let table: Vec<Vec<String>> = rows.iter().map(cells).collect();
-    html.table(&HEADER, &table);
-    let path = dir.join("report.html");
-    std::fs::write(&path, html.finish())?;
-    Ok(path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pairs::{collect, markdown_lines, write_report};
+    use crate::run::summary_path;
 
     const STUDY: &str = r#"
 name = "agree"
@@ -259,9 +178,7 @@ strategy = "p3"
 
     #[test]
     fn a_cell_reports_both_step_times_and_their_ratio() {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), STUDY).unwrap();
-        let config = StudyConfig::load(file.path()).unwrap();
+        let config = StudyConfig::parse(STUDY).unwrap();
         let run = &config.runs()[0];
         assert!(run.args.windows(2).any(|w| w == ["--scale", "1/16"]));
         let r = row(
@@ -313,7 +230,7 @@ strategy = "p3"
                 std::fs::write(summary_path(&sim_dir), simulation(&[1.0, 1.0], 0)).unwrap();
             }
         }
-        let rows = collect(&config, dir.path()).unwrap();
+        let rows: Vec<AgreementRow> = collect(&config, dir.path()).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].simulator_over_runtime, 0.5);
         write_report(&config, dir.path(), &rows).unwrap();
@@ -333,7 +250,7 @@ strategy = "p3"
         assert!(std::fs::read_to_string(dir.path().join("table.md"))
             .unwrap()
             .contains("| 0.500 |"));
-        write_report(&config, dir.path(), &[]).unwrap();
+        write_report::<AgreementRow>(&config, dir.path(), &[]).unwrap();
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
         assert_eq!(csv.lines().count(), 1, "the header alone: {csv}");
     }

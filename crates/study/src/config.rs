@@ -1,6 +1,8 @@
 //! A study file: the matrix of runs (models x variants x networks x workers x seeds), each a
 //! `syncopate launch` of real training or, for a `kind = "simulate"` study, a `syncopate
-//! simulate` on virtual time, or for a `kind = "agreement"` study both.
+//! simulate` on virtual time, or for a `kind = "agreement"` study both; a `kind = "kernel"`
+//! study runs each job on the network-namespace testbed, a `kind = "fidelity"` study there
+//! and on the emulator.
 
 use std::path::Path;
 
@@ -80,6 +82,14 @@ pub enum StudyKind {
     /// (tensors and network scaled by `scale`) and a `syncopate simulate` of it at full size,
     /// reported side by side with the ratio of their step times.
     Agreement,
+    /// The kernel's network: every cell a job on the network-namespace testbed
+    /// (`scripts/netns-cluster.sh`: one host per process, the network's bandwidth the
+    /// kernel's htb bottleneck, its `testbed` flags the rest). Root only.
+    Kernel,
+    /// The emulator against the kernel: every cell a job on the testbed (as `kernel`) and a
+    /// `syncopate launch` on the emulated network (the network's bandwidth and `args`),
+    /// reported side by side with the ratio of their step times. Root only.
+    Fidelity,
 }
 
 impl StudyKind {
@@ -89,9 +99,19 @@ impl StudyKind {
             StudyKind::Launch => &["launch"],
             StudyKind::Simulate => &["simulate"],
             StudyKind::Agreement => &["launch", "simulate"],
+            StudyKind::Kernel => &[TESTBED],
+            StudyKind::Fidelity => &[TESTBED, "launch"],
         }
     }
+
+    /// Whether a cell runs on the network-namespace testbed.
+    pub fn uses_testbed(self) -> bool {
+        self.commands().contains(&TESTBED)
+    }
 }
+
+/// The name of a cell's command on the namespace testbed (`scripts/netns-cluster.sh`).
+pub const TESTBED: &str = "testbed";
 
 /// A named network: every process's interface at `bandwidth`, every link `latency` long
 /// (one way), e.g. a wide-area link of 100 Mbit/s with 50 ms.
@@ -105,6 +125,14 @@ pub struct NetworkEntry {
     pub bandwidth: String,
     /// `--latency`, one way (e.g. `50ms`; default none).
     pub latency: Option<String>,
+    /// Extra flags of every run on this network (e.g. `["--loss", "1%"]`, or `--network`
+    /// and a network file).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// In a kernel or fidelity study, flags of `scripts/netns-cluster.sh` for this network
+    /// besides `--bottleneck BANDWIDTH` (e.g. `["--loss", "1%"]`, `["--paths", "2"]`).
+    #[serde(default)]
+    pub testbed: Vec<String>,
 }
 
 impl NetworkEntry {
@@ -114,6 +142,8 @@ impl NetworkEntry {
             label: None,
             bandwidth: bandwidth.to_string(),
             latency: None,
+            args: Vec::new(),
+            testbed: Vec::new(),
         }
     }
 
@@ -151,6 +181,9 @@ pub struct ModelEntry {
     /// study's).
     #[serde(default)]
     pub networks: Vec<NetworkEntry>,
+    /// Worker counts of this model's runs (default: the study's).
+    #[serde(default)]
+    pub workers: Vec<usize>,
     /// Extra flags for this model's runs (e.g. `--dataset mnist`).
     #[serde(default)]
     pub args: Vec<String>,
@@ -179,9 +212,25 @@ pub struct Variant {
     /// Steps of this variant's runs (default: the study's), e.g. a whole averaging period
     /// of a simulated local SGD.
     pub steps: Option<u64>,
+    /// The label of the variant this one is set against in a simulated study's
+    /// `table.md` (its step time over the baseline's, on the same network, workers and seed).
+    pub baseline: Option<String>,
     /// Extra flags.
     #[serde(default)]
     pub args: Vec<String>,
+    /// In a kernel or fidelity study, flags of `scripts/netns-cluster.sh` for this variant
+    /// (e.g. `["--cc", "bbr"]`); what follows a `--` goes to the testbed's job processes
+    /// only (e.g. `["--", "--transport", "udp"]`, which the emulator refuses).
+    #[serde(default)]
+    pub testbed: Vec<String>,
+}
+
+impl Variant {
+    /// Whether its strategy has parameter servers.
+    pub fn uses_servers(&self) -> bool {
+        syncopate_core::strategy::StrategyKind::from_name(&self.strategy)
+            .is_some_and(|s| s.uses_servers())
+    }
 }
 
 /// One run of the matrix.
@@ -205,6 +254,10 @@ pub struct RunSpec {
     pub seed: u64,
     /// The `syncopate launch` arguments.
     pub args: Vec<String>,
+    /// In a kernel or fidelity study, the testbed's arguments: `scripts/netns-cluster.sh`'s
+    /// flags, then `--` and its job processes' flags.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub testbed: Vec<String>,
 }
 
 impl RunSpec {
@@ -223,8 +276,12 @@ impl StudyConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading study {}", path.display()))?;
-        let config: StudyConfig =
-            toml::from_str(&text).with_context(|| format!("study {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("study {}", path.display()))
+    }
+
+    /// Parses and checks the text of a study file.
+    pub fn parse(text: &str) -> Result<Self> {
+        let config: StudyConfig = toml::from_str(text)?;
         config.validate()?;
         Ok(config)
     }
@@ -242,6 +299,11 @@ impl StudyConfig {
         if self.workers.is_empty() || self.workers.contains(&0) || self.seeds.is_empty() {
             bail!("workers and seeds must be non-empty lists (workers >= 1)");
         }
+        if let Some(m) = self.models.iter().find(|m| m.workers.contains(&0)) {
+            bail!("model {}: its workers must be at least 1", m.display_name());
+        }
+        self.validate_baselines()?;
+        self.validate_testbed()?;
         for m in &self.models {
             let networks = self.networks_of(m);
             if networks.is_empty() {
@@ -297,6 +359,74 @@ impl StudyConfig {
         Ok(())
     }
 
+    /// Every variant's `baseline` names another variant, and only a simulated study has them.
+    fn validate_baselines(&self) -> Result<()> {
+        for v in &self.variants {
+            let Some(baseline) = &v.baseline else {
+                continue;
+            };
+            if self.kind != StudyKind::Simulate {
+                bail!(
+                    "variant '{}': a baseline is for simulated studies (kind = \"simulate\"), \
+                     whose table.md sets each variant against it",
+                    v.label
+                );
+            }
+            if baseline == &v.label || !self.variants.iter().any(|o| &o.label == baseline) {
+                bail!(
+                    "variant '{}': its baseline '{baseline}' is not another variant's label \
+                     (variants: {})",
+                    v.label,
+                    self.variants
+                        .iter()
+                        .map(|o| o.label.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A testbed study's networks have no latency (the testbed adds none) and its
+    /// parameter-server variants one server (the testbed's last host).
+    fn validate_testbed(&self) -> Result<()> {
+        if !self.kind.uses_testbed() {
+            if let Some(v) = self.variants.iter().find(|v| !v.testbed.is_empty()) {
+                bail!(
+                    "variant '{}': `testbed` flags are for kernel and fidelity studies",
+                    v.label
+                );
+            }
+            return Ok(());
+        }
+        for m in &self.models {
+            if let Some(n) = self.networks_of(m).iter().find(|n| n.latency.is_some()) {
+                bail!(
+                    "network '{}': the namespace testbed adds no latency (leave `latency` out)",
+                    n.display_name()
+                );
+            }
+        }
+        let uses_servers = self.variants.iter().any(Variant::uses_servers);
+        if uses_servers && self.servers != Some(1) {
+            bail!(
+                "the namespace testbed has one server host: a kernel or fidelity study with \
+                 parameter-server variants says `servers = 1`"
+            );
+        }
+        Ok(())
+    }
+
+    /// The worker counts of `model`: its own when it lists any, else the study's.
+    pub fn workers_of<'a>(&'a self, model: &'a ModelEntry) -> &'a [usize] {
+        if model.workers.is_empty() {
+            &self.workers
+        } else {
+            &model.workers
+        }
+    }
+
     /// The networks of `model`: its own `bandwidths` then `networks` when it lists any, else
     /// the study's.
     pub fn networks_of(&self, model: &ModelEntry) -> Vec<NetworkEntry> {
@@ -317,10 +447,16 @@ impl StudyConfig {
         let mut runs = Vec::new();
         for model in &self.models {
             for network in self.networks_of(model) {
-                for &workers in &self.workers {
+                for &workers in self.workers_of(model) {
                     for variant in &self.variants {
                         for &seed in &self.seeds {
-                            runs.push(self.run(model, variant, &network, workers, seed));
+                            runs.push(self.run(&Cell {
+                                model,
+                                variant,
+                                network: &network,
+                                workers,
+                                seed,
+                            }));
                         }
                     }
                 }
@@ -329,18 +465,16 @@ impl StudyConfig {
         runs
     }
 
-    fn run(
-        &self,
-        model: &ModelEntry,
-        variant: &Variant,
-        network: &NetworkEntry,
-        workers: usize,
-        seed: u64,
-    ) -> RunSpec {
+    fn run(&self, cell: &Cell) -> RunSpec {
+        let Cell {
+            model,
+            variant,
+            network,
+            workers,
+            seed,
+        } = *cell;
         let bandwidth = network.bandwidth.as_str();
-        let uses_servers = syncopate_core::strategy::StrategyKind::from_name(&variant.strategy)
-            .is_some_and(|s| s.uses_servers());
-        let servers = if uses_servers {
+        let servers = if variant.uses_servers() {
             self.servers.unwrap_or(workers)
         } else {
             0
@@ -376,6 +510,7 @@ impl StudyConfig {
             args.extend(["--scale".to_string(), scale.clone()]);
         }
         args.extend(self.args.iter().cloned());
+        args.extend(network.args.iter().cloned());
         args.extend(model.args.iter().cloned());
         args.extend(variant.args.iter().cloned());
         let id = sanitize(&format!(
@@ -386,6 +521,10 @@ impl StudyConfig {
             workers,
             seed
         ));
+        let testbed = match self.kind.uses_testbed() {
+            true => self.testbed_args(cell),
+            false => Vec::new(),
+        };
         RunSpec {
             id,
             model: model.display_name().to_string(),
@@ -397,8 +536,69 @@ impl StudyConfig {
             workers,
             seed,
             args,
+            testbed,
         }
     }
+
+    /// The testbed's arguments of a cell: one host per worker and one for the server of a
+    /// parameter-server strategy, the network's bandwidth as the bottleneck, the network's
+    /// and the variant's testbed flags; after `--`, the job's flags (the emulator's network
+    /// flags left out).
+    fn testbed_args(&self, cell: &Cell) -> Vec<String> {
+        let (model, variant, network) = (cell.model, cell.variant, cell.network);
+        let hosts = cell.workers + usize::from(variant.uses_servers());
+        let steps = variant.steps.unwrap_or(self.steps).to_string();
+        let mut net: Vec<String> = [
+            "--hosts",
+            &hosts.to_string(),
+            "--strategy",
+            &variant.strategy,
+            "--steps",
+            &steps,
+            "--bottleneck",
+            &network.bandwidth,
+        ]
+        .map(String::from)
+        .to_vec();
+        net.extend(network.testbed.iter().cloned());
+        let split = variant.testbed.iter().position(|a| a == "--");
+        let (variant_net, variant_job) = variant
+            .testbed
+            .split_at(split.unwrap_or(variant.testbed.len()));
+        net.extend(variant_net.iter().cloned());
+        net.push("--".into());
+        let job = [
+            "--model",
+            &model.name,
+            "--batch-size",
+            &self.batch_size.to_string(),
+            "--seed",
+            &cell.seed.to_string(),
+        ];
+        net.extend(job.map(String::from));
+        if let Some(s) = &variant.scheduler {
+            net.extend(["--scheduler".to_string(), s.clone()]);
+        }
+        net.extend(
+            self.args
+                .iter()
+                .chain(&model.args)
+                .chain(&variant.args)
+                .cloned(),
+        );
+        net.extend(variant_job.iter().skip(1).cloned());
+        net
+    }
+}
+
+/// One cell of the matrix, as the study file gives it.
+#[derive(Clone, Copy)]
+struct Cell<'a> {
+    model: &'a ModelEntry,
+    variant: &'a Variant,
+    network: &'a NetworkEntry,
+    workers: usize,
+    seed: u64,
 }
 
 /// A file-name-safe version of `s`.

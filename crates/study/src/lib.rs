@@ -4,21 +4,28 @@
 //! table on the terminal. This crate's one job is that loop from a study file to its
 //! report; the `syncopate study` and `syncopate report` commands only hand it their flags.
 //! A study's `kind` says what a run is: a job (`launch`), a simulation (`simulate`), or both
-//! side by side (`agreement`).
+//! side by side (`agreement`), a job on the kernel's network-namespace testbed (`kernel`), or
+//! that and the emulated job side by side (`fidelity`). A simulated study also sets each variant against its
+//! `baseline` in `table.md` (see `sim_matrix`).
 
 mod agreement;
 mod compare;
 mod config;
 mod csv_format;
 mod curves;
+mod fidelity;
 mod metrics;
+mod pairs;
 mod report;
 mod rows;
 mod run;
 mod scale;
+mod select;
+mod sim_matrix;
 mod sim_rows;
 mod styles;
 mod table;
+mod testbed;
 mod traffic;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +35,7 @@ use anyhow::{bail, Context, Result};
 
 pub use config::{ModelEntry, NetworkEntry, RunSpec, StudyConfig, StudyKind, Variant};
 use run::RunOutcome;
+pub use select::Selection;
 
 /// How to run a study.
 #[derive(Debug, Clone)]
@@ -42,6 +50,8 @@ pub struct StudyOptions {
     pub quiet: bool,
     /// The `syncopate` executable whose `launch` runs each job.
     pub syncopate: PathBuf,
+    /// The variants and networks to run now (default: all).
+    pub selection: Selection,
 }
 
 /// Runs the study's unfinished runs, then writes its report (and prints its table); fails
@@ -52,10 +62,16 @@ pub fn run_study(options: &StudyOptions) -> Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::copy(&options.file, dir.join("study.toml"))
         .with_context(|| format!("copying the study file into {}", dir.display()))?;
-    let total = config.runs().len();
+    options.selection.check(&config)?;
+    let total = config
+        .runs()
+        .iter()
+        .filter(|r| options.selection.keeps(r))
+        .count();
     eprintln!("study {}: {total} runs into {}", config.name, dir.display());
     let outcomes = run::run_matrix(
         &config,
+        &options.selection,
         &dir,
         &options.syncopate,
         options.run_timeout,
@@ -95,15 +111,29 @@ pub fn rebuild_report(dir: &Path) -> Result<()> {
 /// Prints the terminal table of the finished runs and writes the report; returns its path.
 fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
     if config.kind == StudyKind::Agreement {
-        let rows = agreement::collect(config, dir)?;
-        for line in agreement::markdown_lines(&rows) {
+        let rows: Vec<agreement::AgreementRow> = pairs::collect(config, dir)?;
+        for line in pairs::markdown_lines(&rows) {
             println!("{line}");
         }
-        return agreement::write_report(config, dir, &rows);
+        return pairs::write_report(config, dir, &rows);
+    }
+    if config.kind == StudyKind::Fidelity {
+        let rows: Vec<fidelity::FidelityRow> = pairs::collect(config, dir)?;
+        for line in pairs::markdown_lines(&rows) {
+            println!("{line}");
+        }
+        return pairs::write_report(config, dir, &rows);
     }
     let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {
         println!("{line}");
+    }
+    if config.kind == StudyKind::Simulate {
+        let matrix = sim_matrix::collect(config, dir)?;
+        sim_matrix::write(config, dir, &matrix)?;
+        for line in sim_matrix::markdown_lines(config, &matrix) {
+            println!("{line}");
+        }
     }
     report::write_report(config, dir, &rows)
 }
@@ -120,11 +150,19 @@ fn collect_rows(config: &StudyConfig, dir: &Path) -> Result<Vec<rows::RunRow>> {
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         let row = match config.kind {
-            StudyKind::Launch => rows::launch_row(config, &run, &run_dir, &text),
+            StudyKind::Launch | StudyKind::Kernel => {
+                rows::launch_row(config, &run, &run_dir, &text)
+            }
             StudyKind::Simulate => crate::sim_rows::row(config, &run, &text),
-            StudyKind::Agreement => unreachable!("an agreement study reads its own rows"),
+            StudyKind::Agreement | StudyKind::Fidelity => {
+                unreachable!("a study of cells run twice reads its own rows")
+            }
         };
-        rows.push(row.with_context(|| format!("reading {}", path.display()))?);
+        let mut row = row.with_context(|| format!("reading {}", path.display()))?;
+        if config.kind == StudyKind::Kernel {
+            row.frames_lost = testbed::kernel_drops(&run_dir)?.map_or(f64::NAN, |d| d as f64);
+        }
+        rows.push(row);
     }
     Ok(rows)
 }

@@ -45,6 +45,13 @@ const SIMULATED: &str = "Every run is `syncopate simulate`: the strategies' own 
     network over the run (full-size bytes, headers included) over the steps, the mean over \
     workers.";
 
+/// What a kernel study's runs are.
+const ON_THE_KERNEL: &str = "Every run is a job on the kernel's network \
+    (scripts/netns-cluster.sh): one network namespace per process on a bridge, the network's \
+    bandwidth as the kernel's htb bottleneck, its testbed flags for the queues, loss and paths; \
+    each run's directory keeps the kernel's counters over the job (kernel.json, tcp.json) and \
+    every process's log. The figures are worker 0's.";
+
 /// Writes `results.csv` and `report.html` under `dir`; returns the report's path.
 pub fn write_report(
     config: &StudyConfig,
@@ -72,11 +79,19 @@ pub fn write_report(
     html.svg(&Styles::of(config).legend_svg());
     match config.kind {
         StudyKind::Launch => comparative_section(&mut html, config, dir, rows)?,
+        StudyKind::Kernel => {
+            html.paragraph(ON_THE_KERNEL);
+            comparative_section(&mut html, config, dir, rows)?;
+        }
         StudyKind::Simulate => {
             html.paragraph(SIMULATED);
+            let matrix = crate::sim_matrix::collect(config, dir)?;
+            crate::sim_matrix::html_section(&mut html, config, &matrix);
             scale_section(&mut html, config, rows)?;
         }
-        StudyKind::Agreement => unreachable!("an agreement study writes its own report"),
+        StudyKind::Agreement | StudyKind::Fidelity => {
+            unreachable!("a study of cells run twice writes its own report")
+        }
     }
     html.heading("All runs");
     let (header, table) = summary_table(rows);

@@ -101,7 +101,9 @@ pub struct RunRow {
     /// Bytes read and written on storage per worker over the run (NaN: no metrics).
     #[serde(serialize_with = "csv_format::f0")]
     pub disk_bytes: f64,
-    /// Frames worker 0 lost on the emulated network (NaN: not recorded).
+    /// Frames worker 0 lost on the emulated network; in a kernel study, the packets the
+    /// kernel dropped at the bottleneck (qdisc tail drops, nftables' random and blackout
+    /// drops: `kernel.json`) (NaN: not recorded).
     #[serde(serialize_with = "csv_format::plain")]
     pub frames_lost: f64,
     /// Fraction of gradient values a loss-tolerant strategy filled in (NaN: not one).

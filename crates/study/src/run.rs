@@ -15,7 +15,9 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use syncopate_runtime::checkpoint::newest_complete_any;
 
-use crate::config::{RunSpec, StudyConfig, StudyKind};
+use crate::config::{RunSpec, StudyConfig, StudyKind, TESTBED};
+use crate::select::Selection;
+use crate::testbed;
 
 /// Outcome of one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +43,16 @@ pub fn runtime_dir(run_dir: &Path) -> PathBuf {
 /// Where a cell's simulation runs.
 pub fn simulator_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("simulator")
+}
+
+/// Where a fidelity cell's job runs on the namespace testbed.
+pub fn kernel_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("kernel")
+}
+
+/// Where a fidelity cell's job runs on the emulated network.
+pub fn emulator_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("emulator")
 }
 
 /// The simulator's arguments for a cell: the job's without `--scale`, since the simulator
@@ -84,19 +96,29 @@ pub fn parts(kind: StudyKind, run: &RunSpec, run_dir: &Path) -> Vec<Part> {
                 simulator_args(&run.args),
             ),
         ],
+        StudyKind::Kernel => vec![part(TESTBED, run_dir.to_path_buf(), run.testbed.clone())],
+        StudyKind::Fidelity => vec![
+            part(TESTBED, kernel_dir(run_dir), run.testbed.clone()),
+            part("launch", emulator_dir(run_dir), run.args.clone()),
+        ],
     }
 }
 
-/// Runs every run of `config` not yet finished under `dir` with the `syncopate` executable
-/// `exe`, with a progress bar.
+/// Runs every run of `config` that `selection` keeps and is not yet finished under `dir`
+/// with the `syncopate` executable `exe`, with a progress bar.
 pub fn run_matrix(
     config: &StudyConfig,
+    selection: &Selection,
     dir: &Path,
     exe: &Path,
     run_timeout: Duration,
     quiet: bool,
 ) -> Result<Vec<(RunSpec, RunOutcome)>> {
-    let runs = config.runs();
+    let runs: Vec<RunSpec> = config
+        .runs()
+        .into_iter()
+        .filter(|r| selection.keeps(r))
+        .collect();
     let stale = stale_runs(config.kind, &runs, dir);
     if !stale.is_empty() {
         anyhow::bail!(
@@ -106,6 +128,14 @@ pub fn run_matrix(
             dir.join("runs").display(),
             stale.join(", ")
         );
+    }
+    let unfinished = |run: &RunSpec| {
+        parts(config.kind, run, &dir.join("runs").join(&run.id))
+            .iter()
+            .any(|p| p.command == TESTBED && !summary_path(&p.dir).is_file())
+    };
+    if runs.iter().any(unfinished) {
+        testbed::check_host()?;
     }
     let bar = if quiet {
         ProgressBar::hidden()
@@ -173,17 +203,12 @@ pub fn stale_runs(kind: StudyKind, runs: &[RunSpec], dir: &Path) -> Vec<String> 
 /// success) `summary.json`, written to a temporary name first so a killed run never looks
 /// finished; `simulate` adds its report as `summary.json` the same way.
 fn execute(exe: &Path, part: &Part, run: &RunSpec, timeout: Duration) -> Result<()> {
+    if part.command == TESTBED {
+        return execute_testbed(exe, part, run, timeout);
+    }
     let run_dir = part.dir.as_path();
     let launch = part.command == "launch";
-    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    let recorded = RunSpec {
-        args: part.args.clone(),
-        ..run.clone()
-    };
-    std::fs::write(
-        run_dir.join("run.toml"),
-        toml::to_string_pretty(&recorded).context("encoding the run's config")?,
-    )?;
+    record(part, run)?;
     let partial = run_dir.join("summary.json.partial");
     let checkpoints = run_dir.join("checkpoints");
     let every = if launch {
@@ -251,6 +276,49 @@ fn execute(exe: &Path, part: &Part, run: &RunSpec, timeout: Duration) -> Result<
     Ok(())
 }
 
+/// Writes `part`'s place in the matrix as `run.toml` into its directory (created).
+fn record(part: &Part, run: &RunSpec) -> Result<()> {
+    std::fs::create_dir_all(&part.dir)
+        .with_context(|| format!("creating {}", part.dir.display()))?;
+    let recorded = RunSpec {
+        args: part.args.clone(),
+        ..run.clone()
+    };
+    std::fs::write(
+        part.dir.join("run.toml"),
+        toml::to_string_pretty(&recorded).context("encoding the run's config")?,
+    )?;
+    Ok(())
+}
+
+/// One cell on the namespace testbed: `run.toml`, then the testbed's output as `log.txt`,
+/// worker 0's `summary.json`, the kernel's counters (`kernel.json`, `tcp.json`) and every
+/// process's log; a failed cell leaves no `summary.json`.
+fn execute_testbed(exe: &Path, part: &Part, run: &RunSpec, timeout: Duration) -> Result<()> {
+    record(part, run)?;
+    let summary = summary_path(&part.dir);
+    let _ = std::fs::remove_file(&summary);
+    let log = std::fs::File::create(part.dir.join("log.txt"))?;
+    let child = testbed::command(exe, &part.args, &part.dir)?
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting the namespace testbed")?;
+    let status = wait_for(child, timeout, &part.dir)?;
+    if !status.success() {
+        let _ = std::fs::remove_file(&summary);
+        anyhow::bail!(
+            "the testbed exited with {status} (see {})",
+            part.dir.join("log.txt").display()
+        );
+    }
+    if !summary.is_file() {
+        anyhow::bail!("the testbed wrote no summary ({})", summary.display());
+    }
+    Ok(())
+}
+
 /// Waits for `child` to exit, killing it after `timeout`.
 fn wait_for(
     mut child: std::process::Child,
@@ -308,6 +376,7 @@ mod tests {
             workers: 2,
             seed: 1,
             args: vec!["--steps".into(), steps.into()],
+            testbed: Vec::new(),
         }
     }
 

@@ -17,9 +17,7 @@ pub fn row(config: &StudyConfig, run: &RunSpec, text: &str) -> Result<RunRow> {
     let outcome: SimReport =
         serde_json::from_str(text).context("parsing the simulation's report")?;
     let steps = &outcome.step_seconds;
-    let warm = (config.warmup_steps as usize).min(steps.len().saturating_sub(1));
-    let measured = steps.get(warm..).unwrap_or_default();
-    let step_seconds = measured.iter().sum::<f64>() / measured.len().max(1) as f64;
+    let step_seconds = mean_after_warmup(steps, config.warmup_steps);
     let workers = outcome.traffic.iter().take(run.workers);
     let sent: Vec<f64> = workers.map(|h| h.bytes_sent as f64).collect();
     let bytes_per_step =
@@ -49,6 +47,13 @@ pub fn row(config: &StudyConfig, run: &RunSpec, text: &str) -> Result<RunRow> {
         compute_utilisation: compute / step_seconds,
         ..RunRow::empty(&run.model, run.workers)
     })
+}
+
+/// The mean of `steps` after the first `warmup` (all but the last when there are no more).
+pub fn mean_after_warmup(steps: &[f64], warmup: u64) -> f64 {
+    let warm = (warmup as usize).min(steps.len().saturating_sub(1));
+    let measured = steps.get(warm..).unwrap_or_default();
+    measured.iter().sum::<f64>() / measured.len().max(1) as f64
 }
 
 #[cfg(test)]

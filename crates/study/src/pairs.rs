@@ -1,0 +1,113 @@
+//! Studies whose every cell runs twice and sets the two side by side (`agreement`: a job and
+//! its simulation; `fidelity`: a job on the kernel's testbed and on the emulator): the mean
+//! step they compare, and their `results.csv`, `table.md` and `report.html`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use syncopate_report::HtmlReport;
+
+use crate::config::{RunSpec, StudyConfig};
+use crate::run::summary_path;
+
+/// The rows of every cell of `config` under `dir` whose two sides both finished.
+pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<R>> {
+    let mut rows = Vec::new();
+    for run in config.runs() {
+        let run_dir = dir.join("runs").join(&run.id);
+        let [first, second] = R::SIDES.map(|side| summary_path(&side(&run_dir)));
+        if !first.is_file() || !second.is_file() {
+            continue;
+        }
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let row = R::read(config, &run, &read(&first)?, &read(&second)?)
+            .with_context(|| format!("reading the cell {}", run_dir.display()))?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The mean of `steps` after the first `warmup` (NaN when none are left).
+pub fn mean_after(steps: &[f64], warmup: u64) -> f64 {
+    let measured = steps.get(warmup as usize..).unwrap_or_default();
+    if measured.is_empty() {
+        return f64::NAN;
+    }
+    measured.iter().sum::<f64>() / measured.len() as f64
+}
+
+/// The row of a cell run twice: one row of `results.csv` (its serialised fields; its
+/// default names the columns of an empty one) and of the table.
+pub trait PairRow: serde::Serialize + Default {
+    /// The names of the table's figures (after the place's columns).
+    const HEADER: &'static [&'static str];
+    /// What the figures are (the report's paragraph).
+    const EXPLAINED: &'static str;
+    /// Where each side runs under the cell's directory.
+    const SIDES: [fn(&Path) -> PathBuf; 2];
+    /// The row of cell `run` from its two sides' summaries (their texts).
+    fn read(config: &StudyConfig, run: &RunSpec, first: &str, second: &str) -> Result<Self>;
+    /// The cell's model, variant, network and workers.
+    fn place(&self) -> (&str, &str, &str, usize);
+    /// The row's figures in the table, after its place.
+    fn cells(&self) -> Vec<String>;
+}
+
+/// The columns of a cell's place, before its figures.
+const PLACE: [&str; 4] = ["model", "variant", "network", "workers"];
+
+/// The table's header: the place's columns, then the figures'.
+fn header<R: PairRow>() -> Vec<&'static str> {
+    PLACE.iter().chain(R::HEADER).copied().collect()
+}
+
+/// A row of the table: its place, then its figures.
+fn table_row<R: PairRow>(r: &R) -> Vec<String> {
+    let (model, variant, network, workers) = r.place();
+    let mut row = vec![
+        model.to_string(),
+        variant.to_string(),
+        network.to_string(),
+        workers.to_string(),
+    ];
+    row.extend(r.cells());
+    row
+}
+
+/// The table of `rows` in Markdown (what `table.md` holds and the terminal shows).
+pub fn markdown_lines<R: PairRow>(rows: &[R]) -> Vec<String> {
+    let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
+    let header: Vec<String> = header::<R>().into_iter().map(String::from).collect();
+    let mut lines = vec![line(&header), format!("|{}", "---|".repeat(header.len()))];
+    lines.extend(rows.iter().map(|r| line(&table_row(r))));
+    lines
+}
+
+/// Writes `results.csv`, `table.md` and `report.html` of `rows` under `dir`; returns the
+/// report's path.
+pub fn write_report<R: PairRow>(config: &StudyConfig, dir: &Path, rows: &[R]) -> Result<PathBuf> {
+    std::fs::write(
+        dir.join("results.csv"),
+        crate::csv_format::table(rows, &R::default())?,
+    )?;
+    let markdown = markdown_lines(rows).join("\n") + "\n";
+    std::fs::write(dir.join("table.md"), markdown)?;
+    let mut html = HtmlReport::new(&format!("Study {}", config.name));
+    if !config.description.is_empty() {
+        html.paragraph(&config.description);
+    }
+    html.paragraph(&format!(
+        "{} finished cells; {} steps each, the first {} left out of the means.",
+        rows.len(),
+        config.steps,
+        config.warmup_steps
+    ));
+    html.paragraph(R::EXPLAINED);
+    let table: Vec<Vec<String>> = rows.iter().map(table_row).collect();
+    html.table(&header::<R>(), &table);
+    let path = dir.join("report.html");
+    std::fs::write(&path, html.finish())?;
+    Ok(path)
+}
