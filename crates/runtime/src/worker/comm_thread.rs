@@ -12,6 +12,7 @@ use syncopate_core::liveness::{LivenessConfig, StallWatch};
 use syncopate_core::registry::KeyInfo;
 use syncopate_core::strategy::{Rank, WorkerEvent, WorkerSync};
 use syncopate_core::tune::Knobs;
+use syncopate_train::engine::FlatView;
 
 use crate::comm::{CommError, CommLoop, Flow, HookExtras, Hooks, LinkCounters, LinkStatus};
 use crate::error::RunError;
@@ -24,7 +25,9 @@ use crate::trace::{TraceRecorder, SEND};
 pub(super) enum ToComm {
     Begin(u64),
     Retune(Knobs),
-    Gradient(usize, Vec<f32>),
+    /// A key's gradient (or its weights after the layer's own optimizer step), shared with
+    /// the engine rather than copied.
+    Gradient(usize, FlatView),
     BackwardDone,
     /// Worker 0's buffers at the evaluation point after this step, to relay.
     Buffers(u64, Vec<f32>),

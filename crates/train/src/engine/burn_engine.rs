@@ -117,7 +117,9 @@ fn host_values<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
         .map_err(|e| TrainError::Backend(format!("reading a tensor: {e:?}")))
 }
 
-fn to_view(t: Tensor<1>) -> Result<FlatView> {
+/// A tensor's values in place (copied only where it is a strided view): reading a layer's
+/// input or gradient this way allocates nothing, where a host copy cost three large buffers.
+fn to_view<const D: usize>(t: Tensor<D>) -> Result<FlatView> {
     t.inner()
         .try_into_primitive::<Flex>()
         .map(FlatView::new)
@@ -447,7 +449,7 @@ impl BurnEngine {
         let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
         match kernel {
             Kernel::Conv(shape) => {
-                let x = host_values(input.materialise(device).into_image(&name)?)?;
+                let x = to_view(input.materialise(device).into_image(&name)?)?;
                 let (out, saved) = conv_block::forward(shape, &x, views[0], views[1], train);
                 let dims = shape.output_dims();
                 let out = Tensor::<4>::from_data(TensorData::new(out, dims), device);
@@ -457,7 +459,7 @@ impl BurnEngine {
                 let x = match input {
                     Act::Grid(g) => g,
                     other => {
-                        let x = host_values(other.into_image(&name)?)?;
+                        let x = to_view(other.into_image(&name)?)?;
                         GridImages::of_planes(shape.input_dims(), &x)
                     }
                 };
@@ -500,12 +502,22 @@ impl BurnEngine {
         let need_input = layer > 0;
         let (grads, input) = match saved {
             Saved::Conv(saved) => {
-                let g = match output_grad {
-                    Act::Image(g) => host_values(g)?,
-                    Act::Flat(g) => host_values(g)?,
-                    Act::Grid(g) => g.planes(),
+                let (view, planes);
+                let g: &[f32] = match output_grad {
+                    Act::Image(g) => {
+                        view = to_view(g)?;
+                        &view
+                    }
+                    Act::Flat(g) => {
+                        view = to_view(g)?;
+                        &view
+                    }
+                    Act::Grid(g) => {
+                        planes = g.planes();
+                        &planes
+                    }
                 };
-                let grads = conv_block::backward(saved, &params[0], &g, need_input);
+                let grads = conv_block::backward(saved, &params[0], g, need_input);
                 let input = grads.input.map(|gx| {
                     let data = TensorData::new(gx, saved.input_dims());
                     Act::Image(Tensor::<4>::from_data(data, &self.inner_device))
@@ -515,8 +527,8 @@ impl BurnEngine {
             Saved::Residual(saved) => {
                 let g = match output_grad {
                     Act::Grid(g) => g,
-                    Act::Image(g) => GridImages::of_planes(saved.output_dims(), &host_values(g)?),
-                    Act::Flat(g) => GridImages::of_planes(saved.output_dims(), &host_values(g)?),
+                    Act::Image(g) => GridImages::of_planes(saved.output_dims(), &to_view(g)?),
+                    Act::Flat(g) => GridImages::of_planes(saved.output_dims(), &to_view(g)?),
                 };
                 let views: Vec<&[f32]> = params.iter().map(|p| &p[..]).collect();
                 let grads = residual::backward(saved, &views, g, need_input);

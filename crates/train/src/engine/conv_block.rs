@@ -21,6 +21,7 @@
 use rayon::prelude::*;
 
 use super::gemm::{product, Operand};
+use super::spare::Lease;
 use layout::{channels_last, taps_first, transpose_into};
 
 mod backward;
@@ -124,6 +125,12 @@ impl ConvShape {
         (PART_BYTES / bytes.max(1)).clamp(1, self.batch.max(1))
     }
 
+    /// Values in a part's patches and products (see [`forward_part`]).
+    fn part_scratch_len(&self) -> usize {
+        let (h, w) = self.conv_hw();
+        self.samples_per_part() * h * w * (self.patch_len() + self.out_channels)
+    }
+
     /// Whether the kernels can run this block (non-empty, the kernel fits, the pool has a
     /// window, and a sample's positions fit in a route).
     pub fn is_valid(&self) -> bool {
@@ -142,10 +149,10 @@ impl ConvShape {
 pub struct ConvSaved {
     shape: ConvShape,
     /// The input as zero-padded channels-last images, `[B, H+2P, W+2P, C]`.
-    image: Vec<f32>,
+    image: Lease<f32>,
     /// For every output value, the position `oy * (W+2P) + ox` of the convolution output it
     /// came from (where its patch starts in the padded image), or [`CUT`].
-    route: Vec<u32>,
+    route: Lease<u32>,
 }
 
 impl ConvSaved {
@@ -185,16 +192,20 @@ pub fn forward(
     let image = channels_last(shape, input);
     let weight = taps_first(shape, weight);
     let len = shape.batch * shape.sample_output_len();
-    let (mut out, mut route) = (vec![0f32; len], vec![CUT; len]);
+    let (mut out, mut route) = (vec![0f32; len], Lease::filled(len, CUT));
     let part = shape.samples_per_part() * shape.sample_output_len();
+    let scratch = shape.part_scratch_len();
     out.par_chunks_mut(part)
         .zip(route.par_chunks_mut(part))
         .enumerate()
-        .for_each_init(Vec::new, |buffer, (i, (out, route))| {
-            let first = i * shape.samples_per_part();
-            let part = Part { first, out, route };
-            forward_part(shape, &image, &weight, bias, part, buffer);
-        });
+        .for_each_init(
+            || Lease::reused(scratch),
+            |buffer, (i, (out, route))| {
+                let first = i * shape.samples_per_part();
+                let part = Part { first, out, route };
+                forward_part(shape, &image, &weight, bias, part, buffer);
+            },
+        );
     let saved = keep.then_some(ConvSaved {
         shape: *shape,
         image,

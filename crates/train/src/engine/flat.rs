@@ -6,11 +6,13 @@ use std::sync::Arc;
 use burn::backend::flex::FlexTensor;
 
 /// A contiguous `&[f32]` view of a parameter or gradient, sharing the tensor's storage (or a
-/// shared buffer, for engines that hold plain vectors).
+/// shared buffer, for engines that hold plain vectors). A clone shares them too.
+#[derive(Clone)]
 pub struct FlatView {
     storage: Storage,
 }
 
+#[derive(Clone)]
 enum Storage {
     Tensor(FlexTensor),
     Shared(Arc<[f32]>),
@@ -65,6 +67,11 @@ impl LayerGrads {
     /// `(key, gradient)` pairs in key order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &[f32])> {
         self.grads.iter().map(|(k, v)| (*k, &**v))
+    }
+
+    /// `(key, gradient)` pairs in key order, as views a clone of which shares the values.
+    pub fn views(&self) -> impl Iterator<Item = (usize, &FlatView)> {
+        self.grads.iter().map(|(k, v)| (*k, v))
     }
 
     /// The gradient of `key`, if it belongs to this layer.

@@ -18,6 +18,7 @@ mod grid_conv;
 mod pool;
 mod profile_engine;
 pub mod residual;
+mod spare;
 
 /// Runs `f` on a pool of `threads` threads (tests of thread-count independence).
 #[cfg(test)]

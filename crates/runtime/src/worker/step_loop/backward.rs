@@ -147,13 +147,13 @@ impl AfterBackward<'_> {
     ) -> Result<(), RunError> {
         if updated {
             for key in keys.clone() {
-                let weights = self.engine.param(key)?.to_vec();
+                let weights = self.engine.param(key)?;
                 self.comm.send(ToComm::Gradient(key, weights))?;
             }
         } else {
-            for (key, g) in layer_grads.iter() {
+            for (key, g) in layer_grads.views() {
                 debug_assert!(keys.contains(&key));
-                self.comm.send(ToComm::Gradient(key, g.to_vec()))?;
+                self.comm.send(ToComm::Gradient(key, g.clone()))?;
             }
         }
         Ok(())

@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use super::super::gemm::{product, Operand};
+use super::super::spare::Lease;
 use super::layout::{channels_first, taps_first, taps_last};
 use super::{unfold, ConvGrads, ConvSaved, ConvShape, CUT};
 
@@ -97,12 +98,12 @@ fn routed_products(
     grad: &[f32],
     samples: std::ops::Range<usize>,
     positions: &[u32],
-) -> (Vec<f32>, Vec<f32>) {
+) -> (Lease<f32>, Vec<f32>) {
     let s = &saved.shape;
     let o = s.out_channels;
     let (oh, ow) = s.conv_hw();
     let plane = s.sample_output_len() / o;
-    let mut gy = vec![0f32; samples.len() * oh * ow * o];
+    let mut gy = Lease::filled(samples.len() * oh * ow * o, 0f32);
     let mut bias = vec![0f32; o];
     for (j, b) in samples.enumerate() {
         let gy = &mut gy[j * oh * ow * o..][..oh * ow * o];
@@ -128,14 +129,14 @@ fn routed_products(
 fn dense_part(
     saved: &ConvSaved,
     weight: &[f32],
-    (gy, bias): &(Vec<f32>, Vec<f32>),
+    (gy, bias): &(Lease<f32>, Vec<f32>),
     samples: std::ops::Range<usize>,
     dx: Option<&mut [f32]>,
 ) -> (Vec<f32>, Vec<f32>) {
     let s = &saved.shape;
     let (o, k) = (s.out_channels, s.patch_len());
     let rows = gy.len() / o;
-    let mut patches = vec![0f32; rows * k];
+    let mut patches = Lease::reused(rows * k);
     unfold(s, &saved.image, samples, &mut patches);
     let mut dw = vec![0f32; o * k];
     let lhs = Operand::columns(gy, o);
@@ -210,9 +211,9 @@ fn input_grad(saved: &ConvSaved, weight: &[f32], grad: &[f32]) -> Vec<f32> {
     let plane = s.sample_output_len() / o;
     let mut dx = vec![0f32; s.input_len()];
     let size = s.in_channels * s.height * s.width;
-    dx.par_chunks_mut(size)
-        .enumerate()
-        .for_each_init(Vec::new, |image, (b, dx)| {
+    dx.par_chunks_mut(size).enumerate().for_each_init(
+        || Lease::reused(s.image_len()),
+        |image, (b, dx)| {
             image.clear();
             image.resize(s.image_len(), 0f32);
             for (oc, w) in weight.chunks_exact(s.patch_len()).enumerate() {
@@ -224,7 +225,8 @@ fn input_grad(saved: &ConvSaved, weight: &[f32], grad: &[f32]) -> Vec<f32> {
                 });
             }
             channels_first(s, image, dx);
-        });
+        },
+    );
     dx
 }
 

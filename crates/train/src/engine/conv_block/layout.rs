@@ -3,13 +3,14 @@
 
 use rayon::prelude::*;
 
+use super::super::spare::Lease;
 use super::ConvShape;
 
 /// The input `[B, C, H, W]` as zero-padded channels-last images `[B, H+2P, W+2P, C]`.
-pub(super) fn channels_last(s: &ConvShape, x: &[f32]) -> Vec<f32> {
+pub(super) fn channels_last(s: &ConvShape, x: &[f32]) -> Lease<f32> {
     let (c, h, w, p) = (s.in_channels, s.height, s.width, s.padding);
     let (_, wp) = s.padded_hw();
-    let mut image = vec![0f32; s.batch * s.image_len()];
+    let mut image = Lease::filled(s.batch * s.image_len(), 0f32);
     image
         .par_chunks_mut(s.image_len())
         .zip(x.par_chunks(c * h * w))
