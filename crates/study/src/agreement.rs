@@ -10,29 +10,17 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use syncopate_sim::SimReport;
 
-use crate::config::{RunSpec, StudyConfig};
+use crate::config::StudyConfig;
 use crate::csv_format;
 use crate::pairs::{mean_after, PairRow};
 use crate::rows::Summary;
 use crate::run::{runtime_dir, simulator_dir};
 use crate::table::fixed;
 
-/// One cell of an agreement study: one row of its `results.csv`, whose columns are these
-/// fields in this order.
+/// What one cell of an agreement study measured: the columns of its row of `results.csv` after
+/// its place ([`crate::pairs::Place`]), in this order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AgreementRow {
-    /// Run id.
-    pub id: String,
-    /// Model.
-    pub model: String,
-    /// Variant label.
-    pub variant: String,
-    /// The network's name.
-    pub network: String,
-    /// Workers.
-    pub workers: usize,
-    /// Seed.
-    pub seed: u64,
     /// Worker 0's mean step time in the job after the warm-up steps, seconds.
     #[serde(serialize_with = "csv_format::f4")]
     pub runtime_step_seconds: f64,
@@ -74,34 +62,19 @@ impl PairRow for AgreementRow {
         ]
     }
 
-    fn read(config: &StudyConfig, run: &RunSpec, first: &str, second: &str) -> Result<Self> {
-        row(config, run, first, second)
-    }
-
-    fn place(&self) -> (&str, &str, &str, usize) {
-        (&self.model, &self.variant, &self.network, self.workers)
+    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self> {
+        row(config, first, second)
     }
 }
 
-/// The row of cell `run` from its job's summary and its simulation's report (their texts).
-pub fn row(
-    config: &StudyConfig,
-    run: &RunSpec,
-    runtime: &str,
-    simulator: &str,
-) -> Result<AgreementRow> {
+/// The figures of a cell from its job's summary and its simulation's report (their texts).
+pub fn row(config: &StudyConfig, runtime: &str, simulator: &str) -> Result<AgreementRow> {
     let job: Summary = serde_json::from_str(runtime).context("parsing the job's summary")?;
     let sim: SimReport =
         serde_json::from_str(simulator).context("parsing the simulation's report")?;
     let runtime_step_seconds = mean_after(&job.worker0.step_seconds, config.warmup_steps);
     let simulator_step_seconds = mean_after(&sim.step_seconds, config.warmup_steps);
     Ok(AgreementRow {
-        id: run.id.clone(),
-        model: run.model.clone(),
-        variant: run.variant.clone(),
-        network: run.network.clone(),
-        workers: run.workers,
-        seed: run.seed,
         runtime_step_seconds,
         simulator_step_seconds,
         simulator_over_runtime: simulator_step_seconds / runtime_step_seconds,
@@ -130,7 +103,7 @@ const EXPLAINED: &str = "Every cell runs twice: as a job over real sockets on th
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pairs::{collect, markdown_lines, write_report};
+    use crate::pairs::{collect, markdown_lines, write_report, Paired, Place};
     use crate::run::summary_path;
 
     const STUDY: &str = r#"
@@ -183,7 +156,6 @@ strategy = "p3"
         assert!(run.args.windows(2).any(|w| w == ["--scale", "1/16"]));
         let r = row(
             &config,
-            run,
             &job(&[9.0, 1.0, 1.0], 2),
             &simulation(&[7.0, 1.5, 1.5], 4),
         )
@@ -197,7 +169,10 @@ strategy = "p3"
             (r.runtime_frames_dropped, r.simulator_frames_dropped),
             (Some(2), 4)
         );
-        let lines = markdown_lines(&[r]);
+        let lines = markdown_lines(&[Paired {
+            place: Place::of(run),
+            figures: r,
+        }]);
         assert_eq!(lines.len(), 3);
         assert!(
             lines[2].contains("| 1.000 s | 1.500 s | 1.500 | 2, 3; 4, 5 |"),
@@ -207,7 +182,6 @@ strategy = "p3"
         // A summary whose worker 0 lacks a field is an error, not a NaN.
         assert!(row(
             &config,
-            run,
             r#"{"worker0": {"rank": 0}}"#,
             &simulation(&[1.0], 0)
         )
@@ -230,9 +204,9 @@ strategy = "p3"
                 std::fs::write(summary_path(&sim_dir), simulation(&[1.0, 1.0], 0)).unwrap();
             }
         }
-        let rows: Vec<AgreementRow> = collect(&config, dir.path()).unwrap();
+        let rows: Vec<Paired<AgreementRow>> = collect(&config, dir.path()).unwrap();
         assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].simulator_over_runtime, 0.5);
+        assert_eq!(rows[0].figures.simulator_over_runtime, 0.5);
         write_report(&config, dir.path(), &rows).unwrap();
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
         let mut lines = csv.lines();

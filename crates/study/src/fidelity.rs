@@ -9,29 +9,17 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::config::{RunSpec, StudyConfig};
+use crate::config::StudyConfig;
 use crate::csv_format;
 use crate::pairs::{mean_after, PairRow};
 use crate::rows::Summary;
 use crate::run::{emulator_dir, kernel_dir};
 use crate::table::fixed;
 
-/// One cell of a fidelity study: one row of its `results.csv`, whose columns are these
-/// fields in this order.
+/// What one cell of a fidelity study measured: the columns of its row of `results.csv` after
+/// its place ([`crate::pairs::Place`]), in this order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct FidelityRow {
-    /// Run id.
-    pub id: String,
-    /// Model.
-    pub model: String,
-    /// Variant label.
-    pub variant: String,
-    /// The network's name.
-    pub network: String,
-    /// Workers.
-    pub workers: usize,
-    /// Seed.
-    pub seed: u64,
     /// Worker 0's mean step on the testbed after the warm-up steps, seconds.
     #[serde(serialize_with = "csv_format::f4")]
     pub kernel_step_seconds: f64,
@@ -64,34 +52,19 @@ impl PairRow for FidelityRow {
         ]
     }
 
-    fn read(config: &StudyConfig, run: &RunSpec, first: &str, second: &str) -> Result<Self> {
-        row(config, run, first, second)
-    }
-
-    fn place(&self) -> (&str, &str, &str, usize) {
-        (&self.model, &self.variant, &self.network, self.workers)
+    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self> {
+        row(config, first, second)
     }
 }
 
-/// The row of cell `run` from its testbed job's summary and its emulated job's (texts).
-pub fn row(
-    config: &StudyConfig,
-    run: &RunSpec,
-    kernel: &str,
-    emulator: &str,
-) -> Result<FidelityRow> {
+/// The figures of a cell from its testbed job's summary and its emulated job's (texts).
+pub fn row(config: &StudyConfig, kernel: &str, emulator: &str) -> Result<FidelityRow> {
     let kernel: Summary = serde_json::from_str(kernel).context("parsing the testbed's summary")?;
     let emulator: Summary =
         serde_json::from_str(emulator).context("parsing the emulated job's summary")?;
     let kernel_step_seconds = mean_after(&kernel.worker0.step_seconds, config.warmup_steps);
     let emulator_step_seconds = mean_after(&emulator.worker0.step_seconds, config.warmup_steps);
     Ok(FidelityRow {
-        id: run.id.clone(),
-        model: run.model.clone(),
-        variant: run.variant.clone(),
-        network: run.network.clone(),
-        workers: run.workers,
-        seed: run.seed,
         kernel_step_seconds,
         emulator_step_seconds,
         emulator_over_kernel: emulator_step_seconds / kernel_step_seconds,

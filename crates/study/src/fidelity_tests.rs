@@ -1,5 +1,5 @@
 use super::*;
-use crate::pairs::{collect, write_report};
+use crate::pairs::{collect, write_report, Paired};
 use crate::run::{parts, summary_path};
 
 const STUDY: &str = r#"
@@ -125,13 +125,14 @@ fn the_report_sets_the_emulator_against_the_kernel() {
             std::fs::write(summary_path(&side), text).unwrap();
         }
     }
-    let rows: Vec<FidelityRow> = collect(&config, dir.path()).unwrap();
+    let rows: Vec<Paired<FidelityRow>> = collect(&config, dir.path()).unwrap();
     assert_eq!(rows.len(), 2);
+    let figures = &rows[0].figures;
     assert_eq!(
-        (rows[0].kernel_step_seconds, rows[0].emulator_step_seconds),
+        (figures.kernel_step_seconds, figures.emulator_step_seconds),
         (0.2, 0.3)
     );
-    assert!((rows[0].emulator_over_kernel - 1.5).abs() < 1e-12);
+    assert!((figures.emulator_over_kernel - 1.5).abs() < 1e-12);
     write_report(&config, dir.path(), &rows).unwrap();
     let table = std::fs::read_to_string(dir.path().join("table.md")).unwrap();
     assert!(
@@ -145,5 +146,5 @@ fn the_report_sets_the_emulator_against_the_kernel() {
         csv.starts_with("id,model,variant,network,workers,seed,kernel_step_seconds"),
         "{csv}"
     );
-    assert!(row(&config, &config.runs()[0], "{}", &summary(&[1.0], None)).is_err());
+    assert!(row(&config, "{}", &summary(&[1.0], None)).is_err());
 }

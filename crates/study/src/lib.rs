@@ -111,18 +111,10 @@ pub fn rebuild_report(dir: &Path) -> Result<()> {
 /// Prints the terminal table of the finished runs and writes the report; returns its path.
 fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
     if config.kind == StudyKind::Agreement {
-        let rows: Vec<agreement::AgreementRow> = pairs::collect(config, dir)?;
-        for line in pairs::markdown_lines(&rows) {
-            println!("{line}");
-        }
-        return pairs::write_report(config, dir, &rows);
+        return pairs::report::<agreement::AgreementRow>(config, dir);
     }
     if config.kind == StudyKind::Fidelity {
-        let rows: Vec<fidelity::FidelityRow> = pairs::collect(config, dir)?;
-        for line in pairs::markdown_lines(&rows) {
-            println!("{line}");
-        }
-        return pairs::write_report(config, dir, &rows);
+        return pairs::report::<fidelity::FidelityRow>(config, dir);
     }
     let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {

@@ -5,13 +5,70 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use serde::{Serialize, Serializer};
 use syncopate_report::HtmlReport;
 
 use crate::config::{RunSpec, StudyConfig};
 use crate::run::summary_path;
 
+/// Where a cell sits in the matrix: the first columns of its row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Place {
+    /// Run id.
+    pub id: String,
+    /// Model.
+    pub model: String,
+    /// Variant label.
+    pub variant: String,
+    /// The network's name.
+    pub network: String,
+    /// Workers.
+    pub workers: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Place {
+    /// The place of cell `run`.
+    pub fn of(run: &RunSpec) -> Self {
+        Place {
+            id: run.id.clone(),
+            model: run.model.clone(),
+            variant: run.variant.clone(),
+            network: run.network.clone(),
+            workers: run.workers,
+            seed: run.seed,
+        }
+    }
+}
+
+/// One cell's row of `results.csv` and of the table: its place, then its figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Paired<R> {
+    /// Where the cell sits.
+    pub place: Place,
+    /// What its two sides measured.
+    pub figures: R,
+}
+
+impl<R: Serialize> Serialize for Paired<R> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.place, &self.figures).serialize(s)
+    }
+}
+
+/// Prints the table of the finished cells of `config` under `dir` and writes their
+/// report; returns its path.
+pub fn report<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
+    let rows: Vec<Paired<R>> = collect(config, dir)?;
+    for line in markdown_lines(&rows) {
+        println!("{line}");
+    }
+    write_report(config, dir, &rows)
+}
+
 /// The rows of every cell of `config` under `dir` whose two sides both finished.
-pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<R>> {
+pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<Paired<R>>> {
     let mut rows = Vec::new();
     for run in config.runs() {
         let run_dir = dir.join("runs").join(&run.id);
@@ -22,9 +79,12 @@ pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<R>> {
         let read = |p: &Path| {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
         };
-        let row = R::read(config, &run, &read(&first)?, &read(&second)?)
+        let figures = R::read(config, &read(&first)?, &read(&second)?)
             .with_context(|| format!("reading the cell {}", run_dir.display()))?;
-        rows.push(row);
+        rows.push(Paired {
+            place: Place::of(&run),
+            figures,
+        });
     }
     Ok(rows)
 }
@@ -38,8 +98,8 @@ pub fn mean_after(steps: &[f64], warmup: u64) -> f64 {
     measured.iter().sum::<f64>() / measured.len() as f64
 }
 
-/// The row of a cell run twice: one row of `results.csv` (its serialised fields; its
-/// default names the columns of an empty one) and of the table.
+/// The figures of a cell run twice, after its [`Place`] in its row of `results.csv` (its
+/// serialised fields; its default names the columns of an empty one) and of the table.
 pub trait PairRow: serde::Serialize + Default {
     /// The names of the table's figures (after the place's columns).
     const HEADER: &'static [&'static str];
@@ -47,10 +107,8 @@ pub trait PairRow: serde::Serialize + Default {
     const EXPLAINED: &'static str;
     /// Where each side runs under the cell's directory.
     const SIDES: [fn(&Path) -> PathBuf; 2];
-    /// The row of cell `run` from its two sides' summaries (their texts).
-    fn read(config: &StudyConfig, run: &RunSpec, first: &str, second: &str) -> Result<Self>;
-    /// The cell's model, variant, network and workers.
-    fn place(&self) -> (&str, &str, &str, usize);
+    /// The figures of a cell from its two sides' summaries (their texts).
+    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self>;
     /// The row's figures in the table, after its place.
     fn cells(&self) -> Vec<String>;
 }
@@ -64,20 +122,20 @@ fn header<R: PairRow>() -> Vec<&'static str> {
 }
 
 /// A row of the table: its place, then its figures.
-fn table_row<R: PairRow>(r: &R) -> Vec<String> {
-    let (model, variant, network, workers) = r.place();
+fn table_row<R: PairRow>(r: &Paired<R>) -> Vec<String> {
+    let p = &r.place;
     let mut row = vec![
-        model.to_string(),
-        variant.to_string(),
-        network.to_string(),
-        workers.to_string(),
+        p.model.clone(),
+        p.variant.clone(),
+        p.network.clone(),
+        p.workers.to_string(),
     ];
-    row.extend(r.cells());
+    row.extend(r.figures.cells());
     row
 }
 
 /// The table of `rows` in Markdown (what `table.md` holds and the terminal shows).
-pub fn markdown_lines<R: PairRow>(rows: &[R]) -> Vec<String> {
+pub fn markdown_lines<R: PairRow>(rows: &[Paired<R>]) -> Vec<String> {
     let line = |cells: &[String]| format!("| {} |", cells.join(" | "));
     let header: Vec<String> = header::<R>().into_iter().map(String::from).collect();
     let mut lines = vec![line(&header), format!("|{}", "---|".repeat(header.len()))];
@@ -87,10 +145,15 @@ pub fn markdown_lines<R: PairRow>(rows: &[R]) -> Vec<String> {
 
 /// Writes `results.csv`, `table.md` and `report.html` of `rows` under `dir`; returns the
 /// report's path.
-pub fn write_report<R: PairRow>(config: &StudyConfig, dir: &Path, rows: &[R]) -> Result<PathBuf> {
+pub fn write_report<R: PairRow>(
+    config: &StudyConfig,
+    dir: &Path,
+    rows: &[Paired<R>],
+) -> Result<PathBuf> {
+    let blank = Paired::<R>::default();
     std::fs::write(
         dir.join("results.csv"),
-        crate::csv_format::table(rows, &R::default())?,
+        crate::csv_format::table(rows, &blank)?,
     )?;
     let markdown = markdown_lines(rows).join("\n") + "\n";
     std::fs::write(dir.join("table.md"), markdown)?;
