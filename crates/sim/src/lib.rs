@@ -84,6 +84,8 @@ mod fault_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]
+mod scaled_dlcp_tests;
+#[cfg(test)]
 mod symmetry_tests;
 #[cfg(test)]
 mod tests;

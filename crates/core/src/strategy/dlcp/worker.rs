@@ -88,7 +88,7 @@ impl DlcpWorker {
                 .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
             first_step: 0,
             answers: (0..servers).map(|_| ControlQueue::default()).collect(),
-            packet: vec![vec![0.0; opts.packet_elems.max(1)]; servers],
+            packet: vec![vec![0.0; geo.max_packet()]; servers],
             stats: LossStats::default(),
             geo,
         }
