@@ -52,7 +52,7 @@ pub struct SimConfig {
     /// DLCP below scale 1: every packet a frame of `packet_elems` scaled values, even where
     /// the bound needs a share whole (off: such shares travel a slice a packet,
     /// [`SimConfig::whole_slices`]).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub packet_level: bool,
 }
 

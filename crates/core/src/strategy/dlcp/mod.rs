@@ -110,6 +110,7 @@ pub struct DlcpOptions {
     /// ([`Geometry::of`]), so a packet stands for those of its slice; off, every packet is
     /// cut at `packet_elems`. The simulator's switch (`--packet-level` keeps it off); a
     /// real packet never does so.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub whole_slices: bool,
 }
 
