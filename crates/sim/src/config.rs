@@ -49,6 +49,11 @@ pub struct SimConfig {
     /// the ports, as the emulated transport sends it.
     #[serde(default)]
     pub datagram: Option<RateConfig>,
+    /// DLCP below scale 1: every packet a frame of `packet_elems` scaled values, even where
+    /// the bound needs a share whole (off: such shares travel a slice a packet,
+    /// [`SimConfig::whole_slices`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub packet_level: bool,
 }
 
 impl std::ops::Deref for SimConfig {
@@ -89,6 +94,7 @@ impl SimConfig {
             trace_steps: None,
             faults: FaultConfig::default(),
             datagram: None,
+            packet_level: false,
         }
     }
 
@@ -142,7 +148,18 @@ impl SimConfig {
 
     /// The synchronisation plan the state machines are built from, at this scale.
     pub fn plan(&self) -> SyncPlan {
-        self.sync.clone().scaled(self.scale)
+        let mut plan = self.sync.clone().scaled(self.scale);
+        plan.dlcp.whole_slices = self.whole_slices();
+        plan
+    }
+
+    /// Whether DLCP's packets of the shares its bound needs whole travel a slice a packet
+    /// (the core's [`syncopate_core::strategy::DlcpOptions::whole_slices`]): below
+    /// scale 1, unless [`SimConfig::packet_level`]. A scaled value already stands for
+    /// `1 / scale` values, so a packet of a scaled slice stands for the full-size packets
+    /// of its slice, lost with the same probability as each of them.
+    pub fn whole_slices(&self) -> bool {
+        self.strategy == StrategyKind::Dlcp && self.scale < 1.0 && !self.packet_level
     }
 
     /// Bytes the network charges for a frame carrying `elems` scaled values: the header plus

@@ -10,7 +10,10 @@
 //!
 //! Big clusters are simulated on a scaled-down model ([`SimConfig::scale`]): the state
 //! machines hold `ceil(numel * scale)` values per key, while the network charges every frame
-//! its full-size bytes, so timing is that of the full model and memory shrinks.
+//! its full-size bytes, so timing is that of the full model and memory shrinks. DLCP's
+//! shares that its loss bound needs whole then go a slice a packet, each standing for the
+//! packets of its slice ([`SimConfig::whole_slices`]; [`SimConfig::packet_level`] keeps
+//! every packet a frame).
 //!
 //! Where every worker is alike (no jitter, straggler or fault) and the network lossless
 //! with one path, one worker stands for all of them on the same state machines (the
@@ -83,6 +86,8 @@ mod datagram_tests;
 mod fault_tests;
 #[cfg(test)]
 mod net_tests;
+#[cfg(test)]
+mod scaled_dlcp_tests;
 #[cfg(test)]
 mod symmetry_tests;
 #[cfg(test)]

@@ -96,7 +96,15 @@ pub fn model_choice(profile: &ModelProfile, cfg: &SimConfig) -> ModelChoice {
     let packet = |why: String| ModelChoice {
         symmetric: false,
         hosts: all,
-        why: format!("packet-level model: every worker and every frame ({why})"),
+        why: format!(
+            "packet-level model: every worker and every frame ({why}){}",
+            if cfg.whole_slices() {
+                "; dlcp: shares the bound needs whole travel a slice a packet (--packet-level: \
+                 every packet)"
+            } else {
+                ""
+            }
+        ),
     };
     if let Some(why) = refusal(cfg) {
         return packet(why);

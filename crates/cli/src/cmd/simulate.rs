@@ -39,6 +39,11 @@ pub struct SimulateArgs {
     /// and the model at scale 1. The other strategies' frames are reliable either way.
     #[arg(long, value_parser = transport_parser(), default_value = "tcp")]
     pub transport: Transport,
+    /// DLCP below scale 1: every packet a frame, even where the loss bound needs a share
+    /// whole (by default such shares travel a slice a packet, each standing for its
+    /// slice's packets: far fewer events, the same bound).
+    #[arg(long)]
+    pub packet_level: bool,
     /// Workers, comma-separated for a sweep.
     #[arg(long, default_value = "4")]
     pub workers: String,
@@ -171,6 +176,7 @@ pub(crate) fn sim_config(
     config.faults = args.faults.config()?;
     config.trace_steps = args.trace_steps.clone().map(|w| w.0);
     config.datagram = datagrams.then(RateConfig::default);
+    config.packet_level = args.packet_level;
     config.scale = match args.sync.scale {
         Some(f) => f,
         // A datagram carries the values its packet holds: the model at full size.

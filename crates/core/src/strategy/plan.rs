@@ -504,7 +504,7 @@ impl Endpoints<'_> {
                 // DLCP orders its packets itself: the P3 worker underneath only has to hand
                 // over every slice at once.
                 let ps = self.ps_worker(rank, SchedulerKind::Fifo);
-                let geo = Geometry::new(self.reg.clone(), plan.dlcp.packet_elems);
+                let geo = Geometry::of(self.reg.clone(), &plan.dlcp);
                 Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp))
             }
             StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap => {
@@ -631,7 +631,7 @@ impl Endpoints<'_> {
                 Ok(Box::new(ps(reg)))
             }
             StrategyKind::Dlcp => {
-                let geo = Geometry::new(reg.clone(), plan.dlcp.packet_elems);
+                let geo = Geometry::of(reg.clone(), &plan.dlcp);
                 let dlcp = DlcpServer::new(ps(reg), geo, index, plan.workers, plan.dlcp);
                 Ok(Box::new(dlcp))
             }

@@ -1,6 +1,8 @@
 //! Where each packet lies: slices cut into packets, numbered within each server's share of
 //! a key (the unit the receiver counts) and within the key (the unit of drop marks).
 
+use super::tally::packets_needed;
+use super::DlcpOptions;
 use crate::registry::TensorRegistry;
 
 /// One packet, located.
@@ -25,7 +27,8 @@ pub struct PacketId {
 #[derive(Debug, Clone)]
 pub struct Geometry {
     reg: TensorRegistry,
-    packet: usize,
+    /// Per key: the values of its packets (the last of each slice perhaps shorter).
+    packet: Vec<usize>,
     /// Per slice: its first packet's index within its share, and within its key.
     share_base: Vec<usize>,
     key_base: Vec<usize>,
@@ -41,7 +44,41 @@ pub struct Geometry {
 impl Geometry {
     /// Packets of at most `packet` values (at least 1) cut from every slice of `reg`.
     pub fn new(reg: TensorRegistry, packet: usize) -> Self {
-        let packet = packet.max(1);
+        let packet = vec![packet.max(1); reg.keys().len()];
+        Self::cut(reg, packet)
+    }
+
+    /// The packets `opts` cut from `reg`: [`Geometry::new`]'s, except that with
+    /// [`DlcpOptions::whole_slices`] a key whose every share the bounds need whole (each
+    /// share of fewer than `1 / bound` packets, so no packet of it may stay lost) travels a
+    /// slice a packet: the bound still needs every packet, and each stands for those of
+    /// its slice.
+    pub fn of(reg: TensorRegistry, opts: &DlcpOptions) -> Self {
+        let fine = Self::new(reg, opts.packet_elems);
+        if !opts.whole_slices {
+            return fine;
+        }
+        let ppm = opts.loss_bound_ppm().max(opts.pull_loss_bound_ppm());
+        let servers = fine.reg.servers().max(1);
+        let packet = (0..fine.reg.keys().len())
+            .map(|key| {
+                let whole = (0..servers).all(|server| {
+                    let n = fine.share_packets(key, server);
+                    packets_needed(n, ppm) == n
+                });
+                let slices = fine.reg.slices_of(key);
+                let longest = fine.reg.slices()[slices].iter().map(|s| s.len).max();
+                match longest {
+                    Some(len) if whole => len.max(fine.packet[key]),
+                    _ => fine.packet[key],
+                }
+            })
+            .collect();
+        Self::cut(fine.reg, packet)
+    }
+
+    /// The geometry of `reg` cut into packets of `packet[key]` values per key.
+    fn cut(reg: TensorRegistry, packet: Vec<usize>) -> Self {
         let servers = reg.servers().max(1);
         let keys = reg.keys().len();
         let slices = reg.slices().len();
@@ -58,7 +95,7 @@ impl Geometry {
         for slice in 0..slices {
             let s = g.reg.slices()[slice];
             let share = s.key * servers + g.reg.owner(slice).min(servers - 1);
-            let n = s.len.div_ceil(packet);
+            let n = s.len.div_ceil(g.packet_len(s.key));
             g.share_base[slice] = g.share_packets[share];
             g.share_elem[slice] = g.share_elems[share];
             g.key_base[slice] = g.key_packets[s.key];
@@ -67,6 +104,16 @@ impl Geometry {
             g.key_packets[s.key] += n;
         }
         g
+    }
+
+    /// The values of `key`'s packets (the last of a slice perhaps fewer).
+    fn packet_len(&self, key: usize) -> usize {
+        self.packet.get(key).copied().unwrap_or(1).max(1)
+    }
+
+    /// The most values any packet carries (a receive buffer's size).
+    pub fn max_packet(&self) -> usize {
+        self.packet.iter().copied().max().unwrap_or(1).max(1)
     }
 
     /// The registry.
@@ -98,19 +145,21 @@ impl Geometry {
     /// The packets of `slice`, in order.
     pub fn packets_of(&self, slice: usize) -> impl Iterator<Item = PacketId> + '_ {
         let s = self.reg.slices()[slice];
-        (0..s.len.div_ceil(self.packet)).map(move |j| self.packet_at(slice, j))
+        let packet = self.packet_len(s.key);
+        (0..s.len.div_ceil(packet)).map(move |j| self.packet_at(slice, j))
     }
 
     fn packet_at(&self, slice: usize, j: usize) -> PacketId {
         let s = self.reg.slices()[slice];
-        let start = j * self.packet;
+        let packet = self.packet_len(s.key);
+        let start = j * packet;
         PacketId {
             slice,
             in_share: self.share_base[slice] + j,
             in_key: self.key_base[slice] + j,
             share_offset: self.share_elem[slice] + start,
             offset: s.offset + start,
-            len: self.packet.min(s.len - start),
+            len: packet.min(s.len - start),
         }
     }
 
@@ -125,10 +174,11 @@ impl Geometry {
             .get(slice)
             .filter(|_| range.contains(&slice))?;
         let start = offset.checked_sub(s.offset)?;
-        if start % self.packet != 0 || start >= s.len {
+        let packet = self.packet_len(key);
+        if start % packet != 0 || start >= s.len {
             return None;
         }
-        let id = self.packet_at(slice, start / self.packet);
+        let id = self.packet_at(slice, start / packet);
         (id.len == len).then_some(id)
     }
 
@@ -139,7 +189,7 @@ impl Geometry {
             .filter(|&s| self.reg.owner(s) == server)
             .find_map(|slice| {
                 let j = i.checked_sub(self.share_base[slice])?;
-                let n = self.reg.slices()[slice].len.div_ceil(self.packet);
+                let n = self.reg.slices()[slice].len.div_ceil(self.packet_len(key));
                 (j < n).then(|| self.packet_at(slice, j))
             })
     }
@@ -150,6 +200,30 @@ mod tests {
     use super::*;
     use crate::registry::{KeyInfo, Placement};
     use proptest::prelude::*;
+
+    #[test]
+    fn whole_slices_only_where_the_bound_needs_every_packet() {
+        // Key 0: shares of 20 packets of 10 (fewer than 1 / 1 %): a slice a packet. Key 1:
+        // shares of 200, of which the bound lets 2 stay lost: packet by packet.
+        let keys = KeyInfo::one_per_layer(&[400, 4000]);
+        let reg = TensorRegistry::new(keys, 100, 2, Placement::SlicesRoundRobin);
+        let opts = DlcpOptions {
+            packet_elems: 10,
+            loss_bound: 0.01,
+            whole_slices: true,
+            ..DlcpOptions::default()
+        };
+        let g = Geometry::of(reg.clone(), &opts);
+        assert_eq!((g.key_packets(0), g.key_packets(1)), (4, 400));
+        assert_eq!((g.share_packets(0, 1), g.max_packet()), (2, 100));
+        assert_eq!(g.locate(0, 100, 100).map(|p| p.in_share), Some(0));
+        let fine = DlcpOptions {
+            whole_slices: false,
+            ..opts
+        };
+        let g = Geometry::of(reg, &fine);
+        assert_eq!((g.key_packets(0), g.max_packet()), (40, 10));
+    }
 
     proptest! {
         #[test]

@@ -105,6 +105,13 @@ pub struct DlcpOptions {
     /// (`dlcp-allreduce`); a lost entry keeps the previous step's value. 0 (the default)
     /// sends them reliably, so every worker holds the same values.
     pub pull_loss_bound: f64,
+    /// A scaled model's packets (`--scale` below 1, where each value already stands for
+    /// many): a key whose shares the bounds need whole travels a slice a packet
+    /// ([`Geometry::of`]), so a packet stands for those of its slice; off, every packet is
+    /// cut at `packet_elems`. The simulator's switch (`--packet-level` keeps it off); a
+    /// real packet never does so.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub whole_slices: bool,
 }
 
 impl Default for DlcpOptions {
@@ -117,6 +124,7 @@ impl Default for DlcpOptions {
             priority: true,
             spray: true,
             pull_loss_bound: 0.0,
+            whole_slices: false,
         }
     }
 }
@@ -147,6 +155,10 @@ impl DlcpOptions {
             format!("/pull-bound={}", self.pull_loss_bound_ppm())
         } else {
             String::new()
+        } + if self.whole_slices {
+            "/whole-slices"
+        } else {
+            ""
         }
     }
 

@@ -88,7 +88,7 @@ impl DlcpServer {
             shares,
             handed: vec![false; slices],
             slice_missing: vec![0; slices],
-            scratch: vec![vec![0.0; opts.packet_elems]; workers],
+            scratch: vec![vec![0.0; geo.max_packet()]; workers],
             spare: Pool::new(),
             first_key,
             control: (0..workers).map(|_| ControlQueue::default()).collect(),

@@ -34,6 +34,9 @@ pub struct DlcpWorker {
     shares: Vec<SendShare>,
     /// Per server: the shares with a packet or a probe to send, by (layer, key).
     active: Vec<BTreeSet<(usize, usize)>>,
+    /// Per server: the first of its `active` shares, beside the set so that choosing among
+    /// the links reads one slot per server.
+    heads: Vec<Option<(usize, usize)>>,
     /// Per key: which of its packets are drop-eligible this step.
     marks: Vec<Vec<bool>>,
     /// Per server link: a Missing frame's bitmap as it arrives.
@@ -81,6 +84,7 @@ impl DlcpWorker {
             sequence: 0,
             shares: (0..keys * servers).map(|_| SendShare::default()).collect(),
             active: vec![BTreeSet::new(); servers],
+            heads: vec![None; servers],
             marks: vec![Vec::new(); keys],
             bitmap: vec![Vec::new(); servers],
             drained: Vec::new(),
@@ -88,7 +92,7 @@ impl DlcpWorker {
                 .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
             first_step: 0,
             answers: (0..servers).map(|_| ControlQueue::default()).collect(),
-            packet: vec![vec![0.0; opts.packet_elems.max(1)]; servers],
+            packet: vec![vec![0.0; geo.max_packet()]; servers],
             stats: LossStats::default(),
             geo,
         }
@@ -139,9 +143,21 @@ impl DlcpWorker {
             share.queue.extend(packets);
             if !share.stopped {
                 let layer = self.layer(key);
-                self.active[server].insert((layer, key));
+                self.activate(server, (layer, key));
             }
         }
+    }
+
+    /// Marks `share` (layer, key) of `server` as having a packet or a probe to send.
+    fn activate(&mut self, server: usize, share: (usize, usize)) {
+        self.active[server].insert(share);
+        self.heads[server] = self.active[server].first().copied();
+    }
+
+    /// Marks `share` (layer, key) of `server` as having nothing to send.
+    fn deactivate(&mut self, server: usize, share: (usize, usize)) {
+        self.active[server].remove(&share);
+        self.heads[server] = self.active[server].first().copied();
     }
 
     /// The server among `links` whose most urgent share comes first.
@@ -149,7 +165,7 @@ impl DlcpWorker {
         links
             .iter()
             .filter_map(|&l| self.server_of(l))
-            .filter_map(|s| self.active[s].first().map(|&first| (first, s)))
+            .filter_map(|s| self.heads[s].map(|first| (first, s)))
             .min()
             .map(|(_, s)| s)
     }
@@ -178,7 +194,7 @@ impl DlcpWorker {
             }
             None => {
                 share.probing = true;
-                self.active[server].remove(&(layer, key));
+                self.deactivate(server, (layer, key));
                 let mut h = Header::data(FrameKind::Probe, self.step, key as u32, 0, 0);
                 h.flags = Flags::class(class);
                 h
@@ -219,7 +235,7 @@ impl DlcpWorker {
         let share = &mut self.shares[key * self.servers + server];
         share.stopped = true;
         share.queue.clear();
-        self.active[server].remove(&(layer, key));
+        self.deactivate(server, (layer, key));
     }
 
     fn handle_missing(
@@ -244,7 +260,7 @@ impl DlcpWorker {
                 .into_iter()
                 .filter_map(|i| self.geo.share_packet(key, server, i)),
         );
-        self.active[server].insert((layer, key));
+        self.activate(server, (layer, key));
         Ok(())
     }
 }
@@ -357,6 +373,7 @@ impl WorkerSync for DlcpWorker {
             s.probing = false;
         }
         self.active.iter_mut().for_each(BTreeSet::clear);
+        self.heads.fill(None);
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
