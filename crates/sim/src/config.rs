@@ -142,7 +142,10 @@ impl SimConfig {
 
     /// The synchronisation plan the state machines are built from, at this scale.
     pub fn plan(&self) -> SyncPlan {
-        self.sync.clone().scaled(self.scale)
+        let mut plan = self.sync.clone().scaled(self.scale);
+        // Where packets are datagrams, so are the Probes, Stops and Missing bitmaps.
+        plan.dlcp.control_datagrams = self.datagram.is_some();
+        plan
     }
 
     /// Bytes the network charges for a frame carrying `elems` scaled values: the header plus
