@@ -528,8 +528,7 @@ impl Endpoint for DlcpWorker {
         for i in timers.handle_timeout(now_ns, |i| i % servers) {
             let (key, server) = (i / servers, i % servers);
             let layer = self.layer(key);
-            if let Some(share) = self.shares.get(i).filter(|s| s.probing && !s.stopped) {
-                debug_assert!(share.queue.is_empty());
+            if self.shares.get(i).is_some_and(|s| s.probing && !s.stopped) {
                 self.active[server].insert((layer, key));
             }
         }
