@@ -197,7 +197,7 @@ fn a_lost_pull_probe_is_sent_again() {
 fn random_loss_of_control_never_hangs_and_keeps_the_bound() {
     let sizes = [37, 5, 100];
     let packet = 4;
-    for seed in 0..24u64 {
+    for seed in 0..120u64 {
         let loss = [0.05, 0.2, 0.5][seed as usize % 3];
         let opts = DlcpOptions {
             loss_bound: [0.0, 0.1, 0.3][(seed as usize / 3) % 3],

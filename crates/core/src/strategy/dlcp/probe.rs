@@ -31,11 +31,12 @@ pub fn probe_timeout_ns(srtt_ns: Option<u64>, unanswered: u32) -> u64 {
         .min(PROBE_CEIL_NS)
 }
 
-/// One share's timer: its deadline once armed and its unanswered Probes in a row.
+/// One share's timer: its deadline once armed (or whether it waits to be armed) and its
+/// unanswered Probes in a row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct ShareTimer {
     deadline: Option<u64>,
-    probing: bool,
+    unarmed: bool,
     unanswered: u32,
 }
 
@@ -71,10 +72,10 @@ impl ProbeTimers {
         if let Some(at) = t.deadline.take() {
             self.deadlines.remove(&(at, i));
         }
-        if !t.probing {
+        if !t.unarmed {
+            t.unarmed = true;
             self.unarmed.push(i);
         }
-        t.probing = true;
     }
 
     /// Share `i`'s Probe was answered (a Stop or a Missing), or the share is over: no
@@ -124,16 +125,15 @@ impl ProbeTimers {
         self.now = self.now.max(now);
         for i in std::mem::take(&mut self.unarmed) {
             let srtt = self.srtt_ns.get(peer_of(i)).copied().flatten();
-            let Some(t) = self.shares.get_mut(i).filter(|t| t.probing) else {
+            let Some(t) = self.shares.get_mut(i).filter(|t| t.unarmed) else {
                 continue;
             };
-            if t.deadline.is_none() {
-                let at = self
-                    .now
-                    .saturating_add(probe_timeout_ns(srtt, t.unanswered));
-                t.deadline = Some(at);
-                self.deadlines.insert((at, i));
-            }
+            let at = self
+                .now
+                .saturating_add(probe_timeout_ns(srtt, t.unanswered));
+            t.unarmed = false;
+            t.deadline = Some(at);
+            self.deadlines.insert((at, i));
         }
         let mut due = Vec::new();
         while let Some(&(at, i)) = self.deadlines.first() {
@@ -144,7 +144,7 @@ impl ProbeTimers {
             if let Some(t) = self.shares.get_mut(i) {
                 *t = ShareTimer {
                     deadline: None,
-                    probing: false,
+                    unarmed: false,
                     unanswered: t.unanswered.saturating_add(1),
                 };
             }
@@ -199,6 +199,10 @@ mod tests {
             Some(at + 7_000_000),
             "from the round trip"
         );
+        t.probe_sent(2);
+        t.handle_timeout(at, |_| 0);
+        t.probe_sent(2);
+        assert_eq!(t.poll_timeout(), Some(at), "a Probe sent again re-arms");
         t.clear();
         assert_eq!(t.poll_timeout(), None);
         t.probe_sent(99);
