@@ -150,6 +150,8 @@ impl SimConfig {
     pub fn plan(&self) -> SyncPlan {
         let mut plan = self.sync.clone().scaled(self.scale);
         plan.dlcp.whole_slices = self.whole_slices();
+        // Where packets are datagrams, so are the Probes, Stops and Missing bitmaps.
+        plan.dlcp.control_datagrams = self.datagram.is_some();
         plan
     }
 

@@ -107,6 +107,15 @@ impl DatagramLink {
         self.counters
     }
 
+    /// The smoothed round trip of the link's fastest measured path; `None` before any
+    /// feedback came back.
+    pub fn srtt_ns(&self) -> Option<u64> {
+        (self.paths.iter())
+            .map(|p| p.rate.stats().srtt_ns)
+            .filter(|&r| r > 0)
+            .min()
+    }
+
     /// Each path's rate controller (by path index), for the summary.
     pub fn rate_stats(&self) -> Vec<RateStats> {
         self.paths.iter().map(|p| p.rate.stats()).collect()

@@ -190,6 +190,10 @@ impl Endpoint for HalfWire {
         self.inner.handle_timeout(now_ns);
     }
 
+    fn handle_path_rtt(&mut self, link: Rank, srtt_ns: u64) {
+        self.inner.handle_path_rtt(link, srtt_ns);
+    }
+
     fn pooled_bytes(&self) -> usize {
         let spare: usize = self.spare.iter().map(|b| b.capacity() * 4).sum();
         self.inner.pooled_bytes() + spare

@@ -324,6 +324,11 @@ pub trait Endpoint {
     /// do nothing, so a driver may call it spuriously. The default does nothing.
     fn handle_timeout(&mut self, _now_ns: u64) {}
 
+    /// The datagram link to `link` measured a smoothed round trip of `srtt_ns` (a driver of
+    /// datagrams tells it as it changes; an endpoint with timers may size them by it). The
+    /// default ignores it.
+    fn handle_path_rtt(&mut self, _link: Rank, _srtt_ns: u64) {}
+
     /// Bytes the endpoint keeps in buffers for reuse, not in use now (a driver's metrics
     /// show them beside the live heap). The default: none.
     fn pooled_bytes(&self) -> usize {

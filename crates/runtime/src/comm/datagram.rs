@@ -358,6 +358,9 @@ impl DatagramPath {
                     Ok(()) | Err(DropReason::Stale) => self.heard[i] = true,
                     Err(_) => refused += 1,
                 }
+                if let Some(srtt) = p.link.srtt_ns() {
+                    endpoint.handle_path_rtt(rank, srtt);
+                }
             }
         }
     }

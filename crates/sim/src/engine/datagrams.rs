@@ -296,6 +296,9 @@ impl Sim<'_> {
             };
             // A refusal is counted by the link; nothing else to do.
             let _ = link.handle_datagram(now, path, &f.buf, deliver);
+            if let Some(srtt) = link.srtt_ns() {
+                ep.handle_path_rtt(from, srtt);
+            }
         }
         self.pool.push(f.buf);
         match got {

@@ -28,14 +28,17 @@ fn same_share(a: &Header, b: &Header) -> bool {
 }
 
 impl ControlQueue {
-    /// Queues a Stop for `header`'s share; a Missing still pending for it is stale (the
-    /// share is complete) and goes.
+    /// Queues a Stop for `header`'s share unless one is pending; a Missing still pending
+    /// for it is stale (the share is complete) and goes.
     pub(super) fn push_stop(&mut self, mut header: Header) {
         header.kind = FrameKind::Stop;
         header.length = 0;
         header.payload_len = 0;
         self.frames
             .retain(|c| c.header.kind != FrameKind::Missing || !same_share(&c.header, &header));
+        if self.frames.iter().any(|c| same_share(&c.header, &header)) {
+            return;
+        }
         self.frames.push_back(Control {
             header,
             words: Vec::new(),

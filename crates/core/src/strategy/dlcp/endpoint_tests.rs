@@ -11,12 +11,12 @@ use crate::wire::{FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 const LR: f32 = 0.5;
 
 /// Workers and one server of a DLCP job, frames moved by the test.
-struct Cluster {
-    workers: Vec<Box<dyn WorkerSync + Send>>,
-    server: Box<dyn ServerSync + Send>,
+pub(super) struct Cluster {
+    pub(super) workers: Vec<Box<dyn WorkerSync + Send>>,
+    pub(super) server: Box<dyn ServerSync + Send>,
     sizes: Vec<usize>,
-    /// Every frame a worker sent: (worker, header).
-    sent: Vec<(Rank, Header)>,
+    /// Every frame sent: (sender, header); the server is rank `workers`.
+    pub(super) sent: Vec<(Rank, Header)>,
 }
 
 /// The header of an encoded frame.
@@ -41,7 +41,7 @@ fn grad(worker: usize, key: usize, n: usize) -> Vec<f32> {
 }
 
 impl Cluster {
-    fn new(workers: usize, sizes: &[usize], opts: DlcpOptions) -> Self {
+    pub(super) fn new(workers: usize, sizes: &[usize], opts: DlcpOptions) -> Self {
         let plan = SyncPlan {
             slice_params: 64,
             dlcp: opts,
@@ -72,7 +72,7 @@ impl Cluster {
     }
 
     /// Starts step `step` on every worker and hands over its gradients.
-    fn begin(&mut self, step: u64) {
+    pub(super) fn begin(&mut self, step: u64) {
         for (r, w) in self.workers.iter_mut().enumerate() {
             w.begin_step(step);
             for key in (0..self.sizes.len()).rev() {
@@ -85,7 +85,7 @@ impl Cluster {
     /// Moves frames until none moves: each worker's frames in turn, then the server's
     /// (those `lose` picks, loss-tolerant only, never arrive; the server is rank `n`).
     /// Returns how many moved.
-    fn pump(&mut self, lose: &mut dyn FnMut(Rank, &Header) -> bool) -> usize {
+    pub(super) fn pump(&mut self, lose: &mut dyn FnMut(Rank, &Header) -> bool) -> usize {
         let n = self.workers.len();
         let mut moved = 0;
         loop {
@@ -106,6 +106,7 @@ impl Cluster {
             let mut out = Vec::new();
             while let Some(to) = self.server.poll_transmit_any(&links, &mut out) {
                 let h = decode(&out);
+                self.sent.push((n, h));
                 if !(h.flags.is_loss_tolerant() && lose(n, &h)) {
                     deliver(self.workers[to].as_mut(), n, &out);
                 }
@@ -139,7 +140,7 @@ impl Cluster {
     }
 }
 
-fn exact(packet: usize) -> DlcpOptions {
+pub(super) fn exact(packet: usize) -> DlcpOptions {
     DlcpOptions {
         loss_bound: 0.0,
         packet_elems: packet,
@@ -345,6 +346,15 @@ fn packets_carry_class_marks_and_spraying() {
         assert_eq!(h.flags.is_drop_eligible(), h.offset < 4, "{h:?}");
     }
     assert_eq!(pushes[0].key, 0, "the front layer goes first");
+    let control = |h: &&Header| h.kind != FrameKind::Push;
+    assert!(
+        c.sent
+            .iter()
+            .map(|(_, h)| h)
+            .filter(control)
+            .all(|h| !h.flags.is_loss_tolerant()),
+        "control frames and parameters stay reliable without control datagrams"
+    );
     let off = DlcpOptions {
         packet_elems: 2,
         priority: false,
@@ -396,7 +406,7 @@ fn a_pull_bound_keeps_the_step_befores_parameters() {
     let sent = c
         .sent
         .iter()
-        .filter(|(_, h)| h.kind == FrameKind::Stop)
+        .filter(|(from, h)| *from < 2 && h.kind == FrameKind::Stop)
         .count();
     assert!(sent >= 2, "the workers stopped the server's sends");
 }

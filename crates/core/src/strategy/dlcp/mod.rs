@@ -7,12 +7,15 @@
 //!   ([`crate::wire::Flags::loss_tolerant`]): the network never retransmits them.
 //! - **Bounded loss.** Per key and step, a server counts the packets of its share of the key
 //!   that arrived from each worker. Once at least `ceil((1 - p) n)` of the `n` are in, it
-//!   sends [`crate::wire::FrameKind::Stop`] on the reliable path and treats that worker's
-//!   share as complete; the entries of the packets still missing count as zero (or the sum
-//!   is rescaled, [`LossFill`]). A worker that has sent every packet of a share without a
+//!   sends [`crate::wire::FrameKind::Stop`] and treats that worker's share as complete;
+//!   the entries of the packets still missing count as zero (or the sum is rescaled,
+//!   [`LossFill`]). A worker that has sent every packet of a share without a
 //!   Stop sends a [`crate::wire::FrameKind::Probe`]; the server answers with the bitmap of
 //!   what is missing ([`crate::wire::FrameKind::Missing`]) and the worker resends only that,
-//!   then probes again. Nothing waits for a retransmission timeout.
+//!   then probes again. Nothing waits for a retransmission timeout. Where the packets are
+//!   datagrams ([`DlcpOptions::control_datagrams`]) so are these three, and any may be
+//!   lost: a sender re-probes a share left unanswered after a probe timeout ([`probe`]),
+//!   and a receiver answers every Probe (a Stop again for a share complete or gone).
 //! - **Priority and priority dropping.** Each packet carries a priority class from its layer
 //!   (front layers most urgent, 8 classes) and, if the mean |gradient| of its values lies
 //!   below a quantile of the key's packets this step ([`DlcpOptions::drop_quantile`], the
@@ -28,6 +31,7 @@
 mod chunks;
 mod control;
 mod geometry;
+mod probe;
 mod pull;
 mod ring;
 mod ring_hops;
@@ -112,6 +116,12 @@ pub struct DlcpOptions {
     /// real packet never does so.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub whole_slices: bool,
+    /// Probes, Stops and Missing bitmaps travel as loss-tolerant datagrams beside the
+    /// packets, a lost one recovered by the sender's probe timer ([`probe`]); off, on the
+    /// reliable path. Not a flag: on where the packets travel as datagrams
+    /// (`--transport udp`, the simulator's datagrams).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub control_datagrams: bool,
 }
 
 impl Default for DlcpOptions {
@@ -125,6 +135,7 @@ impl Default for DlcpOptions {
             spray: true,
             pull_loss_bound: 0.0,
             whole_slices: false,
+            control_datagrams: false,
         }
     }
 }
@@ -157,6 +168,10 @@ impl DlcpOptions {
             String::new()
         } + if self.whole_slices {
             "/whole-slices"
+        } else {
+            ""
+        } + if self.control_datagrams {
+            "/control=datagram"
         } else {
             ""
         }
@@ -347,6 +362,9 @@ mod tests {
 
 #[cfg(test)]
 mod endpoint_tests;
+
+#[cfg(test)]
+mod control_datagram_tests;
 
 #[cfg(test)]
 mod ring_tests;

@@ -96,23 +96,37 @@ impl PullSender {
         }
     }
 
-    /// The worker has enough of `key`'s share of step `step`.
-    pub fn stop(&mut self, key: usize, step: u64, layer: usize) {
-        if self.step.get(key) == Some(&step) {
-            self.stopped[key] = true;
-            self.queues[key].clear();
-            self.active.remove(&(layer, key));
+    /// The worker has enough of `key`'s share of step `step`; false if that is not the
+    /// step being sent.
+    pub fn stop(&mut self, key: usize, step: u64, layer: usize) -> bool {
+        if self.step.get(key) != Some(&step) {
+            return false;
         }
+        self.stopped[key] = true;
+        self.queues[key].clear();
+        self.active.remove(&(layer, key));
+        true
     }
 
     /// The worker's answer to a probe of `key`'s share of step `step`: resend `missing`.
-    pub fn resend(&mut self, key: usize, step: u64, layer: usize, missing: Vec<usize>) {
+    /// False if it answers no probe outstanding (stale, or a duplicate).
+    pub fn resend(&mut self, key: usize, step: u64, layer: usize, missing: Vec<usize>) -> bool {
         if self.step.get(key) != Some(&step) || self.stopped[key] || !self.probing[key] {
-            return;
+            return false;
         }
         self.probing[key] = false;
         self.queues[key].extend(missing);
         self.active.insert((layer, key));
+        true
+    }
+
+    /// The probe of `key`'s share went unanswered for its timeout: it goes again, unless
+    /// the share has been stopped or answered since.
+    pub fn probe_again(&mut self, key: usize, layer: usize) {
+        if self.probing.get(key) == Some(&true) && !self.stopped[key] {
+            self.probing[key] = false;
+            self.active.insert((layer, key));
+        }
     }
 
     /// Whether any share has not been stopped yet.

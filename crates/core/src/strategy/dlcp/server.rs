@@ -5,6 +5,7 @@
 
 use super::control::ControlQueue;
 use super::geometry::{Geometry, PacketId};
+use super::probe::ProbeTimers;
 use super::pull::{PullFrame, PullSender};
 use super::tally::{indices_of, packets_needed, Marked, PacketTally};
 use super::{class_of_layer, DlcpOptions, KeyLoss, LossFill, LossStats};
@@ -52,6 +53,9 @@ pub struct DlcpServer {
     pulls: Vec<PullSender>,
     /// One frame of the P3 server's, taken to be cut into packets.
     taken: Vec<u8>,
+    /// With control datagrams and a pull bound: the re-probe timers of the parameters'
+    /// shares (`worker * keys + key`).
+    timers: Option<ProbeTimers>,
 }
 
 impl DlcpServer {
@@ -101,6 +105,8 @@ impl DlcpServer {
                 Vec::new()
             },
             taken: Vec::new(),
+            timers: (opts.control_datagrams && opts.pull_loss_bound_ppm() > 0)
+                .then(|| ProbeTimers::new(workers * keys.len(), workers)),
             opts,
             geo,
         };
@@ -161,6 +167,9 @@ impl DlcpServer {
     fn queue_control(&mut self, link: Rank, kind: FrameKind, step: u64, key: u32, words: Vec<u32>) {
         let mut header = Header::data(kind, step, key, 0, 0);
         header.sender = (self.workers + self.index) as u32;
+        if self.opts.control_datagrams {
+            header.flags = header.flags.loss_tolerant();
+        }
         let Some(queue) = self.control.get_mut(link) else {
             return;
         };
@@ -217,9 +226,15 @@ impl DlcpServer {
         Ok(())
     }
 
+    /// A worker's Probe: answered with the bitmap of what is missing; with control
+    /// datagrams a Probe of a complete (or aggregated) share is answered with a Stop again,
+    /// the one sent before may have been lost.
     fn handle_probe(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         let late = self.check_share(link, h)?;
         if late || self.shares[h.key as usize].tallies[link].is_complete() {
+            if self.opts.control_datagrams {
+                self.queue_control(link, FrameKind::Stop, h.step, h.key, Vec::new());
+            }
             return Ok(());
         }
         let words = self.shares[h.key as usize].tallies[link].missing_words();
@@ -385,10 +400,13 @@ impl DlcpServer {
                 }
                 PullFrame::Probe(key) => {
                     let step = self.pulls[w].step[key];
-                    (
-                        self.classed(Header::data(FrameKind::Probe, step, key as u32, 0, 0)),
-                        &[][..],
-                    )
+                    let mut h =
+                        self.classed(Header::data(FrameKind::Probe, step, key as u32, 0, 0));
+                    if let Some(t) = self.timers.as_mut() {
+                        h.flags = h.flags.loss_tolerant();
+                        t.probe_sent(w * self.shares.len() + key);
+                    }
+                    (h, &[][..])
                 }
             };
             let mut h = h;
@@ -412,7 +430,9 @@ impl DlcpServer {
         }
         let layer = self.layer(key);
         if h.kind == FrameKind::Stop {
-            self.pulls[link].stop(key, h.step, layer);
+            if self.pulls[link].stop(key, h.step, layer) {
+                self.pull_answered(link, key);
+            }
             return Ok(());
         }
         let words: Vec<u32> = self.scratch[link][..h.length as usize]
@@ -421,8 +441,18 @@ impl DlcpServer {
             .collect();
         let missing =
             indices_of(&words, packets).map_err(|e| ProtocolError::unexpected(link, h, &e))?;
-        self.pulls[link].resend(key, h.step, layer, missing);
+        if self.pulls[link].resend(key, h.step, layer, missing) {
+            self.pull_answered(link, key);
+        }
         Ok(())
+    }
+
+    /// Worker `w` answered the Probe of `key`'s parameters: no re-probe.
+    fn pull_answered(&mut self, w: Rank, key: usize) {
+        let keys = self.shares.len();
+        if let Some(t) = self.timers.as_mut() {
+            t.answered(w * keys + key);
+        }
     }
 
     fn poll_control(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
@@ -533,7 +563,34 @@ impl Endpoint for DlcpServer {
     }
 
     fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
-        h.kind == FrameKind::Push && link < self.workers
+        let control = h.kind == FrameKind::Probe
+            || (matches!(h.kind, FrameKind::Stop | FrameKind::Missing) && !self.pulls.is_empty());
+        (h.kind == FrameKind::Push || (control && self.opts.control_datagrams))
+            && link < self.workers
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        self.timers.as_ref()?.poll_timeout()
+    }
+
+    fn handle_timeout(&mut self, now_ns: u64) {
+        let keys = self.shares.len().max(1);
+        let Some(timers) = self.timers.as_mut() else {
+            return;
+        };
+        for i in timers.handle_timeout(now_ns, |i| i / keys) {
+            let (w, key) = (i / keys, i % keys);
+            let layer = self.layer(key);
+            if let Some(pull) = self.pulls.get_mut(w) {
+                pull.probe_again(key, layer);
+            }
+        }
+    }
+
+    fn handle_path_rtt(&mut self, link: Rank, srtt_ns: u64) {
+        if let Some(t) = self.timers.as_mut() {
+            t.set_srtt(link, srtt_ns);
+        }
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {

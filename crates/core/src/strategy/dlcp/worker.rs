@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::control::ControlQueue;
 use super::geometry::{Geometry, PacketId};
+use super::probe::ProbeTimers;
 use super::pull::{PullEvent, PullReceiver};
 use super::tally::indices_of;
 use super::{class_of_layer, drop_eligible, DlcpOptions, LossStats};
@@ -52,6 +53,8 @@ pub struct DlcpWorker {
     /// packet in parts, asking for its slot again each time, while whole packets of other
     /// servers arrive in between: one buffer per link keeps the parts together.
     packet: Vec<Vec<f32>>,
+    /// With control datagrams: the re-probe timers of the shares (indexed as `shares`).
+    timers: Option<ProbeTimers>,
     stats: LossStats,
 }
 
@@ -93,6 +96,9 @@ impl DlcpWorker {
             first_step: 0,
             answers: (0..servers).map(|_| ControlQueue::default()).collect(),
             packet: vec![vec![0.0; geo.max_packet()]; servers],
+            timers: opts
+                .control_datagrams
+                .then(|| ProbeTimers::new(keys * servers, servers)),
             stats: LossStats::default(),
             geo,
         }
@@ -196,7 +202,10 @@ impl DlcpWorker {
                 share.probing = true;
                 self.deactivate(server, (layer, key));
                 let mut h = Header::data(FrameKind::Probe, self.step, key as u32, 0, 0);
-                h.flags = Flags::class(class);
+                h.flags = self.control_flags(class);
+                if let Some(t) = self.timers.as_mut() {
+                    t.probe_sent(key * self.servers + server);
+                }
                 h
             }
         };
@@ -229,9 +238,22 @@ impl DlcpWorker {
         Ok(server)
     }
 
+    /// The flags of a control frame (a Probe, Stop or Missing) of class `class`.
+    fn control_flags(&self, class: u8) -> Flags {
+        let flags = Flags::class(class);
+        if self.opts.control_datagrams {
+            flags.loss_tolerant()
+        } else {
+            flags
+        }
+    }
+
     fn handle_stop(&mut self, server: usize, h: &Header) {
         let key = h.key as usize;
         let layer = self.layer(key);
+        if let Some(t) = self.timers.as_mut() {
+            t.answered(key * self.servers + server);
+        }
         let share = &mut self.shares[key * self.servers + server];
         share.stopped = true;
         share.queue.clear();
@@ -255,6 +277,9 @@ impl DlcpWorker {
             return Ok(());
         }
         share.probing = false;
+        if let Some(t) = self.timers.as_mut() {
+            t.answered(key * self.servers + server);
+        }
         share.queue.extend(
             missing
                 .into_iter()
@@ -293,8 +318,13 @@ impl DlcpWorker {
         };
         let mut answer = Header::data(FrameKind::Stop, h.step, h.key, 0, 0);
         answer.sender = self.rank as u32;
-        answer.flags = Flags::class(self.class(key));
+        answer.flags = self.control_flags(self.class(key));
         match event {
+            // A probe of a share complete (or of a step gone): its Stop may have been lost.
+            PullEvent::Nothing if h.kind == FrameKind::Probe && self.timers.is_some() => {
+                self.answers[server].push_stop(answer);
+                Ok(())
+            }
             PullEvent::Nothing => Ok(()),
             PullEvent::Missing(words) => {
                 self.stats.probes_answered += 1;
@@ -371,6 +401,9 @@ impl WorkerSync for DlcpWorker {
             s.queue.clear();
             s.stopped = false;
             s.probing = false;
+        }
+        if let Some(t) = self.timers.as_mut() {
+            t.clear();
         }
         self.active.iter_mut().for_each(BTreeSet::clear);
         self.heads.fill(None);
@@ -493,7 +526,35 @@ impl Endpoint for DlcpWorker {
     }
 
     fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
-        h.kind == FrameKind::Params && self.pull.is_some() && self.server_of(link).is_some()
+        let control = matches!(h.kind, FrameKind::Stop | FrameKind::Missing)
+            || (h.kind == FrameKind::Probe && self.pull.is_some());
+        let tolerant = (h.kind == FrameKind::Params && self.pull.is_some())
+            || (control && self.opts.control_datagrams);
+        tolerant && self.server_of(link).is_some()
+    }
+
+    fn poll_timeout(&self) -> Option<u64> {
+        self.timers.as_ref()?.poll_timeout()
+    }
+
+    fn handle_timeout(&mut self, now_ns: u64) {
+        let servers = self.servers;
+        let Some(timers) = self.timers.as_mut() else {
+            return;
+        };
+        for i in timers.handle_timeout(now_ns, |i| i % servers) {
+            let (key, server) = (i / servers, i % servers);
+            let layer = self.layer(key);
+            if self.shares.get(i).is_some_and(|s| s.probing && !s.stopped) {
+                self.active[server].insert((layer, key));
+            }
+        }
+    }
+
+    fn handle_path_rtt(&mut self, link: Rank, srtt_ns: u64) {
+        if let (Some(server), Some(t)) = (self.server_of(link), self.timers.as_mut()) {
+            t.set_srtt(server, srtt_ns);
+        }
     }
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
