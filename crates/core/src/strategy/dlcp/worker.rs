@@ -546,7 +546,7 @@ impl Endpoint for DlcpWorker {
             let (key, server) = (i / servers, i % servers);
             let layer = self.layer(key);
             if self.shares.get(i).is_some_and(|s| s.probing && !s.stopped) {
-                self.active[server].insert((layer, key));
+                self.activate(server, (layer, key));
             }
         }
     }
