@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cargo build --quiet --workspace --all-targets
+cargo build --quiet --bin syncopate
 bin=target/debug/syncopate
 if "$bin" train --model mlp --dataset fashion-mnist --steps 1 --batch-size 1 --quiet >/dev/null 2>&1; then
   exec "$bin" study studies/demo.toml "$@"
