@@ -436,9 +436,9 @@ impl DlcpArgs {
         };
         if plan.strategy.loss_tolerant() {
             dlcp.packet_elems = transport.packet_elems(packet_bytes, dlcp.packet_elems)?;
+            // Where packets are datagrams, so are the Probes, Stops and Missing bitmaps.
+            dlcp.control_datagrams = transport == Transport::Udp;
         }
-        // Where packets are datagrams, so are the Probes, Stops and Missing bitmaps.
-        dlcp.control_datagrams = transport == Transport::Udp;
         if let Some(fill) = self.loss_fill {
             dlcp.fill = fill;
         }
