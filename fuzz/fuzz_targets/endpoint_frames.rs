@@ -224,6 +224,8 @@ fn dlcp_options(u: &mut Unstructured) -> Result<DlcpOptions> {
         drop_quantile: *u.choose(&[0.0, 0.5, 1.0])?,
         priority: u.arbitrary()?,
         spray: u.arbitrary()?,
+        whole_slices: u.arbitrary()?,
+        control_datagrams: u.arbitrary()?,
     };
     trace!("dlcp: {opts:?}");
     Ok(opts)
