@@ -54,6 +54,9 @@ pub struct DatagramLink {
     /// By path index (at least one).
     paths: Vec<PathState>,
     counters: DatagramCounters,
+    /// The path and send stamp of the data batch [`DatagramLink::poll_transmit`] handed
+    /// out last, until the driver says it leaves ([`DatagramLink::handle_departure`]).
+    unwritten: Option<(usize, u64)>,
 }
 
 impl DatagramLink {
@@ -75,6 +78,7 @@ impl DatagramLink {
             queue: VecDeque::new(),
             paths: (0..paths.max(1)).map(|_| PathState::new(rate)).collect(),
             counters: DatagramCounters::default(),
+            unwritten: None,
         }
     }
 
@@ -166,6 +170,17 @@ impl DatagramLink {
         true
     }
 
+    /// The batch [`DatagramLink::poll_transmit`] handed out last starts to leave at
+    /// `now_ns` (a driver whose sealing takes no time need not say so). Its datagrams carry
+    /// the time it was sealed at; the time until its write (sealing a full batch, a thread
+    /// preempted before the write) is the sender's own, not the network's, and the round
+    /// trips measured on the batch leave it out, as they leave out the receiver's.
+    pub fn handle_departure(&mut self, now_ns: u64) {
+        if let Some((j, stamp)) = self.unwritten.take() {
+            self.paths[j].log_written(stamp, now_ns.saturating_sub(stamp));
+        }
+    }
+
     /// When the link next needs [`DatagramLink::poll_transmit`] or
     /// [`DatagramLink::handle_timeout`]: the next departure of the queue's first frame, a
     /// feedback due, a rate controller's timeout.
@@ -230,9 +245,11 @@ impl DatagramLink {
         let (Opened::Data { seq, .. } | Opened::Feedback { seq, .. }) = opened;
         p.feedback.on_authentic(seq);
         match opened {
-            Opened::Feedback { feedback, .. } => {
+            Opened::Feedback {
+                feedback, sent_ns, ..
+            } => {
                 self.counters.feedback_received += 1;
-                p.on_feedback(now_ns, &feedback);
+                p.on_feedback(now_ns, &feedback, sent_ns);
                 Ok(None)
             }
             Opened::Data {
@@ -287,6 +304,7 @@ impl DatagramLink {
         out.path = j;
         let first = self.sealer.next_seq();
         batch::seal(&p.batch, &mut self.sealer, now_ns, limits, out);
+        self.unwritten = Some((j, now_ns));
         p.batch.clear();
         for seq in first..self.sealer.next_seq() {
             p.log_sealed(seq);

@@ -18,6 +18,8 @@ use crate::wire::datagram::{Feedback, REPLAY_WINDOW_BITS};
 /// The most numbers a path's log keeps while no feedback covers them (beyond the replay
 /// window, the receiver no longer tells them apart anyway).
 const LOG_LIMIT: usize = 4 * REPLAY_WINDOW_BITS as usize;
+/// The most batches whose write delay a path keeps while no feedback echoes them.
+const WRITES_LIMIT: usize = 64;
 
 /// One path of a link.
 #[derive(Debug, Clone)]
@@ -34,6 +36,9 @@ pub(crate) struct PathState {
     first_index: u64,
     /// Bytes released onto this path (spraying's last tie-break).
     bytes_sent: u64,
+    /// Per batch sealed for this path and written since the oldest one a feedback may
+    /// still echo: its send stamp and the time from that stamp to its write.
+    writes: VecDeque<(u64, u64)>,
 }
 
 impl PathState {
@@ -46,6 +51,7 @@ impl PathState {
             sent: VecDeque::new(),
             first_index: 0,
             bytes_sent: 0,
+            writes: VecDeque::new(),
         }
     }
 
@@ -76,21 +82,54 @@ impl PathState {
         self.sent.push_back(seq);
     }
 
-    /// A feedback about this path arrived at `now_ns`: the rate controller hears it with
-    /// the highest number turned into the path's own (a feedback older than the log is
-    /// dropped).
-    pub fn on_feedback(&mut self, now_ns: u64, feedback: &Feedback) {
+    /// The batch stamped `stamp` was written `delay` ns after it (a later batch of the
+    /// same stamp replaces the delay: the receiver echoes the latest datagram it got).
+    pub fn log_written(&mut self, stamp: u64, delay: u64) {
+        match self.writes.back_mut() {
+            Some(last) if last.0 == stamp => last.1 = delay,
+            _ => {
+                if self.writes.len() >= WRITES_LIMIT {
+                    self.writes.pop_front();
+                }
+                self.writes.push_back((stamp, delay));
+            }
+        }
+    }
+
+    /// The write delay of the batch stamped `stamp` (0 if unknown); older batches are
+    /// forgotten (a feedback echoes the latest datagram, and stamps only grow).
+    fn write_delay(&mut self, stamp: u64) -> u64 {
+        while self.writes.front().is_some_and(|&(s, _)| s < stamp) {
+            self.writes.pop_front();
+        }
+        match self.writes.front() {
+            Some(&(s, delay)) if s == stamp => delay,
+            _ => 0,
+        }
+    }
+
+    /// A feedback about this path, sealed by the receiver at `sent_ns` on its clock,
+    /// arrived at `now_ns`: the rate controller hears it with the highest number turned
+    /// into the path's own (a feedback older than the log is dropped), the round trip and
+    /// the forward path's one-way delay without the time either end held the datagram.
+    pub fn on_feedback(&mut self, now_ns: u64, feedback: &Feedback, sent_ns: u64) {
         let covered = self.sent.partition_point(|&s| s <= feedback.highest_seq);
         let Some(kept) = covered.checked_sub(1) else {
             return;
         };
         self.sent.drain(..kept);
         self.first_index += kept as u64;
+        let departed =
+            (feedback.echo_sent_ns).saturating_add(self.write_delay(feedback.echo_sent_ns));
         let rtt_ns = now_ns
-            .saturating_sub(feedback.echo_sent_ns)
+            .saturating_sub(departed)
             .saturating_sub(feedback.echo_held_ns);
+        // The receiver sealed the feedback when it took it: its arrival, on its clock, is
+        // the feedback's stamp less the time held. The two clocks' offset stays in.
+        let arrived = sent_ns.wrapping_sub(feedback.echo_held_ns);
         let signal = RateSignal {
             rtt_ns,
+            forward_ns: Some(arrived.wrapping_sub(departed) as i64),
             received: feedback.received,
             highest_seq: self.first_index,
         };
@@ -119,15 +158,15 @@ mod tests {
             p.log_sealed(seq);
         }
         // Everything up to 9 arrived: the path's datagrams 0..=4, none lost.
-        p.on_feedback(1_000_000, &feedback(5, 8));
+        p.on_feedback(1_000_000, &feedback(5, 8), 0);
         assert_eq!(p.rate.stats().last_loss, 0.0);
         assert_eq!(p.first_index, 4);
         // Up to 18 seen, 4 of the path's 5 since: one lost (20 %).
-        p.on_feedback(2_000_000, &feedback(9, 18));
+        p.on_feedback(2_000_000, &feedback(9, 18), 0);
         assert!((p.rate.stats().last_loss - 0.2).abs() < 1e-9);
         assert_eq!(p.next_index(), 10);
         // A stale feedback moves nothing.
-        p.on_feedback(3_000_000, &feedback(3, 4));
+        p.on_feedback(3_000_000, &feedback(3, 4), 0);
         assert_eq!(p.rate.stats().feedbacks, 2);
     }
 
@@ -139,5 +178,51 @@ mod tests {
         }
         assert_eq!(p.sent.len(), LOG_LIMIT);
         assert_eq!(p.next_index(), LOG_LIMIT as u64 + 10);
+    }
+
+    #[test]
+    fn the_time_before_a_batchs_write_is_not_a_round_trip() {
+        let echo = |received, highest_seq, echo_sent_ns| Feedback {
+            received,
+            highest_seq,
+            echo_sent_ns,
+            echo_held_ns: 20_000,
+        };
+        let mut p = PathState::new(RateConfig::default());
+        for seq in 0..32 {
+            p.log_sealed(seq);
+        }
+        // Two batches stamped at 1 ms and 2 ms, written 300 us and 50 us after their stamps.
+        p.log_written(1_000_000, 300_000);
+        p.log_written(2_000_000, 50_000);
+        // The first batch's echo: 400 us after its stamp, less 20 us held and 300 us of
+        // the sender's own: 80 us.
+        p.on_feedback(1_400_000, &echo(16, 15, 1_000_000), 0);
+        assert_eq!(p.rate.stats().srtt_ns, 80_000);
+        // The second's: its own delay only, and the first is forgotten.
+        p.on_feedback(2_150_000, &echo(32, 31, 2_000_000), 0);
+        assert_eq!(p.rate.stats().min_rtt_ns, 80_000);
+        assert_eq!(p.writes.len(), 1);
+        // A stamp of no batch written (a driver that never says): the whole time counts.
+        let mut q = PathState::new(RateConfig::default());
+        q.log_sealed(0);
+        q.on_feedback(1_400_000, &echo(1, 0, 1_000_000), 0);
+        assert_eq!(q.rate.stats().srtt_ns, 380_000);
+    }
+
+    #[test]
+    fn a_batch_written_again_under_its_stamp_keeps_the_later_delay() {
+        let mut p = PathState::new(RateConfig::default());
+        p.log_written(5, 10);
+        p.log_written(5, 30);
+        for stamp in 6..(WRITES_LIMIT as u64 + 10) {
+            p.log_written(stamp, 1);
+        }
+        assert_eq!(p.writes.len(), WRITES_LIMIT);
+        assert_eq!(p.write_delay(5), 0, "forgotten beyond the limit");
+        let mut q = PathState::new(RateConfig::default());
+        q.log_written(5, 10);
+        q.log_written(5, 30);
+        assert_eq!(q.write_delay(5), 30);
     }
 }

@@ -94,6 +94,27 @@ fn frames_cross_the_link_and_feedback_comes_back() {
 }
 
 #[test]
+fn the_time_a_batch_waits_for_its_write_is_not_counted_as_round_trip() {
+    let (mut a, mut b) = pair(1, 1e9);
+    let (h, p) = push(0, 100, false);
+    a.enqueue(h, &p);
+    let mut out = Sealed::default();
+    assert!(a.poll_transmit(1_000, true, GSO, &mut out));
+    // Sealed at 1 us, written at 301 us (a long batch to seal, a preempted thread).
+    a.handle_departure(301_000);
+    a.handle_departure(900_000); // nothing sealed since: ignored
+    deliver_all(&mut b, std::slice::from_ref(&out), 351_000);
+    let due = b.poll_timeout(351_000).unwrap_or(u64::MAX);
+    let feedback = drain(&mut b, due);
+    deliver_all(&mut a, &feedback, due + 50_000);
+    assert_eq!(
+        a.rate_stats()[0].srtt_ns,
+        100_000,
+        "two 50 us hops: neither the sender's wait nor the receiver's hold"
+    );
+}
+
+#[test]
 fn the_pacer_lets_frames_go_at_its_rate_and_says_when_next() {
     // 10 Mbit/s: a 2 ms bucket holds 2,500 bytes, about two 1,100-byte datagrams.
     let (mut a, _) = pair(1, 10e6);

@@ -10,11 +10,13 @@
 //!
 //! The controller is rate-based and delay-driven, in the spirit of TIMELY (Mittal et al.,
 //! SIGCOMM 2015) as MLT uses it:
-//! - **delay** is the primary signal: the queueing delay is an RTT sample less the minimum
-//!   RTT seen. Under `t_low` the rate grows; between `t_low` and `t_high` it holds, or
-//!   decreases multiplicatively while the RTT's smoothed gradient rises; over `t_high` it
-//!   decreases multiplicatively, more the longer the queue. Delay decreases come at most once
-//!   per smoothed RTT (a decrease shows in the RTT only a round trip later).
+//! - **delay** is the primary signal: the queueing delay is the forward path's one-way
+//!   delay over its base, as LEDBAT measures it (an RTT over the least RTT where the
+//!   driver cannot tell one-way delays: [`RateSignal::forward_ns`]), so that a queue on the
+//!   reverse path does not count. Under `t_low` the rate grows; between `t_low` and
+//!   `t_high` it holds, or decreases multiplicatively while the delay's smoothed gradient
+//!   rises; over `t_high` it decreases multiplicatively, more the longer the queue. Delay
+//!   decreases come at most once per smoothed RTT (a decrease shows a round trip later).
 //! - **loss** is the second signal: a feedback that reports lost datagrams lowers the rate in
 //!   proportion to the lost fraction and to the share of a round trip the feedback covers,
 //!   so 1 % random loss costs little and heavy loss halves the rate per round trip.
@@ -34,6 +36,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::Nanos;
+use delay::QueueDelay;
+
+mod delay;
 
 /// Nanoseconds per second, as a float.
 const NS_PER_S: f64 = 1e9;
@@ -50,14 +55,10 @@ const HYPER_STEP_NS: Nanos = 20_000_000;
 /// The least time between two decreases for a queue over `t_high` (a decrease shows in
 /// the RTT a round trip later; one hold for every flow keeps them equal).
 const DELAY_HOLD_NS: Nanos = 4_000_000;
-/// A rising RTT takes `1 / (1 + slope)` off the rate per this much time.
+/// A rising delay takes `1 / (1 + slope)` off the rate per this much time.
 const GRADIENT_ROUND_NS: Nanos = 1_000_000;
 /// Weight of a new RTT sample in the smoothed RTT (RFC 6298's 1/8).
 const SRTT_GAIN: f64 = 0.125;
-/// Weight of a new slope in the smoothed RTT gradient.
-const GRADIENT_GAIN: f64 = 0.25;
-/// The steepest RTT slope one pair of samples counts for (samples close in time say little).
-const MAX_SLOPE: f64 = 4.0;
 /// A loss fraction at or over this in one feedback is congestion: it ends slow start and
 /// the hyper-increase (random loss of a few percent does not).
 const HEAVY_LOSS: f64 = 0.2;
@@ -200,6 +201,12 @@ pub struct RateSignal {
     /// Round-trip time sample (ns): the feedback's arrival less the echoed send time of the
     /// receiver's latest datagram and the time the receiver held it, on the sender's clock.
     pub rtt_ns: u64,
+    /// The one-way delay of that datagram: its arrival on the receiver's clock less its
+    /// stamp on the sender's, an unknown offset between the clocks included (only its
+    /// changes mean anything). The queueing delay is measured on it, so that a queue on
+    /// the reverse path, which other traffic fills, does not slow this flow; `None` where
+    /// the driver cannot tell, and the round trip stands in.
+    pub forward_ns: Option<i64>,
     /// Datagrams the receiver got so far (cumulative).
     pub received: u64,
     /// The highest datagram sequence number the receiver saw.
@@ -329,11 +336,6 @@ struct RttEstimate {
     srtt: f64,
     /// The least sample (ns), `u64::MAX` before the first.
     min: Nanos,
-    /// The previous sample (ns) and when it came, for the gradient.
-    previous: Option<(Nanos, Nanos)>,
-    /// Smoothed slope of the RTT over time (ns of delay per ns): the queue's growth as a
-    /// fraction of the bottleneck's rate, the same for every flow that shares it.
-    slope: f64,
 }
 
 impl RttEstimate {
@@ -345,25 +347,16 @@ impl RttEstimate {
         }
     }
 
-    /// Takes a sample (at least 1 ns) that came at `now`.
-    fn sample(&mut self, rtt: Nanos, now: Nanos) {
+    /// Takes a sample (at least 1 ns).
+    fn sample(&mut self, rtt: Nanos) {
         let rtt = rtt.max(1);
-        self.min = self.min.min(rtt);
         let x = rtt as f64;
-        match self.previous {
-            None => self.srtt = x,
-            Some((previous, at)) => {
-                self.srtt += SRTT_GAIN * (x - self.srtt);
-                if now > at {
-                    let slope = (x - previous as f64) / (now - at) as f64;
-                    let slope = slope.clamp(-MAX_SLOPE, MAX_SLOPE);
-                    self.slope += GRADIENT_GAIN * (slope - self.slope);
-                }
-            }
+        if self.min == Nanos::MAX {
+            self.srtt = x;
+        } else {
+            self.srtt += SRTT_GAIN * (x - self.srtt);
         }
-        if self.previous.is_none_or(|(_, at)| now > at) {
-            self.previous = Some((rtt, now));
-        }
+        self.min = self.min.min(rtt);
     }
 
     /// The smoothed RTT in whole ns (0 before the first sample).
@@ -402,6 +395,8 @@ pub struct RateController {
     slow_start: bool,
     pacer: Pacer,
     rtt: RttEstimate,
+    /// The queueing delay, on the forward path where the signals say it.
+    queue: QueueDelay,
     acknowledged: Option<Acknowledged>,
     /// The first sequence number sent (the first feedback's loss counts from it).
     first_seq: Option<u64>,
@@ -431,6 +426,7 @@ impl RateController {
             slow_start: true,
             pacer: Pacer::new(config.burst_bytes),
             rtt: RttEstimate::new(),
+            queue: QueueDelay::new(),
             acknowledged: None,
             first_seq: None,
             first_sent_at: None,
@@ -501,9 +497,12 @@ impl RateController {
             self.stats.stale_feedbacks = self.stats.stale_feedbacks.saturating_add(1);
             return;
         };
-        self.rtt.sample(signal.rtt_ns, now_ns);
+        self.rtt.sample(signal.rtt_ns);
+        let delay = (signal.forward_ns)
+            .unwrap_or_else(|| i64::try_from(signal.rtt_ns.max(1)).unwrap_or(i64::MAX));
+        let queueing = self.queue.sample(delay, now_ns);
         self.pacer.settle(now_ns, self.rate_bps, self.burst());
-        let decreased = self.react_to_delay(now_ns, signal.rtt_ns.max(1), interval.elapsed);
+        let decreased = self.react_to_delay(now_ns, queueing, interval.elapsed);
         let lossy = interval.loss > 0.0;
         if lossy {
             self.react_to_loss(now_ns, interval);
@@ -600,13 +599,11 @@ impl RateController {
         })
     }
 
-    /// The delay signal of an RTT sample of `rtt` at `now`, on a feedback covering
-    /// `elapsed` ns: a decrease over `t_high` (at most once per [`DELAY_HOLD_NS`] or
-    /// smoothed RTT, whichever is longer), or a decrease as the RTT rises between `t_low`
-    /// and `t_high`. Whether the rate must not grow on this feedback (queueing over
-    /// `t_low`).
-    fn react_to_delay(&mut self, now: Nanos, rtt: Nanos, elapsed: Nanos) -> bool {
-        let queueing = rtt.saturating_sub(self.rtt.min);
+    /// The delay signal of `queueing` at `now`, on a feedback covering `elapsed` ns: a
+    /// decrease over `t_high` (at most once per [`DELAY_HOLD_NS`] or smoothed RTT,
+    /// whichever is longer), or a decrease as the delay rises between `t_low` and
+    /// `t_high`. Whether the rate must not grow on this feedback (queueing over `t_low`).
+    fn react_to_delay(&mut self, now: Nanos, queueing: Nanos, elapsed: Nanos) -> bool {
         if queueing <= self.config.t_low_ns {
             return false;
         }
@@ -626,7 +623,7 @@ impl RateController {
         // The queue grows at `slope` times the bottleneck's rate: every flow sharing it
         // takes off the same fraction per unit of time, which brings the sum back to the
         // rate whatever each flow's RTT.
-        let slope = self.rtt.slope;
+        let slope = self.queue.slope();
         if slope.is_nan() || slope <= 0.0 {
             return true;
         }

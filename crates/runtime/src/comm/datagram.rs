@@ -105,6 +105,8 @@ pub(super) struct DatagramPath {
     heard: Vec<bool>,
     /// One batch being sealed.
     sealed: Sealed,
+    /// The loop's clock: a batch's write is timed on it, and the next batch sealed after.
+    origin: std::time::Instant,
 }
 
 /// The first poll token of the datagram sockets; path `j` is `FIRST_TOKEN - j`.
@@ -119,6 +121,7 @@ impl DatagramPath {
         rate: RateConfig,
         max_payload: u32,
         registry: &Registry,
+        origin: std::time::Instant,
     ) -> io::Result<Self> {
         let mut paths = Vec::with_capacity(sockets.len());
         for (j, socket) in sockets.into_iter().enumerate() {
@@ -152,6 +155,7 @@ impl DatagramPath {
             sealed: Sealed::default(),
             backlog: vec![false; paths_len],
             heard: vec![false; links.len()],
+            origin,
         })
     }
 
@@ -162,6 +166,7 @@ impl DatagramPath {
         links: &[super::Link],
         sockets: Vec<UdpSocket>,
         registry: &Registry,
+        origin: std::time::Instant,
     ) -> io::Result<Option<Self>> {
         let Some(d) = options.datagram.as_ref().filter(|_| !sockets.is_empty()) else {
             return Ok(None);
@@ -169,7 +174,15 @@ impl DatagramPath {
         let peers: Vec<_> = (links.iter())
             .map(|l| (l.peer, l.keys.clone(), l.datagram_addrs.clone()))
             .collect();
-        Self::new(sockets, &peers, d.rate, options.max_payload, registry).map(Some)
+        Self::new(
+            sockets,
+            &peers,
+            d.rate,
+            options.max_payload,
+            registry,
+            origin,
+        )
+        .map(Some)
     }
 
     /// Whether the poll token is one of this path's sockets (and which).
@@ -262,12 +275,15 @@ impl DatagramPath {
         self.send_due(now_ns, false);
     }
 
-    /// Writes what the links hand out at `now_ns` (with `flush`, their open batches too),
-    /// until a socket refuses a batch.
+    /// Writes what the links hand out from `now_ns` on (with `flush`, their open batches
+    /// too), until a socket refuses a batch. Each batch is sealed at the time it is asked
+    /// for and its link told when its write starts: sealing a full batch takes longer than
+    /// a round trip on loopback.
     fn send_due(&mut self, now_ns: u64, flush: bool) {
         if !self.out.retry(now_ns) {
             return;
         }
+        let mut now_ns = now_ns;
         for (i, p) in self.peers.iter_mut().enumerate() {
             let limits = self.out.limits(0);
             while p
@@ -277,6 +293,8 @@ impl DatagramPath {
                 let Some(&to) = p.addrs.get(self.sealed.path) else {
                     continue;
                 };
+                now_ns = super::ns_since(self.origin).max(now_ns);
+                p.link.handle_departure(now_ns);
                 if !self.out.send(i, &mut self.sealed, to, now_ns) {
                     return;
                 }

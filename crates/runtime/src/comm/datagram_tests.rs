@@ -286,6 +286,7 @@ fn path_on(mine: UdpSocket, peer: SocketAddr, poll: &mio::Poll) -> (DatagramPath
         RateConfig::default(),
         1 << 20,
         poll.registry(),
+        std::time::Instant::now(),
     );
     let collector = Collector {
         slot: Vec::new(),

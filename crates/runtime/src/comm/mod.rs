@@ -402,7 +402,7 @@ impl CommLoop {
         let now = Instant::now();
         let traffic = Arc::new(TrafficTotals::for_peers(links.iter().map(|l| l.peer)));
         let datagram =
-            DatagramPath::for_links(&options, &links, datagram_sockets, poll.registry())?;
+            DatagramPath::for_links(&options, &links, datagram_sockets, poll.registry(), now)?;
         let mut states = Vec::with_capacity(links.len());
         for (i, link) in links.into_iter().enumerate() {
             let mac = options.frame_mac.then(|| LinkMac {

@@ -156,6 +156,7 @@ impl Flow {
             }
             self.feedbacks.pop_front();
             let signal = RateSignal {
+                forward_ns: None,
                 rtt_ns: f.arrives - f.echo_sent - f.held,
                 received: f.received,
                 highest_seq: f.highest_seq,

@@ -22,6 +22,7 @@ fn send_paced(c: &mut RateController, from: Nanos, to: Nanos, mut seq: u64) -> u
 /// A lossless feedback acknowledging every sequence number below `next_seq`.
 fn all_arrived(next_seq: u64, rtt_ns: u64) -> RateSignal {
     RateSignal {
+        forward_ns: None,
         rtt_ns,
         received: next_seq,
         highest_seq: next_seq - 1,
@@ -161,6 +162,36 @@ fn slow_start_doubles_the_rate_per_round_trip() {
 }
 
 #[test]
+fn a_queue_on_the_reverse_path_does_not_slow_the_flow_and_one_on_the_forward_path_does() {
+    // Round trips grow by 3 ms a round (a queue the feedback waits in); the forward path's
+    // one-way delay stays put (the clocks 5 s apart): the flow keeps growing.
+    let offset: i64 = -5_000_000_000;
+    let mut c = RateController::new(RateConfig::default());
+    let mut seq = 0;
+    for round in 1..=6u64 {
+        seq = send_paced(&mut c, (round - 1) * MS, round * MS, seq);
+        let signal = RateSignal {
+            forward_ns: Some(offset + 100_000),
+            ..all_arrived(seq, MS + round * 3 * MS)
+        };
+        c.on_feedback(round * MS, signal);
+    }
+    let s = c.stats();
+    assert_eq!((s.delay_decreases, s.gradient_decreases), (0, 0));
+    assert!(s.slow_start && s.srtt_ns > 5 * MS, "{s:?}");
+    // The same queue on the forward path: a decrease.
+    let before = c.rate_bps();
+    seq = send_paced(&mut c, 6 * MS, 7 * MS, seq);
+    let signal = RateSignal {
+        forward_ns: Some(offset + 100_000 + 3 * MS as i64),
+        ..all_arrived(seq, MS + 21 * MS)
+    };
+    c.on_feedback(7 * MS, signal);
+    assert!(c.rate_bps() < before);
+    assert_eq!(c.stats().delay_decreases, 1);
+}
+
+#[test]
 fn a_flow_that_does_not_use_its_rate_does_not_grow() {
     let mut c = RateController::new(RateConfig::default());
     // One datagram in 10 ms is far less than half of 20 Mbit/s.
@@ -238,6 +269,7 @@ fn stale_and_duplicated_feedback_is_ignored() {
     let (rate, stats) = (c.rate_bps(), c.stats());
     c.on_feedback(2 * MS, all_arrived(seq, MS));
     let backwards = RateSignal {
+        forward_ns: None,
         rtt_ns: 1,
         received: seq - 2,
         highest_seq: seq + 5,
@@ -296,6 +328,7 @@ fn events() -> impl Strategy<Value = Vec<Event>> {
         counts,
     )
         .prop_map(|(rtt_ns, received, highest_seq)| RateSignal {
+            forward_ns: None,
             rtt_ns,
             received,
             highest_seq,
@@ -397,6 +430,7 @@ proptest! {
         let highest_seq = highest_seq.unwrap_or_default();
         let rtt_ns = match c.stats().min_rtt_ns { 0 => MS, min => min };
         let signal = |lost: u64| RateSignal {
+            forward_ns: None,
             rtt_ns,
             received: received + expected - lost,
             highest_seq,
