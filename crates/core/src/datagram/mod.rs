@@ -56,7 +56,7 @@ pub struct DatagramLink {
     counters: DatagramCounters,
     /// The path and send stamp of the data batch [`DatagramLink::poll_transmit`] handed
     /// out last, until the driver says it leaves ([`DatagramLink::handle_departure`]).
-    unwritten: Option<(usize, u64)>,
+    departing: Option<(usize, u64)>,
 }
 
 impl DatagramLink {
@@ -78,7 +78,7 @@ impl DatagramLink {
             queue: VecDeque::new(),
             paths: (0..paths.max(1)).map(|_| PathState::new(rate)).collect(),
             counters: DatagramCounters::default(),
-            unwritten: None,
+            departing: None,
         }
     }
 
@@ -176,8 +176,8 @@ impl DatagramLink {
     /// preempted before the write) is the sender's own, not the network's, and the round
     /// trips measured on the batch leave it out, as they leave out the receiver's.
     pub fn handle_departure(&mut self, now_ns: u64) {
-        if let Some((j, stamp)) = self.unwritten.take() {
-            self.paths[j].log_written(stamp, now_ns.saturating_sub(stamp));
+        if let Some((j, stamp)) = self.departing.take() {
+            self.paths[j].log_departure(stamp, now_ns.saturating_sub(stamp));
         }
     }
 
@@ -304,7 +304,7 @@ impl DatagramLink {
         out.path = j;
         let first = self.sealer.next_seq();
         batch::seal(&p.batch, &mut self.sealer, now_ns, limits, out);
-        self.unwritten = Some((j, now_ns));
+        self.departing = Some((j, now_ns));
         p.batch.clear();
         for seq in first..self.sealer.next_seq() {
             p.log_sealed(seq);

@@ -19,7 +19,7 @@ use crate::wire::datagram::{Feedback, REPLAY_WINDOW_BITS};
 /// window, the receiver no longer tells them apart anyway).
 const LOG_LIMIT: usize = 4 * REPLAY_WINDOW_BITS as usize;
 /// The most batches whose write delay a path keeps while no feedback echoes them.
-const WRITES_LIMIT: usize = 64;
+const DEPARTURES_LIMIT: usize = 64;
 
 /// One path of a link.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub(crate) struct PathState {
     bytes_sent: u64,
     /// Per batch sealed for this path and written since the oldest one a feedback may
     /// still echo: its send stamp and the time from that stamp to its write.
-    writes: VecDeque<(u64, u64)>,
+    departures: VecDeque<(u64, u64)>,
 }
 
 impl PathState {
@@ -51,7 +51,7 @@ impl PathState {
             sent: VecDeque::new(),
             first_index: 0,
             bytes_sent: 0,
-            writes: VecDeque::new(),
+            departures: VecDeque::new(),
         }
     }
 
@@ -82,27 +82,27 @@ impl PathState {
         self.sent.push_back(seq);
     }
 
-    /// The batch stamped `stamp` was written `delay` ns after it (a later batch of the
+    /// The batch stamped `stamp` left `delay` ns after it (a later batch of the
     /// same stamp replaces the delay: the receiver echoes the latest datagram it got).
-    pub fn log_written(&mut self, stamp: u64, delay: u64) {
-        match self.writes.back_mut() {
+    pub fn log_departure(&mut self, stamp: u64, delay: u64) {
+        match self.departures.back_mut() {
             Some(last) if last.0 == stamp => last.1 = delay,
             _ => {
-                if self.writes.len() >= WRITES_LIMIT {
-                    self.writes.pop_front();
+                if self.departures.len() >= DEPARTURES_LIMIT {
+                    self.departures.pop_front();
                 }
-                self.writes.push_back((stamp, delay));
+                self.departures.push_back((stamp, delay));
             }
         }
     }
 
     /// The write delay of the batch stamped `stamp` (0 if unknown); older batches are
     /// forgotten (a feedback echoes the latest datagram, and stamps only grow).
-    fn write_delay(&mut self, stamp: u64) -> u64 {
-        while self.writes.front().is_some_and(|&(s, _)| s < stamp) {
-            self.writes.pop_front();
+    fn departure_delay(&mut self, stamp: u64) -> u64 {
+        while self.departures.front().is_some_and(|&(s, _)| s < stamp) {
+            self.departures.pop_front();
         }
-        match self.writes.front() {
+        match self.departures.front() {
             Some(&(s, delay)) if s == stamp => delay,
             _ => 0,
         }
@@ -120,7 +120,7 @@ impl PathState {
         self.sent.drain(..kept);
         self.first_index += kept as u64;
         let departed =
-            (feedback.echo_sent_ns).saturating_add(self.write_delay(feedback.echo_sent_ns));
+            (feedback.echo_sent_ns).saturating_add(self.departure_delay(feedback.echo_sent_ns));
         let rtt_ns = now_ns
             .saturating_sub(departed)
             .saturating_sub(feedback.echo_held_ns);
@@ -193,8 +193,8 @@ mod tests {
             p.log_sealed(seq);
         }
         // Two batches stamped at 1 ms and 2 ms, written 300 us and 50 us after their stamps.
-        p.log_written(1_000_000, 300_000);
-        p.log_written(2_000_000, 50_000);
+        p.log_departure(1_000_000, 300_000);
+        p.log_departure(2_000_000, 50_000);
         // The first batch's echo: 400 us after its stamp, less 20 us held and 300 us of
         // the sender's own: 80 us.
         p.on_feedback(1_400_000, &echo(16, 15, 1_000_000), 0);
@@ -202,7 +202,7 @@ mod tests {
         // The second's: its own delay only, and the first is forgotten.
         p.on_feedback(2_150_000, &echo(32, 31, 2_000_000), 0);
         assert_eq!(p.rate.stats().min_rtt_ns, 80_000);
-        assert_eq!(p.writes.len(), 1);
+        assert_eq!(p.departures.len(), 1);
         // A stamp of no batch written (a driver that never says): the whole time counts.
         let mut q = PathState::new(RateConfig::default());
         q.log_sealed(0);
@@ -213,16 +213,16 @@ mod tests {
     #[test]
     fn a_batch_written_again_under_its_stamp_keeps_the_later_delay() {
         let mut p = PathState::new(RateConfig::default());
-        p.log_written(5, 10);
-        p.log_written(5, 30);
-        for stamp in 6..(WRITES_LIMIT as u64 + 10) {
-            p.log_written(stamp, 1);
+        p.log_departure(5, 10);
+        p.log_departure(5, 30);
+        for stamp in 6..(DEPARTURES_LIMIT as u64 + 10) {
+            p.log_departure(stamp, 1);
         }
-        assert_eq!(p.writes.len(), WRITES_LIMIT);
-        assert_eq!(p.write_delay(5), 0, "forgotten beyond the limit");
+        assert_eq!(p.departures.len(), DEPARTURES_LIMIT);
+        assert_eq!(p.departure_delay(5), 0, "forgotten beyond the limit");
         let mut q = PathState::new(RateConfig::default());
-        q.log_written(5, 10);
-        q.log_written(5, 30);
-        assert_eq!(q.write_delay(5), 30);
+        q.log_departure(5, 10);
+        q.log_departure(5, 30);
+        assert_eq!(q.departure_delay(5), 30);
     }
 }

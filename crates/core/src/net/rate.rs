@@ -11,7 +11,7 @@
 //! The controller is rate-based and delay-driven, in the spirit of TIMELY (Mittal et al.,
 //! SIGCOMM 2015) as MLT uses it:
 //! - **delay** is the primary signal: the queueing delay is the forward path's one-way
-//!   delay over its base, as LEDBAT measures it (an RTT over the least RTT where the
+//!   delay over its base, as LEDBAT measures it (an RTT over its base where the
 //!   driver cannot tell one-way delays: [`RateSignal::forward_ns`]), so that a queue on the
 //!   reverse path does not count. Under `t_low` the rate grows; between `t_low` and
 //!   `t_high` it holds, or decreases multiplicatively while the delay's smoothed gradient
