@@ -46,6 +46,12 @@ const NS_PER_S: f64 = 1e9;
 /// late by a busy scheduler sends what it owes in one batch instead of losing the budget
 /// (a bucket of a few datagrams holds 50 us at 1 Gbit/s, less than one wake-up).
 pub const BURST_TIME_NS: Nanos = 2_000_000;
+/// Once its bucket is empty, a paced flow waits until it may send this much time of its
+/// rate at once (250 us), not one datagram: at 10 Gbit/s one datagram every 1.1 us would
+/// take a wake-up and a system call each, more than the machine can. Linux's TCP does the
+/// same with a millisecond of its pacing rate per segmentation-offload burst; at 100
+/// Mbit/s and below, 250 us is about one datagram, so slow flows stay paced per datagram.
+pub const PACING_QUANTUM_NS: Nanos = 250_000;
 /// The time unit `additive_bps` is added per (1 ms).
 pub const ADDITIVE_ROUND_NS: Nanos = 1_000_000;
 /// The most a growth step is multiplied by after a long time without a decrease.
@@ -253,6 +259,9 @@ struct Pacer {
     updated_at: Nanos,
     /// When the latest datagram left and its size: the never-stall bound's origin.
     last_sent: Option<(Nanos, u64)>,
+    /// Whether datagrams leave back to back (from a full bucket, or since the bucket held a
+    /// quantum) until it runs dry; if not, the next waits for a quantum.
+    batching: bool,
 }
 
 /// Tokens (bytes) that count as there though float rounding left them just short.
@@ -265,6 +274,7 @@ impl Pacer {
             tokens: burst_bytes as f64,
             updated_at: 0,
             last_sent: None,
+            batching: true,
         }
     }
 
@@ -282,6 +292,8 @@ impl Pacer {
         let size = bytes as f64;
         self.tokens = (self.tokens - size).max(-size);
         self.last_sent = Some((self.updated_at, bytes));
+        // The batch goes on while the bucket holds another datagram like this one.
+        self.batching = self.tokens + TOKEN_TOLERANCE >= size.min(burst_bytes as f64);
     }
 
     /// The tokens the next datagram needs: what the latest one took, at most a burst.
@@ -290,11 +302,22 @@ impl Pacer {
             .map_or(0.0, |(_, bytes)| bytes.min(burst_bytes) as f64)
     }
 
-    /// When the bucket next holds the tokens the next datagram needs at `rate_bps`, never
-    /// later than the never-stall bound: the latest datagram's time plus its bytes at
-    /// `min_bps`, plus 1 ns.
-    fn next_at(&self, rate_bps: f64, min_bps: f64, burst_bytes: u64) -> Nanos {
-        let short = self.needed(burst_bytes) - self.tokens;
+    /// The tokens the next datagram waits for: what the latest one took (at most a burst),
+    /// and, unless a batch is going on, at least `quantum` bytes (at most a burst).
+    fn wanted(&self, burst_bytes: u64, quantum: f64) -> f64 {
+        let needed = self.needed(burst_bytes);
+        if self.batching {
+            needed
+        } else {
+            needed.max(quantum.min(burst_bytes as f64))
+        }
+    }
+
+    /// When the bucket next holds what the next datagram waits for ([`Pacer::wanted`]) at
+    /// `rate_bps`; never later than the never-stall bound: the latest datagram's time plus
+    /// its bytes at `min_bps`, plus 1 ns.
+    fn next_at(&self, rate_bps: f64, min_bps: f64, burst_bytes: u64, quantum: f64) -> Nanos {
+        let short = self.wanted(burst_bytes, quantum) - self.tokens;
         let at = if short <= TOKEN_TOLERANCE {
             self.updated_at
         } else {
@@ -312,9 +335,9 @@ impl Pacer {
         }
     }
 
-    /// Whether a datagram may leave at the bucket's latest update.
-    fn ready(&self, burst_bytes: u64) -> bool {
-        self.needed(burst_bytes) - self.tokens <= TOKEN_TOLERANCE
+    /// Whether a datagram may leave with the tokens of the bucket's latest update.
+    fn ready(&self, burst_bytes: u64, quantum: f64) -> bool {
+        self.wanted(burst_bytes, quantum) - self.tokens <= TOKEN_TOLERANCE
     }
 }
 
@@ -459,13 +482,14 @@ impl RateController {
 
     /// The earliest time the next datagram may leave (pacing: a token bucket of
     /// [`RateController::burst`] refilled at the rate); at or before `now_ns` means now.
-    /// Never later than the latest datagram's time plus its bytes at `min_bps` (plus 1 ns).
+    /// Once the bucket is empty, that is when it holds [`PACING_QUANTUM_NS`] of the rate
+    /// (or one datagram, if more), so datagrams leave in batches a wake-up each. Never later
+    /// than the latest datagram's time plus its bytes at `min_bps` (plus 1 ns).
     pub fn next_send_at(&self, now_ns: u64) -> u64 {
         let burst = self.burst();
-        let at = self
-            .pacer
-            .next_at(self.rate_bps, self.config.min_bps, burst);
-        if self.pacer.ready(burst) {
+        let quantum = self.rate_bps * PACING_QUANTUM_NS as f64 / (8.0 * NS_PER_S);
+        let at = (self.pacer).next_at(self.rate_bps, self.config.min_bps, burst, quantum);
+        if self.pacer.ready(burst, quantum) {
             at.min(now_ns)
         } else {
             at

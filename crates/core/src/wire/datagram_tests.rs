@@ -263,7 +263,7 @@ fn malformed_and_oversized_datagrams_are_classified() {
         Err(DropReason::Malformed)
     );
     assert_eq!(
-        open(&with(2, 2), DEFAULT_MAX_PAYLOAD),
+        open(&with(2, DATAGRAM_VERSION + 1), DEFAULT_MAX_PAYLOAD),
         Err(DropReason::Malformed)
     );
     assert_eq!(

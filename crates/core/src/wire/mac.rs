@@ -55,9 +55,9 @@ impl FrameKey {
         FrameKey(blake3::derive_key(context, &self.0))
     }
 
-    /// A keyed BLAKE3 hasher under this key (for the wire's other tags).
-    pub(super) fn keyed_hasher(&self) -> blake3::Hasher {
-        blake3::Hasher::new_keyed(&self.0)
+    /// The key's 32 bytes (for the datagrams' GMAC).
+    pub(super) fn secret(&self) -> &[u8; 32] {
+        &self.0
     }
 }
 

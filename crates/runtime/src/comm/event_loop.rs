@@ -102,6 +102,15 @@ impl CommLoop {
         }
     }
 
+    /// Moves the datagrams the pacers let go into their batches, and sends the batches
+    /// that are full and the feedback that is due.
+    fn batch_datagrams(&mut self) {
+        let now_ns = self.now_ns();
+        if let Some(d) = self.datagram.as_mut() {
+            d.batch_due(now_ns);
+        }
+    }
+
     /// Whether nothing waits to be written, on any link or as a datagram.
     fn is_drained(&self) -> bool {
         let datagrams = self.datagram.as_ref();
@@ -166,10 +175,10 @@ impl CommLoop {
         let now_ns = self.now_ns();
         loop {
             self.queue_control(hooks)?;
-            // Datagrams the pacer lets go leave before the endpoint is asked for more (a
-            // link is offered again once its datagrams have left), and the ones it hands
-            // over now leave at once if the pacer allows.
-            self.pump_datagrams();
+            // Datagrams the pacer lets go join their batch before the endpoint is asked for
+            // more (a link is offered again once its datagrams are in a batch), the ones it
+            // hands over now join it too if the pacer allows, and the batch leaves as one.
+            self.batch_datagrams();
             let handed = self.fill(endpoint);
             self.pump_datagrams();
             self.release_ingress(endpoint, hooks)?;

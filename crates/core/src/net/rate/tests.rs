@@ -536,3 +536,35 @@ fn random_loss_of_one_percent_does_not_collapse_a_flow() {
         }
     }
 }
+
+#[test]
+fn a_fast_flow_sends_in_batches_of_its_quantum_once_its_bucket_is_dry() {
+    // A producer faster than 1 Gbit/s hands a datagram every microsecond: once the first
+    // burst is gone, datagrams leave in batches of about 250 us of the rate (22 of 1.4 KB),
+    // a wake-up each, not one by one.
+    let mut c = RateController::new(RateConfig {
+        initial_bps: 1e9,
+        ..RateConfig::default()
+    });
+    let (mut now, mut seq) = (0, 0);
+    while c.next_send_at(now) <= now {
+        c.on_sent(now, DATAGRAM, seq);
+        seq += 1;
+    }
+    let mut batches = Vec::new();
+    for _ in 0..20 {
+        now = c.next_send_at(now).max(now);
+        let mut batch = 0;
+        while c.next_send_at(now) <= now {
+            c.on_sent(now, DATAGRAM, seq);
+            seq += 1;
+            batch += 1;
+            now += 1_000;
+        }
+        batches.push(batch);
+    }
+    let quantum = (1e9 * PACING_QUANTUM_NS as f64 / 8e9 / DATAGRAM as f64) as u64;
+    for b in &batches {
+        assert!((quantum..=quantum + 2).contains(b), "batches {batches:?}");
+    }
+}
