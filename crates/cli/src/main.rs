@@ -48,7 +48,8 @@ enum Command {
     /// one after another, resumable, then its report (results.csv, report.html). Its `kind`
     /// makes each run a job (`launch`), a simulation (`simulate`), both side by side with
     /// the ratio of their step times (`agreement`), a job on the kernel's network-namespace
-    /// testbed (`kernel`), or that and the emulated job side by side (`fidelity`).
+    /// testbed (`kernel`), or that and the emulated job side by side (`fidelity`), or that and
+    /// its simulation (`simulator-kernel`).
     Study(study::StudyArgs),
     /// Simulate strategies on virtual time with the very state machines the runtime runs:
     /// step time, throughput, link utilisation, a trace; lists of strategies, bandwidths or

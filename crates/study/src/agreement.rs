@@ -6,14 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
-use syncopate_sim::SimReport;
 
 use crate::config::StudyConfig;
 use crate::csv_format;
-use crate::pairs::{mean_after, PairRow};
-use crate::rows::Summary;
+use crate::pairs::{job_side, simulation_side, PairRow};
 use crate::run::{runtime_dir, simulator_dir};
 use crate::table::fixed;
 
@@ -69,11 +67,8 @@ impl PairRow for AgreementRow {
 
 /// The figures of a cell from its job's summary and its simulation's report (their texts).
 pub fn row(config: &StudyConfig, runtime: &str, simulator: &str) -> Result<AgreementRow> {
-    let job: Summary = serde_json::from_str(runtime).context("parsing the job's summary")?;
-    let sim: SimReport =
-        serde_json::from_str(simulator).context("parsing the simulation's report")?;
-    let runtime_step_seconds = mean_after(&job.worker0.step_seconds, config.warmup_steps);
-    let simulator_step_seconds = mean_after(&sim.step_seconds, config.warmup_steps);
+    let (job, runtime_step_seconds) = job_side(config, runtime, "job")?;
+    let (sim, simulator_step_seconds) = simulation_side(config, simulator)?;
     Ok(AgreementRow {
         runtime_step_seconds,
         simulator_step_seconds,

@@ -2,7 +2,7 @@
 //! `syncopate launch` of real training or, for a `kind = "simulate"` study, a `syncopate
 //! simulate` on virtual time, or for a `kind = "agreement"` study both; a `kind = "kernel"`
 //! study runs each job on the network-namespace testbed, a `kind = "fidelity"` study there
-//! and on the emulator.
+//! and on the emulator, a `kind = "simulator-kernel"` study there and in the simulator.
 
 use std::path::Path;
 
@@ -90,6 +90,11 @@ pub enum StudyKind {
     /// `syncopate launch` on the emulated network (the network's bandwidth and `args`),
     /// reported side by side with the ratio of their step times. Root only.
     Fidelity,
+    /// The simulator against the kernel: every cell a job of a profile model on the testbed
+    /// (as `kernel`) and a `syncopate simulate` of it with the network's `args`, reported
+    /// side by side with the ratio of their step times. Root only.
+    #[serde(rename = "simulator-kernel")]
+    SimulatorKernel,
 }
 
 impl StudyKind {
@@ -101,6 +106,7 @@ impl StudyKind {
             StudyKind::Agreement => &["launch", "simulate"],
             StudyKind::Kernel => &[TESTBED],
             StudyKind::Fidelity => &[TESTBED, "launch"],
+            StudyKind::SimulatorKernel => &[TESTBED, "simulate"],
         }
     }
 
@@ -319,15 +325,16 @@ impl StudyConfig {
                 n.latency_ms().with_context(name)?;
             }
         }
-        if let (StudyKind::Simulate | StudyKind::Agreement, Some(m)) = (
+        if let (StudyKind::Simulate | StudyKind::Agreement | StudyKind::SimulatorKernel, Some(m)) = (
             self.kind,
             self.models
                 .iter()
                 .find(|m| !syncopate_train::model::is_profile_name(&m.name)),
         ) {
             bail!(
-                "model {}: a simulated or agreement study replays profiles (profile:resnet50, \
-                 profile:vgg16, ...)",
+                "model {}: a simulated, agreement or simulator-kernel study replays profiles \
+                 (profile:resnet50, profile:vgg16, ..., or a built-in model's profile that \
+                 `syncopate models --model NAME --profile FILE` measures: profile:FILE)",
                 m.name
             );
         }

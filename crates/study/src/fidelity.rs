@@ -6,13 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 
 use crate::config::StudyConfig;
 use crate::csv_format;
-use crate::pairs::{mean_after, PairRow};
-use crate::rows::Summary;
+use crate::pairs::{job_side, PairRow};
 use crate::run::{emulator_dir, kernel_dir};
 use crate::table::fixed;
 
@@ -59,11 +58,8 @@ impl PairRow for FidelityRow {
 
 /// The figures of a cell from its testbed job's summary and its emulated job's (texts).
 pub fn row(config: &StudyConfig, kernel: &str, emulator: &str) -> Result<FidelityRow> {
-    let kernel: Summary = serde_json::from_str(kernel).context("parsing the testbed's summary")?;
-    let emulator: Summary =
-        serde_json::from_str(emulator).context("parsing the emulated job's summary")?;
-    let kernel_step_seconds = mean_after(&kernel.worker0.step_seconds, config.warmup_steps);
-    let emulator_step_seconds = mean_after(&emulator.worker0.step_seconds, config.warmup_steps);
+    let (kernel, kernel_step_seconds) = job_side(config, kernel, "testbed job")?;
+    let (emulator, emulator_step_seconds) = job_side(config, emulator, "emulated job")?;
     Ok(FidelityRow {
         kernel_step_seconds,
         emulator_step_seconds,

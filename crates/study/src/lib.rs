@@ -21,6 +21,7 @@ mod rows;
 mod run;
 mod scale;
 mod select;
+mod sim_kernel;
 mod sim_matrix;
 mod sim_rows;
 mod styles;
@@ -116,6 +117,9 @@ fn build_report(config: &StudyConfig, dir: &Path) -> Result<PathBuf> {
     if config.kind == StudyKind::Fidelity {
         return pairs::report::<fidelity::FidelityRow>(config, dir);
     }
+    if config.kind == StudyKind::SimulatorKernel {
+        return pairs::report::<sim_kernel::SimKernelRow>(config, dir);
+    }
     let rows = collect_rows(config, dir)?;
     for line in table::terminal_lines(&rows) {
         println!("{line}");
@@ -146,7 +150,7 @@ fn collect_rows(config: &StudyConfig, dir: &Path) -> Result<Vec<rows::RunRow>> {
                 rows::launch_row(config, &run, &run_dir, &text)
             }
             StudyKind::Simulate => crate::sim_rows::row(config, &run, &text),
-            StudyKind::Agreement | StudyKind::Fidelity => {
+            StudyKind::Agreement | StudyKind::Fidelity | StudyKind::SimulatorKernel => {
                 unreachable!("a study of cells run twice reads its own rows")
             }
         };

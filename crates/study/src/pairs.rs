@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Serialize, Serializer};
 use syncopate_report::HtmlReport;
+use syncopate_sim::SimReport;
 
 use crate::config::{RunSpec, StudyConfig};
+use crate::rows::Summary;
 use crate::run::summary_path;
 
 /// Where a cell sits in the matrix: the first columns of its row.
@@ -87,6 +89,22 @@ pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<Paire
         });
     }
     Ok(rows)
+}
+
+/// A job's summary (`text`; `what` names it in errors) and worker 0's mean step after the
+/// study's warm-up steps.
+pub fn job_side(config: &StudyConfig, text: &str, what: &str) -> Result<(Summary, f64)> {
+    let job: Summary =
+        serde_json::from_str(text).with_context(|| format!("parsing the {what}'s summary"))?;
+    let step = mean_after(&job.worker0.step_seconds, config.warmup_steps);
+    Ok((job, step))
+}
+
+/// A simulation's report (`text`) and its mean step after the study's warm-up steps.
+pub fn simulation_side(config: &StudyConfig, text: &str) -> Result<(SimReport, f64)> {
+    let sim: SimReport = serde_json::from_str(text).context("parsing the simulation's report")?;
+    let step = mean_after(&sim.step_seconds, config.warmup_steps);
+    Ok((sim, step))
 }
 
 /// The mean of `steps` after the first `warmup` (NaN when none are left).

@@ -89,7 +89,7 @@ pub fn write_report(
             crate::sim_matrix::html_section(&mut html, config, &matrix);
             scale_section(&mut html, config, rows)?;
         }
-        StudyKind::Agreement | StudyKind::Fidelity => {
+        StudyKind::Agreement | StudyKind::Fidelity | StudyKind::SimulatorKernel => {
             unreachable!("a study of cells run twice writes its own report")
         }
     }

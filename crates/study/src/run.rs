@@ -101,6 +101,10 @@ pub fn parts(kind: StudyKind, run: &RunSpec, run_dir: &Path) -> Vec<Part> {
             part(TESTBED, kernel_dir(run_dir), run.testbed.clone()),
             part("launch", emulator_dir(run_dir), run.args.clone()),
         ],
+        StudyKind::SimulatorKernel => vec![
+            part(TESTBED, kernel_dir(run_dir), run.testbed.clone()),
+            part("simulate", simulator_dir(run_dir), run.args.clone()),
+        ],
     }
 }
 

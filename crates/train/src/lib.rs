@@ -12,6 +12,7 @@ pub mod data;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod profiling;
 pub mod trainer;
 
 pub use error::{Result, TrainError};

@@ -1,8 +1,12 @@
-//! `syncopate models`: the built-in models, layer by layer.
+//! `syncopate models`: the built-in models, layer by layer, or one's compute profile
+//! measured on this host.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 use clap::Args;
-use syncopate_train::model::{self, MODEL_NAMES};
+use syncopate_train::model::{self, ModelSpec, MODEL_NAMES};
+use syncopate_train::profiling::{self, ProfileRun};
 
 use crate::args::parse_shape;
 
@@ -21,6 +25,19 @@ pub struct ModelsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Measure --model's compute on this host and write it to FILE as a profile (PipeDream's
+    /// graph.txt with parameter_tensors): each layer's forward and backward time, the median
+    /// over --profile-steps steps at --batch-size, on one process with the machine otherwise
+    /// idle. `simulate --model profile:FILE` and `launch --model profile:FILE` replay it, the
+    /// model's keys and sizes unchanged.
+    #[arg(long, value_name = "FILE", requires = "model")]
+    profile: Option<PathBuf>,
+    /// Samples per batch of a --profile (the job's batch per worker).
+    #[arg(long, default_value_t = 64, requires = "profile")]
+    batch_size: usize,
+    /// Timed steps of a --profile (after 3 untimed ones).
+    #[arg(long, default_value_t = 20, requires = "profile")]
+    profile_steps: usize,
 }
 
 fn natural_input(name: &str) -> [usize; 3] {
@@ -43,6 +60,9 @@ pub fn run(args: ModelsArgs) -> Result<()> {
             None => natural_input(name),
         };
         specs.push(model::build(name, input, args.classes)?);
+    }
+    if let (Some(path), [spec]) = (&args.profile, specs.as_slice()) {
+        return write_profile(spec, path, &args);
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&specs)?);
@@ -78,5 +98,39 @@ pub fn run(args: ModelsArgs) -> Result<()> {
         }
         println!();
     }
+    Ok(())
+}
+
+/// Measures `spec`'s profile and writes it to `path`, saying what it measured.
+fn write_profile(spec: &ModelSpec, path: &std::path::Path, args: &ModelsArgs) -> Result<()> {
+    let run = ProfileRun {
+        batch_size: args.batch_size,
+        warmup: 3,
+        steps: args.profile_steps,
+        seed: 1,
+    };
+    let profile = profiling::measure(spec, &run)?;
+    let text = format!(
+        "# measured on one process of an otherwise idle host by: syncopate models --model {} \
+         --profile FILE --batch-size {} --profile-steps {}\n{}",
+        spec.name,
+        run.batch_size,
+        run.steps,
+        profile.to_graph_text()
+    );
+    std::fs::write(path, text)
+        .with_context(|| format!("writing the profile {}", path.display()))?;
+    println!(
+        "{}: forward {:.2} ms, backward {:.2} ms at batch {} (median of {} steps), {} parameters; \
+         wrote {} (replay: --model profile:{})",
+        spec.name,
+        profile.forward_ns() as f64 / 1e6,
+        profile.backward_ns() as f64 / 1e6,
+        run.batch_size,
+        run.steps,
+        profile.param_count(),
+        path.display(),
+        path.display()
+    );
     Ok(())
 }
