@@ -75,6 +75,17 @@ fn dlcp_over_datagrams_completes_its_steps_under_loss_counted_and_deterministic(
         step > floor && step < 6.0 * floor,
         "{step} s against {floor} s"
     );
+    // Worker 0's one link (to the server) reports each path's controller, as a job does.
+    let [(peer, paths)] = r.datagram_rates.as_slice() else {
+        panic!("worker 0's links: {:?}", r.datagram_rates);
+    };
+    assert_eq!((*peer, paths.len()), (4, 2));
+    assert!(
+        paths
+            .iter()
+            .all(|p| p.datagrams_sent > 0 && p.feedbacks > 0),
+        "{paths:?}"
+    );
     assert_eq!(dlcp(0.05, 2, true, 1), r, "same seed, same run");
     assert_ne!(
         dlcp(0.05, 2, true, 2).datagrams,
@@ -93,7 +104,8 @@ fn without_loss_every_datagram_arrives_and_frames_keep_their_old_road() {
     assert_eq!(r.network.frames_lost + r.network.frames_dropped, 0);
     let frames = dlcp(0.0, 1, false, 1);
     assert_eq!(
-        frames.datagrams, None,
+        (frames.datagrams, frames.datagram_rates.len()),
+        (None, 0),
         "frames on the ports without the option"
     );
     let (a, b) = (r.mean_step_seconds, frames.mean_step_seconds);

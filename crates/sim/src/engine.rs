@@ -724,6 +724,10 @@ impl<'a> Sim<'a> {
         }));
         SimReport {
             datagrams: self.datagrams.as_ref().map(|d| d.counters()),
+            datagram_rates: self
+                .datagrams
+                .as_ref()
+                .map_or_else(Vec::new, |d| d.rates_of(0)),
             model: self.profile.name.clone(),
             config: cfg.clone(),
             step_end_ns: self.step_end,

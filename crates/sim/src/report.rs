@@ -5,7 +5,8 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use syncopate_core::net::NetCounters;
+use syncopate_core::net::{NetCounters, RateStats};
+use syncopate_core::strategy::Rank;
 use syncopate_core::wire::datagram::DatagramCounters;
 
 use crate::SimConfig;
@@ -56,6 +57,11 @@ pub struct SimReport {
     /// reason; the network's losses and drops of them are in `network`.
     #[serde(default)]
     pub datagrams: Option<DatagramCounters>,
+    /// Worker 0's datagram links at the end: each peer and its paths' rate controllers (by
+    /// path index), as the runtime's summary gives them (`worker0.datagrams.rates`), so a
+    /// simulation's controllers can be set beside a job's; empty without datagrams.
+    #[serde(default)]
+    pub datagram_rates: Vec<(Rank, Vec<RateStats>)>,
     /// The configuration simulated.
     pub config: SimConfig,
     /// When each step was complete on every worker (its last StepDone), virtual ns.

@@ -14,7 +14,7 @@
 //! flushed.
 
 use syncopate_core::datagram::{hand_over, DatagramLink, Sealed, SendLimits};
-use syncopate_core::net::{FrameMeta, RateConfig, Rotation};
+use syncopate_core::net::{FrameMeta, RateConfig, RateStats, Rotation};
 use syncopate_core::strategy::{Endpoint, Rank};
 use syncopate_core::wire::datagram::{DatagramCounters, IP_UDP_HEADERS};
 use syncopate_core::wire::mac::{FrameKey, LinkKeys};
@@ -122,6 +122,14 @@ impl Datagrams {
             all.add(&link.counters());
         }
         all
+    }
+
+    /// Host `h`'s links: each peer and its paths' rate controllers.
+    pub fn rates_of(&self, h: Rank) -> Vec<(Rank, Vec<RateStats>)> {
+        self.hosts.get(h).map_or_else(Vec::new, |host| {
+            let links = host.peers.iter().zip(&host.links);
+            links.map(|(&p, l)| (p, l.rate_stats())).collect()
+        })
     }
 
     /// The links of `links` that host `h`'s endpoint may be offered, in core's fair order
