@@ -673,6 +673,26 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// What every host's NIC counted, summed.
+    fn network_counters(&self) -> NetCounters {
+        let mut network = NetCounters::default();
+        let fan = self.mirror.as_ref().map_or(1, |m| m.workers) as u64;
+        for (i, h) in self.hosts.iter().enumerate() {
+            let c = h.nic.counters();
+            // A mirrored worker's counts stand for every worker's; a server's bytes already
+            // do (its frames were charged for every worker), its frames not yet.
+            let c = match i < self.cfg.workers {
+                true => times(&c, fan),
+                false => NetCounters {
+                    frames_sent: c.frames_sent.saturating_mul(fan),
+                    ..c
+                },
+            };
+            network.add(&c);
+        }
+        network
+    }
+
     fn report(self) -> SimReport {
         let cfg = self.cfg;
         let elapsed = self.step_end.last().copied().unwrap_or(0);
@@ -691,21 +711,7 @@ impl<'a> Sim<'a> {
             Some(bps) if elapsed > 0 => t.bytes_sent as f64 * 8.0 / (bps * paths * secs),
             _ => 0.0,
         };
-        let mut network = NetCounters::default();
-        let fan = self.mirror.as_ref().map_or(1, |m| m.workers) as u64;
-        for (i, h) in self.hosts.iter().enumerate() {
-            let c = h.nic.counters();
-            // A mirrored worker's counts stand for every worker's; a server's bytes already
-            // do (its frames were charged for every worker), its frames not yet.
-            let c = match i < cfg.workers {
-                true => times(&c, fan),
-                false => NetCounters {
-                    frames_sent: c.frames_sent.saturating_mul(fan),
-                    ..c
-                },
-            };
-            network.add(&c);
-        }
+        let network = self.network_counters();
         let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
         let dlcp = self
             .hosts
@@ -724,10 +730,7 @@ impl<'a> Sim<'a> {
         }));
         SimReport {
             datagrams: self.datagrams.as_ref().map(|d| d.counters()),
-            datagram_rates: self
-                .datagrams
-                .as_ref()
-                .map_or_else(Vec::new, |d| d.rates_of(0)),
+            datagram_rates: (self.datagrams.as_ref()).map_or_else(Vec::new, |d| d.rates_of(0)),
             model: self.profile.name.clone(),
             config: cfg.clone(),
             step_end_ns: self.step_end,

@@ -57,7 +57,7 @@ use super::order::FlowSeq;
 use super::paths::{choose, Path};
 use super::profile::{NetworkProfile, PathSpec, QueueDiscipline};
 use super::rng::{hash, SplitMix64};
-use super::tcp::{CongestionControl, Recovery, TcpFlow};
+use super::tcp::{tcp_small_queue_bytes, CongestionControl, Recovery, TcpFlow};
 use super::window::{self, Backlog, OnePath};
 use super::{Decision, Fate, FrameMeta, Nanos};
 use reliable::{lost_at, PacketHeaders};
@@ -229,7 +229,12 @@ impl Port {
         let paths: Vec<Path<Held>> = (specs.into_iter().enumerate())
             .map(|(i, spec)| {
                 let rng = SplitMix64::derive(&[seed, host, d, i as u64]);
-                Path::new(profile, spec, rng)
+                let mut path = Path::new(profile, spec, rng);
+                if direction == Direction::Egress {
+                    let share = tcp_small_queue_bytes(spec.bandwidth_bps, profile.mtu_bytes);
+                    path.queue.set_own_share(share);
+                }
+                path
             })
             .collect();
         let tcp = TcpModel::new(profile, direction == Direction::Egress);
@@ -505,7 +510,7 @@ impl Port {
             return;
         }
         path.admit_work(t, bytes);
-        path.queue.push(bytes, class, held);
+        path.queue.push(bytes, class, own_tcp, held);
         if !self.lazy || path.free_at <= t {
             self.dispatch(i);
         }
@@ -519,6 +524,7 @@ impl Port {
             return;
         };
         let bytes = held.wire_bytes;
+        let own_tcp = held.meta.reliable && !self.one_per_flow;
         let tx = path.transmission_ns(bytes);
         // An ingress port forwards bits as they arrive (cut-through): a frame that fully
         // arrived at `offered` began arriving one serialisation earlier, and an idle port
@@ -531,7 +537,7 @@ impl Port {
         let start = path.free_at.max(earliest);
         let done = start.saturating_add(tx).max(held.offered);
         path.free_at = done;
-        path.queue.serialising(done, bytes);
+        path.queue.serialising(done, bytes, own_tcp);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
         let lost_packets = path.loss.lose_keyed(bytes, draw);
         let packets = path.loss.packets(bytes);

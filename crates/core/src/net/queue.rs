@@ -18,18 +18,29 @@ pub(crate) enum Refusal {
 /// A queue holding frames of type `T` until their serialisation starts, and remembering
 /// the frames in (or scheduled for) serialisation, which still occupy it until their last
 /// bit leaves.
+///
+/// At a host's egress the host's own TCP frames are admitted whatever the queue holds
+/// (TCP's socket keeps what the qdisc cannot), and, with an own share set
+/// ([`FrameQueue::set_own_share`]), count toward what other frames meet only up to that
+/// share: Linux's TCP small queues let about 1 ms of a flow's data (at least two packets)
+/// into the host's qdisc and keep the rest in the socket, so a datagram queues behind a
+/// few packets of a large TCP write, not behind the whole write.
 #[derive(Debug, Clone)]
 pub(crate) struct FrameQueue<T> {
     discipline: QueueDiscipline,
     capacity: Option<usize>,
     /// Bytes past which drop-eligible frames are refused (`prio` only).
     threshold: Option<usize>,
-    /// Waiting frames by class (`fifo` uses class 0 only).
-    classes: Vec<VecDeque<(usize, T)>>,
+    /// Waiting frames by class (`fifo` uses class 0 only): bytes, the host's own TCP, frame.
+    classes: Vec<VecDeque<(usize, bool, T)>>,
     waiting_bytes: usize,
-    /// Frames whose serialisation has been scheduled: (last bit out, bytes), in order.
-    serialising: VecDeque<(Nanos, usize)>,
+    /// Frames whose serialisation has been scheduled: (last bit out, bytes, own), in order.
+    serialising: VecDeque<(Nanos, usize, bool)>,
     serialising_bytes: usize,
+    /// Of the bytes held (waiting or serialising), those of the host's own TCP frames.
+    own_bytes: usize,
+    /// The most of `own_bytes` other frames meet (`None`: all of them).
+    own_share: Option<usize>,
 }
 
 impl<T> FrameQueue<T> {
@@ -52,24 +63,39 @@ impl<T> FrameQueue<T> {
             waiting_bytes: 0,
             serialising: VecDeque::new(),
             serialising_bytes: 0,
+            own_bytes: 0,
+            own_share: None,
         }
+    }
+
+    /// Lets the host's own TCP frames count toward other frames' admission only up to
+    /// `bytes` (see the type's documentation).
+    pub fn set_own_share(&mut self, bytes: usize) {
+        self.own_share = Some(bytes);
     }
 
     /// Bytes held at `now`: waiting, plus frames not yet fully serialised.
     pub fn occupancy(&mut self, now: Nanos) -> usize {
-        while let Some(&(done, bytes)) = self.serialising.front() {
+        while let Some(&(done, bytes, own)) = self.serialising.front() {
             if done > now {
                 break;
             }
             self.serialising.pop_front();
             self.serialising_bytes = self.serialising_bytes.saturating_sub(bytes);
+            if own {
+                self.own_bytes = self.own_bytes.saturating_sub(bytes);
+            }
         }
         self.waiting_bytes.saturating_add(self.serialising_bytes)
     }
 
     /// Whether a frame of `bytes` may enter at `now`. An empty queue takes any frame.
     pub fn admit(&mut self, now: Nanos, bytes: usize, drop_eligible: bool) -> Result<(), Refusal> {
-        let held = self.occupancy(now);
+        let all = self.occupancy(now);
+        let held = match self.own_share {
+            Some(share) => all - self.own_bytes + self.own_bytes.min(share),
+            None => all,
+        };
         if held == 0 {
             return Ok(());
         }
@@ -83,21 +109,30 @@ impl<T> FrameQueue<T> {
         Ok(())
     }
 
-    /// Adds an admitted frame of `bytes` and `class`.
-    pub fn push(&mut self, bytes: usize, class: u8, frame: T) {
+    /// Adds an admitted frame of `bytes` and `class`; `own`: one of the host's own TCP
+    /// frames (see [`FrameQueue::set_own_share`]).
+    pub fn push(&mut self, bytes: usize, class: u8, own: bool, frame: T) {
         let c = match self.discipline {
             QueueDiscipline::Prio => usize::from(class).min(CLASSES - 1),
             QueueDiscipline::Fifo => 0,
         };
-        self.classes[c].push_back((bytes, frame));
+        self.classes[c].push_back((bytes, own, frame));
         self.waiting_bytes = self.waiting_bytes.saturating_add(bytes);
+        if own {
+            self.own_bytes = self.own_bytes.saturating_add(bytes);
+        }
     }
 
     /// Takes the frame that goes next: the oldest of the most urgent class.
+    /// Its bytes stay counted (as the host's own TCP where they were) until
+    /// [`FrameQueue::serialising`] records when they leave.
     pub fn pop(&mut self) -> Option<T> {
         let q = self.classes.iter_mut().find(|q| !q.is_empty())?;
-        let (bytes, frame) = q.pop_front()?;
+        let (bytes, own, frame) = q.pop_front()?;
         self.waiting_bytes = self.waiting_bytes.saturating_sub(bytes);
+        if own {
+            self.own_bytes = self.own_bytes.saturating_sub(bytes);
+        }
         Some(frame)
     }
 
@@ -118,11 +153,14 @@ impl<T> FrameQueue<T> {
         self.serialising.len()
     }
 
-    /// Records that a frame of `bytes` serialises until `done` (it keeps its room until
-    /// then).
-    pub fn serialising(&mut self, done: Nanos, bytes: usize) {
-        self.serialising.push_back((done, bytes));
+    /// Records that a frame of `bytes` (`own`: the host's own TCP) serialises until `done`
+    /// (it keeps its room until then).
+    pub fn serialising(&mut self, done: Nanos, bytes: usize, own: bool) {
+        self.serialising.push_back((done, bytes, own));
         self.serialising_bytes = self.serialising_bytes.saturating_add(bytes);
+        if own {
+            self.own_bytes = self.own_bytes.saturating_add(bytes);
+        }
     }
 }
 
@@ -134,14 +172,14 @@ mod tests {
     fn strict_priority_serves_class_zero_first_fifo_within_a_class() {
         let mut q = FrameQueue::new(QueueDiscipline::Prio, None, 0.5);
         for (i, class) in [3u8, 7, 0, 3, 0, 200].into_iter().enumerate() {
-            q.push(10, class, i);
+            q.push(10, class, false, i);
         }
         let order: Vec<usize> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(order, [2, 4, 0, 3, 1, 5]);
         assert!(q.is_empty());
         let mut f = FrameQueue::new(QueueDiscipline::Fifo, None, 0.5);
         for (i, class) in [3u8, 0, 7].into_iter().enumerate() {
-            f.push(10, class, i);
+            f.push(10, class, false, i);
         }
         assert_eq!(
             std::iter::from_fn(|| f.pop()).collect::<Vec<_>>(),
@@ -154,17 +192,17 @@ mod tests {
     #[test]
     fn drop_eligible_first_past_the_threshold_tail_drop_only_when_full() {
         let mut q = FrameQueue::new(QueueDiscipline::Prio, Some(100), 0.5);
-        q.push(40, 0, ());
+        q.push(40, 0, false, ());
         assert_eq!(q.admit(0, 10, true), Ok(()));
         assert_eq!(q.admit(0, 11, true), Err(Refusal::Threshold));
         assert_eq!(q.admit(0, 11, false), Ok(()));
-        q.push(50, 0, ());
+        q.push(50, 0, false, ());
         assert_eq!(q.admit(0, 10, false), Ok(()));
         assert_eq!(q.admit(0, 11, false), Err(Refusal::Full));
         assert_eq!(q.admit(0, 11, true), Err(Refusal::Full));
         // FIFO has no threshold: tail drop only.
         let mut f = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
-        f.push(90, 0, ());
+        f.push(90, 0, false, ());
         assert_eq!(f.admit(0, 10, true), Ok(()));
         assert_eq!(f.admit(0, 11, true), Err(Refusal::Full));
     }
@@ -172,11 +210,37 @@ mod tests {
     #[test]
     fn serialising_frames_hold_room_until_their_last_bit() {
         let mut q: FrameQueue<()> = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
-        q.serialising(1_000, 80);
+        q.serialising(1_000, 80, false);
         assert_eq!(q.occupancy(999), 80);
         assert_eq!(q.admit(999, 30, false), Err(Refusal::Full));
         assert_eq!(q.occupancy(1_000), 0);
         // An empty queue takes a frame larger than itself.
         assert_eq!(q.admit(1_000, 1_000, false), Ok(()));
+    }
+
+    #[test]
+    fn own_tcp_bytes_count_for_others_only_up_to_the_own_share() {
+        let mut q: FrameQueue<()> = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
+        q.push(10, 0, false, ());
+        q.serialising(1_000, 150, true);
+        q.push(150, 0, true, ());
+        // Without a share the own 300 bytes fill the queue.
+        assert_eq!(q.admit(0, 10, false), Err(Refusal::Full));
+        q.set_own_share(30);
+        assert_eq!(q.occupancy(0), 310);
+        assert_eq!(
+            q.admit(0, 60, false),
+            Ok(()),
+            "10 + 30 of own + 60 fit in 100"
+        );
+        assert_eq!(q.admit(0, 61, false), Err(Refusal::Full));
+        // The own frame that waited goes to the serialiser, the first one leaves.
+        assert_eq!(q.pop(), Some(()));
+        assert_eq!(q.pop(), Some(()));
+        q.serialising(2_000, 150, true);
+        assert_eq!(q.occupancy(1_000), 150);
+        assert_eq!(q.admit(1_000, 70, false), Ok(()));
+        assert_eq!(q.admit(1_000, 71, false), Err(Refusal::Full));
+        assert_eq!(q.occupancy(2_000), 0);
     }
 }

@@ -40,6 +40,23 @@ const PROBE_EXTRA_NS: Nanos = 2_000_000;
 /// The longest retransmission timeout (Linux's `TCP_RTO_MAX`, 120 s).
 const RTO_MAX_NS: Nanos = 120_000_000_000;
 
+/// How much of a flow's data Linux's TCP small queues let into the host's qdisc: about
+/// 1 ms at its pacing rate (`sk_pacing_shift` 10), at least two packets.
+const SMALL_QUEUE_NS: f64 = 1e6;
+const SMALL_QUEUE_PACKETS: f64 = 2.0;
+/// Bytes of a full Ethernet frame (1,500 of IP and 14 of header), where no MTU is given.
+const ETHERNET_FRAME_BYTES: f64 = 1_514.0;
+
+/// The bytes of a host's own TCP data in its qdisc on a path of `bandwidth_bps` (`None`:
+/// unlimited) with IP packets of `mtu_bytes` (`None`: Ethernet's), the rest held in the
+/// sockets (TCP small queues): 1 ms of the path's rate, which flows sharing the path share
+/// between them, and at least two packets.
+pub(crate) fn tcp_small_queue_bytes(bandwidth_bps: Option<f64>, mtu_bytes: Option<f64>) -> usize {
+    let packet = mtu_bytes.map_or(ETHERNET_FRAME_BYTES, |mtu| mtu + 14.0);
+    let at_rate = bandwidth_bps.map_or(0.0, |bps| bps / 8.0 * SMALL_QUEUE_NS / 1e9);
+    at_rate.max(SMALL_QUEUE_PACKETS * packet).ceil() as usize
+}
+
 /// Cubic's scaling constant `C` (segments per second cubed) and its multiplicative
 /// decrease `β`.
 const CUBIC_C: f64 = 0.4;
