@@ -62,6 +62,8 @@ struct InFlight {
     recv_start: u64,
     /// A datagram of a datagram link (its DSCP and path), not a frame.
     datagram: Option<(u8, usize)>,
+    /// The path its sender's NIC sent it on (its path at the receiver's ingress).
+    path: usize,
 }
 
 /// One simulation run.

@@ -204,17 +204,21 @@ impl Port {
     }
 
     /// A host's ingress port under `profile`: arriving frames queue and serialise at the
-    /// host's bandwidth, with no latency added and no random loss (drops of a full queue
-    /// only); random streams derived from `(seed, host, ingress)`.
+    /// bandwidth of the path they came on (a host has a downlink per path, as it has an
+    /// egress NIC per path), with no latency added and no random loss (drops of a full queue
+    /// only); random streams derived from `(seed, host, ingress)`. A frame keeps the path it
+    /// took at the sender where [`FrameMeta::path`] names it.
     pub fn ingress(profile: &NetworkProfile, seed: u64, host: u64) -> Self {
-        let spec = PathSpec {
-            bandwidth_bps: profile.bandwidth_bps,
-            latency_ns: 0,
-            loss: 0.0,
-            loss_burst: None,
-            packet_bytes: None,
-        };
-        Self::new(profile, seed, host, Direction::Ingress, vec![spec])
+        let specs = (0..profile.paths.max(1))
+            .map(|i| PathSpec {
+                bandwidth_bps: profile.path_spec(i).bandwidth_bps,
+                latency_ns: 0,
+                loss: 0.0,
+                loss_burst: None,
+                packet_bytes: None,
+            })
+            .collect();
+        Self::new(profile, seed, host, Direction::Ingress, specs)
     }
 
     /// A port of `specs` paths.

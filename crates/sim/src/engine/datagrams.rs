@@ -238,6 +238,7 @@ impl Sim<'_> {
             bytes: wire,
             recv_start: 0,
             datagram: Some((dscp, path)),
+            path,
         };
         let slot = self.file_frame(frame);
         if let Some(lives) = self.lives.as_deref_mut() {

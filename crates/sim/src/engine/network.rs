@@ -149,6 +149,7 @@ impl Sim<'_> {
             bytes,
             recv_start: 0,
             datagram: None,
+            path: 0,
         };
         let slot = self.file_frame(frame);
         if let Some(lives) = self.lives.as_deref_mut() {
@@ -217,7 +218,7 @@ impl Sim<'_> {
         let Some(f) = self.frames.get_mut(slot).and_then(Option::as_mut) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        let Fate::Delivered { at, .. } = d.fate else {
+        let Fate::Delivered { at, path, .. } = d.fate else {
             if !f.header.flags.is_loss_tolerant() {
                 return Err(self.internal(format!(
                     "rank {h}: a reliable frame was given up ({:?})",
@@ -234,6 +235,7 @@ impl Sim<'_> {
             self.queue.push(at, Event::Deliver(slot));
             return Ok(());
         }
+        f.path = path;
         // First bit at the receiver: the start plus the path's latency.
         f.recv_start = d.start + at.saturating_sub(d.done);
         // The header stays in its slot (not copied per frame for a trace seldom taken).
@@ -269,7 +271,10 @@ impl Sim<'_> {
         let bytes = f.bytes * self.fan(to);
         let meta = match f.datagram {
             Some((dscp, path)) => FrameMeta::of_datagram(dscp, bytes, flow(from, to), path),
-            None => FrameMeta::of_frame(&f.header, bytes, flow(from, to)),
+            None => FrameMeta {
+                path: Some(f.path),
+                ..FrameMeta::of_frame(&f.header, bytes, flow(from, to))
+            },
         };
         let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
             return Err(self.internal(format!("rank {to} has no ingress port")));

@@ -851,3 +851,40 @@ fn a_datagram_fits_behind_a_large_own_tcp_write_in_a_shallow_egress_queue() {
     assert_eq!(tcp_small_queue_bytes(Some(1e6), Some(1_500.0)), 3_028);
     assert_eq!(tcp_small_queue_bytes(None, None), 3_028);
 }
+
+/// A host has a downlink per path: frames that came on a 20 Mbit/s second path serialise
+/// there at its rate, beside the first path's, not behind them (a second path adds capacity
+/// at the receiver too, as on a multi-homed host).
+#[test]
+fn an_ingress_port_serialises_each_path_at_its_own_rate() {
+    let profile = NetworkProfile {
+        ingress: true,
+        paths: 2,
+        path: vec![
+            PathProfile::default(),
+            PathProfile {
+                bandwidth_bps: Some(20e6),
+                ..PathProfile::default()
+            },
+        ],
+        ..NetworkProfile {
+            bandwidth_bps: Some(100e6),
+            ..NetworkProfile::default()
+        }
+    };
+    let on = |path, flow| FrameMeta {
+        path: Some(path),
+        reliable: false,
+        ..FrameMeta::reliable(125_000, flow)
+    };
+    let mut port = Port::ingress(&profile, 0, 1);
+    port.enqueue(0, 0, on(0, 1));
+    port.enqueue(0, 1, on(1, 2));
+    port.enqueue(0, 2, on(0, 3));
+    let mut out = run_all(&mut port, Vec::new());
+    out.sort_by_key(|d| d.token);
+    let at: Vec<Nanos> = out.iter().map(delivered_at).collect();
+    // 125 kB take 10 ms at 100 Mbit/s and 50 ms at 20: the third frame follows the first
+    // on path 0 (one serialiser for all: 10, 20 and 30 ms).
+    assert_eq!(at, [10_000_000, 50_000_000, 20_000_000]);
+}
