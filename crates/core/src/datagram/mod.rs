@@ -303,6 +303,9 @@ impl DatagramLink {
         batch::order(&mut p.batch);
         out.path = j;
         let first = self.sealer.next_seq();
+        let sizes = p.batch.iter().map(|q| q.sealed_len() as u64);
+        let (smallest, largest) = sizes.fold((u64::MAX, 0), |(lo, hi), n| (lo.min(n), hi.max(n)));
+        p.log_batch(now_ns, smallest, largest);
         batch::seal(&p.batch, &mut self.sealer, now_ns, limits, out);
         self.departing = Some((j, now_ns));
         p.batch.clear();

@@ -18,8 +18,12 @@ use crate::wire::datagram::{Feedback, REPLAY_WINDOW_BITS};
 /// The most numbers a path's log keeps while no feedback covers them (beyond the replay
 /// window, the receiver no longer tells them apart anyway).
 const LOG_LIMIT: usize = 4 * REPLAY_WINDOW_BITS as usize;
-/// The most batches whose write delay a path keeps while no feedback echoes them.
+/// The most batches whose write delay a path keeps while no feedback echoes them (and the
+/// most stamps of batches with a small datagram).
 const DEPARTURES_LIMIT: usize = 64;
+/// A datagram under this share of the largest one sealed on the path is small: its delay
+/// is not comparable with full-size ones' ([`RateSignal::full_size`]).
+const FULL_SIZE_SHARE: f64 = 0.75;
 
 /// One path of a link.
 #[derive(Debug, Clone)]
@@ -39,6 +43,11 @@ pub(crate) struct PathState {
     /// Per batch sealed for this path and written since the oldest one a feedback may
     /// still echo: its send stamp and the time from that stamp to its write.
     departures: VecDeque<(u64, u64)>,
+    /// The stamps of the batches sealed for this path that held a small datagram, since the
+    /// oldest one a feedback may still echo.
+    small_batches: VecDeque<u64>,
+    /// The largest datagram sealed for this path so far (bytes).
+    largest: u64,
 }
 
 impl PathState {
@@ -52,6 +61,8 @@ impl PathState {
             first_index: 0,
             bytes_sent: 0,
             departures: VecDeque::new(),
+            small_batches: VecDeque::new(),
+            largest: 0,
         }
     }
 
@@ -96,6 +107,28 @@ impl PathState {
         }
     }
 
+    /// The batch stamped `stamp` was sealed with datagrams of `smallest` to `largest` bytes.
+    pub fn log_batch(&mut self, stamp: u64, smallest: u64, largest: u64) {
+        self.largest = self.largest.max(largest);
+        if (smallest as f64) < FULL_SIZE_SHARE * self.largest as f64
+            && self.small_batches.back() != Some(&stamp)
+        {
+            if self.small_batches.len() >= DEPARTURES_LIMIT {
+                self.small_batches.pop_front();
+            }
+            self.small_batches.push_back(stamp);
+        }
+    }
+
+    /// Whether the batch stamped `stamp` held full-size datagrams only; older batches are
+    /// forgotten (stamps only grow).
+    fn full_size(&mut self, stamp: u64) -> bool {
+        while self.small_batches.front().is_some_and(|&s| s < stamp) {
+            self.small_batches.pop_front();
+        }
+        self.small_batches.front() != Some(&stamp)
+    }
+
     /// The write delay of the batch stamped `stamp` (0 if unknown); older batches are
     /// forgotten (a feedback echoes the latest datagram, and stamps only grow).
     fn departure_delay(&mut self, stamp: u64) -> u64 {
@@ -127,9 +160,11 @@ impl PathState {
         // The receiver sealed the feedback when it took it: its arrival, on its clock, is
         // the feedback's stamp less the time held. The two clocks' offset stays in.
         let arrived = sent_ns.wrapping_sub(feedback.echo_held_ns);
+        let full_size = self.full_size(feedback.echo_sent_ns);
         let signal = RateSignal {
             rtt_ns,
             forward_ns: Some(arrived.wrapping_sub(departed) as i64),
+            full_size,
             received: feedback.received,
             highest_seq: self.first_index,
         };
@@ -168,6 +203,37 @@ mod tests {
         // A stale feedback moves nothing.
         p.on_feedback(3_000_000, &feedback(3, 4), 0);
         assert_eq!(p.rate.stats().feedbacks, 2);
+    }
+
+    /// On a 20 Mbit/s path a 1.4 KB datagram serialises for 560 us, a 200-byte one for 80:
+    /// the small one's delay is not taken, or it would become the base and every full-size
+    /// datagram would show a 480 us queue.
+    #[test]
+    fn a_small_datagrams_delay_does_not_become_the_base() {
+        let echo = |received, highest_seq, echo_sent_ns| Feedback {
+            received,
+            highest_seq,
+            echo_sent_ns,
+            echo_held_ns: 0,
+        };
+        let mut p = PathState::new(RateConfig::default());
+        for seq in 0..3 {
+            p.log_sealed(seq);
+        }
+        p.log_batch(1_000_000, 1_400, 1_400);
+        p.log_batch(2_000_000, 200, 1_400);
+        p.log_batch(3_000_000, 1_400, 1_400);
+        // Forward delays (receiver's clock less the stamp): 600, 120 and 600 us.
+        p.on_feedback(1_700_000, &echo(1, 0, 1_000_000), 1_600_000);
+        p.on_feedback(2_200_000, &echo(2, 1, 2_000_000), 2_120_000);
+        p.on_feedback(3_700_000, &echo(3, 2, 3_000_000), 3_600_000);
+        assert_eq!(
+            p.rate.stats().delay_decreases + p.rate.stats().gradient_decreases,
+            0
+        );
+        assert_eq!(p.rate.stats().feedbacks, 3);
+        assert!(p.full_size(3_000_000));
+        assert_eq!(p.small_batches.len(), 0, "echoed past: forgotten");
     }
 
     #[test]

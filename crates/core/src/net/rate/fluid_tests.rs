@@ -158,6 +158,7 @@ impl Flow {
             let signal = RateSignal {
                 forward_ns: None,
                 rtt_ns: f.arrives - f.echo_sent - f.held,
+                full_size: true,
                 received: f.received,
                 highest_seq: f.highest_seq,
             };

@@ -24,6 +24,7 @@ fn all_arrived(next_seq: u64, rtt_ns: u64) -> RateSignal {
     RateSignal {
         forward_ns: None,
         rtt_ns,
+        full_size: true,
         received: next_seq,
         highest_seq: next_seq - 1,
     }
@@ -271,6 +272,7 @@ fn stale_and_duplicated_feedback_is_ignored() {
     let backwards = RateSignal {
         forward_ns: None,
         rtt_ns: 1,
+        full_size: true,
         received: seq - 2,
         highest_seq: seq + 5,
     };
@@ -326,10 +328,12 @@ fn events() -> impl Strategy<Value = Vec<Event>> {
         prop_oneof![0u64..20_000_000, any::<u64>()],
         counts.clone(),
         counts,
+        any::<bool>(),
     )
-        .prop_map(|(rtt_ns, received, highest_seq)| RateSignal {
+        .prop_map(|(rtt_ns, received, highest_seq, full_size)| RateSignal {
             forward_ns: None,
             rtt_ns,
+            full_size,
             received,
             highest_seq,
         });
@@ -432,6 +436,7 @@ proptest! {
         let signal = |lost: u64| RateSignal {
             forward_ns: None,
             rtt_ns,
+            full_size: true,
             received: received + expected - lost,
             highest_seq,
         };
