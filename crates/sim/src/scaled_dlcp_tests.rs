@@ -81,3 +81,15 @@ fn shares_the_bound_tolerates_stay_packet_level_and_realise_the_same_loss() {
     let (a, b) = (realised(&coarse), realised(&fine));
     assert!(b > 0.0 && close(a, b, 0.1), "realised loss {a} vs {b}");
 }
+
+/// Where loss strikes each packet (`--mtu`), a frame of a slice's bytes would be lost when
+/// any of its packets is (at 5 % nearly always: DLCP's step was 10x the packet level's), so
+/// every packet stays a frame and the default run is the packet-level one.
+#[test]
+fn with_loss_per_packet_every_packet_stays_a_frame() {
+    let mut c = SimConfig::new(StrategyKind::Dlcp, 4, 2);
+    c.scale = 1.0 / 4096.0;
+    assert!(c.whole_slices());
+    c.network.mtu_bytes = Some(1_500.0);
+    assert!(!c.whole_slices());
+}

@@ -41,7 +41,8 @@ pub struct SimulateArgs {
     pub transport: Transport,
     /// DLCP below scale 1: every packet a frame, even where the loss bound needs a share
     /// whole (by default such shares travel a slice a packet, each standing for its
-    /// slice's packets: far fewer events, the same bound).
+    /// slice's packets: far fewer events, the same bound; with --mtu every packet is a
+    /// frame anyway, as loss strikes packets).
     #[arg(long)]
     pub packet_level: bool,
     /// Workers, comma-separated for a sweep.
