@@ -51,6 +51,10 @@
 #               field (u32 filters): prio 0 DSCP 0 (TCP: control, reliable frames, ACKs),
 #               prio 1-6 DSCP 46-41 (DLCP packet classes 0-5; prio 6 also DSCP 40 and 39,
 #               classes 6 and 7), prio 7 DSCP 8 (drop-eligible); each its own pfifo
+#   --fair      the bottleneck's htb gets one leaf class per sending host (u32 on the source
+#               address's last byte), served in turn (htb's deficit round robin, quantum one
+#               packet), each its own pfifo: per-host fair queueing, as the simulator's
+#               ingress port serves its flows, instead of one FIFO shared by every flow
 #   --paths K   K bridges (1 to 4): host i is 10.77.p.(i+1) on its eth<p> for path p; the TCP
 #               links and MASTER_ADDR stay on path 0; every path's bottleneck port is shaped
 #   --degraded-rate RATE   the last path's bottleneck at RATE instead (a degraded path)
@@ -82,6 +86,7 @@ loss=""
 blackout=""
 rto_min=""
 prio=0
+fair=0
 paths=1
 degraded_rate=""
 out="$root/target/netns-cluster"
@@ -102,6 +107,7 @@ while [ $# -gt 0 ]; do
     --blackout) blackout=$2; shift 2 ;;
     --rto-min) rto_min=$2; shift 2 ;;
     --prio) prio=1; shift ;;
+    --fair) fair=1; shift ;;
     --paths) paths=$2; shift 2 ;;
     --degraded-rate) degraded_rate=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
@@ -114,6 +120,7 @@ is_rate() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kKmMgGtT]i?)?(bit|bps)$ ]]; }
 [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 2 ] && [ "$hosts" -le 64 ] || fail "--hosts must be 2 to 64"
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || fail "--steps must be a positive integer"
 case "$cc" in cubic|bbr|reno) ;; *) fail "--cc must be cubic, bbr or reno (got '$cc')" ;; esac
+[ "$prio" = 1 ] && [ "$fair" = 1 ] && fail "--fair and --prio each choose the bottleneck's leaves: pick one"
 [ "$rate" = none ] || is_rate "$rate" || fail "--rate must be a tc rate such as 100mbit, or none"
 [[ "$paths" =~ ^[1-4]$ ]] || fail "--paths must be 1 to 4"
 [[ "$queue_packets" =~ ^[1-9][0-9]{0,5}$ ]] || fail "--queue-packets must be 1 to 999999 packets"
@@ -272,6 +279,25 @@ shape() {
 # runtime marks packet class c with DSCP 46 - min(c, 7) and drop-eligible packets with 8.
 dscp_classes=("0 10" "46 11" "45 12" "44 13" "43 14" "42 15" "41 16" "40 16" "39 16" "8 17")
 
+# --fair: under 1:1 of device $2 in namespace $1, a leaf per sending host (its address's last
+# byte, IP source at offset 12) with a token rate and the whole RATE to borrow in turn; what
+# matches no host (none on these bridges) takes the default leaf 1:10.
+fair_leaves() {
+  local ns=$1 dev=$2 rate=$3
+  local tc=(ip netns exec "$ns" tc)
+  "${tc[@]}" class add dev "$dev" parent 1:1 classid 1:10 htb rate 8kbit ceil "$rate" quantum 1514
+  "${tc[@]}" qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit "$queue_packets"
+  local h
+  for ((h = 0; h < hosts; h++)); do
+    "${tc[@]}" class add dev "$dev" parent 1:1 classid "1:$((100 + h))" htb rate 8kbit \
+      ceil "$rate" quantum 1514
+    "${tc[@]}" qdisc add dev "$dev" parent "1:$((100 + h))" handle "$((100 + h)):" pfifo \
+      limit "$queue_packets"
+    "${tc[@]}" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+      match u32 "$((h + 1))" 0xff at 12 flowid "1:$((100 + h))"
+  done
+}
+
 # The bottleneck's htb at RATE on device $2 in namespace $1: one leaf (or, with --prio,
 # eight strict-priority leaves chosen by DSCP), each with pfifo limit --queue-packets.
 shape_bottleneck() {
@@ -280,6 +306,10 @@ shape_bottleneck() {
   "${tc[@]}" qdisc del dev "$dev" root 2>/dev/null || true
   "${tc[@]}" qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
   "${tc[@]}" class add dev "$dev" parent 1: classid 1:1 htb rate "$rate" ceil "$rate"
+  if [ "$fair" = 1 ]; then
+    fair_leaves "$ns" "$dev" "$rate"
+    return 0
+  fi
   if [ "$prio" = 0 ]; then
     "${tc[@]}" class add dev "$dev" parent 1:1 classid 1:10 htb rate "$rate" ceil "$rate"
     "${tc[@]}" qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit "$queue_packets"
@@ -495,7 +525,7 @@ if [ "$fidelity" = 0 ]; then
   if [ -n "$bottleneck" ]; then
     how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
     how+=" blackouts ${blackout:-0} ms a second,"
-    how+=" prio $prio, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
+    how+=" prio $prio, fair $fair, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
   fi
   echo "netns-cluster: $strategy on $hosts hosts over TCP $cc $how:" \
     "mean step $(mean_step "$out/summary.json") s; worker 0's summary: $out/summary.json;" \
