@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use syncopate_core::net::RateConfig;
 use syncopate_core::profile::ModelProfile;
 use syncopate_core::strategy::StrategyKind;
 use syncopate_core::tune::TuneReport;
@@ -39,6 +38,12 @@ pub struct SimulateArgs {
     /// and the model at scale 1. The other strategies' frames are reliable either way.
     #[arg(long, value_parser = transport_parser(), default_value = "tcp")]
     pub transport: Transport,
+    /// With --transport udp: the datagram rate controller's settings, the TOML file that
+    /// `launch --rate-control` reads (any of initial_bps, min_bps, max_bps, additive_bps,
+    /// beta, t_low_ns, t_high_ns, feedback_timeout_floor_ns, burst_bytes; the rest keep
+    /// core's defaults), for every process.
+    #[arg(long, value_name = "FILE")]
+    pub rate_control: Option<PathBuf>,
     /// DLCP below scale 1: every packet a frame, even where the loss bound needs a share
     /// whole (by default such shares travel a slice a packet, each standing for its
     /// slice's packets: far fewer events, the same bound; with --mtu every packet is a
@@ -176,7 +181,8 @@ pub(crate) fn sim_config(
     config.stragglers = args.slow_worker.clone();
     config.faults = args.faults.config()?;
     config.trace_steps = args.trace_steps.clone().map(|w| w.0);
-    config.datagram = datagrams.then(RateConfig::default);
+    let rate = args.transport.rate_config(args.rate_control.as_deref())?;
+    config.datagram = datagrams.then_some(rate);
     config.packet_level = args.packet_level;
     config.scale = match args.sync.scale {
         Some(f) => f,

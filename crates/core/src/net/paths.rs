@@ -56,6 +56,21 @@ impl<T> Path<T> {
         transmission_ns(self.spec.bandwidth_bps, bytes)
     }
 
+    /// How much of the serialiser's time after `now` goes to the host's own TCP bytes that
+    /// Linux would still keep in the sockets: TCP small queues let only the path's own share
+    /// ([`FrameQueue::own_share`]) into the qdisc, so a datagram or control frame arriving
+    /// at `now` waits behind that share, not behind the whole of a large write. Only where
+    /// frames cross as packets (`--mtu`): without them a frame is indivisible.
+    pub fn own_tcp_in_socket_ns(&self, now: Nanos) -> Nanos {
+        let (Some(share), Some(_)) = (self.queue.own_share(), self.spec.packet_bytes) else {
+            return 0;
+        };
+        let unsent_ns: Nanos = (self.queue.own_serialising_after(now))
+            .map(|(done, bytes)| done.saturating_sub(now).min(self.transmission_ns(bytes)))
+            .sum();
+        unsent_ns.saturating_sub(self.transmission_ns(share))
+    }
+
     /// Accounts work of `bytes` admitted at `now`.
     pub fn admit_work(&mut self, now: Nanos, bytes: usize) {
         let tx = self.transmission_ns(bytes);

@@ -538,9 +538,15 @@ impl Port {
         } else {
             held.offered
         };
-        let start = path.free_at.max(earliest);
+        let in_turn = path.free_at.max(earliest);
+        let start = if own_tcp || self.one_per_flow || self.lazy {
+            in_turn
+        } else {
+            in_turn.saturating_sub(path.own_tcp_in_socket_ns(earliest))
+        };
         let done = start.saturating_add(tx).max(held.offered);
-        path.free_at = done;
+        // Work is conserved: a frame that passed own TCP bytes delays them by its own time.
+        path.free_at = in_turn.saturating_add(tx).max(held.offered);
         path.queue.serialising(done, bytes, own_tcp);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
         let lost_packets = path.loss.lose_keyed(bytes, draw);
@@ -663,3 +669,7 @@ mod tests;
 #[cfg(test)]
 #[path = "port/keyed_tests.rs"]
 mod keyed_tests;
+
+#[cfg(test)]
+#[path = "port/socket_tests.rs"]
+mod socket_tests;

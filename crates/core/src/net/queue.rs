@@ -34,7 +34,8 @@ pub(crate) struct FrameQueue<T> {
     /// Waiting frames by class (`fifo` uses class 0 only): bytes, the host's own TCP, frame.
     classes: Vec<VecDeque<(usize, bool, T)>>,
     waiting_bytes: usize,
-    /// Frames whose serialisation has been scheduled: (last bit out, bytes, own), in order.
+    /// Frames whose serialisation has been scheduled: (last bit out, bytes, own), in the
+    /// order of their last bit out.
     serialising: VecDeque<(Nanos, usize, bool)>,
     serialising_bytes: usize,
     /// Of the bytes held (waiting or serialising), those of the host's own TCP frames.
@@ -72,6 +73,18 @@ impl<T> FrameQueue<T> {
     /// `bytes` (see the type's documentation).
     pub fn set_own_share(&mut self, bytes: usize) {
         self.own_share = Some(bytes);
+    }
+
+    /// The most of the host's own TCP bytes other frames meet, if set.
+    pub fn own_share(&self) -> Option<usize> {
+        self.own_share
+    }
+
+    /// The host's own TCP frames scheduled to serialise past `now`: (last bit out, bytes).
+    pub fn own_serialising_after(&self, now: Nanos) -> impl Iterator<Item = (Nanos, usize)> + '_ {
+        (self.serialising.iter())
+            .filter(move |&&(done, _, own)| own && done > now)
+            .map(|&(done, bytes, _)| (done, bytes))
     }
 
     /// Bytes held at `now`: waiting, plus frames not yet fully serialised.
@@ -154,9 +167,13 @@ impl<T> FrameQueue<T> {
     }
 
     /// Records that a frame of `bytes` (`own`: the host's own TCP) serialises until `done`
-    /// (it keeps its room until then).
+    /// (it keeps its room until then). Records stay in the order of `done`: a frame that
+    /// passed own TCP bytes still in the socket finishes before them.
     pub fn serialising(&mut self, done: Nanos, bytes: usize, own: bool) {
-        self.serialising.push_back((done, bytes, own));
+        let at = (self.serialising.iter().rev())
+            .take_while(|&&(d, _, _)| d > done)
+            .count();
+        (self.serialising).insert(self.serialising.len() - at, (done, bytes, own));
         self.serialising_bytes = self.serialising_bytes.saturating_add(bytes);
         if own {
             self.own_bytes = self.own_bytes.saturating_add(bytes);

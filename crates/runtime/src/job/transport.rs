@@ -190,7 +190,7 @@ impl Transport {
         paths: usize,
         bind_ip: IpAddr,
     ) -> Result<Option<DatagramOptions>, TransportError> {
-        let rate = rate_config(self, rate_file)?;
+        let rate = self.rate_config(rate_file)?;
         if self == Transport::Tcp {
             if !udp_addrs.is_empty() {
                 return Err(TransportError::UdpOnly("--udp-addrs"));
@@ -224,8 +224,15 @@ impl std::fmt::Display for Transport {
     }
 }
 
-/// The rate controller's settings: core's defaults, or the TOML file `file` over them
-/// (udp only).
+impl Transport {
+    /// The datagram rate controller's settings (`--rate-control`): core's defaults, or the
+    /// TOML file `file` over them, checked (udp only).
+    pub fn rate_config(self, file: Option<&Path>) -> Result<RateConfig, TransportError> {
+        rate_config(self, file)
+    }
+}
+
+/// See [`Transport::rate_config`].
 fn rate_config(transport: Transport, file: Option<&Path>) -> Result<RateConfig, TransportError> {
     let Some(path) = file else {
         return Ok(RateConfig::default());

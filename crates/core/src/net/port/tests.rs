@@ -811,8 +811,8 @@ impl WithAt for Fate {
 
 /// A host's own large TCP write holds only TCP small queues' share of its egress queue (1 ms
 /// at 100 Mbit/s: 12,500 bytes): a datagram offered behind a 160 KB frame fits the 48 kB
-/// queue and leaves after it, where counting the whole write refused it (the server's
-/// feedback lost behind its pulls). At the ingress, a network queue, nothing changes.
+/// queue and leaves before the write's end, where counting the whole write refused it (the
+/// server's feedback lost behind its pulls). At the ingress, a network queue, nothing changes.
 #[test]
 fn a_datagram_fits_behind_a_large_own_tcp_write_in_a_shallow_egress_queue() {
     let profile = NetworkProfile {
@@ -846,7 +846,7 @@ fn a_datagram_fits_behind_a_large_own_tcp_write_in_a_shallow_egress_queue() {
         [(0, false), (1, false), (2, true)],
         "12.5 + 1.4 + 36 kB > 48 kB"
     );
-    assert!(delivered_at(&out[1]) > delivered_at(&out[0]));
+    assert!(delivered_at(&out[1]) < delivered_at(&out[0]));
     assert_eq!(tcp_small_queue_bytes(Some(100e6), Some(1_500.0)), 12_500);
     assert_eq!(tcp_small_queue_bytes(Some(1e6), Some(1_500.0)), 3_028);
     assert_eq!(tcp_small_queue_bytes(None, None), 3_028);
