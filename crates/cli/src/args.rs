@@ -275,6 +275,12 @@ pub struct NetworkArgs {
     /// Default: cubic, or the --network profile's `tcp`.
     #[arg(long, value_name = "cubic|bbr|reno")]
     pub tcp: Option<String>,
+    /// The workers' NICs, both ways and on every path, where they differ from the servers'
+    /// (--bandwidth), e.g. 10gbit: the servers' ports are the bottleneck, as the namespace
+    /// testbed's --bottleneck shapes only the server's switch port. Strategies without
+    /// servers keep --bandwidth on every host. Default: --bandwidth for every host.
+    #[arg(long, value_name = "RATE")]
+    pub worker_bandwidth: Option<String>,
 }
 
 impl NetworkArgs {
@@ -365,6 +371,9 @@ impl NetworkArgs {
         }
         if let Some(cc) = &self.tcp {
             p.tcp = cc.parse()?;
+        }
+        if let Some(b) = &self.worker_bandwidth {
+            p.worker_bandwidth_bps = parse_bandwidth(b).context("--worker-bandwidth")?;
         }
         Ok(p)
     }

@@ -225,7 +225,7 @@ impl<'a> Sim<'a> {
                     endpoint,
                     links: p.iter().chain(&p).copied().collect(),
                     rotation: Rotation::new(),
-                    nic: Nic::new(&cfg.network, cfg.seed, rank as u64),
+                    nic: Nic::new(&cfg.nic_profile(rank, &cfg.network), cfg.seed, rank as u64),
                     traffic: HostTraffic::default(),
                 }
             })

@@ -59,6 +59,8 @@ fn refusal(cfg: &SimConfig) -> Option<String> {
         "the network can lose or drop frames".into()
     } else if cfg.network.paths > 1 {
         "several paths".into()
+    } else if cfg.servers > 0 && cfg.network.worker_bandwidth_bps.is_some() {
+        "the workers' NICs differ from the servers'".into()
     } else if cfg.jitter > 0.0 || !cfg.stragglers.is_empty() {
         "workers differ (jitter or stragglers)".into()
     } else if cfg.faults.enabled() {

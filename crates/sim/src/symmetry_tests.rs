@@ -96,3 +96,25 @@ fn anything_that_tells_workers_apart_runs_at_packet_level() {
     let ring = model_choice(&profile, &base);
     assert_eq!((ring.symmetric, ring.hosts), (true, 1));
 }
+
+/// The workers' NICs apart from the server's (`worker_bandwidth_bps`): at a hundredth of
+/// the server's rate, the workers' pushes pace the step; a packet-level run says why.
+#[test]
+fn the_workers_nic_rate_applies_to_the_workers() {
+    let profile = resnet50();
+    let mut c = config(StrategyKind::P3, 8, 1);
+    c.network.bandwidth_bps = Some(1e10);
+    let step = |c: &SimConfig| match simulate(&profile, c) {
+        Ok(r) => r.mean_step_seconds,
+        Err(e) => panic!("{e}"),
+    };
+    let shared = step(&c);
+    c.network.worker_bandwidth_bps = Some(1e8);
+    let choice = model_choice(&profile, &c);
+    assert!(!choice.symmetric && choice.why.contains("NICs"), "{}", choice.why);
+    let slow = step(&c);
+    assert!(slow > 1.5 * shared, "{slow} s against {shared} s");
+    let mut ring = config(StrategyKind::Allreduce, 8, 0);
+    ring.network.worker_bandwidth_bps = Some(1e8);
+    assert!(model_choice(&profile, &ring).symmetric, "a ring has no servers");
+}

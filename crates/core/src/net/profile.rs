@@ -220,6 +220,13 @@ pub struct NetworkProfile {
     /// The reliable flows' congestion control, named as the kernel names it.
     #[serde(default)]
     pub tcp: CongestionControl,
+    /// The workers' NICs, both ways and on every path, where they differ from the servers'
+    /// (bits per second or `"10gbit"`; absent: every host at `bandwidth_bps`): a network
+    /// whose bottleneck is the servers' ports, as the namespace testbed's `--bottleneck`
+    /// shapes only the server's switch port. Hosts of strategies without servers keep
+    /// `bandwidth_bps`.
+    #[serde(with = "serde_helpers::bandwidth", default)]
+    pub worker_bandwidth_bps: Option<f64>,
     /// The factor the model's bytes were scaled by ([`NetworkProfile::scaled`]): packet
     /// headers scale with it.
     #[serde(skip, default = "unscaled")]
@@ -269,6 +276,7 @@ impl From<LinkProfile> for NetworkProfile {
             path: Vec::new(),
             rto_ns: DEFAULT_RTO_NS,
             tcp: CongestionControl::default(),
+            worker_bandwidth_bps: None,
             byte_scale: 1.0,
         }
     }
@@ -376,6 +384,7 @@ impl NetworkProfile {
     pub fn scaled(mut self, factor: f64) -> Self {
         let bytes = |n: usize| crate::scale::scale_count(n, factor);
         self.bandwidth_bps = self.bandwidth_bps.map(|b| b * factor);
+        self.worker_bandwidth_bps = self.worker_bandwidth_bps.map(|b| b * factor);
         for path in &mut self.path {
             path.bandwidth_bps = path.bandwidth_bps.map(|b| b * factor);
         }
@@ -385,6 +394,20 @@ impl NetworkProfile {
         self.mtu_bytes = self.mtu_bytes.map(|m| m * factor);
         self.byte_scale *= factor;
         self
+    }
+
+    /// The profile of a worker's NIC in a topology with servers: every path at
+    /// `worker_bandwidth_bps` where that is set (the profile itself otherwise).
+    pub fn worker_nic(&self) -> NetworkProfile {
+        let Some(bps) = self.worker_bandwidth_bps else {
+            return self.clone();
+        };
+        let mut p = self.clone();
+        p.bandwidth_bps = Some(bps);
+        for path in &mut p.path {
+            path.bandwidth_bps = Some(bps);
+        }
+        p
     }
 
     /// The bandwidth, latency and send window alone, as the older [`LinkProfile`].
@@ -420,6 +443,8 @@ impl NetworkProfile {
     /// Checks every value; the error names the field and its flag.
     pub fn validate(&self) -> Result<(), ProfileError> {
         check_bandwidth("bandwidth_bps".into(), "--bandwidth", self.bandwidth_bps)?;
+        let worker = self.worker_bandwidth_bps;
+        check_bandwidth("worker_bandwidth_bps".into(), "--worker-bandwidth", worker)?;
         check_delay("latency_ns".into(), "--latency", self.latency_ns)?;
         check_delay("rto_ns".into(), "--rto", self.rto_ns)?;
         if self.buffer_bytes == 0 {
@@ -537,6 +562,51 @@ mod tests {
             (16 * 1024, Some(32 * 1024))
         );
         assert_eq!((p.latency_ns, p.loss), (5_000, 0.01));
+    }
+
+    /// The workers' NIC: every path at the workers' rate, the rest of the profile kept; the
+    /// rate reads from TOML, scales, and is checked like the others.
+    #[test]
+    fn the_workers_nic_has_every_path_at_the_workers_rate() {
+        let p = NetworkProfile {
+            bandwidth_bps: Some(1e8),
+            worker_bandwidth_bps: Some(1e10),
+            paths: 2,
+            path: vec![
+                ScaledPath::default(),
+                ScaledPath {
+                    bandwidth_bps: Some(2e7),
+                    ..ScaledPath::default()
+                },
+            ],
+            loss: 0.01,
+            ..NetworkProfile::default()
+        };
+        let w = p.worker_nic();
+        assert_eq!(
+            (w.path_spec(0).bandwidth_bps, w.path_spec(1).bandwidth_bps),
+            (Some(1e10), Some(1e10))
+        );
+        assert_eq!((w.loss, w.paths), (0.01, 2));
+        assert_eq!(
+            p.path_spec(1).bandwidth_bps,
+            Some(2e7),
+            "the servers' keep theirs"
+        );
+        let same = NetworkProfile::default();
+        assert_eq!(same.worker_nic(), same);
+        assert_eq!(p.scaled(0.5).worker_bandwidth_bps, Some(5e9));
+        let t: NetworkProfile = toml::from_str("worker_bandwidth_bps = \"10gbit\"").unwrap();
+        assert_eq!(t.worker_bandwidth_bps, Some(1e10));
+        let bad = NetworkProfile {
+            worker_bandwidth_bps: Some(0.0),
+            ..NetworkProfile::default()
+        };
+        let e = bad.validate().unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.flag),
+            ("worker_bandwidth_bps", "--worker-bandwidth")
+        );
     }
 
     /// The packet size scales with the model's bytes, unrounded, and reaches every path.

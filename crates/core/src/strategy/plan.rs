@@ -264,6 +264,20 @@ impl SyncPlan {
         self.workers + self.servers
     }
 
+    /// The NIC of process `rank` on `network`: a worker of a job with servers has the
+    /// workers' NIC ([`NetworkProfile::worker_nic`]), every other process the profile's.
+    pub fn nic_profile(
+        &self,
+        rank: Rank,
+        network: &crate::net::NetworkProfile,
+    ) -> crate::net::NetworkProfile {
+        if self.servers > 0 && rank < self.workers {
+            network.worker_nic()
+        } else {
+            network.clone()
+        }
+    }
+
     /// `rank 2 (server 0)`, `rank 1 (worker 1)`.
     pub fn describe(&self, rank: Rank) -> String {
         if rank < self.workers {
@@ -650,6 +664,24 @@ impl Endpoints<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the workers of a job with servers take the workers' NIC.
+    #[test]
+    fn the_workers_of_a_job_with_servers_take_the_workers_nic() {
+        let net = crate::net::NetworkProfile {
+            bandwidth_bps: Some(1e8),
+            worker_bandwidth_bps: Some(1e10),
+            ..crate::net::NetworkProfile::default()
+        };
+        let bps = |plan: &SyncPlan, rank| plan.nic_profile(rank, &net).bandwidth_bps;
+        let p3 = SyncPlan::new(StrategyKind::P3, 2, 1);
+        assert_eq!(
+            [bps(&p3, 0), bps(&p3, 1), bps(&p3, 2)],
+            [Some(1e10), Some(1e10), Some(1e8)]
+        );
+        let ring = SyncPlan::new(StrategyKind::Allreduce, 3, 0);
+        assert_eq!(bps(&ring, 0), Some(1e8));
+    }
 
     #[test]
     fn defaults_come_from_the_strategy() {

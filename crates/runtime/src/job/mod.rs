@@ -116,8 +116,11 @@ pub fn describe_network(p: &NetworkProfile) -> String {
     } else {
         String::new()
     };
+    let workers = p.worker_bandwidth_bps.map_or(String::new(), |b| {
+        format!(" (workers' NICs {:.3} Gbit/s)", b / 1e9)
+    });
     format!(
-        "{bw}, latency {:.3} ms, send buffer {} KiB{loss}",
+        "{bw}{workers}, latency {:.3} ms, send buffer {} KiB{loss}",
         p.latency_ns as f64 / 1e6,
         p.buffer_bytes / 1024
     )
@@ -239,7 +242,7 @@ impl JobLayout {
     /// The emulated network of process `rank`.
     pub fn emulation(&self, rank: Rank) -> crate::comm::Emulation {
         crate::comm::Emulation {
-            profile: self.network.clone(),
+            profile: self.sync.nic_profile(rank, &self.network),
             seed: self.net_seed,
             host: rank as u64,
         }
