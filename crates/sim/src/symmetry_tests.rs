@@ -111,10 +111,17 @@ fn the_workers_nic_rate_applies_to_the_workers() {
     let shared = step(&c);
     c.network.worker_bandwidth_bps = Some(1e8);
     let choice = model_choice(&profile, &c);
-    assert!(!choice.symmetric && choice.why.contains("NICs"), "{}", choice.why);
+    assert!(
+        !choice.symmetric && choice.why.contains("NICs"),
+        "{}",
+        choice.why
+    );
     let slow = step(&c);
     assert!(slow > 1.5 * shared, "{slow} s against {shared} s");
     let mut ring = config(StrategyKind::Allreduce, 8, 0);
     ring.network.worker_bandwidth_bps = Some(1e8);
-    assert!(model_choice(&profile, &ring).symmetric, "a ring has no servers");
+    assert!(
+        model_choice(&profile, &ring).symmetric,
+        "a ring has no servers"
+    );
 }

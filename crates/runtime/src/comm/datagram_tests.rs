@@ -61,46 +61,20 @@ fn sealed(sealer: &mut DatagramSealer, header: Header, payload: &[u8]) -> Vec<u8
     out
 }
 
-#[test]
-fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
+/// Runs rank 0's loop until it has handed `wanted` frames to its endpoint, after `send`
+/// (given rank 1's UDP socket, a stranger's, rank 0's address and rank 1's datagram keys)
+/// sent its datagrams: what was handed over (step, values, first value) and the counters.
+fn receive(
+    wanted: usize,
+    send: impl FnOnce(&UdpSocket, &UdpSocket, SocketAddr, &LinkKeys),
+) -> (Vec<(u64, usize, f32)>, DatagramReport) {
     let (tcp, mut peer_tcp) = loopback_pair();
     let mine = UdpSocket::bind("127.0.0.1:0").unwrap();
     let my_addr = mine.local_addr().unwrap();
     let peer_udp = UdpSocket::bind("127.0.0.1:0").unwrap();
     let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
     let peer_addr: SocketAddr = peer_udp.local_addr().unwrap();
-
-    // Rank 1's datagram keys, and a sealer under rank 0's own sending key (a reflection).
-    let keys = datagram_keys(&test_keys(1));
-    let mut good = DatagramSealer::new(&keys.send);
-    let mut reflected = DatagramSealer::new(&keys.recv);
-    let first = push(&mut good, 0, 4, 1.0);
-    let mut flipped = push(&mut good, 0, 4, 9.0);
-    let last = flipped.len() - 20;
-    flipped[last] ^= 1;
-    let mut not_theirs = Header::data(FrameKind::Push, 0, 0, 0, 1);
-    not_theirs.sender = 5;
-    not_theirs.flags = Flags::class(0).loss_tolerant();
-    let mut reliable = Header::data(FrameKind::Push, 0, 0, 0, 1);
-    reliable.sender = 1;
-    let hostile_then_good = [
-        first[..10].to_vec(),                   // truncated
-        flipped,                                // bad MAC
-        push(&mut reflected, 0, 4, 9.0),        // bad MAC: the wrong direction's key
-        first.clone(),                          // the first good one
-        first,                                  // ...replayed
-        push(&mut good, 99, 4, 9.0),            // stale: refused by the endpoint
-        sealed(&mut good, not_theirs, &[0; 4]), // malformed: another sender
-        sealed(&mut good, reliable, &[0; 4]),   // malformed: not loss-tolerant
-        push(&mut good, 1, 4, 2.0),
-        push(&mut good, 2, 3, 3.0),
-        vec![0; MAX_DATAGRAM_LEN + 500], // oversized: refused by its length
-    ];
-    let stray = push(&mut DatagramSealer::new(&keys.send), 0, 4, 9.0);
-    stranger.send_to(&stray, my_addr).unwrap();
-    for d in &hostile_then_good {
-        peer_udp.send_to(d, my_addr).unwrap();
-    }
+    send(&peer_udp, &stranger, my_addr, &datagram_keys(&test_keys(1)));
     let peer = std::thread::spawn(move || {
         let goodbye = Header::control(FrameKind::Goodbye, 0).encode();
         peer_tcp.write_all(&goodbye).unwrap();
@@ -114,7 +88,7 @@ fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
         keys: test_keys(0),
         datagram_addrs: vec![peer_addr],
     }];
-    // The peer's goodbye on the TCP link goes untagged: this test is about the datagrams.
+    // The peer's goodbye on the TCP link goes untagged: these tests are about the datagrams.
     let options = CommOptions {
         frame_mac: false,
         datagram: Some(DatagramOptions {
@@ -128,7 +102,7 @@ fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
     let mut collector = Collector {
         slot: Vec::new(),
         handed: Vec::new(),
-        wanted: 3,
+        wanted,
     };
     let done: fn(&Collector) -> bool = |c| c.handed.len() >= c.wanted;
     comm.run(&mut collector, &mut FinishWhen(done)).unwrap();
@@ -136,26 +110,104 @@ fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
     // The peer reads until the link closes.
     drop(comm);
     peer.join().unwrap();
-
-    let handed: Vec<(u64, usize, f32)> = (collector.handed.iter())
+    let handed = (collector.handed.iter())
         .map(|(step, v)| (*step, v.len(), v[0]))
         .collect();
+    (handed, report)
+}
+
+/// The refusal counters: unknown address, truncated, bad MAC, replayed, stale, malformed,
+/// oversized.
+fn refusals(c: &DatagramCounters) -> [u64; 7] {
+    [
+        c.unknown_address,
+        c.truncated,
+        c.bad_mac,
+        c.replayed,
+        c.stale,
+        c.malformed,
+        c.oversized,
+    ]
+}
+
+#[test]
+fn only_authentic_fresh_datagrams_of_the_peer_reach_the_endpoint() {
+    let (handed, report) = receive(3, |peer, stranger, to, keys| {
+        // A sealer under rank 0's own sending key makes a reflection.
+        let mut good = DatagramSealer::new(&keys.send);
+        let mut reflected = DatagramSealer::new(&keys.recv);
+        let first = push(&mut good, 0, 4, 1.0);
+        let mut flipped = push(&mut good, 0, 4, 9.0);
+        let last = flipped.len() - 20;
+        flipped[last] ^= 1;
+        let mut not_theirs = Header::data(FrameKind::Push, 0, 0, 0, 1);
+        not_theirs.sender = 5;
+        not_theirs.flags = Flags::class(0).loss_tolerant();
+        let mut reliable = Header::data(FrameKind::Push, 0, 0, 0, 1);
+        reliable.sender = 1;
+        let hostile_then_good = [
+            first[..10].to_vec(),                   // truncated
+            flipped,                                // bad MAC
+            push(&mut reflected, 0, 4, 9.0),        // bad MAC: the wrong direction's key
+            first.clone(),                          // the first good one
+            first,                                  // ...replayed
+            push(&mut good, 99, 4, 9.0),            // stale: refused by the endpoint
+            sealed(&mut good, not_theirs, &[0; 4]), // malformed: another sender
+            sealed(&mut good, reliable, &[0; 4]),   // malformed: not loss-tolerant
+            push(&mut good, 1, 4, 2.0),
+            push(&mut good, 2, 3, 3.0),
+            vec![0; MAX_DATAGRAM_LEN + 500], // oversized: refused by its length
+        ];
+        let stray = push(&mut DatagramSealer::new(&keys.send), 0, 4, 9.0);
+        stranger.send_to(&stray, to).unwrap();
+        for d in &hostile_then_good {
+            peer.send_to(d, to).unwrap();
+        }
+    });
     assert_eq!(handed, [(0, 4, 1.0), (1, 4, 2.0), (2, 3, 3.0)]);
     let c = report.counters;
-    assert_eq!(
-        (
-            c.unknown_address,
-            c.truncated,
-            c.bad_mac,
-            c.replayed,
-            c.stale,
-            c.malformed,
-            c.oversized
-        ),
-        (1, 1, 2, 1, 1, 2, 1),
-        "{c:?}"
-    );
+    assert_eq!(refusals(&c), [1, 1, 2, 1, 1, 2, 1], "{c:?}");
     assert_eq!(c.received, 4, "three handed over, one stale: {c:?}");
+}
+
+/// The batched path: one write with segmentation offload (GSO) carries equal-sized
+/// datagrams, forged and replayed ones among the good, and the receiver (GRO where the
+/// kernel coalesces) opens each on its own: the good ones are handed over, the others
+/// counted, whatever their place in the batch.
+#[test]
+fn a_batched_write_with_hostile_datagrams_inside_hands_over_only_the_good() {
+    let (handed, report) = receive(3, |peer, _, to, keys| {
+        let mut good = DatagramSealer::new(&keys.send);
+        let first = push(&mut good, 0, 4, 1.0);
+        let mut forged = push(&mut good, 0, 4, 9.0);
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        let batch = [
+            first.clone(),
+            forged,
+            first.clone(),
+            push(&mut good, 1, 4, 2.0),
+            push(&mut good, 99, 4, 9.0),
+            push(&mut good, 2, 4, 3.0),
+        ];
+        let len = first.len();
+        assert!(batch.iter().all(|d| d.len() == len), "one segment size");
+        let bytes = batch.concat();
+        if udp_io::enable_offloads(peer).gso {
+            let segment = u16::try_from(len).ok();
+            assert_eq!(
+                udp_io::send(peer, &bytes, segment, to, 0).unwrap(),
+                bytes.len()
+            );
+        } else {
+            for d in &batch {
+                peer.send_to(d, to).unwrap();
+            }
+        }
+    });
+    assert_eq!(handed, [(0, 4, 1.0), (1, 4, 2.0), (2, 4, 3.0)]);
+    let c = report.counters;
+    assert_eq!(refusals(&c), [0, 0, 1, 1, 1, 0, 0], "{c:?}");
 }
 
 /// Sends 1-byte datagrams from a stranger's socket to `to` as fast as one core can (batches
