@@ -4,7 +4,7 @@
 # each congestion control, side by side.
 #
 # Usage: scripts/calibrate-net.sh [--cc cubic,bbr] [--rungs all] [--repeats 3] [--out DIR]
-#                                 [--train [--cells a,b,c,d] [--steps 60]]
+#                                 [--train [--cells a,b,c,d] [--steps 60] [--fair]]
 #   --cc       congestion controls to run, comma-separated (cubic, bbr, reno; default
 #              cubic,bbr), set in every namespace as scripts/netns-cluster.sh --cc does
 #   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
@@ -16,9 +16,12 @@
 #   --train    then the training rung: the cells of studies/dlcp-kernel.toml with P3 (4 workers,
 #              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
 #              kernel (scripts/netns-cluster.sh --cc) and in our emulator (`syncopate launch
-#              --tcp CC --mtu 1500` with the cell's queue, loss or paths); mean step after 5
+#              --tcp CC --mtu 1500 --worker-bandwidth 10gbit` with the cell's queue, loss or
+#              paths: as on the testbed, only the server's port is shaped); mean step after 5
 #              warm-up steps, side by side: (a) deep buffer, (b) a 32-packet queue under the
 #              incast, (c) 1 % random loss, (d) a second path at 20 Mbit/s
+#   --fair     the training rung's kernel bottleneck with a pfifo per sending host served in
+#              turn (netns-cluster.sh --fair), the discipline of the model's ingress port
 # The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
 # 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
 # nftables' `numgen random` on that port, before the queue, as the model loses before its
@@ -34,6 +37,7 @@ ccs=cubic,bbr
 rungs=one,incast,loss1,loss5,paths
 repeats=3
 train=0
+fair=()
 cells=a,b,c,d
 steps=60
 out="$root/target/calibrate-net"
@@ -44,6 +48,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --train) train=1; shift ;;
+    --fair) fair=(--fair); shift ;;
     --cells) cells=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -55,6 +60,10 @@ fail() { echo "calibrate-net: $*" >&2; exit 2; }
 if [ "$(id -u)" != 0 ]; then
   echo "calibrate-net: SKIPPED: needs root (it creates network namespaces); nothing was measured"
   exit 0
+fi
+if ! command -v ping >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iputils-ping >&2 ||
+    fail "the model's round trip is measured with ping, which apt-get could not install"
 fi
 for tool in ip tc python3 ping; do
   command -v "$tool" >/dev/null 2>&1 || fail "needs \`$tool\` on PATH"
@@ -239,10 +248,10 @@ for cc in "${cc_list[@]}"; do
     dir="$out/train/$cc/$cell"
     mkdir -p "$dir"
     SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts 5 --strategy p3 --cc "$cc" \
-      --bottleneck 100mbit "${kernel[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
+      --bottleneck 100mbit "${fair[@]}" "${kernel[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
       fail "the kernel run of cell $cell failed: $dir/kernel.log"
     "$SYNCOPATE_BIN" launch --strategy p3 --workers 4 --servers 1 --bandwidth 100mbit --ingress \
-      --mtu 1500 --tcp "$cc" "${emulated[@]}" "${job[@]}" --quiet --no-replica-stats \
+      --mtu 1500 --worker-bandwidth 10gbit --tcp "$cc" "${emulated[@]}" "${job[@]}" --quiet --no-replica-stats \
       --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
     k=$(mean_step "$dir/kernel/summary.json")

@@ -24,6 +24,7 @@ python_want=()
 kernel_want=()
 command -v nft >/dev/null 2>&1 || kernel_want+=(nftables)
 command -v tc >/dev/null 2>&1 || kernel_want+=(iproute2)
+command -v ping >/dev/null 2>&1 || kernel_want+=(iputils-ping)
 
 apt_install() {
   if [ "$(id -u)" = 0 ]; then
