@@ -337,3 +337,33 @@ impl ProcessContext {
         crate::sampler::ResourceSampler::start_in(&m.dir, self.rank, m.interval, traffic).map(Some)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each process emulates its own NIC: the workers' rate on the workers, the profile's on
+    /// the server; the banner names both; over UDP it is emulation, refused.
+    #[test]
+    fn a_worker_emulates_the_workers_nic_and_a_server_the_profiles() {
+        let network = NetworkProfile {
+            bandwidth_bps: Some(1e8),
+            worker_bandwidth_bps: Some(1e10),
+            ..NetworkProfile::default()
+        };
+        let plan = SyncPlan::new(StrategyKind::P3, 2, 1);
+        let layout = JobLayout::checked(plan, network, 7, Transport::Tcp).unwrap();
+        let bps = |rank| layout.emulation(rank).profile.bandwidth_bps;
+        assert_eq!(
+            [bps(0), bps(1), bps(2)],
+            [Some(1e10), Some(1e10), Some(1e8)]
+        );
+        let banner = describe_network(&layout.network);
+        assert!(
+            banner.starts_with("0.100 Gbit/s (workers' NICs 10.000 Gbit/s)"),
+            "{banner}"
+        );
+        let udp = Transport::Udp.check(StrategyKind::Dlcp, &layout.network);
+        assert!(matches!(udp, Err(TransportError::Emulated)), "{udp:?}");
+    }
+}
