@@ -673,3 +673,7 @@ mod keyed_tests;
 #[cfg(test)]
 #[path = "port/socket_tests.rs"]
 mod socket_tests;
+
+#[cfg(test)]
+#[path = "port/packet_tests.rs"]
+mod packet_tests;

@@ -151,10 +151,14 @@ pub struct PathSpec {
     pub loss: f64,
     /// Bursty loss, if any.
     pub loss_burst: Option<BurstLoss>,
-    /// Bytes of a packet when loss strikes packets (the profile's `mtu_bytes`, scaled with
+    /// Bytes of a full packet on the wire when loss strikes packets: the profile's
+    /// `mtu_bytes` and the Ethernet header, as a frame's wire bytes count them (scaled with
     /// the model's bytes); `None`: loss strikes whole frames.
     pub packet_bytes: Option<f64>,
 }
+
+/// The Ethernet header, counted on the wire (beyond the MTU) as the kernel's qdiscs count it.
+pub(crate) const ETHERNET_HEADER_BYTES: f64 = 14.0;
 
 /// Most paths a network profile may have between two hosts. Per-packet spraying (DLCP, MLT)
 /// uses a handful; every path costs a queue per host, and a bound keeps a mistyped `--paths`
@@ -436,7 +440,7 @@ impl NetworkProfile {
             latency_ns: o.latency_ns.unwrap_or(self.latency_ns),
             loss: o.loss.unwrap_or(self.loss),
             loss_burst: o.loss_burst.or(self.loss_burst),
-            packet_bytes: self.mtu_bytes,
+            packet_bytes: (self.mtu_bytes).map(|m| m + ETHERNET_HEADER_BYTES * self.byte_scale),
         }
     }
 
@@ -617,10 +621,14 @@ mod tests {
             paths: 2,
             ..NetworkProfile::default()
         };
-        assert_eq!(p.path_spec(1).packet_bytes, Some(1_500.0));
+        assert_eq!(
+            p.path_spec(1).packet_bytes,
+            Some(1_514.0),
+            "with the Ethernet header"
+        );
         let s = p.scaled(1.0 / 4096.0);
         assert_eq!(s.mtu_bytes, Some(1_500.0 / 4096.0));
-        assert_eq!(s.path_spec(0).packet_bytes, Some(1_500.0 / 4096.0));
+        assert_eq!(s.path_spec(0).packet_bytes, Some(1_514.0 / 4096.0));
         assert_eq!(NetworkProfile::default().path_spec(0).packet_bytes, None);
         let t: NetworkProfile = toml::from_str("loss = \"1%\"\nmtu_bytes = 1500").unwrap();
         assert_eq!((t.mtu_bytes, t.loss), (Some(1_500.0), 0.01));

@@ -2,7 +2,7 @@
 //! loss is found and when it is resent ([`super::super::tcp`]), and the headers every
 //! packet carries on the wire.
 
-use super::super::profile::NetworkProfile;
+use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
 use super::super::tcp::Recovery;
 use super::super::Nanos;
@@ -11,8 +11,6 @@ use super::{Held, Pacing, Port, TcpModel};
 /// Header bytes inside the IP MTU: IP (20) and TCP with timestamps (32), or UDP (8).
 const TCP_INSIDE_MTU: f64 = 52.0;
 const UDP_INSIDE_MTU: f64 = 28.0;
-/// The Ethernet header, counted on the wire as the kernel's qdiscs count it.
-const ETHERNET_HEADER: f64 = 14.0;
 /// The segment size without packets in the model (an Ethernet MTU's).
 const DEFAULT_MSS: f64 = 1_448.0;
 
@@ -59,7 +57,7 @@ impl TcpModel {
         };
         let payload = p.mtu - inside * p.scale;
         let packets = (bytes as f64 / payload).ceil().max(1.0);
-        let headers = packets * (inside + ETHERNET_HEADER) * p.scale;
+        let headers = packets * (inside + ETHERNET_HEADER_BYTES) * p.scale;
         bytes.saturating_add(crate::net::round_to_u64(headers) as usize)
     }
 }
