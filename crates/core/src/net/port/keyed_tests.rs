@@ -16,7 +16,7 @@ fn packet(flow: u64, step: u64, packet: u64, bytes: usize) -> FrameMeta {
 }
 
 /// The lossy profile of the DLCP reproducibility check: 2 % per 1,500-byte packet.
-fn lossy() -> NetworkProfile {
+pub(super) fn lossy() -> NetworkProfile {
     NetworkProfile {
         loss: 0.02,
         mtu_bytes: Some(1_500.0),
