@@ -125,3 +125,25 @@ fn datagrams_need_the_model_at_full_size() {
     let e = c.validate().map_err(|e| e.to_string());
     assert!(e.is_err_and(|e| e.contains("does not fit one datagram")));
 }
+
+/// With packets (`--mtu 1500`) a full datagram (1,472 bytes of UDP payload) is one packet:
+/// the port adds its headers once, so it is lost at the path's rate, not as two packets.
+#[test]
+fn with_packets_a_full_datagram_is_one_packet_lost_at_the_paths_rate() {
+    let mut c = SimConfig::new(StrategyKind::Dlcp, 4, 1);
+    c.network.bandwidth_bps = Some(100e6);
+    c.network.loss = 0.02;
+    c.network.mtu_bytes = Some(1_500.0);
+    (c.steps, c.seed) = (4, 3);
+    c.datagram = Some(RateConfig::default());
+    c.sync.dlcp.packet_elems = PACKET_ELEMS;
+    let r = match simulate(&small_model(), &c) {
+        Ok(r) => r,
+        Err(e) => panic!("simulation failed: {e}"),
+    };
+    let Some(d) = r.datagrams else {
+        panic!("no datagram counters: {r:?}");
+    };
+    let lost = 1.0 - d.received as f64 / d.sent as f64;
+    assert!((0.012..0.03).contains(&lost), "{lost}: {d:?}");
+}

@@ -146,10 +146,11 @@ impl FrameMeta {
         }
     }
 
-    /// What the network sees of a datagram of `bytes` on the wire (IP and UDP headers
-    /// included) with IP DSCP `dscp`, on `flow`, sent on `path`: never retransmitted, of the
-    /// class and drop eligibility its DSCP marks ([`crate::wire::datagram::class_of_dscp`]),
-    /// its loss drawn from the path's stream.
+    /// What the network sees of a datagram of `bytes` (its UDP payload: a port that models
+    /// packets adds the UDP, IP and Ethernet headers, as for every frame) with IP DSCP
+    /// `dscp`, on `flow`, sent on `path`: never retransmitted, of the class and drop
+    /// eligibility its DSCP marks ([`crate::wire::datagram::class_of_dscp`]), its loss drawn
+    /// from the path's stream.
     pub fn of_datagram(dscp: u8, bytes: usize, flow: u64, path: usize) -> Self {
         let (class, drop_eligible) = crate::wire::datagram::class_of_dscp(dscp);
         Self {

@@ -16,7 +16,7 @@
 use syncopate_core::datagram::{hand_over, DatagramLink, Sealed, SendLimits};
 use syncopate_core::net::{FrameMeta, RateConfig, RateStats, Rotation};
 use syncopate_core::strategy::{Endpoint, Rank};
-use syncopate_core::wire::datagram::{DatagramCounters, IP_UDP_HEADERS};
+use syncopate_core::wire::datagram::DatagramCounters;
 use syncopate_core::wire::mac::{FrameKey, LinkKeys};
 use syncopate_core::wire::{Flags, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
@@ -228,7 +228,8 @@ impl Sim<'_> {
         let mut buf = self.pool.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        let wire = bytes.len() + IP_UDP_HEADERS;
+        // The UDP payload: the ports add the headers where they model packets (`--mtu`).
+        let wire = bytes.len();
         let meta = FrameMeta::of_datagram(dscp, wire, flow(h, to), path);
         let frame = InFlight {
             from: h,
