@@ -10,7 +10,8 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use syncopate_core::liveness::LivenessConfig;
 use syncopate_core::net::{
-    parse_bandwidth, parse_duration_ns, parse_probability, parse_size, BurstLoss, NetworkProfile,
+    parse_bandwidth, parse_duration_ns, parse_probability, parse_size, Blackout, BurstLoss,
+    NetworkProfile, DEFAULT_BLACKOUT_PERIOD_NS,
 };
 use syncopate_core::{LrSchedule, SgdConfig};
 use syncopate_train::data::{self, Dataset, DatasetKind, SyntheticSpec};
@@ -218,8 +219,8 @@ pub struct NetworkArgs {
     #[arg(long)]
     pub send_buffer: Option<String>,
     /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes, ingress, queue_bytes,
-    /// queue_discipline, drop_threshold, loss, loss_burst, mtu_bytes, paths, [[path]],
-    /// rto_ns, tcp); the other flags override it.
+    /// queue_discipline, drop_threshold, loss, loss_burst, blackout, mtu_bytes, paths,
+    /// [[path]], rto_ns, tcp); the other flags override it.
     #[arg(long, value_name = "FILE")]
     pub network: Option<PathBuf>,
     /// Also model the receiver's downlink: frames converging on one host (N workers pushing
@@ -250,6 +251,12 @@ pub struct NetworkArgs {
     /// frames), e.g. 0.001,0.2,50%. Default: none.
     #[arg(long, value_name = "P_ENTER,P_LEAVE,LOSS")]
     pub loss_burst: Option<String>,
+    /// Timed outages: the network loses every packet, of every flow, for the last MS of
+    /// each period, e.g. 20ms (once a second) or 50ms/2s, as the namespace testbed's
+    /// --blackout (an nftables drop-all rule at the switch). Periods count from the job's
+    /// start. Default: none.
+    #[arg(long, value_name = "MS[/PERIOD]")]
+    pub blackout: Option<String>,
     /// The IP MTU, e.g. 1500 (Ethernet): a frame crosses the network as packets of this
     /// size, each with its Ethernet, IP and TCP or UDP headers counted on the wire, and
     /// --loss and --loss-burst strike each packet (a reliable frame resends only its lost
@@ -360,6 +367,9 @@ impl NetworkArgs {
         if let Some(b) = &self.loss_burst {
             p.loss_burst = Some(parse_burst(b)?);
         }
+        if let Some(b) = &self.blackout {
+            p.blackout = Some(parse_blackout(b)?);
+        }
         if let Some(m) = &self.mtu {
             p.mtu_bytes = Some(parse_size(m).context("--mtu")? as f64);
         }
@@ -377,6 +387,27 @@ impl NetworkArgs {
         }
         Ok(p)
     }
+}
+
+/// Parses `--blackout DURATION[/PERIOD]` (a bare number is milliseconds, as the testbed's).
+fn parse_blackout(s: &str) -> Result<Blackout> {
+    let ms = |x: &str| {
+        let x = x.trim();
+        let text = if x.bytes().all(|c| c.is_ascii_digit()) {
+            format!("{x}ms")
+        } else {
+            x.to_string()
+        };
+        parse_duration_ns(&text).with_context(|| format!("--blackout '{s}'"))
+    };
+    let (duration, period) = match s.split_once('/') {
+        Some((d, p)) => (ms(d)?, ms(p)?),
+        None => (ms(s)?, DEFAULT_BLACKOUT_PERIOD_NS),
+    };
+    Ok(Blackout {
+        duration_ns: duration,
+        period_ns: period,
+    })
 }
 
 /// Parses `--loss-burst P_ENTER,P_LEAVE,LOSS_IN_BURST`.
@@ -513,5 +544,25 @@ mod network_tests {
         let s = sweep.resolve_sweep(Some(10e9)).unwrap();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].1.bandwidth_bps, Some(1e9));
+    }
+
+    #[test]
+    fn a_blackout_is_milliseconds_once_a_second_unless_told() {
+        let blackout = |text: &str| {
+            let args = NetworkArgs {
+                blackout: Some(text.into()),
+                ..NetworkArgs::default()
+            };
+            args.resolve().map(|p| p.blackout)
+        };
+        let b = |d: u64, p: u64| Some(Blackout::per_second(d).with_period(p));
+        let ms = 1_000_000;
+        assert_eq!(blackout("20").unwrap(), b(20 * ms, 1_000 * ms));
+        assert_eq!(blackout("50ms/2s").unwrap(), b(50 * ms, 2_000 * ms));
+        assert_eq!(blackout("5 / 100").unwrap(), b(5 * ms, 100 * ms));
+        for bad in ["0", "1s", "20/10", "x", "20/"] {
+            let e = format!("{:#}", blackout(bad).unwrap_err());
+            assert!(e.contains("--blackout"), "{bad}: {e}");
+        }
     }
 }

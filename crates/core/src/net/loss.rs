@@ -14,6 +14,8 @@ pub(crate) struct LossProcess {
     good: f64,
     burst: Option<BurstLoss>,
     in_burst: bool,
+    /// Timed outages strike the path too (decided by the port, which knows the times).
+    blackout: bool,
     /// Bytes of one packet when loss strikes packets (`None`: it strikes whole frames).
     packet_bytes: Option<f64>,
     rng: SplitMix64,
@@ -28,6 +30,7 @@ impl LossProcess {
             good: spec.loss,
             burst: spec.loss_burst,
             in_burst: false,
+            blackout: spec.blackout.is_some(),
             packet_bytes: spec.packet_bytes,
             key_seed: rng.clone().next_u64(),
             rng,
@@ -61,9 +64,9 @@ impl LossProcess {
         }
     }
 
-    /// Whether no frame is ever lost (no loss rate, no bursts).
+    /// Whether no frame is ever lost (no loss rate, no bursts, no outages).
     pub fn never_loses(&self) -> bool {
-        self.good <= 0.0 && self.burst.is_none()
+        self.good <= 0.0 && self.burst.is_none() && !self.blackout
     }
 
     /// The bytes a reliable transport sends again for a frame of `bytes` that lost `lost`
@@ -143,6 +146,7 @@ mod tests {
             loss,
             loss_burst,
             packet_bytes: None,
+            blackout: None,
         }
     }
 

@@ -8,7 +8,8 @@
 //! whatever order they reach the port in.
 //!
 //! - [`NetworkProfile`]: every knob (bandwidth, latency, send window, ingress bottleneck,
-//!   finite queues and their discipline, Bernoulli and Gilbert-Elliott loss, several paths,
+//!   finite queues and their discipline, Bernoulli and Gilbert-Elliott loss, timed
+//!   outages ([`Blackout`]), several paths,
 //!   the reliable flows' congestion control and minimum RTO), read from TOML and checked by
 //!   [`NetworkProfile::validate`]. Its default is a lossless link of unlimited bandwidth.
 //! - [`Port`]: one bottleneck direction of a host (its egress NIC, or its ingress port):
@@ -23,6 +24,7 @@
 //! - the parsers of bandwidths, durations, sizes and probabilities.
 
 mod attempts;
+mod blackout;
 mod counters;
 mod flow_map;
 mod later;
@@ -40,6 +42,7 @@ mod rotation;
 mod tcp;
 mod window;
 
+pub use blackout::{Blackout, DEFAULT_BLACKOUT_PERIOD_NS};
 pub use counters::NetCounters;
 pub use link::{LinkProfile, Shaper, DEFAULT_BUFFER_BYTES};
 pub use parse::{parse_bandwidth, parse_duration_ns, parse_probability, parse_size, ParseError};

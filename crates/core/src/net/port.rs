@@ -216,6 +216,7 @@ impl Port {
                 loss: 0.0,
                 loss_burst: None,
                 packet_bytes: None,
+                blackout: None,
             })
             .collect();
         Self::new(profile, seed, host, Direction::Ingress, specs)
@@ -549,8 +550,13 @@ impl Port {
         path.free_at = in_turn.saturating_add(tx).max(held.offered);
         path.queue.serialising(done, bytes, own_tcp);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
-        let lost_packets = path.loss.lose_keyed(bytes, draw);
         let packets = path.loss.packets(bytes);
+        let blacked = (path.spec.blackout).and_then(|b| b.lost(packets, start, done));
+        let lost_packets = match blacked {
+            // Random loss and an outage may strike the same packet: at most every packet.
+            Some(b) => (path.loss.lose_keyed(bytes, draw).saturating_add(b.packets)).min(packets),
+            None => path.loss.lose_keyed(bytes, draw),
+        };
         let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
@@ -558,7 +564,8 @@ impl Port {
         let fate = if lost_packets > 0 {
             self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
-                let lost_sent = lost_at(draw, lost_packets, packets, start, done);
+                let lost_sent = lost_at(draw, lost_packets, packets, start, done)
+                    .max(blacked.map_or(0, |b| b.last_at));
                 let recovery = self.recovery_of(&mut held, lost_sent, done);
                 let at = self.recover(recovery, &held, i, lost_sent, done, done);
                 if recovery == Recovery::Timeout {
@@ -677,3 +684,7 @@ mod socket_tests;
 #[cfg(test)]
 #[path = "port/packet_tests.rs"]
 mod packet_tests;
+
+#[cfg(test)]
+#[path = "port/blackout_tests.rs"]
+mod blackout_tests;

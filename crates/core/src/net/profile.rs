@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::blackout::Blackout;
 use super::link::{LinkProfile, DEFAULT_BUFFER_BYTES};
 use super::parse::serde_helpers;
 use super::tcp::CongestionControl;
@@ -155,6 +156,8 @@ pub struct PathSpec {
     /// `mtu_bytes` and the Ethernet header, as a frame's wire bytes count them (scaled with
     /// the model's bytes); `None`: loss strikes whole frames.
     pub packet_bytes: Option<f64>,
+    /// Timed outages of the network, if any (every path's).
+    pub blackout: Option<Blackout>,
 }
 
 /// The Ethernet header, counted on the wire (beyond the MTU) as the kernel's qdiscs count it.
@@ -205,6 +208,11 @@ pub struct NetworkProfile {
     /// Bursty (Gilbert-Elliott) loss on every path.
     #[serde(default)]
     pub loss_burst: Option<BurstLoss>,
+    /// Timed outages on every path: `{ duration_ns = "20ms", period_ns = "1s" }` loses
+    /// every packet sent in the last 20 ms of each second, as the namespace testbed's
+    /// `--blackout 20`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blackout: Option<Blackout>,
     /// Packet size for loss: with it, random and bursty loss strike each packet of at most
     /// this many bytes, and a frame is lost when any of its packets is (so a larger frame
     /// is likelier to be lost, as over IP); absent: loss strikes whole frames, whatever
@@ -275,6 +283,7 @@ impl From<LinkProfile> for NetworkProfile {
             drop_threshold: DEFAULT_DROP_THRESHOLD,
             loss: 0.0,
             loss_burst: None,
+            blackout: None,
             mtu_bytes: None,
             paths: 1,
             path: Vec::new(),
@@ -375,6 +384,23 @@ fn check_burst(field: &str, b: &BurstLoss) -> Result<(), ProfileError> {
     Ok(())
 }
 
+/// Checks that an outage fits its period.
+fn check_blackout(b: &Blackout) -> Result<(), ProfileError> {
+    let err = |field: &str, why: String| Err(ProfileError::new(field, "--blackout", why));
+    if b.period_ns == 0 || b.period_ns > MAX_DELAY_NS {
+        let why = format!("{} ns: give a period from 1 ns to an hour", b.period_ns);
+        return err("blackout.period_ns", why);
+    }
+    if b.duration_ns == 0 || b.duration_ns >= b.period_ns {
+        let why = format!(
+            "{} ns: an outage must last more than 0 and less than its period ({} ns)",
+            b.duration_ns, b.period_ns
+        );
+        return err("blackout.duration_ns", why);
+    }
+    Ok(())
+}
+
 impl NetworkProfile {
     /// The profile of an older [`LinkProfile`] (no loss, one path, egress only).
     pub fn from_link(link: LinkProfile) -> Self {
@@ -423,9 +449,10 @@ impl NetworkProfile {
         }
     }
 
-    /// Whether any frame can be lost or dropped (random loss or a finite queue).
+    /// Whether any frame can be lost or dropped (random loss, outages or a finite queue).
     pub fn is_lossy(&self) -> bool {
         self.queue_bytes.is_some()
+            || self.blackout.is_some()
             || (0..self.paths.max(1)).any(|i| {
                 let p = self.path_spec(i);
                 p.loss > 0.0 || p.loss_burst.is_some_and(|b| b.loss_in_burst > 0.0)
@@ -441,6 +468,7 @@ impl NetworkProfile {
             loss: o.loss.unwrap_or(self.loss),
             loss_burst: o.loss_burst.or(self.loss_burst),
             packet_bytes: (self.mtu_bytes).map(|m| m + ETHERNET_HEADER_BYTES * self.byte_scale),
+            blackout: self.blackout,
         }
     }
 
@@ -477,6 +505,9 @@ impl NetworkProfile {
         check_probability("loss".into(), "--loss", self.loss)?;
         if let Some(b) = &self.loss_burst {
             check_burst("loss_burst", b)?;
+        }
+        if let Some(b) = &self.blackout {
+            check_blackout(b)?;
         }
         if let Some(m) = self.mtu_bytes {
             if !(m.is_finite() && m > 0.0) {
@@ -714,6 +745,30 @@ mod tests {
     }
 
     #[test]
+    fn an_outage_as_long_as_its_period_is_refused() {
+        let ms = 1_000_000;
+        let with = |b: Blackout| NetworkProfile {
+            blackout: Some(b),
+            ..NetworkProfile::default()
+        };
+        let flag = |b: Blackout| with(b).validate().map_err(|e| e.flag);
+        assert_eq!(
+            flag(Blackout::per_second(2 * ms).with_period(ms)),
+            Err("--blackout")
+        );
+        assert_eq!(
+            flag(Blackout::per_second(ms).with_period(ms)),
+            Err("--blackout")
+        );
+        assert_eq!(flag(Blackout::per_second(0)), Err("--blackout"));
+        assert_eq!(
+            flag(Blackout::per_second(ms).with_period(0)),
+            Err("--blackout")
+        );
+        assert_eq!(flag(Blackout::per_second(50 * ms)), Ok(()));
+    }
+
+    #[test]
     fn reads_toml_with_units_and_paths() {
         let text = r#"
             bandwidth_bps = "10gbit"
@@ -724,6 +779,7 @@ mod tests {
             queue_discipline = "prio"
             loss = "0.1%"
             loss_burst = { p_enter = 0.001, p_leave = 0.2, loss_in_burst = "50%" }
+            blackout = { duration_ns = "20ms" }
             paths = 2
             rto_ns = "5ms"
             [[path]]
@@ -741,6 +797,8 @@ mod tests {
         assert_eq!(p.path_spec(1).bandwidth_bps, Some(1e9));
         assert_eq!(p.path_spec(1).loss, 0.05);
         assert_eq!(p.path_spec(0).loss, 0.001);
+        let outage = Blackout::per_second(20_000_000);
+        assert_eq!(p.path_spec(1).blackout, Some(outage));
         assert!(p.is_lossy());
         let old: NetworkProfile =
             toml::from_str("bandwidth_bps = 1e9\nlatency_ns = 1000\nbuffer_bytes = 4096").unwrap();
