@@ -13,6 +13,13 @@ use crate::pool::Pool;
 use crate::strategy::{Endpoint, ProtocolError, PsServer, Rank, ServerSync, Transmit};
 use crate::wire::{encode_data_frame, FrameKind, Header};
 
+/// A missing packet this many places behind one of the same share that arrived is given
+/// up for lost (as far as the bound allows), so that its slice is aggregated and pulled
+/// without waiting for the whole key: TCP counts three duplicate ACKs; spraying over paths
+/// of unequal delay reorders a share by a few packets (8 costs nothing in the simulator's
+/// cells, where 3 took 1.7 % off a 100 + 20 Mbit/s pair of paths).
+const REORDER_PACKETS: usize = 8;
+
 /// One key's share at this server: the step being collected and each worker's packets.
 struct Share {
     step: u64,
@@ -211,10 +218,16 @@ impl DlcpServer {
         if completed {
             share.complete += 1;
         }
+        let gone = share.tallies[link].write_off_before(id.in_share, REORDER_PACKETS);
         let (step, done) = (share.step, share.complete == self.workers);
-        self.slice_missing[id.slice] -= 1;
-        if self.slice_missing[id.slice] == 0 && !done {
-            self.hand_over(id.slice)?;
+        let slices = (gone.into_iter())
+            .filter_map(|i| self.geo.share_packet(key, self.index, i))
+            .map(|p| p.slice);
+        for slice in std::iter::once(id.slice).chain(slices.collect::<Vec<_>>()) {
+            self.slice_missing[slice] = self.slice_missing[slice].saturating_sub(1);
+            if self.slice_missing[slice] == 0 && !done {
+                self.hand_over(slice)?;
+            }
         }
         if completed {
             self.stats.stops += 1;

@@ -23,7 +23,12 @@ pub enum Marked {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PacketTally {
     arrived: Vec<u32>,
+    /// Packets given up for lost (see [`PacketTally::write_off_before`]).
+    written_off: Vec<u32>,
     count: usize,
+    given_up: usize,
+    /// Every packet below this index has arrived or been given up.
+    judged: usize,
     packets: usize,
     needed: usize,
 }
@@ -33,7 +38,10 @@ impl PacketTally {
     pub fn new(packets: usize, needed: usize) -> Self {
         Self {
             arrived: vec![0; packets.div_ceil(32)],
+            written_off: vec![0; packets.div_ceil(32)],
             count: 0,
+            given_up: 0,
+            judged: 0,
             packets,
             needed: needed.min(packets),
         }
@@ -56,9 +64,14 @@ impl PacketTally {
             .is_some_and(|w| w & (1 << (i % 32)) != 0)
     }
 
-    /// Packet `i` arrived.
+    /// Whether packet `i` was given up for lost.
+    fn is_written_off(&self, i: usize) -> bool {
+        (self.written_off.get(i / 32)).is_some_and(|w| w & (1 << (i % 32)) != 0)
+    }
+
+    /// Packet `i` arrived (one given up for lost is ignored: its slice may be gone).
     pub fn mark(&mut self, i: usize) -> Marked {
-        if i >= self.packets || self.has(i) {
+        if i >= self.packets || self.has(i) || self.is_written_off(i) {
             return Marked::Ignored;
         }
         self.arrived[i / 32] |= 1 << (i % 32);
@@ -70,10 +83,33 @@ impl PacketTally {
         }
     }
 
-    /// The missing packets, one bit each (bit `i % 32` of word `i / 32`), as a Missing
-    /// frame carries them.
+    /// Packet `latest` arrived: every packet sent `reorder` or more before it that is still
+    /// missing is given up for lost, as far as the bound allows (at most `packets - needed`
+    /// in all), so its slice need not wait for the share to complete. Returns the packets
+    /// given up. A sender sends a share's packets in index order, so a packet that many
+    /// places behind one that arrived was lost, not overtaken.
+    pub fn write_off_before(&mut self, latest: usize, reorder: usize) -> Vec<usize> {
+        let end = latest.saturating_sub(reorder).min(self.packets);
+        let budget = self.packets - self.needed;
+        let mut gone = Vec::new();
+        while self.judged < end && self.given_up < budget {
+            let i = self.judged;
+            if !self.has(i) && !self.is_written_off(i) {
+                self.written_off[i / 32] |= 1 << (i % 32);
+                self.given_up += 1;
+                gone.push(i);
+            }
+            self.judged += 1;
+        }
+        gone
+    }
+
+    /// The missing packets not given up, one bit each (bit `i % 32` of word `i / 32`), as
+    /// a Missing frame carries them.
     pub fn missing_words(&self) -> Vec<u32> {
-        let mut words: Vec<u32> = self.arrived.iter().map(|w| !w).collect();
+        let mut words: Vec<u32> = (self.arrived.iter().zip(&self.written_off))
+            .map(|(a, w)| !(a | w))
+            .collect();
         let tail = self.packets % 32;
         if let (Some(last), true) = (words.last_mut(), tail != 0) {
             *last &= (1u32 << tail) - 1;
@@ -84,7 +120,10 @@ impl PacketTally {
     /// Starts over for the next step.
     pub fn reset(&mut self) {
         self.arrived.fill(0);
+        self.written_off.fill(0);
         self.count = 0;
+        self.given_up = 0;
+        self.judged = 0;
     }
 }
 
@@ -124,6 +163,44 @@ mod tests {
         assert_eq!(packets_needed(7, 0), 7);
         assert_eq!(packets_needed(1, 500_000), 1);
         assert_eq!(packets_needed(2, 500_000), 1);
+    }
+
+    #[test]
+    fn packets_far_behind_an_arrival_are_given_up_within_the_bound() {
+        // 20 packets, 10 % bound: 18 needed, 2 may be given up.
+        let mut t = PacketTally::new(20, packets_needed(20, 100_000));
+        for i in [0, 2, 3, 5, 6, 7, 8] {
+            t.mark(i);
+        }
+        assert_eq!(
+            t.write_off_before(8, 3),
+            vec![1, 4],
+            "1 and 4 are 3 or more behind"
+        );
+        assert_eq!(t.mark(1), Marked::Ignored, "a packet given up stays out");
+        for i in [9, 10, 12, 13, 14, 15] {
+            t.mark(i);
+        }
+        assert!(
+            t.write_off_before(15, 3).is_empty(),
+            "the bound is spent: 11 is awaited"
+        );
+        let missing = indices_of(&t.missing_words(), 20).unwrap();
+        assert_eq!(
+            missing,
+            vec![11, 16, 17, 18, 19],
+            "given-up packets are not asked for"
+        );
+        t.reset();
+        assert_eq!(t.mark(1), Marked::Counted, "a new step starts over");
+    }
+
+    #[test]
+    fn without_a_bound_nothing_is_given_up() {
+        let mut t = PacketTally::new(10, 10);
+        t.mark(9);
+        assert!(t.write_off_before(9, 1).is_empty());
+        assert_eq!(indices_of(&t.missing_words(), 10).unwrap().len(), 9);
     }
 
     proptest! {
