@@ -9,7 +9,9 @@
 //!   that arrived from each worker. Once at least `ceil((1 - p) n)` of the `n` are in, it
 //!   sends [`crate::wire::FrameKind::Stop`] and treats that worker's share as complete;
 //!   the entries of the packets still missing count as zero (or the sum is rescaled,
-//!   [`LossFill`]). A worker that has sent every packet of a share without a
+//!   [`LossFill`]). A packet far behind one of its share that arrived is given up for
+//!   lost while the bound allows, so that its slice need not wait for the whole key (the
+//!   server's `REORDER_PACKETS`). A worker that has sent every packet of a share without a
 //!   Stop sends a [`crate::wire::FrameKind::Probe`]; the server answers with the bitmap of
 //!   what is missing ([`crate::wire::FrameKind::Missing`]) and the worker resends only that,
 //!   then probes again. Nothing waits for a retransmission timeout. Where the packets are
