@@ -454,3 +454,39 @@ fn repeated_probes_queue_one_missing_with_the_latest_bitmap() {
     assert_eq!(queued_missing(c.server.as_mut()), vec![vec![0b1110_0000]]);
     assert!(!c.server.has_pending_replies());
 }
+
+/// Under a bound, a lost packet holds its slice only until a packet far enough behind it
+/// arrives: the slice is summed and its parameters sent at once, not after the whole key.
+#[test]
+fn a_slice_missing_a_lost_packet_goes_once_later_packets_arrive() {
+    let opts = DlcpOptions {
+        loss_bound: 0.1,
+        packet_elems: 4,
+        ..DlcpOptions::default()
+    };
+    // One key of 640 values: 160 packets, slices of 64 values (16 packets each).
+    let mut c = Cluster::new(1, &[640], opts);
+    let (mut out, mut reply) = (Vec::new(), Vec::new());
+    let (mut delivered, mut first_params) = (0, None);
+    while c.workers[0].poll_transmit(1, &mut out) {
+        let h = decode(&out);
+        if h.kind == FrameKind::Push && h.offset != 8 {
+            deliver(c.server.as_mut(), 0, &out);
+            delivered += 1;
+        }
+        out.clear();
+        while c.server.poll_transmit_any(&[0], &mut reply).is_some() {
+            let h = decode(&reply);
+            if h.kind == FrameKind::Params && first_params.is_none() {
+                first_params = Some((delivered, h.offset));
+            }
+            reply.clear();
+        }
+    }
+    // Packet 2 (values 8..12) is given up when packet 10 arrives; slice 0's other 15
+    // packets are in after 15 deliveries (the key would need 144).
+    assert_eq!(first_params, Some((15, 0)));
+    // The share completes at 144 of 160: the lost packet and the 15 after it are filled in.
+    let stats = c.server.loss_stats().expect("stats");
+    assert_eq!(stats.entries_filled, 16 * 4);
+}
