@@ -153,7 +153,9 @@ fn check(shape: ResidualShape, seed: u64) {
     assert_eq!(fwd.stats.len(), shape.convs().len());
     let (grad_params, grad_input) = backward(&fwd.saved.unwrap(), &refs, &g);
     let (r_out, r_params, r_input) = reference(&shape, &x, &params, &g, None);
-    assert_close("output", &out, &r_out, 1e-5);
+    // Batch norm over two values per channel amplifies f32 rounding to about 1.2e-5 of the
+    // output's scale (batch 1, one channel, stride 2, 2 x 4 input: the case below).
+    assert_close("output", &out, &r_out, 1e-4);
     for (i, (ours, theirs)) in grad_params.iter().zip(&r_params).enumerate() {
         assert_close(&format!("parameter {i} gradient"), ours, theirs, 1e-4);
     }
@@ -237,6 +239,15 @@ fn batch_statistics_are_the_batch_mean_and_biased_variance() {
         assert!((f64::from(fwd.stats[0].mean[ch]) - mean).abs() < 1e-4);
         assert!((f64::from(fwd.stats[0].var[ch]) - var).abs() < 1e-2);
     }
+}
+
+/// A geometry whose batch norm sees two values per channel, once off by 1.2e-5.
+#[test]
+fn a_block_normalising_two_values_per_channel_matches_burn() {
+    check(
+        ResidualShape::basic([1, 1, 2, 4], 2, 2),
+        8_838_868_423_139_829_040,
+    );
 }
 
 proptest! {
