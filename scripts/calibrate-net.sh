@@ -192,11 +192,11 @@ for cc in "${cc_list[@]}"; do
     bottleneck 0 100mbit "$queue"
     # The model's hosts as the testbed's: a sender's own port at a veth's speed, the
     # receiver's port (ingress) the 100 Mbit/s bottleneck, random loss before it.
-    printf 'bandwidth_bps = "100mbit"\ningress = true\n[[path]]\nbandwidth_bps = "10gbit"\n' \
+    printf 'bandwidth_bps = "100mbit"\nworker_bandwidth_bps = "10gbit"\ningress = true\n' \
       > "$out/$rung.toml"
     if [ "$rung" = paths ]; then
       bottleneck 1 20mbit 1000
-      printf 'paths = 2\n[[path]]\nbandwidth_bps = "20mbit"\n' | sed 1d | cat - >> "$out/$rung.toml"
+      printf '[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' >> "$out/$rung.toml"
       sed -i '1i paths = 2' "$out/$rung.toml"
     else
       ip netns exec "$sw" tc qdisc del dev h0p1 root 2>/dev/null || true

@@ -3,7 +3,8 @@
 ladder (scripts/calibrate-net.sh; `syncopate transfer` is the model's half).
 
   tcp_transfer.py recv --port P --flows N        accept N senders, start them together,
-                                                 print {"completion_s", "flow_completion_s"}
+                                                 print {"completion_s", "flow_completion_s",
+                                                 "goodput_mbit_s", "tcp"}
   tcp_transfer.py send --host H --port P --bytes B
   tcp_transfer.py counters                       this namespace's TCP counters, as JSON
   tcp_transfer.py delta BEFORE.json AFTER.json   what grew, in words
@@ -54,8 +55,12 @@ def receive(port, flows, timeout):
     for t in threads:
         t.join()
     flows_s = [max(0.0, d - start) for d in done]
-    print(json.dumps({"completion_s": max(flows_s), "flow_completion_s": flows_s,
-                      "bytes": got}))
+    completion = max(flows_s)
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        tcp = f.read().strip()
+    print(json.dumps({"completion_s": completion, "flow_completion_s": flows_s,
+                      "goodput_mbit_s": 8 * sum(got) / max(completion, 1e-12) / 1e6,
+                      "tcp": tcp, "bytes": got}))
 
 
 def send(host, port, total, timeout):

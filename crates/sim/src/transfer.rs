@@ -52,8 +52,10 @@ pub fn transfer(profile: &NetworkProfile, spec: &TransferSpec) -> Result<Transfe
         ));
     }
     let receiver = spec.flows as u64;
+    // Senders' NICs as workers' (`worker_bandwidth_bps`): the testbed shapes the receiver's.
+    let nic = profile.worker_nic();
     let mut senders: Vec<Port> = (0..spec.flows)
-        .map(|h| Port::egress(profile, spec.seed, h as u64))
+        .map(|h| Port::egress(&nic, spec.seed, h as u64))
         .collect();
     let mut ingress = profile
         .ingress

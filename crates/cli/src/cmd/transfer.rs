@@ -44,9 +44,12 @@ pub struct TransferReport {
     pub goodput_mbit_s: f64,
     /// The TCP congestion control modelled.
     pub tcp: String,
-    /// What the network did to the senders' frames as they left.
+    /// What the network did to the senders' frames as they left (none in a kernel
+    /// transfer's report, `scripts/tcp_transfer.py`: the kernel counts in its TCP counters).
+    #[serde(default)]
     pub egress: NetCounters,
-    /// What it did to them at the receiver's port.
+    /// What it did to them at the receiver's port (none in a kernel transfer's report).
+    #[serde(default)]
     pub ingress: NetCounters,
 }
 

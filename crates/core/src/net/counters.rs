@@ -63,7 +63,9 @@ impl NetCounters {
     pub(crate) fn recovered(&mut self, recovery: super::Recovery) {
         match recovery {
             super::Recovery::Sack => {}
-            super::Recovery::LossProbe => self.loss_probes = self.loss_probes.saturating_add(1),
+            super::Recovery::LossProbe { .. } => {
+                self.loss_probes = self.loss_probes.saturating_add(1)
+            }
             super::Recovery::Timeout => self.timeouts = self.timeouts.saturating_add(1),
         }
     }

@@ -34,6 +34,17 @@ impl<T> Default for Later<T> {
 }
 
 impl<T> Later<T> {
+    /// Where the next value filed will be kept (what [`Later::cancel`] takes).
+    pub(crate) fn next_index(&self) -> usize {
+        self.free.last().copied().unwrap_or(self.slab.len())
+    }
+
+    /// Takes back the value kept at `index` before its time: its key stays, and hands out
+    /// nothing when it comes.
+    pub(crate) fn cancel(&mut self, index: usize) -> Option<T> {
+        self.slab.get_mut(index).and_then(Option::take)
+    }
+
     /// Files `value` under `key` (`key.1` unique among the values held).
     pub(crate) fn insert(&mut self, key: (Nanos, u64), value: T) {
         let index = match self.free.pop() {
@@ -54,7 +65,7 @@ impl<T> Later<T> {
         self.keys.peek().map(|Reverse((t, order, _))| (*t, *order))
     }
 
-    /// Takes the value of the smallest key.
+    /// Takes the value of the smallest key (`None` if it was cancelled).
     pub(crate) fn pop_first(&mut self) -> Option<T> {
         let Reverse((_, _, index)) = self.keys.pop()?;
         let value = self.slab.get_mut(index).and_then(Option::take);

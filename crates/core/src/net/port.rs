@@ -6,10 +6,12 @@
 //! then travels the path's latency (an ingress port adds none and loses nothing at random:
 //! it only queues and serialises what converges on the host). A reliable frame that is lost
 //! or dropped is offered again, at the port that lost it, when Linux's TCP would resend it
-//! (`reliable.rs`, [`super::tcp`]): about a round trip after the loss where later data
-//! reveals it (SACK), at the tail loss probe where nothing follows it, one retransmission
-//! timeout later only when a resend is lost too; a flow whose window shrank on a loss is
-//! held to it. Reliable frames of one flow are handed out in order, none before the one
+//! (`reliable.rs`, [`super::tcp`]): about a round trip after later data of its flow that
+//! arrives reveals it (SACK), at the tail loss probe where nothing follows it (data the flow
+//! sends before the probe fires still reveals it: the resend is filed again, sooner), one
+//! retransmission timeout later when a resend of a tail is lost too or the flow was still
+//! recovering; a flow whose window shrank on a loss is held to it. A loss is counted, and
+//! told to the flow's window, when its resend goes. Reliable frames of one flow are handed out in order, none before the one
 //! ahead of it. A loss-tolerant frame is simply lost. With
 //! loss per packet (`mtu_bytes`) a frame is lost when any of its packets is, and its
 //! retransmission carries only the lost packets, as TCP's selective acknowledgements
@@ -60,7 +62,7 @@ use super::rng::{hash, SplitMix64};
 use super::tcp::{tcp_small_queue_bytes, CongestionControl, Recovery, TcpFlow};
 use super::window::{self, Backlog, OnePath};
 use super::{Decision, Fate, FrameMeta, Nanos};
-use reliable::{lost_at, PacketHeaders};
+use reliable::{frame_loss, PacketHeaders};
 
 /// Which side of a host a port models (part of its random streams' derivation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,11 +91,13 @@ struct Held {
     draw: Option<u64>,
     /// Retransmission timeouts this frame has taken (the RTO's backoff).
     timeouts: u32,
-    /// Its first loss fell in its flow's tail (the last round trip of data, nothing behind
-    /// it): a lost resend of it can only be found by the timeout.
-    tail: bool,
     /// Where it stands with its flow's congestion window.
     pacing: Pacing,
+    /// A resend: the loss it repairs, how that was found and on which path (counted, and
+    /// told to the window, when it goes).
+    found_by: Option<(Recovery, usize)>,
+    /// Where it is kept while it waits in `Port::retransmits`.
+    later: usize,
 }
 
 /// A reliable frame's passage through its flow's congestion window (egress only).
@@ -189,8 +193,19 @@ struct TcpModel {
     /// (Ethernet, IP and transport); `None` where the model has no packets.
     packets: Option<PacketHeaders>,
     flows: Vec<TcpFlow>,
+    /// Per flow, its tail's resend waiting for the probe or the timeout, which data the
+    /// flow sends meanwhile may reveal earlier ([`reliable`]).
+    tails: Vec<Option<TailWait>>,
     /// Bytes of frames held back by their windows (they count in the send window).
     held_bytes: usize,
+}
+
+/// A flow's resend waiting for its tail loss probe or its timeout: when, and where it is
+/// kept in `Port::retransmits` (taken back and filed again if SACK finds it first).
+#[derive(Debug, Clone, Copy)]
+struct TailWait {
+    at: Nanos,
+    index: usize,
 }
 
 impl Port {
@@ -344,8 +359,9 @@ impl Port {
             slot,
             draw,
             timeouts: 0,
-            tail: false,
             pacing,
+            found_by: None,
+            later: 0,
         };
         if meta.reliable {
             if let Some(flow) = self.tcp.flows.get_mut(slot) {
@@ -438,6 +454,7 @@ impl Port {
             if self.tcp.on {
                 let flow = TcpFlow::new(self.tcp.base_rtt, self.tcp.mss);
                 self.tcp.flows.push(flow);
+                self.tcp.tails.push(None);
             }
         }
         slot
@@ -469,6 +486,7 @@ impl Port {
             match (retransmit, dispatch) {
                 (Some(key), d) if d.is_none_or(|(t, _)| key.0 <= t) => {
                     if let Some(held) = self.retransmits.pop_first() {
+                        let held = self.found(key.0, held);
                         self.offer(key.0, held);
                     }
                 }
@@ -499,7 +517,8 @@ impl Port {
         if refused && held.retransmissions == 0 {
             self.count(held.slot, i, |c| c.dropped(bytes));
             if held.meta.reliable {
-                let at = self.recover(Recovery::Sack, &held, i, t, t, t);
+                let at = self.resend_time(Recovery::Sack, &held, t, t);
+                held.found_by = Some((Recovery::Sack, i));
                 self.retransmit(at, held, i);
             } else {
                 self.decided(
@@ -551,28 +570,29 @@ impl Port {
         path.queue.serialising(done, bytes, own_tcp);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
         let packets = path.loss.packets(bytes);
-        let blacked = (path.spec.blackout).and_then(|b| b.lost(packets, start, done));
-        let lost_packets = match blacked {
-            // Random loss and an outage may strike the same packet: at most every packet.
-            Some(b) => (path.loss.lose_keyed(bytes, draw).saturating_add(b.packets)).min(packets),
-            None => path.loss.lose_keyed(bytes, draw),
-        };
+        let outage = path.spec.blackout;
+        let blacked = outage.and_then(|b| b.lost(packets, start, done));
+        let random = path.loss.lose_keyed(bytes, draw);
+        // Random loss and an outage may strike the same packet: at most every packet.
+        let lost_packets = random
+            .saturating_add(blacked.map_or(0, |b| b.packets))
+            .min(packets);
         let resend = path.loss.resend_bytes(bytes, lost_packets);
         let at = done.saturating_add(path.spec.latency_ns);
         let queued = start.saturating_sub(held.offered);
         self.count(held.slot, i, |c| c.sent(bytes, queued));
+        if held.meta.reliable && lost_packets < packets {
+            let first_out = start.saturating_add(tx / packets.max(1));
+            self.reveal_tail(held.slot, first_out);
+        }
         let fate = if lost_packets > 0 {
             self.count(held.slot, i, |c| c.lost(bytes));
             if held.meta.reliable {
-                let lost_sent = lost_at(draw, lost_packets, packets, start, done)
-                    .max(blacked.map_or(0, |b| b.last_at));
-                let recovery = self.recovery_of(&mut held, lost_sent, done);
-                let at = self.recover(recovery, &held, i, lost_sent, done, done);
-                if recovery == Recovery::Timeout {
-                    held.timeouts = held.timeouts.saturating_add(1);
-                }
+                let mut loss = frame_loss(draw, random, blacked, packets, start, done);
+                let next = loss.last.saturating_add(loss.packet_ns);
+                loss.stalled = outage.is_some_and(|b| b.is_out(next));
                 held.wire_bytes = resend;
-                self.retransmit(at, held, i);
+                self.resend_lost(held, i, &mut loss, done);
                 return;
             }
             Fate::Lost { path: i }
@@ -596,11 +616,12 @@ impl Port {
         self.decided(&held, d);
     }
 
-    /// A reliable frame lost (or dropped) on path `i` is offered again at `at`.
-    fn retransmit(&mut self, at: Nanos, mut held: Held, i: usize) {
+    /// A reliable frame lost (or dropped) on path `i` is offered again at `at`; returns
+    /// where it is kept until then.
+    fn retransmit(&mut self, at: Nanos, mut held: Held, i: usize) -> usize {
         self.count(held.slot, i, |c| c.retransmitted(held.wire_bytes));
         held.retransmissions = held.retransmissions.saturating_add(1);
-        self.offer_later(at, held);
+        self.offer_later(at, held)
     }
 
     /// Hands out a decision: reliable frames through their flow's reorder buffer.
@@ -630,7 +651,9 @@ impl Port {
             Fate::Lost { .. } | Fate::Dropped => d.done,
         };
         match self.waiting.get_mut(slot).and_then(VecDeque::pop_front) {
-            Some(next) => self.offer_later(left, next),
+            Some(next) => {
+                self.offer_later(left, next);
+            }
             None => {
                 gate.busy = false;
                 gate.free_from = left;
@@ -638,12 +661,14 @@ impl Port {
         }
     }
 
-    /// Offers `held` at `at` (no earlier than the port's clock).
-    fn offer_later(&mut self, at: Nanos, mut held: Held) {
+    /// Offers `held` at `at` (no earlier than the port's clock); returns where it is kept.
+    fn offer_later(&mut self, at: Nanos, mut held: Held) -> usize {
         held.offered = at.max(self.clock);
         let order = self.retransmit_order;
         self.retransmit_order = order.wrapping_add(1);
+        held.later = self.retransmits.next_index();
         self.retransmits.insert((held.offered, order), held);
+        held.later
     }
 
     /// Applies `f` to path `i`'s and flow `slot`'s counters.
@@ -688,3 +713,7 @@ mod packet_tests;
 #[cfg(test)]
 #[path = "port/blackout_tests.rs"]
 mod blackout_tests;
+
+#[cfg(test)]
+#[path = "port/tail_tests.rs"]
+mod tail_tests;

@@ -7,10 +7,14 @@
 //!   trip after the lost packet left (plus RACK's reordering window of a quarter of the
 //!   minimum RTT) and resent at once;
 //! - **tail loss probe**: nothing after the lost packet is in flight, so nothing can reveal
-//!   it before the probe timer, `2·srtt + 2 ms` rounded up to the 4 ms timer tick (250 Hz),
-//!   fires and resends the last packet;
-//! - **retransmission timeout**: a retransmission is lost too, so only the RTO
-//!   (`max(rto_min, srtt + 4·rttvar)`, doubled at each further timeout) finds it.
+//!   it before the probe timer fires and resends the last packet. The timer is `2·srtt + 2 ms`
+//!   where more than one packet is outstanding, and `2·srtt + rto_min` where the lost one is
+//!   alone (room for the receiver's worst delayed ACK), no later than the RTO itself; rounded up
+//!   to the 4 ms timer tick (250 Hz). Linux probes only in the Open state: a tail lost while
+//!   the flow is still recovering an earlier loss waits for the RTO;
+//! - **retransmission timeout**: a retransmission is lost too with nothing behind it, or the
+//!   tail was lost during a recovery, so only the RTO (`max(rto_min, srtt + 4·rttvar)`,
+//!   doubled at each further timeout) finds it.
 //!
 //! The congestion window follows the kernel's algorithm ([`CongestionControl`]): an
 //! initial window of 10 segments, slow start to `ssthresh`, then cubic's growth (with its
@@ -103,9 +107,14 @@ impl fmt::Display for CongestionControl {
 pub enum Recovery {
     /// Later data's selective acknowledgements reveal it within about a round trip.
     Sack,
-    /// Nothing follows it: the tail loss probe finds it.
-    LossProbe,
-    /// A retransmission was lost: the retransmission timeout finds it.
+    /// Nothing follows it: the tail loss probe finds it; `lone`: the lost packet is the only
+    /// one outstanding, so the probe waits for the receiver's worst delayed ACK too.
+    LossProbe {
+        /// The lost packet is the flow's only one outstanding.
+        lone: bool,
+    },
+    /// A retransmission was lost, or a tail during a recovery: the retransmission timeout
+    /// finds it.
     Timeout,
 }
 
@@ -124,11 +133,16 @@ pub(crate) struct TcpFlow {
     /// Cubic: the window before the last reduction (segments) and when growth restarted.
     w_max: f64,
     epoch: Nanos,
-    /// The current loss episode ends here: losses before it shrink the window no further.
+    /// The current loss episode (Linux's Recovery or Loss state) ends here, when the resend
+    /// that began it is acknowledged: losses before it shrink the window no further, and a
+    /// tail lost before it is not probed.
     recovery_until: Nanos,
     /// When the flow may start its next frame, and when it last started one.
     next_send: Nanos,
     last_send: Nanos,
+    /// A flow whose window is full of unacknowledged loss sends nothing new before this
+    /// (its probe or timeout), whatever its algorithm.
+    stalled_until: Nanos,
     /// Frames of the flow offered to the port and not yet serialised.
     pub(crate) in_port: u32,
 }
@@ -148,6 +162,7 @@ impl TcpFlow {
             recovery_until: 0,
             next_send: 0,
             last_send: 0,
+            stalled_until: 0,
             in_port: 0,
         }
     }
@@ -176,15 +191,29 @@ impl TcpFlow {
                 let window = self.srtt + self.min_rtt / 4.0;
                 lost_sent.saturating_add(window as Nanos).max(done)
             }
-            Recovery::LossProbe => done.saturating_add(self.probe_timeout()),
+            Recovery::LossProbe { lone } => done.saturating_add(self.probe_timeout(lone, rto_min)),
             Recovery::Timeout => done.saturating_add(self.rto(rto_min, timeouts)),
         }
     }
 
-    /// The tail loss probe's timeout: `2·srtt + 2 ms`, rounded up to the timer tick.
-    fn probe_timeout(&self) -> Nanos {
-        let pto = (2.0 * self.srtt) as Nanos + PROBE_EXTRA_NS;
-        pto.div_ceil(TIMER_TICK_NS).saturating_mul(TIMER_TICK_NS)
+    /// The tail loss probe's timeout: `2·srtt + 2 ms`, or `2·srtt + rto_min` for a `lone`
+    /// packet outstanding, rounded up to the timer tick; no later than the RTO.
+    fn probe_timeout(&self, lone: bool, rto_min: Nanos) -> Nanos {
+        let extra = if lone { rto_min } else { PROBE_EXTRA_NS };
+        let pto = ((2.0 * self.srtt) as Nanos).saturating_add(extra);
+        let on_tick = pto.div_ceil(TIMER_TICK_NS).saturating_mul(TIMER_TICK_NS);
+        on_tick.min(self.rto(rto_min, 0))
+    }
+
+    /// The flow's window is full of loss nothing will reveal: it sends nothing new before
+    /// `until`, when the probe or timeout resends it.
+    pub(crate) fn stall(&mut self, until: Nanos) {
+        self.stalled_until = self.stalled_until.max(until);
+    }
+
+    /// Whether the flow is still recovering a loss at `t` (no tail loss probe then).
+    pub(crate) fn in_recovery(&self, t: Nanos) -> bool {
+        t < self.recovery_until
     }
 
     /// The retransmission timeout after `timeouts` earlier ones (doubled each time).
@@ -194,15 +223,20 @@ impl TcpFlow {
         base.saturating_mul(backoff).min(RTO_MAX_NS.max(rto_min))
     }
 
-    /// A loss found at `now` by `recovery`: the window shrinks once per episode (a round
-    /// trip), to one segment after a timeout.
+    /// A loss found at `now` by `recovery` and resent at `resend`: the episode lasts until
+    /// the resend is acknowledged; the window shrinks once per episode, to one segment
+    /// after a timeout.
     pub(crate) fn on_loss(
         &mut self,
         cc: CongestionControl,
         recovery: Recovery,
         now: Nanos,
+        resend: Nanos,
         mss: f64,
     ) {
+        let in_episode = self.in_recovery(now);
+        let until = resend.saturating_add(self.srtt as Nanos);
+        self.recovery_until = self.recovery_until.max(until);
         if !cc.backs_off() {
             return;
         }
@@ -215,17 +249,15 @@ impl TcpFlow {
             self.w_max = self.cwnd / mss;
             self.cwnd = mss;
             self.epoch = now;
-            self.recovery_until = now.saturating_add(self.srtt as Nanos);
             return;
         }
-        if now < self.recovery_until {
+        if in_episode {
             return;
         }
         self.w_max = self.cwnd / mss;
         self.cwnd = (self.cwnd * beta).max(2.0 * mss);
         self.ssthresh = self.cwnd;
         self.epoch = now;
-        self.recovery_until = now.saturating_add(self.srtt as Nanos);
     }
 
     /// `bytes` of the flow acknowledged at `now`: the window grows.
@@ -270,14 +302,14 @@ impl TcpFlow {
         mss: f64,
     ) -> Nanos {
         if !cc.backs_off() {
-            return now;
+            return now.max(self.stalled_until);
         }
         // Idle: nothing of the flow in the port but the frame asking.
         if now.saturating_sub(self.last_send) > self.rto(rto_min, 0) && self.in_port <= 1 {
             self.cwnd = self.cwnd.min(INITIAL_WINDOW_SEGMENTS * mss);
             self.next_send = now;
         }
-        let start = now.max(self.next_send);
+        let start = now.max(self.next_send).max(self.stalled_until);
         let spacing = bytes as f64 * self.srtt / self.cwnd.max(mss);
         self.next_send = start.saturating_add(spacing as Nanos);
         self.last_send = start;

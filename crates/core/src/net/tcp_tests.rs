@@ -7,16 +7,37 @@ const MS: Nanos = 1_000_000;
 
 #[test]
 fn the_loss_probe_fires_at_two_round_trips_plus_2ms_on_the_tick() {
+    let probe = Recovery::LossProbe { lone: false };
     let flow = TcpFlow::new(MS / 2, MSS); // srtt 0.5 ms: 2·srtt + 2 ms = 3 ms -> 4 ms
-    assert_eq!(
-        flow.resend_at(Recovery::LossProbe, 0, 10 * MS, 200 * MS, 0),
-        14 * MS
-    );
+    assert_eq!(flow.resend_at(probe, 0, 10 * MS, 200 * MS, 0), 14 * MS);
     let slow = TcpFlow::new(5 * MS, MSS); // 12 ms exactly on the tick
-    assert_eq!(
-        slow.resend_at(Recovery::LossProbe, 0, 0, 200 * MS, 0),
-        12 * MS
-    );
+    assert_eq!(slow.resend_at(probe, 0, 0, 200 * MS, 0), 12 * MS);
+}
+
+#[test]
+fn a_lone_packet_s_probe_waits_for_the_delayed_ack_but_never_past_the_rto() {
+    let lone = Recovery::LossProbe { lone: true };
+    // srtt 0.5 ms: 2·srtt + 200 ms = 201 ms, but the RTO (200 ms) fires first.
+    let flow = TcpFlow::new(MS / 2, MSS);
+    assert_eq!(flow.resend_at(lone, 0, 10 * MS, 200 * MS, 0), 210 * MS);
+    // With a 5 ms rto_min: 2·srtt + 5 ms = 6 ms, on the tick 8 ms; the RTO is 5 ms.
+    assert_eq!(flow.resend_at(lone, 0, 0, 5 * MS, 0), 5 * MS);
+    // srtt 10 ms: 2·srtt + 200 ms = 220 ms; the RTO (srtt + 4·rttvar = 30 ms, at least
+    // 200 ms) fires first.
+    let far = TcpFlow::new(10 * MS, MSS);
+    assert_eq!(far.resend_at(lone, 0, 0, 200 * MS, 0), 200 * MS);
+}
+
+#[test]
+fn a_loss_episode_lasts_until_its_resend_is_acknowledged_for_every_algorithm() {
+    for cc in [CongestionControl::Cubic, CongestionControl::Bbr] {
+        let mut flow = TcpFlow::new(MS, MSS);
+        assert!(!flow.in_recovery(0));
+        flow.on_loss(cc, Recovery::Sack, 10 * MS, 12 * MS, MSS);
+        // Resent at 12 ms, acknowledged a round trip (1 ms) later.
+        assert!(flow.in_recovery(12 * MS + MS - 1), "{cc}");
+        assert!(!flow.in_recovery(13 * MS), "{cc}");
+    }
 }
 
 #[test]
@@ -56,25 +77,50 @@ fn rtt_samples_are_smoothed_as_rfc_6298_says() {
 #[test]
 fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     let mut cubic = TcpFlow::new(MS, MSS);
-    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 10 * MS, MSS);
+    cubic.on_loss(
+        CongestionControl::Cubic,
+        Recovery::Sack,
+        10 * MS,
+        10 * MS,
+        MSS,
+    );
     assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
     // A second loss within the round trip is the same episode.
     cubic.on_loss(
         CongestionControl::Cubic,
         Recovery::Sack,
         10 * MS + MS / 2,
+        10 * MS + MS / 2,
         MSS,
     );
     assert!((cubic.cwnd() - 7.0 * MSS).abs() < 1e-6);
-    cubic.on_loss(CongestionControl::Cubic, Recovery::Sack, 12 * MS, MSS);
+    cubic.on_loss(
+        CongestionControl::Cubic,
+        Recovery::Sack,
+        12 * MS,
+        12 * MS,
+        MSS,
+    );
     assert!((cubic.cwnd() - 4.9 * MSS).abs() < 1e-6);
 
     let mut reno = TcpFlow::new(MS, MSS);
-    reno.on_loss(CongestionControl::Reno, Recovery::Sack, 10 * MS, MSS);
+    reno.on_loss(
+        CongestionControl::Reno,
+        Recovery::Sack,
+        10 * MS,
+        10 * MS,
+        MSS,
+    );
     assert!((reno.cwnd() - 5.0 * MSS).abs() < 1e-6);
 
     let mut bbr = TcpFlow::new(MS, MSS);
-    bbr.on_loss(CongestionControl::Bbr, Recovery::Timeout, 10 * MS, MSS);
+    bbr.on_loss(
+        CongestionControl::Bbr,
+        Recovery::Timeout,
+        10 * MS,
+        10 * MS,
+        MSS,
+    );
     assert_eq!(bbr.cwnd(), 10.0 * MSS);
     assert_eq!(
         bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS),
@@ -89,7 +135,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
 #[test]
 fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
     let mut flow = TcpFlow::new(MS, MSS);
-    flow.on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, MSS);
+    flow.on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, 0, MSS);
     assert_eq!(flow.cwnd(), MSS);
     flow.on_acked(CongestionControl::Cubic, MSS as usize, MS, MSS);
     assert_eq!(flow.cwnd(), 2.0 * MSS);
@@ -109,7 +155,7 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
         MS,
         "the initial window"
     );
-    flow.on_loss(reno, Recovery::Sack, 0, MSS);
+    flow.on_loss(reno, Recovery::Sack, 0, 0, MSS);
     let window = (5.0 * MSS) as usize;
     flow.in_port = 2;
     assert_eq!(flow.send_at(reno, MS, window, 200 * MS, MSS), 2 * MS);
@@ -135,7 +181,7 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
 fn cubic_regrows_to_the_old_window_after_k_seconds() {
     // A long round trip, where cubic's curve is above its Reno-friendly floor.
     let mut flow = TcpFlow::new(1_000 * MS, MSS);
-    flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, MSS);
+    flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, 0, MSS);
     // W_max 10: K = cbrt(10 x 0.3 / 0.4) = 1.96 s; the window is back near 10 segments.
     let mut t = 0;
     while t < 1_960 * MS {
@@ -156,4 +202,22 @@ fn the_algorithm_names_parse_as_the_kernel_spells_them() {
         assert_eq!(cc.name().parse::<CongestionControl>(), Ok(cc));
     }
     assert!("vegas".parse::<CongestionControl>().is_err());
+}
+
+#[test]
+fn a_stalled_flow_sends_nothing_new_before_its_resend_whatever_its_algorithm() {
+    for cc in [CongestionControl::Cubic, CongestionControl::Bbr] {
+        let mut flow = TcpFlow::new(MS, MSS);
+        flow.stall(50 * MS);
+        assert_eq!(
+            flow.send_at(cc, 10 * MS, 1_448, 200 * MS, MSS),
+            50 * MS,
+            "{cc}"
+        );
+        assert_eq!(
+            flow.send_at(cc, 60 * MS, 1_448, 200 * MS, MSS),
+            60 * MS,
+            "{cc}"
+        );
+    }
 }

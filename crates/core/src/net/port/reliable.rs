@@ -2,11 +2,12 @@
 //! loss is found and when it is resent ([`super::super::tcp`]), and the headers every
 //! packet carries on the wire.
 
+use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
 use super::super::tcp::Recovery;
 use super::super::Nanos;
-use super::{Held, Pacing, Port, TcpModel};
+use super::{Held, Pacing, Port, TailWait, TcpModel};
 
 /// Header bytes inside the IP MTU: IP (20) and TCP with timestamps (32), or UDP (8).
 const TCP_INSIDE_MTU: f64 = 52.0;
@@ -40,6 +41,7 @@ impl TcpModel {
             mss: mss.max(f64::MIN_POSITIVE),
             packets,
             flows: Vec::new(),
+            tails: Vec::new(),
             held_bytes: 0,
         }
     }
@@ -62,26 +64,67 @@ impl TcpModel {
     }
 }
 
-/// When the last of `lost` of a frame's `packets` serialised from `start` to `done` left: a
-/// deterministic draw from the frame's key (the largest of `lost` uniform positions), the
-/// middle without a key, the end when every packet was lost.
-pub(super) fn lost_at(
+/// Where a lost frame's packets fell: what decides how its flow finds the loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FrameLoss {
+    /// When the last lost packet left.
+    pub(super) last: Nanos,
+    /// Whether that packet was the frame's final one (nothing of the frame behind it).
+    pub(super) final_packet: bool,
+    /// When the lost packet before it left (`None`: it was the only one lost).
+    pub(super) before: Option<Nanos>,
+    /// How long one packet of the frame took to leave, and how many it had.
+    pub(super) packet_ns: Nanos,
+    pub(super) packets: u64,
+    /// The path was out when the packet after the lost one left: nothing the flow sends
+    /// reveals the loss until the outage ends.
+    pub(super) stalled: bool,
+}
+
+/// Where the lost packets of a frame of `packets` serialised from `start` to `done` fell:
+/// `random` of them at random positions (the largest of `random` uniform draws from the
+/// frame's key, then the largest of the rest below it; the middle without a key) and an
+/// outage's run of consecutive ones (`blacked`). Every packet lost: the last at the end.
+pub(super) fn frame_loss(
     draw: Option<u64>,
-    lost: u64,
+    random: u64,
+    blacked: Option<BlackedOut>,
     packets: u64,
     start: Nanos,
     done: Nanos,
-) -> Nanos {
-    let position = match draw {
-        _ if lost >= packets => 1.0,
-        Some(key) => {
-            let u = SplitMix64::new(hash(&[key, 0x5ACC])).next_f64();
-            u.powf(1.0 / lost.max(1) as f64)
-        }
-        None => 0.5,
-    };
+) -> FrameLoss {
+    let n = packets.max(1);
     let span = done.saturating_sub(start) as f64;
-    start.saturating_add((span * position) as Nanos)
+    let packet_ns = (span / n as f64) as Nanos;
+    let at = |position: f64| start.saturating_add((span * position) as Nanos);
+    let mut rng = draw.map(|key| SplitMix64::new(hash(&[key, 0x5ACC])));
+    let mut below = |top: f64, of: u64| match rng.as_mut() {
+        Some(r) => top * r.next_f64().powf(1.0 / of.max(1) as f64),
+        None => top * 0.5,
+    };
+    let mut times = [None; 4];
+    if random >= n {
+        times[0] = Some(done);
+        times[1] = (n >= 2).then(|| done.saturating_sub(packet_ns));
+    } else if random > 0 {
+        let last = below(1.0, random);
+        times[0] = Some(at(last));
+        times[1] = (random >= 2).then(|| at(below(last, random - 1)));
+    }
+    if let Some(b) = blacked {
+        times[2] = Some(b.last_at);
+        times[3] = (b.packets >= 2).then(|| b.last_at.saturating_sub(packet_ns));
+    }
+    times.sort_unstable_by(|a, b| b.cmp(a));
+    let last = times[0].unwrap_or(done);
+    FrameLoss {
+        last,
+        final_packet: done.saturating_sub(last) <= packet_ns,
+        before: times[1],
+        packet_ns,
+        packets: n,
+        stalled: false,
+    }
 }
 
 impl Port {
@@ -113,50 +156,134 @@ impl Port {
         }
     }
 
-    /// How a loss of `held` whose last lost packet left at `lost_sent` (its last bit at
-    /// `done`) is found. Data sent after a lost packet reveals it (SACK; RACK for a lost
-    /// resend): later frames of the flow, or the rest of this frame where that takes more
-    /// than a round trip. Without either the loss is in the flow's tail: the loss probe
-    /// finds it, and a lost resend of a tail loss only the timeout.
-    pub(super) fn recovery_of(&self, held: &mut Held, lost_sent: Nanos, done: Nanos) -> Recovery {
+    /// How a loss of `held` (its packets lost at `loss`) is found. Data sent after a lost
+    /// packet reveals it (SACK, or RACK for a lost resend): later frames of the flow, or the
+    /// rest of this frame. Without either (or with an outage swallowing them too) the loss
+    /// is the flow's tail: the loss probe finds it, unless the flow is still recovering an
+    /// earlier loss (its own earlier frame's, or one of this frame within a round trip
+    /// before it with data between them that SACK reveals it by), when only the timeout
+    /// does. A lost resend is recovering by definition: only data sent after it reveals it,
+    /// and none goes where nothing of the flow follows or its window (at least the resend's
+    /// packets) has no room left for new data (then `loss` is marked stalled: nothing will).
+    pub(super) fn recovery_of(&self, held: &Held, loss: &mut FrameLoss) -> Recovery {
         let flow = self.tcp.flows.get(held.slot);
         let alone = flow.is_none_or(|f| f.in_port <= 1);
         if held.retransmissions > 0 {
-            return if alone && held.tail {
+            let mss = self.tcp.mss;
+            let cramped =
+                flow.is_some_and(|f| f.window_bytes() as f64 <= loss.packets as f64 * mss);
+            loss.stalled |= cramped;
+            return if alone || loss.stalled {
                 Recovery::Timeout
             } else {
                 Recovery::Sack
             };
         }
+        if !(loss.stalled || (alone && loss.final_packet)) {
+            return Recovery::Sack;
+        }
         let round_trip = flow.map_or(0, |f| f.srtt_ns());
-        held.tail = alone && done.saturating_sub(lost_sent) <= round_trip;
-        if held.tail {
-            Recovery::LossProbe
-        } else {
-            Recovery::Sack
+        let recovering = flow.is_some_and(|f| f.in_recovery(loss.last));
+        let gap = loss.before.map(|b| loss.last.saturating_sub(b));
+        match gap {
+            _ if recovering => Recovery::Timeout,
+            None => Recovery::LossProbe { lone: true },
+            Some(gap) if gap > round_trip => Recovery::LossProbe { lone: true },
+            // Nothing between the two lost packets to reveal the first before the probe.
+            Some(gap) if gap < loss.packet_ns.saturating_mul(3) / 2 => {
+                Recovery::LossProbe { lone: false }
+            }
+            Some(_) => Recovery::Timeout,
         }
     }
 
-    /// When a loss of `held` on path `i` found by `recovery` is resent (the lost packet
-    /// left at `lost_sent`, the frame's last bit at `done`), telling its flow's window at
-    /// `now` and counting how it was found.
-    pub(super) fn recover(
+    /// A reliable frame `held` (its resend's bytes already set) lost its packets at `loss`
+    /// on path `i`, its last bit out at `done`: filed again for when its loss is found.
+    pub(super) fn resend_lost(
         &mut self,
+        mut held: Held,
+        i: usize,
+        loss: &mut FrameLoss,
+        done: Nanos,
+    ) {
+        let recovery = self.recovery_of(&held, loss);
+        let at = self.resend_time(recovery, &held, loss.last, done);
+        held.found_by = Some((recovery, i));
+        let index = self.retransmit(at, held, i);
+        // A flow whose data an outage swallows gets no acknowledgements and stops at its
+        // window, as one whose window the resends fill: it sends nothing that could reveal
+        // the loss before the probe or timeout.
+        match self.tcp.flows.get_mut(held.slot) {
+            Some(flow) if loss.stalled => flow.stall(at),
+            _ => self.wait_in_tail(at, index, &held),
+        }
+    }
+
+    /// When a loss of `held` found by `recovery` is resent (its last lost packet left at
+    /// `lost_sent`, the frame's last bit at `done`).
+    pub(super) fn resend_time(
+        &self,
         recovery: Recovery,
         held: &Held,
-        i: usize,
         lost_sent: Nanos,
         done: Nanos,
-        now: Nanos,
     ) -> Nanos {
-        let (cc, rto_min, mss) = (self.tcp.cc, self.tcp.rto_min, self.tcp.mss);
-        let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
-            return done.saturating_add(rto_min);
+        let rto_min = self.tcp.rto_min;
+        match self.tcp.flows.get(held.slot) {
+            Some(flow) => flow.resend_at(recovery, lost_sent, done, rto_min, held.timeouts),
+            None => done.saturating_add(rto_min),
+        }
+    }
+
+    /// A resend filed at `at` (kept at `index`) waits for its flow's probe or timeout: data
+    /// the flow sends before then may reveal the loss sooner (one such wait per flow).
+    pub(super) fn wait_in_tail(&mut self, at: Nanos, index: usize, held: &Held) {
+        let tail = matches!(held.found_by, Some((r, _)) if r != Recovery::Sack);
+        match self.tcp.tails.get_mut(held.slot) {
+            Some(wait @ None) if tail => *wait = Some(TailWait { at, index }),
+            _ => {}
+        }
+    }
+
+    /// Data of flow `slot` whose first packet left at `sent` and arrived: its selective
+    /// acknowledgement reveals the flow's tail loss (RACK: a round trip and a quarter of the
+    /// minimum one later), which is resent then if that is before its probe or timeout.
+    pub(super) fn reveal_tail(&mut self, slot: usize, sent: Nanos) {
+        let (Some(flow), Some(&Some(wait))) = (self.tcp.flows.get(slot), self.tcp.tails.get(slot))
+        else {
+            return;
         };
-        let at = flow.resend_at(recovery, lost_sent, done, rto_min, held.timeouts);
-        flow.on_loss(cc, recovery, now, mss);
-        self.count(held.slot, i, |c| c.recovered(recovery));
-        at
+        let seen = flow.resend_at(Recovery::Sack, sent, sent, self.tcp.rto_min, 0);
+        if seen >= wait.at {
+            return;
+        }
+        self.tcp.tails[slot] = None;
+        if let Some(mut held) = self.retransmits.cancel(wait.index) {
+            held.found_by = held.found_by.map(|(_, path)| (Recovery::Sack, path));
+            self.offer_later(seen, held);
+        }
+    }
+
+    /// A resend taken from `Port::retransmits` at `now`: its loss is counted as found and
+    /// told to its flow's window (a timeout backs the next one off).
+    pub(super) fn found(&mut self, now: Nanos, mut held: Held) -> Held {
+        let Some((recovery, path)) = held.found_by.take() else {
+            return held;
+        };
+        if let Some(wait) = self.tcp.tails.get_mut(held.slot) {
+            if wait.is_some_and(|w| w.index == held.later) {
+                *wait = None;
+            }
+        }
+        if recovery == Recovery::Timeout {
+            held.timeouts = held.timeouts.saturating_add(1);
+        }
+        let (cc, mss) = (self.tcp.cc, self.tcp.mss);
+        if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+            flow.on_loss(cc, recovery, now, now, mss);
+        }
+        self.count(held.slot, path, |c| c.recovered(recovery));
+        held
     }
 
     /// A reliable frame of `held` delivered on path `i` after waiting `queued` in the

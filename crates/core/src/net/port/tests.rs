@@ -133,12 +133,13 @@ proptest! {
 }
 
 /// On an otherwise idle port a lone frame has nothing behind it to reveal its loss: the
-/// tail loss probe finds it (2·srtt + 2 ms on the 4 ms tick: 4 ms here), and a lost
-/// retransmission only the timeout (the 5 ms minimum RTO, doubled at each further one).
+/// tail loss probe finds it (its packet the only one outstanding: 2·srtt + rto_min, no
+/// later than the RTO, so the 5 ms minimum RTO here), and a lost retransmission only the
+/// timeout (5 ms, doubled at each further one).
 #[test]
 fn a_lone_lost_frame_waits_for_the_probe_and_a_lost_resend_for_the_timeout() {
     let rto = 5_000_000;
-    let probe = 4_000_000;
+    let probe = rto;
     let profile = NetworkProfile {
         loss: 0.5,
         rto_ns: rto,

@@ -1,0 +1,200 @@
+//! How a reliable frame's loss is found when nothing of its flow follows it (the flow's
+//! tail): the loss probe, waiting for the delayed ACK where the lost packet is alone, or the
+//! timeout where the flow is still recovering an earlier loss (Linux probes only in Open).
+
+use super::keyed_tests::lossy;
+use super::reliable::{frame_loss, FrameLoss};
+use super::*;
+use crate::net::blackout::BlackedOut;
+
+const MS: Nanos = 1_000_000;
+
+/// A new reliable frame of flow 9 on `port` (its flow made, nothing else of it in the port).
+fn lone_frame(port: &mut Port) -> Held {
+    let meta = FrameMeta::reliable(144_800, 9);
+    Held {
+        token: 0,
+        meta,
+        seq: 0,
+        offered: 0,
+        retransmissions: 0,
+        wire_bytes: meta.bytes,
+        slot: port.slot(meta.flow),
+        draw: None,
+        timeouts: 0,
+        pacing: Pacing::Cleared,
+        found_by: None,
+        later: 0,
+    }
+}
+
+/// A frame of 100 packets, 10 us each, whose last lost packet left at `last`.
+fn lost(last: Nanos, before: Option<Nanos>) -> FrameLoss {
+    FrameLoss {
+        last,
+        final_packet: last == MS,
+        before,
+        packet_ns: 10_000,
+        packets: 100,
+        stalled: false,
+    }
+}
+
+/// The port of [`lossy`] (a round trip of 500 us) and a lone frame on it.
+fn port_and_frame() -> (Port, Held) {
+    let profile = NetworkProfile {
+        latency_ns: MS / 4,
+        ..lossy()
+    };
+    let mut port = Port::egress(&profile, 1, 1);
+    let held = lone_frame(&mut port);
+    (port, held)
+}
+
+#[test]
+fn a_lost_final_packet_alone_is_probed_after_the_delayed_ack_and_anything_else_sacked() {
+    let (port, held) = port_and_frame();
+    let lone = Recovery::LossProbe { lone: true };
+    assert_eq!(port.recovery_of(&held, &mut lost(MS, None)), lone);
+    // An earlier loss repaired more than a round trip before: the final one is alone again.
+    assert_eq!(port.recovery_of(&held, &mut lost(MS, Some(0))), lone);
+    // A packet after the lost one arrived: SACK reveals it.
+    assert_eq!(
+        port.recovery_of(&held, &mut lost(MS - 20_000, None)),
+        Recovery::Sack
+    );
+}
+
+#[test]
+fn a_tail_lost_while_the_flow_recovers_waits_for_the_timeout() {
+    let (mut port, mut held) = port_and_frame();
+    // Another loss within the round trip, with packets between them that SACK reveals it
+    // by: the flow is in recovery when the probe would fire.
+    let mut near = lost(MS, Some(MS - 300_000));
+    assert_eq!(port.recovery_of(&held, &mut near), Recovery::Timeout);
+    // The packet just before it lost too: nothing reveals that one before the probe, which
+    // fires with two packets outstanding.
+    let mut adjacent = lost(MS, Some(MS - 10_000));
+    assert_eq!(
+        port.recovery_of(&held, &mut adjacent),
+        Recovery::LossProbe { lone: false }
+    );
+    // An earlier frame's loss still being repaired.
+    let flow = &mut port.tcp.flows[held.slot];
+    flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, MS, 1_448.0);
+    assert_eq!(
+        port.recovery_of(&held, &mut lost(MS, None)),
+        Recovery::Timeout
+    );
+    // A lost resend of a tail: the timeout.
+    held.retransmissions = 1;
+    let mut late = lost(10 * MS, None);
+    assert_eq!(port.recovery_of(&held, &mut late), Recovery::Timeout);
+}
+
+#[test]
+fn the_final_packet_is_the_last_lost_one_as_often_as_any_other() {
+    let (packets, draws) = (100u64, 20_000u64);
+    let finals = (0..draws)
+        .map(|key| frame_loss(Some(key), 1, None, packets, 0, MS))
+        .filter(|l| l.final_packet)
+        .count();
+    let share = finals as f64 / draws as f64;
+    assert!((0.008..0.012).contains(&share), "{share}");
+    // Two lost: the one before is earlier; every packet lost: the last two at the end.
+    for key in 0..1_000 {
+        let l = frame_loss(Some(key), 2, None, packets, 0, MS);
+        assert!(l.before.is_some_and(|b| b <= l.last), "{l:?}");
+    }
+    let all = frame_loss(Some(1), packets, None, packets, 0, MS);
+    assert_eq!(
+        (all.last, all.before, all.final_packet),
+        (MS, Some(MS - 10_000), true)
+    );
+}
+
+#[test]
+fn an_outage_loses_a_run_of_packets_each_next_to_the_one_before() {
+    let run = BlackedOut {
+        packets: 3,
+        last_at: MS,
+    };
+    let l = frame_loss(Some(5), 0, Some(run), 100, 0, MS);
+    assert_eq!(l.last, MS);
+    assert!(l.final_packet);
+    assert_eq!(l.before, Some(MS - 10_000));
+}
+
+/// A tail's resend filed to wait for its probe at 205 ms, as `dispatch` files it.
+fn waiting_for_the_probe(port: &mut Port, held: &mut Held) -> Nanos {
+    let probe = Recovery::LossProbe { lone: true };
+    let at = port.resend_time(probe, held, MS, MS);
+    held.found_by = Some((probe, 0));
+    let index = port.retransmit(at, *held, 0);
+    port.wait_in_tail(at, index, held);
+    at
+}
+
+#[test]
+fn data_sent_after_a_tail_loss_reveals_it_before_the_probe() {
+    let (mut port, mut held) = port_and_frame();
+    let at = waiting_for_the_probe(&mut port, &mut held);
+    assert_eq!(at, MS + 200 * MS);
+    // The flow's next frame leaves at 2 ms and arrives: its SACK reveals the loss a round
+    // trip (500 us) and a quarter of the minimum one later.
+    port.reveal_tail(held.slot, 2 * MS);
+    let seen = 2 * MS + MS / 2 + MS / 8;
+    assert_eq!(port.retransmits.first_key().map(|k| k.0), Some(seen));
+    let resend = port.retransmits.pop_first().map(|h| port.found(seen, h));
+    assert!(resend.is_some_and(|h| h.found_by.is_none() && h.timeouts == 0));
+    let c = port.counters();
+    assert_eq!((c.loss_probes, c.timeouts), (0, 0), "found by SACK");
+    // The probe's own key comes and hands out nothing.
+    assert!(port.retransmits.pop_first().is_none());
+    assert!(port.tcp.tails[held.slot].is_none());
+}
+
+#[test]
+fn a_tail_nothing_reveals_in_time_is_counted_when_its_probe_fires() {
+    let (mut port, mut held) = port_and_frame();
+    let at = waiting_for_the_probe(&mut port, &mut held);
+    // Data sent too late to be acknowledged before the probe changes nothing.
+    port.reveal_tail(held.slot, at);
+    assert_eq!(port.retransmits.first_key().map(|k| k.0), Some(at));
+    let resend = port.retransmits.pop_first().map(|h| port.found(at, h));
+    assert!(resend.is_some());
+    assert_eq!(port.counters().loss_probes, 1);
+    assert!(port.tcp.tails[held.slot].is_none());
+    // A timeout backs the next one off.
+    held.found_by = Some((Recovery::Timeout, 0));
+    let after = port.found(at, held);
+    assert_eq!((after.timeouts, port.counters().timeouts), (1, 1));
+}
+
+#[test]
+fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() {
+    let (mut port, mut held) = port_and_frame();
+    held.retransmissions = 1;
+    // Alone: nothing follows the resend.
+    assert_eq!(
+        port.recovery_of(&held, &mut lost(MS, None)),
+        Recovery::Timeout
+    );
+    // More of the flow in the port, and room in the window (10 segments) beside a resend of
+    // two packets: RACK finds it.
+    port.tcp.flows[held.slot].in_port = 2;
+    let mut two = FrameLoss {
+        packets: 2,
+        ..lost(MS, None)
+    };
+    assert_eq!(port.recovery_of(&held, &mut two), Recovery::Sack);
+    assert!(!two.stalled);
+    // A resend of 10 packets fills the window: nothing new goes, only the timeout finds it,
+    // and nothing the flow sends later will.
+    let mut ten = FrameLoss {
+        packets: 10,
+        ..lost(MS, None)
+    };
+    assert_eq!(port.recovery_of(&held, &mut ten), Recovery::Timeout);
+    assert!(ten.stalled);
+}
