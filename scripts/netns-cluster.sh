@@ -43,7 +43,9 @@
 #   --loss P    random loss at the bottleneck ports (e.g. 1% or 0.01), IPv4 packets of TCP and
 #               UDP alike: nftables' `numgen random` drops with counters, in the switch, once
 #               per packet (ps: toward and from the server; rings: on the way into each host).
-#               Needs nftables (installed with apt-get where it is missing and apt is there)
+#               Needs nftables (installed with apt-get where it is missing and apt is there).
+#               With --loss or --blackout the job gets --peer-timeout 60 unless FLAGS name
+#               one: TCP's backed-off retransmissions outlast the default 5 s
 #   --blackout MS  once a second the switch drops every IPv4 packet (TCP and UDP alike) for
 #               about MS milliseconds (an nftables drop rule switched on and off by a loop;
 #               its drops are counted as blackout_drop in kernel/*-nft.json)
@@ -453,6 +455,11 @@ run_job() {
   extra_has --batch-size || flags+=(--batch-size 32)
   extra_has --quiet || flags+=(--quiet)
   extra_has --no-replica-stats || flags+=(--no-replica-stats)
+  # Under loss or blackouts TCP's backed-off retransmissions (200 ms, doubled: 6.2 s after
+  # five) outlast the default 5 s peer timeout, and heartbeats wait behind them.
+  if [ -n "$loss" ] || [ -n "$blackout" ]; then
+    extra_has --peer-timeout || flags+=(--peer-timeout 60)
+  fi
   flags+=("$@")
   pids=()
   for ((i = 0; i < hosts; i++)); do
