@@ -11,8 +11,8 @@
 //! sends before the probe fires still reveals it: the resend is filed again, sooner), one
 //! retransmission timeout later when a resend of a tail is lost too or the flow was still
 //! recovering; a flow whose window shrank on a loss is held to it. A loss is counted, and
-//! told to the flow's window, when its resend goes. Reliable frames of one flow are handed out in order, none before the one
-//! ahead of it. A loss-tolerant frame is simply lost. With
+//! told to the flow's window, when its resend goes. Reliable frames of one flow are handed
+//! out in order, none before the one ahead of it. A loss-tolerant frame is simply lost. With
 //! loss per packet (`mtu_bytes`) a frame is lost when any of its packets is, and its
 //! retransmission carries only the lost packets, as TCP's selective acknowledgements
 //! allow; a frame dropped by a full queue is sent again whole.
