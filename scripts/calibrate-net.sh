@@ -24,8 +24,9 @@
 #              turn (netns-cluster.sh --fair), the discipline of the model's ingress port
 # The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
 # 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
-# nftables' `numgen random` on that port, before the queue, as the model loses before its
-# ingress queue. The model gets the same rate, queue (packets x 1514 bytes), MTU 1500 and
+# nftables' `numgen random` on that port in both directions (the data before the queue, as
+# the model loses before its ingress queue, and the ACKs coming back, as the model loses a
+# frame's last ACK with the path's loss, and as the training testbed's ps cells drop). The model gets the same rate, queue (packets x 1514 bytes), MTU 1500 and
 # the round trip measured by ping. Prints a Markdown table: kernel and model completion
 # times and their ratio. Root only (it creates namespaces); it says so and exits 0
 # elsewhere. SYNCOPATE_BIN=PATH uses that binary instead of building one.
@@ -115,7 +116,8 @@ bottleneck() {
   ip netns exec "$sw" tc qdisc add dev "$dev" parent 1:10 handle 10: pfifo limit "$3"
 }
 
-# Random loss of $1 parts per million toward the receiver on path 0 (0: none).
+# Random loss of $1 parts per million at the receiver's port on path 0, toward it and from it
+# (0: none).
 random_loss() {
   ip netns exec "$sw" nft delete table bridge calibrate 2>/dev/null || true
   [ "$1" = 0 ] && return 0
@@ -124,6 +126,7 @@ table bridge calibrate {
   chain forward {
     type filter hook forward priority 0; policy accept;
     oifname "h0p0" ether type ip numgen random mod 1000000 < $1 drop
+    iifname "h0p0" ether type ip numgen random mod 1000000 < $1 drop
   }
 }
 NFT

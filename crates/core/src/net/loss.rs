@@ -7,6 +7,9 @@
 use super::profile::{BurstLoss, PathSpec};
 use super::rng::SplitMix64;
 
+/// Mixed into a frame's draw key for its acknowledgement's draw.
+const ACK_KEY: u64 = 0xAC4_0000_0001;
+
 /// The loss process of one path: decides, frame by frame, whether it is lost.
 #[derive(Debug, Clone)]
 pub(crate) struct LossProcess {
@@ -61,6 +64,25 @@ impl LossProcess {
                 lose_bernoulli(self.good, self.packets(bytes), &mut rng)
             }
             _ => self.lose(bytes),
+        }
+    }
+
+    /// Whether the acknowledgement of a delivered frame is lost on its way back, as one
+    /// packet of this path's loss in its current state: the reverse path is taken to lose
+    /// as this one does (the testbed drops at a port in both directions). Drawn from `key`'s
+    /// own stream where the frame has one (so its data's draws are unchanged), else from the
+    /// path's.
+    pub fn lose_ack(&mut self, key: Option<u64>) -> bool {
+        let p = match self.burst {
+            Some(b) if self.in_burst => b.loss_in_burst,
+            _ => self.good,
+        };
+        if p <= 0.0 {
+            return false;
+        }
+        match key {
+            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY]).chance(p),
+            None => self.rng.chance(p),
         }
     }
 

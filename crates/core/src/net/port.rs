@@ -599,6 +599,7 @@ impl Port {
         } else {
             if held.meta.reliable {
                 self.acked(&held, i, queued, done);
+                self.final_ack(&held, i, draw, done);
             }
             held.offered = start;
             Fate::Delivered {

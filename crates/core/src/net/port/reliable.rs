@@ -307,6 +307,51 @@ impl Port {
         // the sender's socket, which no round trip sees.
         let own = crate::net::transmission_ns(bps, flow.window_bytes());
         flow.sample_rtt(queued.min(own) + segment + latency.saturating_mul(2));
-        flow.on_acked(cc, held.meta.bytes, done, mss);
+        let last = final_ack_packets(&path.loss, held.wire_bytes) as f64 * mss;
+        let before_last = (held.meta.bytes as f64 - last).max(0.0) as usize;
+        flow.on_acked(cc, before_last, done, mss);
     }
+
+    /// The acknowledgement of `held`'s final packets (delivered on path `i`, its last bit
+    /// out at `done`; `draw` its loss key) comes back, or is lost with the path's loss (or
+    /// in an outage). A lost one is covered by later acknowledgements where more of the
+    /// flow follows; where nothing does, the sender's loss probe (or, while it recovers, its
+    /// timeout) resends the last packet, which the receiver answers with a duplicate SACK,
+    /// so the window is not cut (Linux undoes it). That costs the flow nothing unless its
+    /// window is full of those packets (one segment after a timeout, two at the floor): then
+    /// it sends nothing new until the probe or timeout.
+    pub(super) fn final_ack(&mut self, held: &Held, i: usize, draw: Option<u64>, done: Nanos) {
+        let (cc, mss, rto_min) = (self.tcp.cc, self.tcp.mss, self.tcp.rto_min);
+        let Some(path) = self.paths.get_mut(i) else {
+            return;
+        };
+        let packets = final_ack_packets(&path.loss, held.wire_bytes);
+        let last = (packets as f64 * mss).min(held.meta.bytes as f64) as usize;
+        let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
+            return;
+        };
+        let full = flow.window_bytes() as f64 <= packets as f64 * mss;
+        let alone = flow.in_port <= 1;
+        let back = done.saturating_add(path.spec.latency_ns);
+        let outage = path.spec.blackout.is_some_and(|b| b.is_out(back));
+        if !((full || alone) && (outage || path.loss.lose_ack(draw))) {
+            flow.on_acked(cc, last, done, mss);
+            return;
+        }
+        let recovery = if flow.in_recovery(done) {
+            Recovery::Timeout
+        } else {
+            Recovery::LossProbe { lone: packets == 1 }
+        };
+        if full {
+            flow.stall(flow.resend_at(recovery, done, done, rto_min, held.timeouts));
+        }
+        self.count(held.slot, i, |c| c.recovered(recovery));
+    }
+}
+
+/// The packets the receiver acknowledges last of a frame of `bytes`: two (an ACK every
+/// second segment), one for a frame of one packet.
+fn final_ack_packets(loss: &super::super::loss::LossProcess, bytes: usize) -> u64 {
+    loss.packets(bytes).min(2)
 }

@@ -198,3 +198,42 @@ fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() 
     assert_eq!(port.recovery_of(&held, &mut ten), Recovery::Timeout);
     assert!(ten.stalled);
 }
+
+#[test]
+fn a_lost_final_ack_is_probed_where_nothing_follows_and_stalls_only_a_full_window() {
+    let (mut port, held) = port_and_frame();
+    let acks = 5_000u64;
+    for key in 0..acks {
+        port.final_ack(&held, 0, Some(key), MS);
+    }
+    let share = port.counters().loss_probes as f64 / acks as f64;
+    assert!(
+        (0.015..0.025).contains(&share),
+        "{share} of the ACKs lost, 2 % loss"
+    );
+    // The window (10 segments) has room: the flow's next frame goes at once.
+    let (cc, rto_min, mss) = (CongestionControl::Cubic, port.tcp.rto_min, port.tcp.mss);
+    let flow = &mut port.tcp.flows[held.slot];
+    assert_eq!(flow.send_at(cc, 2 * MS, 1_000, rto_min, mss), 2 * MS);
+    // After a timeout the window is one segment: a one-packet frame fills it, so a lost ACK
+    // of it holds the flow until its probe resends the packet.
+    flow.on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    let one = Held {
+        meta: FrameMeta::reliable(1_000, 9),
+        wire_bytes: 1_000,
+        ..held
+    };
+    let before = port.counters().loss_probes;
+    let lost = (0..1_000).find_map(|key| {
+        let mut tried = port.clone();
+        tried.final_ack(&one, 0, Some(key), 10 * MS);
+        (tried.counters().loss_probes > before).then_some(tried)
+    });
+    let Some(mut port) = lost else {
+        panic!("an ACK of 2 % loss is lost within a thousand draws");
+    };
+    let flow = &mut port.tcp.flows[held.slot];
+    let probe = flow.resend_at(Recovery::LossProbe { lone: true }, 0, 10 * MS, rto_min, 0);
+    assert!(probe >= 10 * MS + 200 * MS, "{probe}");
+    assert_eq!(flow.send_at(cc, 11 * MS, 1_000, rto_min, mss), probe);
+}
