@@ -270,8 +270,8 @@ pub struct NetworkArgs {
     #[arg(long, value_name = "K")]
     pub paths: Option<usize>,
     /// Minimum retransmission timeout of the reliable (TCP-like) transport (Linux's
-    /// rto_min): the timeout, max(this, srtt + 4 rttvar) doubled at each further one, fires
-    /// only when a retransmission is lost too. Default 200ms, Linux's; a datacenter-tuned
+    /// rto_min): the timeout, srtt + max(4 rttvar, this) as Linux sets it, doubled at each
+    /// further one, fires where no probe or SACK finds a loss. Default 200ms, Linux's; a datacenter-tuned
     /// stack would use a few ms or less.
     #[arg(long, value_name = "DURATION")]
     pub rto: Option<String>,

@@ -13,7 +13,7 @@
 //!   to the 4 ms timer tick (250 Hz). Linux probes only in the Open state: a tail lost while
 //!   the flow is still recovering an earlier loss waits for the RTO;
 //! - **retransmission timeout**: a retransmission is lost too with nothing behind it, or the
-//!   tail was lost during a recovery, so only the RTO (`max(rto_min, srtt + 4·rttvar)`,
+//!   tail was lost during a recovery, so only the RTO (`srtt + max(4·rttvar, rto_min)`,
 //!   doubled at each further timeout) finds it.
 //!
 //! The congestion window follows the kernel's algorithm ([`CongestionControl`]): an
@@ -216,9 +216,12 @@ impl TcpFlow {
         t < self.recovery_until
     }
 
-    /// The retransmission timeout after `timeouts` earlier ones (doubled each time).
+    /// The retransmission timeout after `timeouts` earlier ones (doubled each time): Linux's
+    /// `srtt + max(4·rttvar, rto_min)` (its `rttvar_us` is at least the minimum RTO), so
+    /// never under a round trip plus the minimum.
     pub(crate) fn rto(&self, rto_min: Nanos, timeouts: u32) -> Nanos {
-        let base = ((self.srtt + 4.0 * self.rttvar) as Nanos).max(rto_min);
+        let spread = ((4.0 * self.rttvar) as Nanos).max(rto_min);
+        let base = (self.srtt as Nanos).saturating_add(spread);
         let backoff = 1u64.checked_shl(timeouts.min(16)).unwrap_or(u64::MAX);
         base.saturating_mul(backoff).min(RTO_MAX_NS.max(rto_min))
     }

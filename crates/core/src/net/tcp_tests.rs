@@ -17,15 +17,19 @@ fn the_loss_probe_fires_at_two_round_trips_plus_2ms_on_the_tick() {
 #[test]
 fn a_lone_packet_s_probe_waits_for_the_delayed_ack_but_never_past_the_rto() {
     let lone = Recovery::LossProbe { lone: true };
-    // srtt 0.5 ms: 2·srtt + 200 ms = 201 ms, but the RTO (200 ms) fires first.
+    // srtt 0.5 ms: 2·srtt + 200 ms = 201 ms, on the tick 204 ms, but the RTO (srtt + 200
+    // ms) fires first.
     let flow = TcpFlow::new(MS / 2, MSS);
-    assert_eq!(flow.resend_at(lone, 0, 10 * MS, 200 * MS, 0), 210 * MS);
-    // With a 5 ms rto_min: 2·srtt + 5 ms = 6 ms, on the tick 8 ms; the RTO is 5 ms.
-    assert_eq!(flow.resend_at(lone, 0, 0, 5 * MS, 0), 5 * MS);
-    // srtt 10 ms: 2·srtt + 200 ms = 220 ms; the RTO (srtt + 4·rttvar = 30 ms, at least
-    // 200 ms) fires first.
+    assert_eq!(
+        flow.resend_at(lone, 0, 10 * MS, 200 * MS, 0),
+        210 * MS + MS / 2
+    );
+    // With a 5 ms rto_min: 2·srtt + 5 ms = 6 ms, on the tick 8 ms; the RTO is 5.5 ms.
+    assert_eq!(flow.resend_at(lone, 0, 0, 5 * MS, 0), 5 * MS + MS / 2);
+    // srtt 10 ms: 2·srtt + 200 ms = 220 ms; the RTO (srtt + max(4·rttvar, 200 ms) = 210
+    // ms) fires first.
     let far = TcpFlow::new(10 * MS, MSS);
-    assert_eq!(far.resend_at(lone, 0, 0, 200 * MS, 0), 200 * MS);
+    assert_eq!(far.resend_at(lone, 0, 0, 200 * MS, 0), 210 * MS);
 }
 
 #[test]
@@ -57,12 +61,13 @@ fn sack_repairs_within_a_round_trip_of_the_lost_packet() {
 
 #[test]
 fn the_timeout_is_at_least_rto_min_and_doubles() {
+    // Linux's srtt + max(4·rttvar, rto_min): a round trip above the minimum.
     let flow = TcpFlow::new(MS, MSS);
-    assert_eq!(flow.rto(200 * MS, 0), 200 * MS);
-    assert_eq!(flow.rto(200 * MS, 1), 400 * MS);
-    assert_eq!(flow.rto(200 * MS, 3), 1_600 * MS);
+    assert_eq!(flow.rto(200 * MS, 0), 201 * MS);
+    assert_eq!(flow.rto(200 * MS, 1), 402 * MS);
+    assert_eq!(flow.rto(200 * MS, 3), 1_608 * MS);
     assert_eq!(flow.rto(200 * MS, 40), RTO_MAX_NS, "capped at 120 s");
-    // A long round trip sets it above the minimum: srtt + 4·rttvar = 3 x srtt at first.
+    // A round trip that varies more sets it: srtt + 4·rttvar = 3 x srtt at first.
     assert_eq!(TcpFlow::new(100 * MS, MSS).rto(200 * MS, 0), 300 * MS);
 }
 
