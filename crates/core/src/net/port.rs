@@ -28,7 +28,9 @@
 //! An ingress port serialises cut-through: a frame offered when its last bit arrived may
 //! have started one serialisation earlier, as its first bit came in, so an idle ingress port
 //! adds no delay at the sender's rate and only converging frames queue (serialising whole
-//! frames after they arrived doubled every hop's time, the more the bigger the frames).
+//! frames after they arrived doubled every hop's time, the more the bigger the frames). Where
+//! the senders' NICs are faster than the port (`worker_bandwidth_bps`), the first bit came in
+//! only one serialisation at their rate earlier, and the port's own rate shows from it.
 //!
 //! An ingress port holds one frame per flow at a time, as a receiver reads one frame of a
 //! connection before the next (the runtime's reader does exactly that): later frames of the
@@ -165,6 +167,10 @@ pub struct Port {
     clock: Nanos,
     /// Whether frames take the direct path ([`direct`]).
     direct: bool,
+    /// Ingress only: the fastest a sender's NIC puts a frame's bits on the wire (the
+    /// workers' NICs where they are faster than the servers' ports), so a frame that
+    /// arrived whole cannot have begun arriving more than its time at that rate earlier.
+    arrival_bps: Option<f64>,
     /// The send window in closed form, where the port has one path of a valid rate.
     one_path: Option<OnePath>,
     /// Whether any path may lose a frame (only then are draw keys kept).
@@ -234,7 +240,9 @@ impl Port {
                 blackout: None,
             })
             .collect();
-        Self::new(profile, seed, host, Direction::Ingress, specs)
+        let mut port = Self::new(profile, seed, host, Direction::Ingress, specs);
+        port.arrival_bps = profile.worker_bandwidth_bps;
+        port
     }
 
     /// A port of `specs` paths.
@@ -275,6 +283,7 @@ impl Port {
             waiting: Vec::new(),
             clock: 0,
             direct: false,
+            arrival_bps: None,
             one_path: None,
             lossy: false,
             attempts: Attempts::default(),
@@ -551,10 +560,15 @@ impl Port {
         let own_tcp = held.meta.reliable && !self.one_per_flow;
         let tx = path.transmission_ns(bytes);
         // An ingress port forwards bits as they arrive (cut-through): a frame that fully
-        // arrived at `offered` began arriving one serialisation earlier, and an idle port
-        // delivers it as its last bit comes in, not one more serialisation later.
+        // arrived at `offered` began arriving one serialisation earlier (at most: its
+        // sender's faster NIC took less), and an idle port delivers it as its last bit comes
+        // in, not one more serialisation later.
         let earliest = if self.one_per_flow {
-            held.offered.saturating_sub(tx)
+            let arriving = match (self.arrival_bps, path.spec.bandwidth_bps) {
+                (Some(up), Some(own)) if up > own => super::transmission_ns(Some(up), bytes),
+                _ => tx,
+            };
+            held.offered.saturating_sub(tx.min(arriving))
         } else {
             held.offered
         };

@@ -685,26 +685,32 @@ fn ingress_is_cut_through() {
     };
     let mut port = Port::ingress(&profile, 0, 5);
     port.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
-    let at: Vec<Nanos> = run_all(&mut port, Vec::new())
-        .iter()
-        .map(delivered_at)
-        .collect();
+    let at = delivered_times(&mut port);
     assert_eq!(at, [10_000], "no second serialisation");
     let mut port = Port::ingress(&profile, 0, 5);
     port.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
     port.enqueue(10_000, 1, FrameMeta::reliable(125, 2));
-    let at: Vec<Nanos> = run_all(&mut port, Vec::new())
-        .iter()
-        .map(delivered_at)
-        .collect();
+    let at = delivered_times(&mut port);
     assert_eq!(at, [10_000, 11_000], "converging frames queue");
     let mut egress = Port::egress(&profile, 0, 5);
     egress.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
-    let at: Vec<Nanos> = run_all(&mut egress, Vec::new())
-        .iter()
-        .map(delivered_at)
-        .collect();
+    let at = delivered_times(&mut egress);
     assert_eq!(at, [11_000], "an egress port serialises from the offer");
+    // Senders whose NICs are ten times faster than the port: the frame's bits arrived in
+    // 100 ns, and the idle port takes its 1,000 ns from the first of them.
+    let fast_senders = NetworkProfile {
+        worker_bandwidth_bps: Some(1e10),
+        ..profile
+    };
+    let mut port = Port::ingress(&fast_senders, 0, 5);
+    port.enqueue(10_000, 0, FrameMeta::reliable(125, 1));
+    let at = delivered_times(&mut port);
+    assert_eq!(at, [10_900], "the port's own rate from the first bit");
+}
+
+/// When each frame `port` decides is delivered, in order.
+fn delivered_times(port: &mut Port) -> Vec<Nanos> {
+    run_all(port, Vec::new()).iter().map(delivered_at).collect()
 }
 
 /// An ingress port holds one frame per flow: the next frame of a flow is offered when the
