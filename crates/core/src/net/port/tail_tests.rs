@@ -238,3 +238,25 @@ fn a_lost_final_ack_is_probed_where_nothing_follows_and_stalls_only_a_full_windo
     assert!(probe >= 10 * MS + 200 * MS, "{probe}");
     assert_eq!(flow.send_at(cc, 11 * MS, 1_000, rto_min, mss), probe);
 }
+
+#[test]
+fn a_lost_final_ack_while_the_flow_recovers_waits_for_the_timeout() {
+    let (mut port, held) = port_and_frame();
+    let (cc, mss) = (CongestionControl::Cubic, port.tcp.mss);
+    // An earlier loss's resend at 1 ms: the flow recovers until it is acknowledged.
+    port.tcp.flows[held.slot].on_loss(cc, Recovery::Sack, 0, MS, mss);
+    let lost = (0..1_000).find_map(|key| {
+        let mut tried = port.clone();
+        tried.final_ack(&held, 0, Some(key), MS);
+        let c = tried.counters();
+        (c.loss_probes + c.timeouts > 0).then_some(c)
+    });
+    let Some(c) = lost else {
+        panic!("an ACK of 2 % loss is lost within a thousand draws");
+    };
+    assert_eq!(
+        (c.loss_probes, c.timeouts),
+        (0, 1),
+        "no probe outside the Open state"
+    );
+}
