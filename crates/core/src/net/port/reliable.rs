@@ -287,7 +287,8 @@ impl Port {
     }
 
     /// A reliable frame of `held` delivered on path `i` after waiting `queued` in the
-    /// queue, its last bit out at `done`: a round-trip sample, and the window grows.
+    /// queue, its last bit out at `done`: a round-trip sample, and the window grows by what
+    /// the ACKs before its last acknowledge ([`Port::final_ack`] decides that last one).
     pub(super) fn acked(&mut self, held: &Held, i: usize, queued: Nanos, done: Nanos) {
         let (cc, mss) = (self.tcp.cc, self.tcp.mss);
         let Some(path) = self.paths.get(i) else {
