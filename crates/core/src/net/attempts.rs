@@ -21,20 +21,27 @@ const MAX_REMEMBERED: usize = 1 << 20;
 /// packet resent after a probe is a new attempt, with draws of its own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Attempts {
-    seen: HashMap<(u64, FrameIdentity), u32, BuildHasherDefault<WordHasher>>,
+    /// One table per step still remembered, keyed by the identity's [`identity_key`] (two
+    /// identities share a count only if their 64-bit keys collide).
+    steps: Vec<(u64, Offers)>,
+    /// Emptied tables, kept for their capacity.
+    spare: Vec<Offers>,
     newest_step: u64,
+    /// Identities in all the tables.
+    remembered: usize,
 }
 
-/// The hasher of [`Attempts`]' table: its keys are three 64-bit words, one of them a hash
-/// already, so a multiply per word and one SplitMix64 finish replace SipHash (which was a
-/// tenth of a lossy 64-worker simulation). Which entries a table holds does not depend on
-/// the hasher, so neither does any draw.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct WordHasher(u64);
+/// Offers so far per identity key.
+type Offers = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
-impl Hasher for WordHasher {
+/// The hasher of [`Offers`]: its keys are hashes already, so a key is its own hash (which
+/// entries a table holds does not depend on the hasher, so neither does any draw).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
-        mix(self.0)
+        self.0
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -46,7 +53,7 @@ impl Hasher for WordHasher {
     }
 
     fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(23) ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = mix(self.0 ^ word);
     }
 }
 
@@ -56,20 +63,90 @@ impl Attempts {
     pub(crate) fn draw_key(&mut self, flow: u64, identity: FrameIdentity) -> u64 {
         if identity.step > self.newest_step {
             self.newest_step = identity.step;
-            let oldest = identity.step.saturating_sub(KEEP_STEPS);
-            self.seen.retain(|(_, id), _| id.step >= oldest);
+            self.forget_before(identity.step.saturating_sub(KEEP_STEPS));
         }
-        if self.seen.len() >= MAX_REMEMBERED {
-            self.seen.clear();
+        if self.remembered >= MAX_REMEMBERED {
+            self.forget_before(u64::MAX);
         }
-        let count = self.seen.entry((flow, identity)).or_insert(0);
+        let key = identity_key(flow, identity);
+        let i = match self.steps.iter().position(|(s, _)| *s == identity.step) {
+            Some(i) => i,
+            None => {
+                let table = self.spare.pop().unwrap_or_default();
+                self.steps.push((identity.step, table));
+                self.steps.len() - 1
+            }
+        };
+        let count = self.steps[i].1.entry(key).or_insert(0);
         let attempt = *count;
         *count = count.saturating_add(1);
-        draw_key(flow, identity, attempt)
+        if attempt == 0 {
+            self.remembered += 1;
+        }
+        attempt_key(key, attempt)
+    }
+
+    /// Forgets every identity of a step before `oldest`.
+    fn forget_before(&mut self, oldest: u64) {
+        let mut i = 0;
+        while i < self.steps.len() {
+            if self.steps[i].0 >= oldest {
+                i += 1;
+                continue;
+            }
+            let (_, mut table) = self.steps.swap_remove(i);
+            self.remembered = self.remembered.saturating_sub(table.len());
+            table.clear();
+            self.spare.push(table);
+        }
     }
 }
 
-/// The draw key of attempt `attempt` of `identity` on `flow`.
-pub(crate) fn draw_key(flow: u64, identity: FrameIdentity, attempt: u32) -> u64 {
-    hash(&[flow, identity.step, identity.packet, u64::from(attempt)])
+/// What keys an identity's attempts on `flow`: `hash(flow, step, packet)`, which
+/// [`attempt_key`] extends (`hash` folds its words one by one) to `hash(flow, step, packet,
+/// attempt)`.
+fn identity_key(flow: u64, identity: FrameIdentity) -> u64 {
+    hash(&[flow, identity.step, identity.packet])
+}
+
+/// `hash(flow, step, packet, attempt)` from the identity's key.
+fn attempt_key(identity_key: u64, attempt: u32) -> u64 {
+    mix(identity_key ^ mix(u64::from(attempt)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The draw key of attempt `attempt` of `identity` on `flow`, as it is defined.
+    fn draw_key(flow: u64, identity: FrameIdentity, attempt: u32) -> u64 {
+        hash(&[flow, identity.step, identity.packet, u64::from(attempt)])
+    }
+
+    #[test]
+    fn the_attempt_key_extends_the_identity_key() {
+        let id = FrameIdentity {
+            step: 7,
+            packet: 0xDEAD_BEEF,
+        };
+        for attempt in [0, 1, 5, u32::MAX] {
+            assert_eq!(
+                attempt_key(identity_key(3, id), attempt),
+                draw_key(3, id, attempt)
+            );
+        }
+    }
+
+    #[test]
+    fn steps_behind_the_newest_two_are_forgotten() {
+        let mut a = Attempts::default();
+        let id = |step| FrameIdentity { step, packet: 1 };
+        assert_eq!(a.draw_key(0, id(1)), draw_key(0, id(1), 0));
+        assert_eq!(a.draw_key(0, id(1)), draw_key(0, id(1), 1));
+        a.draw_key(0, id(3));
+        assert_eq!(a.draw_key(0, id(1)), draw_key(0, id(1), 2), "kept");
+        a.draw_key(0, id(4));
+        assert_eq!(a.draw_key(0, id(1)), draw_key(0, id(1), 0), "forgotten");
+        assert_eq!(a.remembered, 3);
+    }
 }

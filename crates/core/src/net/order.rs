@@ -2,7 +2,7 @@
 //! earlier frame of its flow has been, and never before them (head-of-line blocking), so
 //! reliable deliveries on one flow are monotone in time.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::{Decision, Fate, Nanos};
 
@@ -16,8 +16,9 @@ pub(crate) struct FlowSeq {
     next_release: u64,
     /// Delivery time of the last frame handed out.
     last_at: Nanos,
-    /// Decided frames waiting for an earlier one.
-    held: BTreeMap<u64, Decision>,
+    /// Decided frames waiting for an earlier one: entry `i` is frame `next_release + i`
+    /// (tickets are dense, so a ring of slots is a cheaper map than a tree).
+    held: VecDeque<Option<Decision>>,
 }
 
 impl FlowSeq {
@@ -30,15 +31,29 @@ impl FlowSeq {
 
     /// Frame `seq` of the flow is delivered as `decision` says: hands it (and any frames
     /// it held up) to `out` in order, each delivered no earlier than the one before.
+    /// A sequence number settled twice, or one never ticketed, is ignored.
     pub fn settle(&mut self, seq: u64, decision: Decision, out: &mut VecDeque<Decision>) {
-        if seq != self.next_release {
-            self.held.insert(seq, decision);
+        let Some(i) = (seq.checked_sub(self.next_release)).and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        if seq >= self.next_ticket {
+            return;
+        }
+        if i > 0 {
+            if self.held.len() <= i {
+                self.held.resize_with(i + 1, || None);
+            }
+            self.held[i] = Some(decision);
             return;
         }
         // In order (the common case): no detour through the buffer.
+        self.held.pop_front();
         self.release(decision, out);
-        while let Some(d) = self.held.remove(&self.next_release) {
-            self.release(d, out);
+        while let Some(Some(_)) = self.held.front() {
+            if let Some(Some(d)) = self.held.pop_front() {
+                self.release(d, out);
+            }
         }
     }
 
@@ -88,5 +103,26 @@ mod tests {
             got,
             [delivered(20, 50), delivered(10, 500), delivered(11, 500)]
         );
+    }
+
+    #[test]
+    fn frames_settled_in_any_order_come_out_in_ticket_order() {
+        let mut flow = FlowSeq::default();
+        let tickets: Vec<u64> = (0..64).map(|_| flow.ticket()).collect();
+        let mut order = tickets.clone();
+        // A fixed shuffle: 37 is coprime with 64, so this visits every ticket once.
+        order.sort_by_key(|&t| (t * 37) % 64);
+        let mut out = VecDeque::new();
+        for &t in &order {
+            flow.settle(t, delivered(t, 1_000 - t), &mut out);
+        }
+        flow.settle(3, delivered(99, 0), &mut out);
+        flow.settle(64, delivered(99, 0), &mut out);
+        let tokens: Vec<u64> = out.iter().map(|d| d.token).collect();
+        assert_eq!(
+            tokens, tickets,
+            "in order, and a settled or unticketed one ignored"
+        );
+        assert!(flow.held.is_empty());
     }
 }
