@@ -8,8 +8,9 @@
 #   --cc       congestion controls to run, comma-separated (cubic, bbr, reno; default
 #              cubic,bbr), set in every namespace as scripts/netns-cluster.sh --cc does
 #   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
-#              a 32-packet queue), loss1 and loss5 (one flow, 1 % and 5 % random loss),
-#              paths (one flow with a second, degraded 20 Mbit/s path beside it); default all
+#              a 32-packet queue), loss1, loss5 and loss10 (one flow, 1 %, 5 % and 10 % random
+#              loss), paths (one flow with a second, degraded 20 Mbit/s path beside it);
+#              default all but loss10 (a 10 % loss transfer takes the kernel a minute)
 #   --repeats  kernel runs per cell (the median is reported; default 3); the model runs the
 #              same number of seeds
 #   --out      where cells.jsonl (every run) goes (default target/calibrate-net)
@@ -189,8 +190,9 @@ for cc in "${cc_list[@]}"; do
       incast) flows=4 bytes=2500000 queue=32 ;;
       loss1) ppm=10000; model=(--loss 1%) ;;
       loss5) ppm=50000; model=(--loss 5%) ;;
+      loss10) ppm=100000; model=(--loss 10%) ;;
       paths) ;;
-      *) fail "unknown rung '$rung' (one, incast, loss1, loss5, paths)" ;;
+      *) fail "unknown rung '$rung' (one, incast, loss1, loss5, loss10, paths)" ;;
     esac
     bottleneck 0 100mbit "$queue"
     # The model's hosts as the testbed's: a sender's own port at a veth's speed, the

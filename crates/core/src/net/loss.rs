@@ -9,6 +9,11 @@ use super::rng::SplitMix64;
 
 /// Mixed into a frame's draw key for its acknowledgement's draw.
 const ACK_KEY: u64 = 0xAC4_0000_0001;
+/// Mixed in too for the draws of its windows' acknowledgements.
+const WINDOWS_KEY: u64 = 0x3D;
+/// A window's acknowledgements all lost less often than this is taken never to happen
+/// (windows of more than a few packets: no draws).
+const MIN_WINDOW_STALL: f64 = 1e-6;
 
 /// The loss process of one path: decides, frame by frame, whether it is lost.
 #[derive(Debug, Clone)]
@@ -84,6 +89,30 @@ impl LossProcess {
             Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY]).chance(p),
             None => self.rng.chance(p),
         }
+    }
+
+    /// Of `windows` windows of a frame sent by a flow with a small window, how many lose
+    /// every one of their `acks` acknowledgements on the way back (each as one packet of
+    /// this path's loss in its current state), leaving the sender with nothing to clock
+    /// it on. Drawn from `key`'s own stream where the frame has one, else from the path's.
+    pub fn lose_windows_acks(&mut self, key: Option<u64>, windows: u64, acks: u32) -> u64 {
+        let p = match self.burst {
+            Some(b) if self.in_burst => b.loss_in_burst,
+            _ => self.good,
+        };
+        let all = p.powi(i32::try_from(acks).unwrap_or(i32::MAX));
+        if all < MIN_WINDOW_STALL || windows == 0 {
+            return 0;
+        }
+        let mut own;
+        let rng = match key {
+            Some(key) => {
+                own = SplitMix64::derive(&[self.key_seed, key, ACK_KEY, WINDOWS_KEY]);
+                &mut own
+            }
+            None => &mut self.rng,
+        };
+        (0..windows).filter(|_| rng.chance(all)).count() as u64
     }
 
     /// Whether no frame is ever lost (no loss rate, no bursts, no outages).

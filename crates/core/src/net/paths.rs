@@ -56,6 +56,24 @@ impl<T> Path<T> {
         transmission_ns(self.spec.bandwidth_bps, bytes)
     }
 
+    /// When a frame of `bytes` (`tx` ns here) that arrived whole at `arrived` began arriving
+    /// at an ingress port that forwards bits as they come (cut-through): one serialisation
+    /// earlier at most, less where its sender's NIC (`arrival_bps`) is faster. So an idle
+    /// port delivers it as its last bit comes in, not one more serialisation later.
+    pub fn first_bit_at(
+        &self,
+        arrival_bps: Option<f64>,
+        arrived: Nanos,
+        tx: Nanos,
+        bytes: usize,
+    ) -> Nanos {
+        let arriving = match (arrival_bps, self.spec.bandwidth_bps) {
+            (Some(up), Some(own)) if up > own => transmission_ns(Some(up), bytes),
+            _ => tx,
+        };
+        arrived.saturating_sub(tx.min(arriving))
+    }
+
     /// How much of the serialiser's time after `now` goes to the host's own TCP bytes that
     /// Linux would still keep in the sockets: TCP small queues let only the path's own share
     /// ([`FrameQueue::own_share`]) into the qdisc, so a datagram or control frame arriving

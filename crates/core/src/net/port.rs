@@ -559,16 +559,8 @@ impl Port {
         let bytes = held.wire_bytes;
         let own_tcp = held.meta.reliable && !self.one_per_flow;
         let tx = path.transmission_ns(bytes);
-        // An ingress port forwards bits as they arrive (cut-through): a frame that fully
-        // arrived at `offered` began arriving one serialisation earlier (at most: its
-        // sender's faster NIC took less), and an idle port delivers it as its last bit comes
-        // in, not one more serialisation later.
         let earliest = if self.one_per_flow {
-            let arriving = match (self.arrival_bps, path.spec.bandwidth_bps) {
-                (Some(up), Some(own)) if up > own => super::transmission_ns(Some(up), bytes),
-                _ => tx,
-            };
-            held.offered.saturating_sub(tx.min(arriving))
+            path.first_bit_at(self.arrival_bps, held.offered, tx, bytes)
         } else {
             held.offered
         };
@@ -591,8 +583,12 @@ impl Port {
         let lost_packets = random
             .saturating_add(blacked.map_or(0, |b| b.packets))
             .min(packets);
-        let resend = path.loss.resend_bytes(bytes, lost_packets);
-        let at = done.saturating_add(path.spec.latency_ns);
+        let (resend, latency) = (
+            path.loss.resend_bytes(bytes, lost_packets),
+            path.spec.latency_ns,
+        );
+        let done_flow = self.middle_acks_lost(&held, i, draw, done);
+        let at = done_flow.saturating_add(latency);
         let queued = start.saturating_sub(held.offered);
         self.count(held.slot, i, |c| c.sent(bytes, queued));
         if held.meta.reliable && lost_packets < packets {
@@ -606,14 +602,14 @@ impl Port {
                 let next = loss.last.saturating_add(loss.packet_ns);
                 loss.stalled = outage.is_some_and(|b| b.is_out(next));
                 held.wire_bytes = resend;
-                self.resend_lost(held, i, &mut loss, done);
+                self.resend_lost(held, i, &mut loss, done_flow);
                 return;
             }
             Fate::Lost { path: i }
         } else {
             if held.meta.reliable {
                 self.acked(&held, i, queued, done);
-                self.final_ack(&held, i, draw, done);
+                self.final_ack(&held, i, draw, done_flow);
             }
             held.offered = start;
             Fate::Delivered {

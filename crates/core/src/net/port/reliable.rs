@@ -351,6 +351,68 @@ impl Port {
     }
 }
 
+impl Port {
+    /// The windows of `held` before its final packets (sent on path `i`, its last bit out
+    /// at `done`; `draw` its loss key) whose acknowledgements are all lost. With a window
+    /// of a few packets (cubic's floor under heavy loss) the sender is then left with
+    /// nothing in flight to clock it, and waits for its loss probe (its timeout while it
+    /// recovers), whose answer sets it going again; the window is not cut (the probe's
+    /// duplicate SACK undoes it). Returns when the frame's last bit leaves after those
+    /// waits (the link serves others meanwhile), each counted; the flow sends nothing new
+    /// before then.
+    pub(super) fn middle_acks_lost(
+        &mut self,
+        held: &Held,
+        i: usize,
+        draw: Option<u64>,
+        done: Nanos,
+    ) -> Nanos {
+        let late = self.middle_waits(held, i, draw, done);
+        if late > 0 {
+            if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+                flow.stall(done.saturating_add(late));
+            }
+        }
+        done.saturating_add(late)
+    }
+
+    /// How long the waits of [`Port::middle_acks_lost`] take, each counted.
+    pub(super) fn middle_waits(
+        &mut self,
+        held: &Held,
+        i: usize,
+        draw: Option<u64>,
+        done: Nanos,
+    ) -> Nanos {
+        let (mss, rto_min) = (self.tcp.mss, self.tcp.rto_min);
+        if !(held.meta.reliable && self.tcp.on) {
+            return 0;
+        }
+        let (Some(path), Some(flow)) = (self.paths.get_mut(i), self.tcp.flows.get(held.slot))
+        else {
+            return 0;
+        };
+        let packets = path.loss.packets(held.wire_bytes);
+        let middle = packets.saturating_sub(final_ack_packets(&path.loss, held.wire_bytes));
+        let window = ((flow.window_bytes() as f64 / mss) as u64).max(1);
+        let acks = u32::try_from(window).unwrap_or(u32::MAX);
+        let stalls = path.loss.lose_windows_acks(draw, middle / window, acks);
+        if stalls == 0 {
+            return 0;
+        }
+        let recovery = if flow.in_recovery(done) {
+            Recovery::Timeout
+        } else {
+            Recovery::LossProbe { lone: window == 1 }
+        };
+        let wait = flow.resend_at(recovery, 0, 0, rto_min, held.timeouts);
+        for _ in 0..stalls {
+            self.count(held.slot, i, |c| c.recovered(recovery));
+        }
+        wait.saturating_mul(stalls)
+    }
+}
+
 /// The packets the receiver acknowledges last of a frame of `bytes`: two (an ACK every
 /// second segment), one for a frame of one packet.
 fn final_ack_packets(loss: &super::super::loss::LossProcess, bytes: usize) -> u64 {

@@ -260,3 +260,36 @@ fn a_lost_final_ack_while_the_flow_recovers_waits_for_the_timeout() {
         "no probe outside the Open state"
     );
 }
+
+#[test]
+fn lost_acks_in_a_frames_middle_hold_a_flow_only_at_a_window_of_a_few_packets() {
+    let (mut port, held) = port_and_frame();
+    let (cc, mss, rto_min) = (CongestionControl::Cubic, port.tcp.mss, port.tcp.rto_min);
+    // The initial window, ten packets each acknowledged: never all ten ACKs lost.
+    assert!((0..1_000).all(|key| port.middle_waits(&held, 0, Some(key), MS) == 0));
+    // After a timeout the window is one packet: each packet's ACK is its window's only one.
+    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    let packets = port.paths[0].loss.packets(held.wire_bytes);
+    let frames = 500u64;
+    let late: Nanos = (0..frames)
+        .map(|key| port.middle_waits(&held, 0, Some(key), MS))
+        .sum();
+    let c = port.counters();
+    let expected = 0.02 * (packets - 2) as f64 * frames as f64;
+    let stalls = c.loss_probes as f64;
+    assert!(
+        (0.85 * expected..1.15 * expected).contains(&stalls),
+        "{stalls} waits for {expected} expected at 2 % loss"
+    );
+    assert_eq!(c.timeouts, 0, "outside a recovery the probe finds it");
+    let flow = &port.tcp.flows[held.slot];
+    let probe = flow.resend_at(Recovery::LossProbe { lone: true }, 0, 0, rto_min, 0);
+    assert_eq!(late, probe * c.loss_probes, "each wait a probe's timeout");
+    // While the flow recovers, only the timeout sets it going again.
+    port.tcp.flows[held.slot].on_loss(cc, Recovery::Sack, 0, 10 * MS, mss);
+    let before = port.counters().timeouts;
+    let waits: u64 = (0..frames)
+        .map(|key| u64::from(port.middle_waits(&held, 0, Some(key), MS) > 0))
+        .sum();
+    assert!(port.counters().timeouts > before && waits > 0);
+}
