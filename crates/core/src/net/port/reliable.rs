@@ -367,30 +367,13 @@ impl Port {
         draw: Option<u64>,
         done: Nanos,
     ) -> Nanos {
-        let late = self.middle_waits(held, i, draw, done);
-        if late > 0 {
-            if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
-                flow.stall(done.saturating_add(late));
-            }
-        }
-        done.saturating_add(late)
-    }
-
-    /// How long the waits of [`Port::middle_acks_lost`] take, each counted.
-    pub(super) fn middle_waits(
-        &mut self,
-        held: &Held,
-        i: usize,
-        draw: Option<u64>,
-        done: Nanos,
-    ) -> Nanos {
         let (mss, rto_min) = (self.tcp.mss, self.tcp.rto_min);
         if !(held.meta.reliable && self.tcp.on) {
-            return 0;
+            return done;
         }
         let (Some(path), Some(flow)) = (self.paths.get_mut(i), self.tcp.flows.get(held.slot))
         else {
-            return 0;
+            return done;
         };
         let packets = path.loss.packets(held.wire_bytes);
         let middle = packets.saturating_sub(final_ack_packets(&path.loss, held.wire_bytes));
@@ -398,7 +381,7 @@ impl Port {
         let acks = u32::try_from(window).unwrap_or(u32::MAX);
         let stalls = path.loss.lose_windows_acks(draw, middle / window, acks);
         if stalls == 0 {
-            return 0;
+            return done;
         }
         let recovery = if flow.in_recovery(done) {
             Recovery::Timeout
@@ -406,10 +389,14 @@ impl Port {
             Recovery::LossProbe { lone: window == 1 }
         };
         let wait = flow.resend_at(recovery, 0, 0, rto_min, held.timeouts);
+        let last = done.saturating_add(wait.saturating_mul(stalls));
         for _ in 0..stalls {
             self.count(held.slot, i, |c| c.recovered(recovery));
         }
-        wait.saturating_mul(stalls)
+        if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+            flow.stall(last);
+        }
+        last
     }
 }
 

@@ -266,13 +266,13 @@ fn lost_acks_in_a_frames_middle_hold_a_flow_only_at_a_window_of_a_few_packets() 
     let (mut port, held) = port_and_frame();
     let (cc, mss, rto_min) = (CongestionControl::Cubic, port.tcp.mss, port.tcp.rto_min);
     // The initial window, ten packets each acknowledged: never all ten ACKs lost.
-    assert!((0..1_000).all(|key| port.middle_waits(&held, 0, Some(key), MS) == 0));
+    assert!((0..1_000).all(|key| port.middle_acks_lost(&held, 0, Some(key), MS) == MS));
     // After a timeout the window is one packet: each packet's ACK is its window's only one.
     port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
     let packets = port.paths[0].loss.packets(held.wire_bytes);
     let frames = 500u64;
     let late: Nanos = (0..frames)
-        .map(|key| port.middle_waits(&held, 0, Some(key), MS))
+        .map(|key| port.middle_acks_lost(&held, 0, Some(key), MS) - MS)
         .sum();
     let c = port.counters();
     let expected = 0.02 * (packets - 2) as f64 * frames as f64;
@@ -289,7 +289,7 @@ fn lost_acks_in_a_frames_middle_hold_a_flow_only_at_a_window_of_a_few_packets() 
     port.tcp.flows[held.slot].on_loss(cc, Recovery::Sack, 0, 10 * MS, mss);
     let before = port.counters().timeouts;
     let waits: u64 = (0..frames)
-        .map(|key| u64::from(port.middle_waits(&held, 0, Some(key), MS) > 0))
+        .map(|key| u64::from(port.middle_acks_lost(&held, 0, Some(key), MS) > MS))
         .sum();
     assert!(port.counters().timeouts > before && waits > 0);
 }
