@@ -388,7 +388,8 @@ impl Port {
         } else {
             Recovery::LossProbe { lone: window == 1 }
         };
-        let wait = flow.resend_at(recovery, 0, 0, rto_min, held.timeouts);
+        // Not backed off: the ACKs before the window's took round-trip samples.
+        let wait = flow.resend_at(recovery, 0, 0, rto_min, 0);
         let last = done.saturating_add(wait.saturating_mul(stalls));
         for _ in 0..stalls {
             self.count(held.slot, i, |c| c.recovered(recovery));
