@@ -312,8 +312,13 @@ impl<'a> Sim<'a> {
                 Event::Arrive(slot) => self.arrive(slot)?,
                 Event::Deliver(slot) => self.deliver(slot)?,
                 Event::NetPoll { host, ingress } => {
-                    self.hosts[host].nic.poll_at[usize::from(ingress)] = None;
-                    self.collect(host, ingress)?;
+                    // A poll armed for a later time than a newer one is stale: the newer
+                    // one polls (acting on both would keep each duplicate alive).
+                    let armed = &mut self.hosts[host].nic.poll_at[usize::from(ingress)];
+                    if *armed == Some(t) {
+                        *armed = None;
+                        self.collect(host, ingress)?;
+                    }
                 }
                 Event::Timeout(h) => self.timeout(h)?,
                 Event::Strike(i) => self.strike(i),

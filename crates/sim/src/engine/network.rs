@@ -203,10 +203,12 @@ impl Sim<'_> {
         let nic = &mut self.hosts[h].nic;
         let due = nic.port(ingress).and_then(|p| p.poll_timeout());
         let armed = &mut nic.poll_at[usize::from(ingress)];
-        if let Some(t) = due.filter(|&t| armed.is_none_or(|a| t < a)) {
+        if let Some(t) = due
+            .map(|t| t.max(now))
+            .filter(|&t| armed.is_none_or(|a| t < a))
+        {
             *armed = Some(t);
-            self.queue
-                .push(t.max(now), Event::NetPoll { host: h, ingress });
+            self.queue.push(t, Event::NetPoll { host: h, ingress });
         }
         Ok(())
     }
