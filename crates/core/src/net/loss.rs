@@ -78,10 +78,7 @@ impl LossProcess {
     /// own stream where the frame has one (so its data's draws are unchanged), else from the
     /// path's.
     pub fn lose_ack(&mut self, key: Option<u64>) -> bool {
-        let p = match self.burst {
-            Some(b) if self.in_burst => b.loss_in_burst,
-            _ => self.good,
-        };
+        let p = self.packet_loss_now();
         if p <= 0.0 {
             return false;
         }
@@ -96,10 +93,7 @@ impl LossProcess {
     /// this path's loss in its current state), leaving the sender with nothing to clock
     /// it on. Drawn from `key`'s own stream where the frame has one, else from the path's.
     pub fn lose_windows_acks(&mut self, key: Option<u64>, windows: u64, acks: u32) -> u64 {
-        let p = match self.burst {
-            Some(b) if self.in_burst => b.loss_in_burst,
-            _ => self.good,
-        };
+        let p = self.packet_loss_now();
         let all = p.powi(i32::try_from(acks).unwrap_or(i32::MAX));
         if all < MIN_WINDOW_STALL || windows == 0 {
             return 0;
@@ -113,6 +107,14 @@ impl LossProcess {
             None => &mut self.rng,
         };
         (0..windows).filter(|_| rng.chance(all)).count() as u64
+    }
+
+    /// The chance of losing one packet in the chain's current state.
+    fn packet_loss_now(&self) -> f64 {
+        match self.burst {
+            Some(b) if self.in_burst => b.loss_in_burst,
+            _ => self.good,
+        }
     }
 
     /// Whether no frame is ever lost (no loss rate, no bursts, no outages).
