@@ -23,6 +23,10 @@
 #              incast, (c) 1 % random loss, (d) a second path at 20 Mbit/s
 #   --fair     the training rung's kernel bottleneck with a pfifo per sending host served in
 #              turn (netns-cluster.sh --fair), the discipline of the model's ingress port
+#   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
+#              headers only, with tcpdump) and print where its time went: its idle spells by
+#              what ended them (timeout, loss probe, ACK) and each timeout's cause
+#              (scripts/tcp_waits.py)
 # The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
 # 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
 # nftables' `numgen random` on that port in both directions (the data before the queue, as
@@ -39,6 +43,7 @@ ccs=cubic,bbr
 rungs=one,incast,loss1,loss5,paths
 repeats=3
 train=0
+trace=0
 fair=()
 cells=a,b,c,d
 steps=60
@@ -51,6 +56,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --train) train=1; shift ;;
     --fair) fair=(--fair); shift ;;
+    --trace) trace=1; shift ;;
     --cells) cells=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -73,6 +79,10 @@ done
 if ! command -v nft >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >&2 ||
     fail "the loss rungs need nftables (nft), which apt-get could not install"
+fi
+if [ "$trace" = 1 ] && ! command -v tcpdump >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tcpdump >&2 ||
+    fail "--trace needs tcpdump, which apt-get could not install"
 fi
 if [ -z "${SYNCOPATE_BIN:-}" ]; then
   cargo build --release -p syncopate >&2
@@ -143,10 +153,18 @@ set_cc() {
   done
 }
 
-# One kernel transfer: $1 flows of $2 bytes each; prints the completion in seconds.
+# One kernel transfer: $1 flows of $2 bytes each; prints the completion in seconds. With
+# --trace, sender 1's packets go to the capture $3.
 kernel_transfer() {
-  local flows=$1 bytes=$2 port=$((20000 + RANDOM % 20000))
-  local result="$out/recv.json"
+  local flows=$1 bytes=$2 capture=${3:-} port=$((20000 + RANDOM % 20000))
+  local result="$out/recv.json" dump=
+  if [ -n "$capture" ]; then
+    ip netns exec "$tag-h1" tcpdump -i eth0 -s 128 -Z root -w "$capture" "tcp port $port" \
+      2> "$capture.log" &
+    dump=$!
+    # Capturing once it says it listens (it says so before the first packet).
+    for _ in $(seq 250); do grep -q listening "$capture.log" && break; sleep 0.02; done
+  fi
   ip netns exec "$tag-h0" python3 scripts/tcp_transfer.py recv --port "$port" --flows "$flows" \
     > "$result" &
   local recv=$!
@@ -159,6 +177,10 @@ kernel_transfer() {
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
   wait "$recv"
+  if [ -n "$dump" ]; then
+    kill -INT "$dump"; wait "$dump" 2>/dev/null || true
+    python3 scripts/tcp_waits.py "$capture" 10.79.0.2 >&2
+  fi
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
   echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
     "$out/before.json" "$out/after.json")" >&2
@@ -209,7 +231,9 @@ for cc in "${cc_list[@]}"; do
     random_loss "$ppm"
     kernel=() ours=()
     for ((r = 1; r <= repeats; r++)); do
-      kernel+=("$(kernel_transfer "$flows" "$bytes")")
+      capture=
+      if [ "$trace" = 1 ]; then mkdir -p "$out/trace"; capture="$out/trace/$cc-$rung-$r.pcap"; fi
+      kernel+=("$(kernel_transfer "$flows" "$bytes" "$capture")")
       "$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
         --network "$out/$rung.toml" --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
         --latency "${latency_us}us" "${model[@]}" > "$out/model.json"
