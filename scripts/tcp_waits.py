@@ -58,10 +58,9 @@ def packets(lines, sender):
     return conns
 
 
-def timeout_cause(seg, copies, last_copy, sends_after, previous):
-    """What a timeout resent: `seg` sent `copies` times before, its last copy at
-    `last_copy`, `sends_after` packets sent after that copy; `previous`: the segment the
-    timeout before it resent."""
+def timeout_cause(seg, copies, sends_after, previous):
+    """What a timeout resent: `seg` sent `copies` times before, `sends_after` packets sent
+    after its last copy; `previous`: the segment the timeout before it resent."""
     if seg == previous:
         return "backed off (the same packet again)"
     kind = "resend" if copies >= 2 else "original"
@@ -75,8 +74,9 @@ def waits(events):
     kinds = collections.defaultdict(lambda: [0, 0.0])
     causes = collections.defaultdict(lambda: [0, 0.0])
     copies = collections.Counter()
+    # Packets sent so far, and how many had been when each segment's last copy went.
+    sent = 0
     last_copy = {}
-    sent_times = []
     last_send = last_ack = previous = None
     acks = 0
     highest = 0
@@ -92,8 +92,8 @@ def waits(events):
             gap = t - last_send
             if acks == 0 and gap >= TIMEOUT_S and end <= highest:
                 kind = "timeout"
-                after = sum(1 for s in sent_times if s > last_copy.get(seq, t))
-                cause = timeout_cause(seq, copies[seq], last_copy.get(seq), after, previous)
+                after = sent - last_copy.get(seq, sent)
+                cause = timeout_cause(seq, copies[seq], after, previous)
                 causes[cause][0] += 1
                 causes[cause][1] += gap
                 previous = seq
@@ -105,8 +105,8 @@ def waits(events):
             kinds[kind][0] += 1
             kinds[kind][1] += gap
         copies[seq] += 1
-        last_copy[seq] = t
-        sent_times.append(t)
+        sent += 1
+        last_copy[seq] = sent
         highest = max(highest, end)
         last_send, acks = t, 0
     span = (last_send - first) if first is not None else 0.0
