@@ -115,8 +115,9 @@ def waits(events):
 
 def main(argv):
     if len(argv) < 3 or argv[1] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if len(argv) >= 2 else 2
+        asked = len(argv) >= 2 and argv[1] in ("-h", "--help")
+        print(__doc__, file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     capture, sender = argv[1], argv[2]
     if capture == "-":
         return summarise(sys.stdin.read(), sender, "--json" in argv)
