@@ -719,7 +719,17 @@ impl<'a> Sim<'a> {
             _ => 0.0,
         };
         let network = self.network_counters();
-        let traffic: Vec<HostTraffic> = self.hosts.iter().map(|h| h.traffic).collect();
+        let traffic: Vec<HostTraffic> = (self.hosts.iter())
+            .map(|h| {
+                let c = h.nic.counters();
+                let (timeouts, loss_probes) = (c.timeouts, c.loss_probes);
+                HostTraffic {
+                    timeouts,
+                    loss_probes,
+                    ..h.traffic
+                }
+            })
+            .collect();
         let dlcp = self
             .hosts
             .iter()

@@ -11,13 +11,21 @@ use syncopate_core::wire::datagram::DatagramCounters;
 
 use crate::SimConfig;
 
-/// Bytes one host put on and took off the network (full-size bytes, headers included).
+/// Bytes one host put on and took off the network (full-size bytes, headers included), and
+/// how its ports recovered reliable frames' losses (as the kernel's TCP counts per host).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostTraffic {
     /// Bytes sent.
     pub bytes_sent: u64,
     /// Bytes received.
     pub bytes_received: u64,
+    /// Losses found by a retransmission timeout: of the frames this host sent, and of those
+    /// its ingress port dropped (the kernel's `TcpExtTCPTimeouts` in its namespace).
+    #[serde(default)]
+    pub timeouts: u64,
+    /// Losses found by a tail loss probe, likewise (`TcpExtTCPLossProbes`).
+    #[serde(default)]
+    pub loss_probes: u64,
 }
 
 /// Which track of its host an event is drawn on.

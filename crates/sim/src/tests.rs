@@ -8,7 +8,7 @@ use syncopate_core::sched::SchedulerKind;
 use syncopate_core::strategy::StrategyKind;
 
 use crate::engine::{Polling, Sim};
-use crate::{chrome_trace_json, simulate, Lane, SimConfig, SimReport};
+use crate::{chrome_trace_json, simulate, HostTraffic, Lane, SimConfig, SimReport};
 
 const GBIT: f64 = 1e9;
 
@@ -312,6 +312,26 @@ fn tensor_completion_times_show_the_retransmission_tail() {
     assert_eq!(lossy.count, 4 * 20 * 8);
     assert!(clean.p99_s < 0.2, "{clean:?}");
     assert!(lossy.p99_s > clean.p99_s, "{lossy:?} against {clean:?}");
+}
+
+/// Each host's timeouts and loss probes (the kernel's per-namespace counters' match) add up
+/// to the network's, and the servers, which send the pulls, recover losses of their own.
+#[test]
+fn each_host_counts_the_losses_its_ports_recovered() {
+    let profile = model(&[(100_000, 200_000, 400_000); 8]);
+    let mut c = config(StrategyKind::P3, 4, 2, GBIT, 10_000);
+    (c.steps, c.network.loss) = (20, 0.02);
+    let report = run(&profile, &c);
+    let sum = |f: fn(&HostTraffic) -> u64| report.traffic.iter().map(f).sum::<u64>();
+    let network = &report.network;
+    assert!(network.timeouts + network.loss_probes > 0, "{network:?}");
+    assert_eq!(sum(|t| t.timeouts), network.timeouts);
+    assert_eq!(sum(|t| t.loss_probes), network.loss_probes);
+    let servers = &report.traffic[4..];
+    assert!(
+        servers.iter().any(|t| t.timeouts + t.loss_probes > 0),
+        "{servers:?}"
+    );
 }
 
 #[test]

@@ -60,7 +60,7 @@ impl PairRow for AgreementRow {
         ]
     }
 
-    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self> {
+    fn read(config: &StudyConfig, _: &Path, first: &str, second: &str) -> Result<Self> {
         row(config, first, second)
     }
 }

@@ -51,7 +51,7 @@ impl PairRow for FidelityRow {
         ]
     }
 
-    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self> {
+    fn read(config: &StudyConfig, _: &Path, first: &str, second: &str) -> Result<Self> {
         row(config, first, second)
     }
 }

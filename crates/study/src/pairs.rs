@@ -81,7 +81,7 @@ pub fn collect<R: PairRow>(config: &StudyConfig, dir: &Path) -> Result<Vec<Paire
         let read = |p: &Path| {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
         };
-        let figures = R::read(config, &read(&first)?, &read(&second)?)
+        let figures = R::read(config, &run_dir, &read(&first)?, &read(&second)?)
             .with_context(|| format!("reading the cell {}", run_dir.display()))?;
         rows.push(Paired {
             place: Place::of(&run),
@@ -125,8 +125,9 @@ pub trait PairRow: serde::Serialize + Default {
     const EXPLAINED: &'static str;
     /// Where each side runs under the cell's directory.
     const SIDES: [fn(&Path) -> PathBuf; 2];
-    /// The figures of a cell from its two sides' summaries (their texts).
-    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self>;
+    /// The figures of a cell from its two sides' summaries (their texts); `run_dir` holds
+    /// what else the sides wrote (the kernel's counters).
+    fn read(config: &StudyConfig, run_dir: &Path, first: &str, second: &str) -> Result<Self>;
     /// The row's figures in the table, after its place.
     fn cells(&self) -> Vec<String>;
 }

@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
-use serde::Serialize;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 
 use crate::config::StudyConfig;
 use crate::csv_format;
@@ -34,6 +34,49 @@ pub struct SimKernelRow {
     pub simulator_frames_dropped: u64,
     /// Frames the simulation retransmitted (all hosts).
     pub simulator_frames_retransmitted: u64,
+    /// Losses the kernel's TCP found by a retransmission timeout (`TcpExtTCPTimeouts`, all
+    /// hosts; empty where the testbed wrote no `tcp.json`).
+    pub kernel_timeouts: Option<u64>,
+    /// Losses the simulator's reliable flows found by a retransmission timeout.
+    pub simulator_timeouts: u64,
+    /// Tail loss probes the kernel's TCP sent (`TcpExtTCPLossProbes`, all hosts).
+    pub kernel_loss_probes: Option<u64>,
+    /// Losses the simulator's reliable flows found by a tail loss probe.
+    pub simulator_loss_probes: u64,
+}
+
+/// What the testbed's `tcp.json` holds that the table uses: the hosts' counters summed.
+#[derive(Debug, Deserialize)]
+struct KernelTcp {
+    total: KernelTotals,
+}
+
+/// The kernel's TCP counters over a job, summed over the hosts.
+#[derive(Debug, Deserialize)]
+struct KernelTotals {
+    #[serde(rename = "TcpExtTCPTimeouts")]
+    timeouts: u64,
+    #[serde(rename = "TcpExtTCPLossProbes")]
+    loss_probes: u64,
+}
+
+/// The kernel's TCP counters of the testbed job under `run_dir` (`None` where it wrote none).
+fn kernel_tcp(run_dir: &Path) -> Result<Option<KernelTotals>> {
+    let path = kernel_dir(run_dir).join("tcp.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let tcp: KernelTcp =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok(Some(tcp.total))
+}
+
+/// `kernel, simulator`, the kernel's `-` where it was not counted.
+fn side_by_side(kernel: Option<u64>, simulator: u64) -> String {
+    let kernel = kernel.map_or_else(|| "-".to_string(), |k| k.to_string());
+    format!("{kernel}, {simulator}")
 }
 
 impl PairRow for SimKernelRow {
@@ -51,11 +94,18 @@ impl PairRow for SimKernelRow {
                 "{}, {}",
                 r.simulator_frames_dropped, r.simulator_frames_retransmitted
             ),
+            side_by_side(r.kernel_timeouts, r.simulator_timeouts),
+            side_by_side(r.kernel_loss_probes, r.simulator_loss_probes),
         ]
     }
 
-    fn read(config: &StudyConfig, first: &str, second: &str) -> Result<Self> {
-        row(config, first, second)
+    fn read(config: &StudyConfig, run_dir: &Path, first: &str, second: &str) -> Result<Self> {
+        let tcp = kernel_tcp(run_dir)?;
+        Ok(SimKernelRow {
+            kernel_timeouts: tcp.as_ref().map(|t| t.timeouts),
+            kernel_loss_probes: tcp.as_ref().map(|t| t.loss_probes),
+            ..row(config, first, second)?
+        })
     }
 }
 
@@ -69,15 +119,20 @@ pub fn row(config: &StudyConfig, kernel: &str, simulator: &str) -> Result<SimKer
         simulator_over_kernel: simulator_step_seconds / kernel_step_seconds,
         simulator_frames_dropped: sim.network.frames_dropped,
         simulator_frames_retransmitted: sim.network.frames_retransmitted,
+        simulator_timeouts: sim.network.timeouts,
+        simulator_loss_probes: sim.network.loss_probes,
+        ..SimKernelRow::default()
     })
 }
 
 /// The header of the table's figures (after the cell's place).
-const HEADER: [&str; 4] = [
+const HEADER: [&str; 6] = [
     "kernel step",
     "simulator step",
     "simulator / kernel",
     "simulator: drops, retransmissions",
+    "TCP timeouts: kernel, simulator",
+    "loss probes: kernel, simulator",
 ];
 
 /// What the figures of a simulator-kernel study are.
@@ -85,7 +140,12 @@ const EXPLAINED: &str = "Every cell runs twice: on the kernel's network (the nam
     testbed: one host per process, htb, qdiscs and nftables) and in the simulator (`syncopate \
     simulate`, the network's flags), both replaying the same compute profile. Step: the mean \
     step time after the warm-up steps (worker 0's on the testbed). Simulator / kernel: 1 when \
-    they agree; the simulator charges no host CPU for packets, copies or aggregation.";
+    they agree; the simulator charges no host CPU for packets, copies or aggregation. TCP \
+    timeouts and loss probes: over the whole job and every host, the kernel's from its \
+    counters (`TcpExtTCPTimeouts`, `TcpExtTCPLossProbes` in the testbed's `tcp.json`; each \
+    host's in that file), the simulator's from its reliable flows (each host's in its \
+    report's `traffic`): where the step times part, these say whether the losses were \
+    recovered alike.";
 
 #[cfg(test)]
 mod tests {
@@ -127,6 +187,7 @@ args = ["--loss-bound", "10%", "--transport", "udp"]
         report.step_seconds = steps.to_vec();
         report.network.frames_dropped = 4;
         report.network.frames_retransmitted = 5;
+        (report.network.timeouts, report.network.loss_probes) = (6, 7);
         serde_json::to_string(&report).unwrap()
     }
 
@@ -170,14 +231,27 @@ args = ["--loss-bound", "10%", "--transport", "udp"]
             (2.0, 1.8)
         );
         assert!((r.simulator_over_kernel - 0.9).abs() < 1e-12);
-        let lines = markdown_lines(&[Paired {
-            place: Place::of(run),
-            figures: r.clone(),
-        }]);
-        assert!(
-            lines[2].contains("| 2.0000 s | 1.8000 s | 0.900 | 4, 5 |"),
-            "{}",
-            lines[2]
+        let line = |r: &SimKernelRow| {
+            let place = Place::of(run);
+            let figures = r.clone();
+            markdown_lines(&[Paired { place, figures }])[2].clone()
+        };
+        let without_counters = "| 2.0000 s | 1.8000 s | 0.900 | 4, 5 | -, 6 | -, 7 |";
+        assert!(line(r).contains(without_counters), "{}", line(r));
+
+        let tcp = r#"{"congestion_control": "cubic", "hosts": [],
+            "total": {"TcpExtTCPTimeouts": 2, "TcpExtTCPLossProbes": 46, "TcpOutSegs": 9}}"#;
+        std::fs::write(kernel.join("tcp.json"), tcp).unwrap();
+        let rows: Vec<Paired<SimKernelRow>> = collect(&config, dir.path()).unwrap();
+        let r = &rows[0].figures;
+        assert_eq!(
+            (r.kernel_timeouts, r.kernel_loss_probes),
+            (Some(2), Some(46))
         );
+        assert!(line(r).ends_with("| 4, 5 | 2, 6 | 46, 7 |"), "{}", line(r));
+
+        std::fs::write(kernel.join("tcp.json"), r#"{"total": {}}"#).unwrap();
+        let err = collect::<SimKernelRow>(&config, dir.path()).unwrap_err();
+        assert!(format!("{err:#}").contains("tcp.json"), "{err:#}");
     }
 }

@@ -81,7 +81,7 @@ mod tests {
         report.traffic = [400, 800, 99999]
             .map(|bytes_sent| syncopate_sim::HostTraffic {
                 bytes_sent,
-                bytes_received: 0,
+                ..Default::default()
             })
             .to_vec();
         let report = serde_json::to_string(&report).unwrap();
