@@ -167,6 +167,34 @@ fn a_lossy_bottleneck_records_the_kernels_own_drops() {
     }
 }
 
+/// Blackouts: once a second the switch drops every packet for the outage's milliseconds
+/// (a set element the kernel expires); a job through them loses packets to them alone and
+/// still completes, TCP recovering each outage.
+#[test]
+fn blackouts_drop_every_packet_for_their_milliseconds_and_the_job_recovers() {
+    let test = "blackouts_drop_every_packet_for_their_milliseconds_and_the_job_recovers";
+    if cannot_run_lossy(test) {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().to_str().unwrap();
+    let flags = "--hosts 3 --strategy p3 --steps 12 --bottleneck 100mbit --blackout 300";
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend(["--out", dir]);
+    let text = run_cluster(&args);
+    assert!(text.contains("blackouts 300 ms a second"), "{text}");
+    let kernel: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
+    let total = &kernel["total"];
+    let count = |key: &str| {
+        total[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key}: {kernel}"))
+    };
+    assert!(count("blackout_dropped_packets") > 0, "{kernel}");
+    assert_eq!(count("nft_dropped_packets"), 0, "no random loss: {kernel}");
+}
+
 /// DLCP's packets as UDP datagrams through the kernel: two workers and a server behind a
 /// 100 Mbit/s bottleneck that drops 3 % of the packets at random (nftables) on two paths
 /// with DSCP priority classes. The job completes with a 10 % loss bound, its datagrams
