@@ -52,6 +52,16 @@ fn run_cluster(args: &[&str]) -> String {
     text
 }
 
+/// A JSON file the cluster wrote into `dir` (`summary.json`, `kernel.json`).
+fn read_json(dir: &Path, name: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join(name)).unwrap()).unwrap()
+}
+
+/// A total of `kernel.json`'s (the kernel's counters at the bottleneck over the job).
+fn kernel_total(kernel: &serde_json::Value, key: &str) -> u64 {
+    (kernel["total"][key].as_u64()).unwrap_or_else(|| panic!("{key}: {kernel}"))
+}
+
 /// Why this machine cannot run the cluster (`None`: it can).
 fn cannot_run() -> Option<String> {
     let uid = Command::new("id").arg("-u").output().ok()?;
@@ -115,9 +125,7 @@ fn a_two_host_job_runs_in_network_namespaces() {
             "--out",
             dir,
         ]);
-        let summary: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap())
-                .unwrap();
+        let summary = read_json(out.path(), "summary.json");
         assert_eq!(summary["steps"], 8, "{summary}");
     }
 }
@@ -137,17 +145,11 @@ fn a_lossy_bottleneck_records_the_kernels_own_drops() {
     args.extend(["--out", dir]);
     let text = run_cluster(&args);
     assert!(text.contains("kernel at the bottleneck"), "{text}");
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    let summary = read_json(out.path(), "summary.json");
     assert_eq!(summary["steps"], 12, "{summary}");
-    let kernel: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
+    let kernel = read_json(out.path(), "kernel.json");
     let total = &kernel["total"];
-    let count = |key: &str| {
-        total[key]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{key}: {kernel}"))
-    };
+    let count = |key: &str| kernel_total(&kernel, key);
     // Megabytes of gradients cross the bottleneck: nftables drops about 1 % of them.
     assert!(count("sent_packets") > 1000, "{kernel}");
     assert!(count("nft_dropped_packets") > 0, "{kernel}");
@@ -183,16 +185,13 @@ fn blackouts_drop_every_packet_for_their_milliseconds_and_the_job_recovers() {
     args.extend(["--out", dir]);
     let text = run_cluster(&args);
     assert!(text.contains("blackouts 300 ms a second"), "{text}");
-    let kernel: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
-    let total = &kernel["total"];
-    let count = |key: &str| {
-        total[key]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{key}: {kernel}"))
-    };
-    assert!(count("blackout_dropped_packets") > 0, "{kernel}");
-    assert_eq!(count("nft_dropped_packets"), 0, "no random loss: {kernel}");
+    let kernel = read_json(out.path(), "kernel.json");
+    assert!(
+        kernel_total(&kernel, "blackout_dropped_packets") > 0,
+        "{kernel}"
+    );
+    let random = kernel_total(&kernel, "nft_dropped_packets");
+    assert_eq!(random, 0, "no random loss: {kernel}");
 }
 
 /// DLCP's packets as UDP datagrams through the kernel: two workers and a server behind a
@@ -219,18 +218,13 @@ fn dlcp_over_udp_survives_the_kernels_real_drops() {
         "10%",
     ]);
     let text = run_cluster(&args);
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("summary.json")).unwrap()).unwrap();
+    let summary = read_json(out.path(), "summary.json");
     assert_eq!(summary["steps"], 12, "{summary}\n{text}");
     let datagrams = &summary["worker0"]["datagrams"]["counters"];
     assert!(datagrams["sent"].as_u64().unwrap() > 1000, "{summary}");
     assert_eq!(datagrams["bad_mac"], 0, "{summary}");
-    let kernel: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("kernel.json")).unwrap()).unwrap();
-    assert!(
-        kernel["total"]["nft_dropped_packets"].as_u64().unwrap() > 0,
-        "{kernel}"
-    );
+    let kernel = read_json(out.path(), "kernel.json");
+    assert!(kernel_total(&kernel, "nft_dropped_packets") > 0, "{kernel}");
 }
 
 /// A fidelity study of one tiny cell: two hosts on the testbed behind a 100 Mbit/s
