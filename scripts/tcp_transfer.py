@@ -9,9 +9,11 @@ ladder (scripts/calibrate-net.sh; `syncopate transfer` is the model's half).
   tcp_transfer.py counters                       this namespace's TCP counters, as JSON
   tcp_transfer.py delta BEFORE.json AFTER.json   what grew, in words
 
-The receiver accepts every connection first, then writes one byte to each ("go") and
-starts its clock; each sender waits for it, writes B bytes in 64 KiB writes and closes.
-The completion is when the last byte of every flow has been read.
+The receiver accepts every connection first, then writes one byte to each ("go"); each
+sender waits for it, writes B bytes in 64 KiB writes and closes. The completion is from
+the first data byte read (of any flow) to the last byte of every flow: the go byte crosses
+the same lossy port, and its loss (a lone packet, probed about 200 ms later) is not the
+transfer's, which the model starts at once.
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ def receive(port, flows, timeout):
         conn, _ = server.accept()
         conn.settimeout(timeout)
         conns.append(conn)
+    first = [None] * flows
     done = [0.0] * flows
     got = [0] * flows
 
@@ -43,17 +46,20 @@ def receive(port, flows, timeout):
             n = conn.recv_into(buf)
             if n == 0:
                 return
+            if first[i] is None:
+                first[i] = time.monotonic()
             got[i] += n
             done[i] = time.monotonic()
 
     threads = [threading.Thread(target=drain, args=(i, c)) for i, c in enumerate(conns)]
-    start = time.monotonic()
+    go = time.monotonic()
     for c in conns:
         c.sendall(b"g")
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    start = min((f for f in first if f is not None), default=go)
     flows_s = [max(0.0, d - start) for d in done]
     completion = max(flows_s)
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
