@@ -6,7 +6,8 @@
 #
 # Usage: scripts/netns-cluster.sh [--hosts 3] [--strategy allreduce] [--rate 100mbit]
 #                                 [--steps 40] [--cc cubic] [--emulate] [--out DIR]
-#                                 [--rto-min MS] [--bottleneck RATE [--queue-packets N]
+#                                 [--rto-min MS] [--sample-sockets MS]
+#                                 [--bottleneck RATE [--queue-packets N]
 #                                  [--loss P] [--blackout MS] [--prio]
 #                                  [--paths K [--degraded-rate RATE]]] [-- FLAGS...]
 #        scripts/netns-cluster.sh --fidelity [--hosts 3] [--steps 40] [--out DIR]
@@ -27,6 +28,12 @@
 #               recoveries, fast and lost retransmits, segments sent and retransmitted)
 #   --rto-min MS  every host's routes get `rto_min MS ms` (TCP's minimum retransmission
 #               timeout, 200 ms by default; a tuned-TCP baseline takes 5)
+#   --sample-sockets MS  about every MS ms (10 to 1000) during the job, `ss -tin` in every
+#               host's namespace: each TCP connection's congestion window, round trip and
+#               unacknowledged segments over time (OUT/sockets/h<i>.txt, each sample after a
+#               "T <unix time>" line), summed up per connection in OUT/sockets.json (cwnd,
+#               srtt, RTO and Send-Q as p50 / p90 / max, the share of samples with the window
+#               full, segments retransmitted; scripts/netns_sockets.py)
 #   --out       where each process's log, worker 0's summary.json and (with --bottleneck)
 #               kernel.json and the raw counters in kernel/ go (default target/netns-cluster)
 #   --fidelity  the check: all-reduce and ps at 20mbit, 100mbit and 1gbit, each once with
@@ -91,6 +98,7 @@ rto_min=""
 prio=0
 fair=0
 paths=1
+sample_ms=""
 degraded_rate=""
 out="$root/target/netns-cluster"
 extra=()
@@ -109,6 +117,7 @@ while [ $# -gt 0 ]; do
     --loss) loss=$2; shift 2 ;;
     --blackout) blackout=$2; shift 2 ;;
     --rto-min) rto_min=$2; shift 2 ;;
+    --sample-sockets) sample_ms=$2; shift 2 ;;
     --prio) prio=1; shift ;;
     --fair) fair=1; shift ;;
     --paths) paths=$2; shift 2 ;;
@@ -150,6 +159,11 @@ fi
 if [ -n "$blackout" ]; then
   [[ "$blackout" =~ ^[1-9][0-9]{0,2}$ ]] || fail "--blackout must be 1 to 999 milliseconds (once a second)"
 fi
+if [ -n "$sample_ms" ]; then
+  [[ "$sample_ms" =~ ^[1-9][0-9]{1,3}$ ]] && [ "$sample_ms" -le 1000 ] ||
+    fail "--sample-sockets must be 10 to 1000 milliseconds"
+  [ "$fidelity" = 0 ] || fail "--sample-sockets samples one job: not with --fidelity"
+fi
 if [ -n "$rto_min" ]; then
   [[ "$rto_min" =~ ^[1-9][0-9]{0,3}$ ]] || fail "--rto-min must be 1 to 9999 milliseconds"
 fi
@@ -165,7 +179,7 @@ if [ -n "$loss" ]; then
   ) || fail "--loss must be a fraction in [0, 1) or a percentage such as 1%"
 fi
 [ "$(id -u)" = 0 ] || fail "needs root (it creates network namespaces)"
-for tool in ip tc python3; do
+for tool in ip tc python3 ${sample_ms:+ss}; do
   command -v "$tool" >/dev/null 2>&1 || fail "needs \`$tool\` on PATH"
 done
 if { [ -n "$loss" ] || [ -n "$blackout" ]; } && ! command -v nft >/dev/null 2>&1; then
@@ -191,8 +205,10 @@ switch="$tag-sw"
 made=()
 pids=()
 blackout_pid=""
+samplers=()
 cleanup() {
   if [ -n "$blackout_pid" ]; then kill -9 "$blackout_pid" 2>/dev/null || true; fi
+  for pid in "${samplers[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
 }
@@ -401,6 +417,31 @@ start_blackouts() {
   blackout_pid=$!
 }
 
+# --sample-sockets: in every host's namespace a loop in the background writes `ss -tin` of
+# its established connections to $out/sockets/h<i>.txt about every $sample_ms ms.
+start_socket_samplers() {
+  rm -rf "$out/sockets" "$out/sockets.json"
+  mkdir -p "$out/sockets"
+  local i period
+  period=$(awk -v ms="$sample_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
+  for ((i = 0; i < hosts; i++)); do
+    ip netns exec "$tag-h$i" bash -c 'while :; do echo "T $(date +%s.%N)"; ss -tin state established; sleep "$1"; done' \
+      sampler "$period" > "$out/sockets/h$i.txt" 2>/dev/null &
+    samplers+=($!)
+  done
+}
+
+# Stops the samplers and writes $out/sockets.json from what they wrote.
+stop_socket_samplers() {
+  local pid
+  for pid in "${samplers[@]}"; do
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  samplers=()
+  python3 "$root/scripts/netns_sockets.py" "$out" "$hosts" "$sample_ms"
+}
+
 # The kernel's counters at the bottleneck into $out/kernel/$1-*: tc -s (text and JSON) of
 # every shaped device, and nftables' ruleset and counters.
 snapshot() {
@@ -519,8 +560,10 @@ if [ "$fidelity" = 0 ]; then
   fi
   rm -rf "$out/tcp" "$out/tcp.json"
   tcp_snapshot before
+  [ -z "$sample_ms" ] || start_socket_samplers
   job=0
   run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
+  [ -z "$sample_ms" ] || stop_socket_samplers
   if [ -n "$blackout_pid" ]; then
     kill -9 "$blackout_pid" 2>/dev/null || true
     wait "$blackout_pid" 2>/dev/null || true

@@ -52,6 +52,13 @@ fn run_cluster(args: &[&str]) -> String {
     text
 }
 
+/// [`run_cluster`] with the flags of `flags` (whitespace-separated) and `--out out`.
+fn run_cluster_in(out: &Path, flags: &str) -> String {
+    let mut args: Vec<&str> = flags.split_whitespace().collect();
+    args.extend(["--out", out.to_str().unwrap()]);
+    run_cluster(&args)
+}
+
 /// A JSON file the cluster wrote into `dir` (`summary.json`, `kernel.json`).
 fn read_json(dir: &Path, name: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join(name)).unwrap()).unwrap()
@@ -136,14 +143,11 @@ fn a_lossy_bottleneck_records_the_kernels_own_drops() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let dir = out.path().to_str().unwrap();
     // P3: two workers push into the server's port, a 16-packet queue behind 100 Mbit/s,
     // 1 % random loss, DSCP priority classes, and a second path.
     let flags = "--hosts 3 --strategy p3 --steps 12 --bottleneck 100mbit --queue-packets 16 \
                  --loss 1% --paths 2 --prio";
-    let mut args: Vec<&str> = flags.split_whitespace().collect();
-    args.extend(["--out", dir]);
-    let text = run_cluster(&args);
+    let text = run_cluster_in(out.path(), flags);
     assert!(text.contains("kernel at the bottleneck"), "{text}");
     let summary = read_json(out.path(), "summary.json");
     assert_eq!(summary["steps"], 12, "{summary}");
@@ -179,11 +183,8 @@ fn blackouts_drop_every_packet_for_their_milliseconds_and_the_job_recovers() {
         return;
     }
     let out = tempfile::tempdir().unwrap();
-    let dir = out.path().to_str().unwrap();
     let flags = "--hosts 3 --strategy p3 --steps 12 --bottleneck 100mbit --blackout 300";
-    let mut args: Vec<&str> = flags.split_whitespace().collect();
-    args.extend(["--out", dir]);
-    let text = run_cluster(&args);
+    let text = run_cluster_in(out.path(), flags);
     assert!(text.contains("blackouts 300 ms a second"), "{text}");
     let kernel = read_json(out.path(), "kernel.json");
     assert!(
@@ -192,6 +193,60 @@ fn blackouts_drop_every_packet_for_their_milliseconds_and_the_job_recovers() {
     );
     let random = kernel_total(&kernel, "nft_dropped_packets");
     assert_eq!(random, 0, "no random loss: {kernel}");
+}
+
+/// `--sample-sockets`: `ss -tin` in every host's namespace during the job, summed up per
+/// connection: the server's connections to its workers show their windows and round trips.
+#[test]
+fn socket_samples_show_each_connections_window_and_round_trip() {
+    if let Some(why) = cannot_run() {
+        skip(
+            "socket_samples_show_each_connections_window_and_round_trip",
+            &why,
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let flags = "--hosts 3 --strategy p3 --steps 8 --bottleneck 100mbit --sample-sockets 10";
+    let text = run_cluster_in(out.path(), flags);
+    assert!(text.contains("sockets.json"), "{text}");
+    let sockets = read_json(out.path(), "sockets.json");
+    assert_eq!(sockets["interval_ms"], 10, "{sockets}");
+    let server = &sockets["hosts"][2]["connections"];
+    let to_workers: Vec<_> = (server.as_array().unwrap().iter())
+        .filter(|c| c["peer_host"] == 0 || c["peer_host"] == 1)
+        .collect();
+    assert!(
+        !to_workers.is_empty(),
+        "the server's connections: {sockets}"
+    );
+    for c in to_workers {
+        assert!(c["samples"].as_u64().unwrap() >= 1, "{c}");
+        assert!(c["cwnd_segments"]["max"].as_u64().unwrap() >= 1, "{c}");
+        assert!(c["srtt_ms"]["p50"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    assert!(out.path().join("sockets/h0.txt").exists());
+}
+
+/// A bad `--sample-sockets` is refused with a clear error before anything is made (no root
+/// needed to see it).
+#[test]
+fn a_bad_socket_sampling_period_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for bad in ["5", "2000", "x"] {
+        let o = Command::new("bash")
+            .arg(root.join("scripts/netns-cluster.sh"))
+            .args(["--sample-sockets", bad])
+            .env("SYNCOPATE_BIN", EXE)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(
+            err.contains("--sample-sockets must be 10 to 1000"),
+            "{bad}: {err}"
+        );
+    }
 }
 
 /// DLCP's packets as UDP datagrams through the kernel: two workers and a server behind a
