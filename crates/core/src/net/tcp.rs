@@ -14,7 +14,10 @@
 //!   the flow is still recovering an earlier loss waits for the RTO;
 //! - **retransmission timeout**: a retransmission is lost too with nothing behind it, or the
 //!   tail was lost during a recovery, so only the RTO (`srtt + max(4·rttvar, rto_min)`,
-//!   doubled at each further timeout) finds it.
+//!   doubled at each further timeout) finds it. Linux keeps one such timer per connection:
+//!   a timeout armed while another of the flow's is pending fires only after that one, by
+//!   its own RTO again, so the resends of frames sent back to back time out one after
+//!   another, as the kernel's do, not together.
 //!
 //! The congestion window follows the kernel's algorithm ([`CongestionControl`]): an
 //! initial window of 10 segments, slow start to `ssthresh`, then cubic's growth (with its
@@ -145,6 +148,8 @@ pub(crate) struct TcpFlow {
     stalled_until: Nanos,
     /// Frames of the flow offered to the port and not yet serialised.
     pub(crate) in_port: u32,
+    /// When the flow's retransmission timer fires (Linux has one per connection).
+    timer_until: Nanos,
 }
 
 impl TcpFlow {
@@ -164,6 +169,7 @@ impl TcpFlow {
             last_send: 0,
             stalled_until: 0,
             in_port: 0,
+            timer_until: 0,
         }
     }
 
@@ -203,6 +209,18 @@ impl TcpFlow {
         let pto = ((2.0 * self.srtt) as Nanos).saturating_add(extra);
         let on_tick = pto.div_ceil(TIMER_TICK_NS).saturating_mul(TIMER_TICK_NS);
         on_tick.min(self.rto(rto_min, 0))
+    }
+
+    /// A timeout armed at `armed` to fire at `fires`: where the flow's one timer is already
+    /// pending then, it fires only after that one does, by as long again.
+    pub(crate) fn serial_timeout(&mut self, armed: Nanos, fires: Nanos) -> Nanos {
+        let at = if self.timer_until > armed {
+            self.timer_until.saturating_add(fires.saturating_sub(armed))
+        } else {
+            fires
+        };
+        self.timer_until = self.timer_until.max(at);
+        at
     }
 
     /// The flow's window is full of loss nothing will reveal: it sends nothing new before

@@ -226,3 +226,13 @@ fn a_stalled_flow_sends_nothing_new_before_its_resend_whatever_its_algorithm() {
         );
     }
 }
+
+#[test]
+fn a_timeout_armed_while_another_is_pending_fires_after_it() {
+    let mut flow = TcpFlow::new(1_000_000, MSS);
+    assert_eq!(flow.serial_timeout(0, 200), 200);
+    // Armed at 100 for 300 (200 later): the pending one fires at 200, this one 200 after.
+    assert_eq!(flow.serial_timeout(100, 300), 400);
+    // Armed at 500, after both fired: its own time.
+    assert_eq!(flow.serial_timeout(500, 700), 700);
+}

@@ -207,7 +207,12 @@ impl Port {
         done: Nanos,
     ) {
         let recovery = self.recovery_of(&held, loss);
-        let at = self.resend_time(recovery, &held, loss.last, done);
+        let mut at = self.resend_time(recovery, &held, loss.last, done);
+        if recovery == Recovery::Timeout {
+            if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+                at = flow.serial_timeout(done, at);
+            }
+        }
         held.found_by = Some((recovery, i));
         let index = self.retransmit(at, held, i);
         // A flow whose data an outage swallows gets no acknowledgements and stops at its
@@ -345,7 +350,12 @@ impl Port {
             Recovery::LossProbe { lone: packets == 1 }
         };
         if full {
-            flow.stall(flow.resend_at(recovery, done, done, rto_min, held.timeouts));
+            let at = flow.resend_at(recovery, done, done, rto_min, held.timeouts);
+            let at = match recovery {
+                Recovery::Timeout => flow.serial_timeout(done, at),
+                _ => at,
+            };
+            flow.stall(at);
         }
         self.count(held.slot, i, |c| c.recovered(recovery));
     }
@@ -390,11 +400,14 @@ impl Port {
         };
         // Not backed off: the ACKs before the window's took round-trip samples.
         let wait = flow.resend_at(recovery, 0, 0, rto_min, 0);
-        let last = done.saturating_add(wait.saturating_mul(stalls));
+        let mut last = done.saturating_add(wait.saturating_mul(stalls));
         for _ in 0..stalls {
             self.count(held.slot, i, |c| c.recovered(recovery));
         }
         if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+            if recovery == Recovery::Timeout {
+                last = flow.serial_timeout(done, last);
+            }
             flow.stall(last);
         }
         last

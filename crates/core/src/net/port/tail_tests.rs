@@ -293,3 +293,24 @@ fn lost_acks_in_a_frames_middle_hold_a_flow_only_at_a_window_of_a_few_packets() 
         .sum();
     assert!(port.counters().timeouts > before && waits > 0);
 }
+
+#[test]
+fn timeouts_of_one_flow_fire_one_after_another_as_its_one_timer_does() {
+    let (mut port, mut held) = port_and_frame();
+    held.retransmissions = 1;
+    let rto = port.tcp.flows[held.slot].rto(port.tcp.rto_min, 0);
+    // Two resends lost back to back with nothing after them: the second's timeout is armed
+    // while the first's is pending, so it fires one RTO after the first, not beside it.
+    port.resend_lost(held, 0, &mut lost(MS, None), MS);
+    let second = Held { token: 1, ..held };
+    port.resend_lost(second, 0, &mut lost(2 * MS, None), 2 * MS);
+    let fires: Vec<Nanos> = std::iter::from_fn(|| port.retransmits.pop_first())
+        .map(|h| h.offered)
+        .collect();
+    assert_eq!(fires, vec![MS + rto, MS + 2 * rto]);
+    // One armed after the timer fired runs its own course.
+    let third = Held { token: 2, ..held };
+    let late = MS + 3 * rto;
+    port.resend_lost(third, 0, &mut lost(late, None), late);
+    assert_eq!(port.retransmits.first_key().map(|k| k.0), Some(late + rto));
+}
