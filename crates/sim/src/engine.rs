@@ -16,7 +16,7 @@ use crate::build::{model_keys, peers, rank_endpoints, server_key_owners, RankEnd
 use crate::nic::Nic;
 use crate::offer::{Frontier, Outbox};
 use crate::queue::{Event, EventQueue};
-use crate::report::{HostTraffic, Lane, SimReport, Tracer};
+use crate::report::{FlowWindows, HostTraffic, Lane, SimReport, Tracer};
 use crate::rng::Jitter;
 use crate::symmetry::times;
 use crate::{SimConfig, SimError};
@@ -726,6 +726,7 @@ impl<'a> Sim<'a> {
                 HostTraffic {
                     timeouts,
                     loss_probes,
+                    windows: FlowWindows::of(&c),
                     ..h.traffic
                 }
             })

@@ -37,7 +37,7 @@ pub mod transfer;
 
 pub use config::SimConfig;
 pub use error::SimError;
-pub use report::{chrome_trace_json, HostTraffic, Lane, SimReport, TraceEvent};
+pub use report::{chrome_trace_json, FlowWindows, HostTraffic, Lane, SimReport, TraceEvent};
 pub use symmetry::{model_choice, ModelChoice};
 
 use syncopate_core::profile::ModelProfile;

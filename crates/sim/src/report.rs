@@ -13,7 +13,7 @@ use crate::SimConfig;
 
 /// Bytes one host put on and took off the network (full-size bytes, headers included), and
 /// how its ports recovered reliable frames' losses (as the kernel's TCP counts per host).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostTraffic {
     /// Bytes sent.
     pub bytes_sent: u64,
@@ -26,6 +26,42 @@ pub struct HostTraffic {
     /// Losses found by a tail loss probe, likewise (`TcpExtTCPLossProbes`).
     #[serde(default)]
     pub loss_probes: u64,
+    /// The congestion windows of the reliable flows this host sends (cubic and Reno), as
+    /// `scripts/netns-cluster.sh --sample-sockets` reads the kernel's; `None` where none
+    /// was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<FlowWindows>,
+}
+
+/// A host's reliable flows seen each time one offered a frame to its congestion window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlowWindows {
+    /// Frames offered to a window.
+    pub offers: u64,
+    /// The share of them the window held back (its flow window-limited).
+    pub held_share: f64,
+    /// The window at an offer, segments: mean and largest.
+    pub cwnd_segments_mean: f64,
+    /// The largest window at an offer, segments.
+    pub cwnd_segments_max: u64,
+    /// The smoothed round trip at an offer, ms: mean and longest.
+    pub srtt_ms_mean: f64,
+    /// The longest smoothed round trip at an offer, ms.
+    pub srtt_ms_max: f64,
+}
+
+impl FlowWindows {
+    /// What `c` counted at the windows; `None` where nothing was offered to one.
+    pub fn of(c: &NetCounters) -> Option<Self> {
+        (c.window_offers > 0).then(|| Self {
+            offers: c.window_offers,
+            held_share: c.window_held_share(),
+            cwnd_segments_mean: c.mean_cwnd_segments(),
+            cwnd_segments_max: c.cwnd_segments_max,
+            srtt_ms_mean: c.mean_srtt_ns() * 1e-6,
+            srtt_ms_max: c.srtt_ns_max as f64 * 1e-6,
+        })
+    }
 }
 
 /// Which track of its host an event is drawn on.

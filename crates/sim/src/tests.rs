@@ -332,6 +332,24 @@ fn each_host_counts_the_losses_its_ports_recovered() {
         servers.iter().any(|t| t.timeouts + t.loss_probes > 0),
         "{servers:?}"
     );
+    // Every host sent reliable frames through its flows' windows (cubic): what they were.
+    for t in &report.traffic {
+        let w = t.windows.unwrap_or_else(|| panic!("no windows: {t:?}"));
+        assert!(w.offers > 0 && (0.0..=1.0).contains(&w.held_share), "{w:?}");
+        assert!(
+            w.cwnd_segments_mean >= 2.0,
+            "cubic's floor is 2 segments: {w:?}"
+        );
+        assert!(w.cwnd_segments_max as f64 >= w.cwnd_segments_mean, "{w:?}");
+        assert!(
+            w.srtt_ms_mean > 0.0 && w.srtt_ms_max >= w.srtt_ms_mean,
+            "{w:?}"
+        );
+    }
+    // The model's BBR has no window to report.
+    c.network.tcp = syncopate_core::net::CongestionControl::Bbr;
+    let bbr = run(&profile, &c);
+    assert!(bbr.traffic.iter().all(|t| t.windows.is_none()));
 }
 
 #[test]

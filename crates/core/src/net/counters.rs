@@ -36,6 +36,25 @@ pub struct NetCounters {
     /// Losses of reliable frames found by the retransmission timeout.
     #[serde(default)]
     pub timeouts: u64,
+    /// Reliable frames offered to their flow's congestion window (cubic and Reno at an
+    /// egress port; the model's BBR has no window), and how many it held back.
+    #[serde(default)]
+    pub window_offers: u64,
+    /// Of those, the frames the window held back (the flow was window-limited).
+    #[serde(default)]
+    pub window_held: u64,
+    /// The flow's congestion window at each offer, segments: their sum and the largest.
+    #[serde(default)]
+    pub cwnd_segments_total: u64,
+    /// The largest congestion window at an offer, segments.
+    #[serde(default)]
+    pub cwnd_segments_max: u64,
+    /// The flow's smoothed round trip at each offer: their sum, ns.
+    #[serde(default)]
+    pub srtt_ns_total: u64,
+    /// The longest smoothed round trip at an offer.
+    #[serde(default)]
+    pub srtt_ns_max: Nanos,
 }
 
 impl NetCounters {
@@ -57,6 +76,39 @@ impl NetCounters {
         self.queueing_ns_max = self.queueing_ns_max.max(other.queueing_ns_max);
         self.loss_probes = self.loss_probes.saturating_add(other.loss_probes);
         self.timeouts = self.timeouts.saturating_add(other.timeouts);
+        self.window_offers = self.window_offers.saturating_add(other.window_offers);
+        self.window_held = self.window_held.saturating_add(other.window_held);
+        self.cwnd_segments_total =
+            (self.cwnd_segments_total).saturating_add(other.cwnd_segments_total);
+        self.cwnd_segments_max = self.cwnd_segments_max.max(other.cwnd_segments_max);
+        self.srtt_ns_total = self.srtt_ns_total.saturating_add(other.srtt_ns_total);
+        self.srtt_ns_max = self.srtt_ns_max.max(other.srtt_ns_max);
+    }
+
+    /// Counts a reliable frame offered to its flow's window of `cwnd_segments` with a
+    /// smoothed round trip of `srtt_ns`; `held`: the window held it back.
+    pub(crate) fn offered_to_window(&mut self, cwnd_segments: u64, srtt_ns: Nanos, held: bool) {
+        self.window_offers = self.window_offers.saturating_add(1);
+        self.window_held = self.window_held.saturating_add(u64::from(held));
+        self.cwnd_segments_total = self.cwnd_segments_total.saturating_add(cwnd_segments);
+        self.cwnd_segments_max = self.cwnd_segments_max.max(cwnd_segments);
+        self.srtt_ns_total = self.srtt_ns_total.saturating_add(srtt_ns);
+        self.srtt_ns_max = self.srtt_ns_max.max(srtt_ns);
+    }
+
+    /// Mean congestion window over the offers to it, segments (0 without any).
+    pub fn mean_cwnd_segments(&self) -> f64 {
+        per_offer(self.cwnd_segments_total, self.window_offers)
+    }
+
+    /// Mean smoothed round trip over the offers to a window, ns (0 without any).
+    pub fn mean_srtt_ns(&self) -> f64 {
+        per_offer(self.srtt_ns_total, self.window_offers)
+    }
+
+    /// The share of offers the window held back (0 without any).
+    pub fn window_held_share(&self) -> f64 {
+        per_offer(self.window_held, self.window_offers)
     }
 
     /// Counts a loss found by `recovery`.
@@ -103,5 +155,35 @@ impl NetCounters {
         } else {
             self.queueing_ns_total as f64 / self.frames_sent as f64
         }
+    }
+}
+
+/// `total / offers`, 0 without offers.
+fn per_offer(total: u64, offers: u64) -> f64 {
+    if offers == 0 {
+        0.0
+    } else {
+        total as f64 / offers as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_offers_give_means_that_sum_across_counters() {
+        let mut a = NetCounters::default();
+        assert_eq!((a.mean_cwnd_segments(), a.window_held_share()), (0.0, 0.0));
+        a.offered_to_window(10, 2_000_000, false);
+        a.offered_to_window(30, 4_000_000, true);
+        let mut b = NetCounters::default();
+        b.offered_to_window(2, 9_000_000, true);
+        a.add(&b);
+        assert_eq!(a.window_offers, 3);
+        assert_eq!(a.mean_cwnd_segments(), 14.0);
+        assert_eq!(a.mean_srtt_ns(), 5_000_000.0);
+        assert!((a.window_held_share() - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!((a.cwnd_segments_max, a.srtt_ns_max), (30, 9_000_000));
     }
 }

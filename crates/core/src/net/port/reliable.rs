@@ -5,7 +5,7 @@
 use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
-use super::super::tcp::Recovery;
+use super::super::tcp::{CongestionControl, Recovery};
 use super::super::Nanos;
 use super::{Held, Pacing, Port, TailWait, TcpModel};
 
@@ -145,6 +145,13 @@ impl Port {
                     return true;
                 };
                 let at = flow.send_at(cc, t, held.wire_bytes, rto_min, mss);
+                if cc != CongestionControl::Bbr {
+                    let cwnd = (flow.window_bytes() as f64 / mss) as u64;
+                    let srtt = flow.srtt_ns();
+                    // A reliable flow takes the first path.
+                    let slot = held.slot;
+                    self.count(slot, 0, |c| c.offered_to_window(cwnd, srtt, at > t));
+                }
                 if at <= t {
                     return true;
                 }
