@@ -46,10 +46,11 @@ def receive(port, flows, timeout):
             n = conn.recv_into(buf)
             if n == 0:
                 return
+            now = time.monotonic()
             if first[i] is None:
-                first[i] = time.monotonic()
+                first[i] = now
             got[i] += n
-            done[i] = time.monotonic()
+            done[i] = now
 
     threads = [threading.Thread(target=drain, args=(i, c)) for i, c in enumerate(conns)]
     go = time.monotonic()
