@@ -297,11 +297,16 @@ fn a_lossy_network_delays_frames_but_loses_none() {
     let first = run();
     assert!(first.frames_lost > 0, "{first:?}");
     assert_eq!(first.frames_retransmitted, first.frames_lost);
-    // How a loss was found (a loss probe or a SACK) depends on the frames' real times; which
-    // frames were lost does not.
+    // How a loss was found (a loss probe or a SACK) and how far the window had grown when a
+    // frame was offered depend on the frames' real times; which frames were lost does not.
     let losses = |c: NetCounters| NetCounters {
         loss_probes: 0,
         timeouts: 0,
+        window_held: 0,
+        cwnd_segments_total: 0,
+        cwnd_segments_max: 0,
+        srtt_ns_total: 0,
+        srtt_ns_max: 0,
         ..c
     };
     assert_eq!(losses(run()), losses(first));
