@@ -26,7 +26,10 @@
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
 #              headers only, with tcpdump) and print where its time went: its idle spells by
 #              what ended them (timeout, loss probe, ACK) and each timeout's cause
-#              (scripts/tcp_waits.py)
+#              (scripts/tcp_waits.py); and sample the receiver's and sender 1's sockets
+#              (`ss -tin`) every 20 ms into OUT/trace/CC-RUNG-RUN/sockets/h<i>.txt, summed up
+#              in its sockets.json (cwnd, srtt and RTO as p50 / p90 / max;
+#              scripts/netns_sockets.py)
 # The bottleneck is htb at 100 Mbit/s on the switch's port toward the receiver, pfifo of
 # 1000 packets (32 for the incast), GSO off (so queues hold packets); random loss is
 # nftables' `numgen random` on that port in both directions (the data before the queue, as
@@ -164,6 +167,7 @@ kernel_transfer() {
     dump=$!
     # Capturing once it says it listens (it says so before the first packet).
     for _ in $(seq 250); do grep -q listening "$capture.log" && break; sleep 0.02; done
+    sample_sockets "${capture%.pcap}"
   fi
   ip netns exec "$tag-h0" python3 scripts/tcp_transfer.py recv --port "$port" --flows "$flows" \
     > "$result" &
@@ -180,11 +184,36 @@ kernel_transfer() {
   if [ -n "$dump" ]; then
     kill -INT "$dump"; wait "$dump" 2>/dev/null || true
     python3 scripts/tcp_waits.py "$capture" 10.79.0.2 >&2
+    stop_sampling_sockets "${capture%.pcap}" >&2
   fi
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
   echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
     "$out/before.json" "$out/after.json")" >&2
   "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
+}
+
+# --trace: `ss -tin` of the receiver's (h0) and sender 1's (h1) connections about every
+# 20 ms, into $1/sockets/h<i>.txt, as scripts/netns-cluster.sh --sample-sockets takes them.
+samplers=()
+sample_sockets() {
+  local i
+  mkdir -p "$1/sockets"
+  for i in 0 1; do
+    ip netns exec "$tag-h$i" bash -c 'while :; do echo "T $(date +%s.%N)"; ss -tin state established; sleep 0.02; done' \
+      > "$1/sockets/h$i.txt" 2>/dev/null &
+    samplers+=($!)
+  done
+}
+
+# Stops the samplers and sums their samples up in $1/sockets.json.
+stop_sampling_sockets() {
+  local pid
+  for pid in "${samplers[@]}"; do
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  samplers=()
+  python3 scripts/netns_sockets.py "$1" 2 20
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }

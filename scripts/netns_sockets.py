@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The kernel's TCP connections over a job on the namespace testbed, from the `ss -tin`
-samples that `scripts/netns-cluster.sh --sample-sockets MS` takes in every host's namespace:
+samples that `scripts/netns-cluster.sh --sample-sockets MS` takes in every host's namespace
+(and `scripts/calibrate-net.sh --trace` in the receiver's and sender 1's, every 20 ms):
 
   netns_sockets.py OUT HOSTS MS
       reads OUT/sockets/h<i>.txt (blocks of "T <unix time>" followed by `ss -tin state
       established`) and writes OUT/sockets.json: per host, per connection (its peer named
       as a host where the address is one of the testbed's), how many samples saw it, its
-      congestion window (segments), smoothed round trip and RTO (ms), bytes waiting in its
-      socket (Send-Q) as p50 / p90 / max over those samples, the share of samples whose
-      window was full (unacknowledged segments >= cwnd: the flow held to its window), and
-      the segments it retransmitted (its last sample's total). Prints one line per host.
+      congestion window (segments), smoothed round trip, RTO and delayed-ACK timeout
+      (`ato`, ms: the receiving side's), bytes waiting in its socket (Send-Q) as p50 / p90
+      / max over those samples, the share of samples whose window was full (unacknowledged
+      segments >= cwnd: the flow held to its window), and the segments it retransmitted
+      (its last sample's total). Prints one line per host.
 
 A connection's first and last samples may fall before its data or after it: the figures
 cover every sample that saw it established."""
@@ -18,7 +20,8 @@ import os
 import re
 import sys
 
-ADDRESS = re.compile(r"^10\.77\.(\d+)\.(\d+)$")
+# Host i's addresses: 10.77.p.(i+1) on the cluster testbed, 10.79.p.(i+1) on calibrate-net's.
+ADDRESS = re.compile(r"^10\.7[79]\.(\d+)\.(\d+)$")
 
 
 def quantiles(values):
@@ -40,7 +43,7 @@ def info_fields(line):
         try:
             if key in ("cwnd", "unacked", "ssthresh"):
                 found[key] = int(value)
-            elif key in ("rto",):
+            elif key in ("rto", "ato"):
                 found[key] = float(value)
             elif key == "rtt":
                 found["srtt"] = float(value.split("/")[0])
@@ -92,7 +95,8 @@ def summarise(local, peer, samples):
     return {
         "local": local, "peer": peer, "peer_host": host_of(peer), "samples": len(samples),
         "cwnd_segments": quantiles(column("cwnd")), "srtt_ms": quantiles(column("srtt")),
-        "rto_ms": quantiles(column("rto")), "send_q_bytes": quantiles(column("send_q")),
+        "rto_ms": quantiles(column("rto")), "ato_ms": quantiles(column("ato")),
+        "send_q_bytes": quantiles(column("send_q")),
         "window_full": full / len(windowed) if windowed else 0.0,
         "retransmitted_segments": retrans[-1] if retrans else 0,
     }
@@ -108,7 +112,7 @@ def main():
         try:
             connections = read_samples(path)
         except (OSError, ValueError) as e:
-            sys.exit(f"netns-cluster: the socket samples cannot be read: {e}")
+            sys.exit(f"sockets: the samples cannot be read: {e}")
         rows = [summarise(l, p, s) for (l, p), s in sorted(connections.items())]
         report["hosts"].append({"host": h, "connections": rows})
         busy = [r for r in rows if r["cwnd_segments"]]
@@ -117,11 +121,11 @@ def main():
             srtt = sorted(r["srtt_ms"]["p50"] for r in busy if r["srtt_ms"])
             full = max(r["window_full"] for r in busy)
             rtt = f"{srtt[0]:g}-{srtt[-1]:g} ms" if srtt else "-"
-            print(f"netns-cluster: host {h}'s {len(rows)} connections: cwnd p50 {cwnd[0]}-{cwnd[-1]} "
+            print(f"sockets: host {h}'s {len(rows)} connections: cwnd p50 {cwnd[0]}-{cwnd[-1]} "
                   f"segments, srtt p50 {rtt}, window full in up to {100 * full:.0f} % of samples")
     with open(os.path.join(out, "sockets.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print(f"netns-cluster: sockets sampled about every {interval} ms; {os.path.join(out, 'sockets.json')}")
+    print(f"sockets: sampled about every {interval} ms; {os.path.join(out, 'sockets.json')}")
 
 
 if __name__ == "__main__":

@@ -98,17 +98,17 @@ impl NetCounters {
 
     /// Mean congestion window over the offers to it, segments (0 without any).
     pub fn mean_cwnd_segments(&self) -> f64 {
-        per_offer(self.cwnd_segments_total, self.window_offers)
+        mean(self.cwnd_segments_total, self.window_offers)
     }
 
     /// Mean smoothed round trip over the offers to a window, ns (0 without any).
     pub fn mean_srtt_ns(&self) -> f64 {
-        per_offer(self.srtt_ns_total, self.window_offers)
+        mean(self.srtt_ns_total, self.window_offers)
     }
 
     /// The share of offers the window held back (0 without any).
     pub fn window_held_share(&self) -> f64 {
-        per_offer(self.window_held, self.window_offers)
+        mean(self.window_held, self.window_offers)
     }
 
     /// Counts a loss found by `recovery`.
@@ -150,20 +150,16 @@ impl NetCounters {
 
     /// Mean queueing delay per transmission, nanoseconds (0 when nothing was sent).
     pub fn mean_queueing_ns(&self) -> f64 {
-        if self.frames_sent == 0 {
-            0.0
-        } else {
-            self.queueing_ns_total as f64 / self.frames_sent as f64
-        }
+        mean(self.queueing_ns_total, self.frames_sent)
     }
 }
 
-/// `total / offers`, 0 without offers.
-fn per_offer(total: u64, offers: u64) -> f64 {
-    if offers == 0 {
+/// `total / count`, 0 where nothing was counted.
+fn mean(total: u64, count: u64) -> f64 {
+    if count == 0 {
         0.0
     } else {
-        total as f64 / offers as f64
+        total as f64 / count as f64
     }
 }
 
