@@ -97,7 +97,12 @@ rm -f "$out/cells.jsonl"
 tag="cal$$"
 sw="$tag-sw"
 made=()
-cleanup() { for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done; }
+samplers=()
+source "$root/scripts/socket-samples.sh"
+cleanup() {
+  for pid in "${samplers[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -167,7 +172,8 @@ kernel_transfer() {
     dump=$!
     # Capturing once it says it listens (it says so before the first packet).
     for _ in $(seq 250); do grep -q listening "$capture.log" && break; sleep 0.02; done
-    sample_sockets "${capture%.pcap}"
+    # The receiver's (host 0) and sender 1's sockets, every 20 ms.
+    start_socket_samplers "${capture%.pcap}" 20 "$tag-h0" "$tag-h1"
   fi
   ip netns exec "$tag-h0" python3 scripts/tcp_transfer.py recv --port "$port" --flows "$flows" \
     > "$result" &
@@ -184,36 +190,12 @@ kernel_transfer() {
   if [ -n "$dump" ]; then
     kill -INT "$dump"; wait "$dump" 2>/dev/null || true
     python3 scripts/tcp_waits.py "$capture" 10.79.0.2 >&2
-    stop_sampling_sockets "${capture%.pcap}" >&2
+    stop_socket_samplers "${capture%.pcap}" 2 20 >&2
   fi
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
   echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
     "$out/before.json" "$out/after.json")" >&2
   "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
-}
-
-# --trace: `ss -tin` of the receiver's (h0) and sender 1's (h1) connections about every
-# 20 ms, into $1/sockets/h<i>.txt, as scripts/netns-cluster.sh --sample-sockets takes them.
-samplers=()
-sample_sockets() {
-  local i
-  mkdir -p "$1/sockets"
-  for i in 0 1; do
-    ip netns exec "$tag-h$i" bash -c 'while :; do echo "T $(date +%s.%N)"; ss -tin state established; sleep 0.02; done' \
-      > "$1/sockets/h$i.txt" 2>/dev/null &
-    samplers+=($!)
-  done
-}
-
-# Stops the samplers and sums their samples up in $1/sockets.json.
-stop_sampling_sockets() {
-  local pid
-  for pid in "${samplers[@]}"; do
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  samplers=()
-  python3 scripts/netns_sockets.py "$1" 2 20
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }

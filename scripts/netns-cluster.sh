@@ -206,6 +206,7 @@ made=()
 pids=()
 blackout_pid=""
 samplers=()
+source "$root/scripts/socket-samples.sh"
 cleanup() {
   if [ -n "$blackout_pid" ]; then kill -9 "$blackout_pid" 2>/dev/null || true; fi
   for pid in "${samplers[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
@@ -417,29 +418,12 @@ start_blackouts() {
   blackout_pid=$!
 }
 
-# --sample-sockets: in every host's namespace a loop in the background writes `ss -tin` of
-# its established connections to $out/sockets/h<i>.txt about every $sample_ms ms.
-start_socket_samplers() {
-  rm -rf "$out/sockets" "$out/sockets.json"
-  mkdir -p "$out/sockets"
-  local i period
-  period=$(awk -v ms="$sample_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
-  for ((i = 0; i < hosts; i++)); do
-    ip netns exec "$tag-h$i" bash -c 'while :; do echo "T $(date +%s.%N)"; ss -tin state established; sleep "$1"; done' \
-      sampler "$period" > "$out/sockets/h$i.txt" 2>/dev/null &
-    samplers+=($!)
-  done
-}
-
-# Stops the samplers and writes $out/sockets.json from what they wrote.
-stop_socket_samplers() {
-  local pid
-  for pid in "${samplers[@]}"; do
-    kill -9 "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  samplers=()
-  python3 "$root/scripts/netns_sockets.py" "$out" "$hosts" "$sample_ms"
+# --sample-sockets: `ss -tin` in every host's namespace about every $sample_ms ms, into
+# $out/sockets/h<i>.txt, summed up in $out/sockets.json (scripts/socket-samples.sh).
+sample_sockets() {
+  local i names=()
+  for ((i = 0; i < hosts; i++)); do names+=("$tag-h$i"); done
+  start_socket_samplers "$out" "$sample_ms" "${names[@]}"
 }
 
 # The kernel's counters at the bottleneck into $out/kernel/$1-*: tc -s (text and JSON) of
@@ -560,10 +544,10 @@ if [ "$fidelity" = 0 ]; then
   fi
   rm -rf "$out/tcp" "$out/tcp.json"
   tcp_snapshot before
-  [ -z "$sample_ms" ] || start_socket_samplers
+  [ -z "$sample_ms" ] || sample_sockets
   job=0
   run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
-  [ -z "$sample_ms" ] || stop_socket_samplers
+  [ -z "$sample_ms" ] || stop_socket_samplers "$out" "$hosts" "$sample_ms"
   if [ -n "$blackout_pid" ]; then
     kill -9 "$blackout_pid" 2>/dev/null || true
     wait "$blackout_pid" 2>/dev/null || true
