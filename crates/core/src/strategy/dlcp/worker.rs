@@ -49,6 +49,9 @@ pub struct DlcpWorker {
     first_step: u64,
     /// Per server: Stops and Missing bitmaps about the parameters, to send.
     answers: Vec<ControlQueue>,
+    /// How many servers have answers to send (none most of the time, so a poll for one
+    /// need not look at every link).
+    answering: usize,
     /// Per server link: one parameter packet's values as it arrives. A driver may read a
     /// packet in parts, asking for its slot again each time, while whole packets of other
     /// servers arrive in between: one buffer per link keeps the parts together.
@@ -95,6 +98,7 @@ impl DlcpWorker {
                 .then(|| PullReceiver::new(&geo, opts.pull_loss_bound_ppm())),
             first_step: 0,
             answers: (0..servers).map(|_| ControlQueue::default()).collect(),
+            answering: 0,
             packet: vec![vec![0.0; geo.max_packet()]; servers],
             timers: opts
                 .control_datagrams
@@ -322,17 +326,17 @@ impl DlcpWorker {
         match event {
             // A probe of a share complete (or of a step gone): its Stop may have been lost.
             PullEvent::Nothing if h.kind == FrameKind::Probe && self.timers.is_some() => {
-                self.answers[server].push_stop(answer);
+                self.answer(server, |q| q.push_stop(answer));
                 Ok(())
             }
             PullEvent::Nothing => Ok(()),
             PullEvent::Missing(words) => {
                 self.stats.probes_answered += 1;
-                self.answers[server].push_missing(answer, words);
+                self.answer(server, |q| q.push_missing(answer, words));
                 Ok(())
             }
             PullEvent::Complete => {
-                self.answers[server].push_stop(answer);
+                self.answer(server, |q| q.push_stop(answer));
                 self.hand_over_params(link, server, key)
             }
         }
@@ -372,14 +376,32 @@ impl DlcpWorker {
         Ok(())
     }
 
+    /// Queues an answer to `server` with `push`.
+    fn answer(&mut self, server: usize, push: impl FnOnce(&mut ControlQueue)) {
+        let queue = &mut self.answers[server];
+        let was_empty = queue.is_empty();
+        push(queue);
+        if was_empty && !queue.is_empty() {
+            self.answering += 1;
+        }
+    }
+
     /// The next Stop or Missing for a server among `links`.
     fn poll_answer(&mut self, links: &[Rank], out: &mut Vec<u8>) -> Option<Rank> {
+        if self.answering == 0 {
+            return None;
+        }
         let link = links.iter().copied().find(|&l| {
             self.server_of(l)
                 .is_some_and(|s| !self.answers[s].is_empty())
         })?;
         let server = self.server_of(link)?;
-        self.answers[server].encode_next(out).then_some(link)
+        let queue = &mut self.answers[server];
+        let sent = queue.encode_next(out);
+        if queue.is_empty() {
+            self.answering = self.answering.saturating_sub(1);
+        }
+        sent.then_some(link)
     }
 }
 
