@@ -38,6 +38,9 @@ pub struct DlcpWorker {
     /// Per server: the first of its `active` shares, beside the set so that choosing among
     /// the links reads one slot per server.
     heads: Vec<Option<(usize, usize)>>,
+    /// How many servers have a head (none between a step's sends and the next backward,
+    /// when a poll need not look at any link).
+    sending: usize,
     /// Per key: which of its packets are drop-eligible this step.
     marks: Vec<Vec<bool>>,
     /// Per server link: a Missing frame's bitmap as it arrives.
@@ -91,6 +94,7 @@ impl DlcpWorker {
             shares: (0..keys * servers).map(|_| SendShare::default()).collect(),
             active: vec![BTreeSet::new(); servers],
             heads: vec![None; servers],
+            sending: 0,
             marks: vec![Vec::new(); keys],
             bitmap: vec![Vec::new(); servers],
             drained: Vec::new(),
@@ -161,17 +165,31 @@ impl DlcpWorker {
     /// Marks `share` (layer, key) of `server` as having a packet or a probe to send.
     fn activate(&mut self, server: usize, share: (usize, usize)) {
         self.active[server].insert(share);
-        self.heads[server] = self.active[server].first().copied();
+        self.update_head(server);
     }
 
     /// Marks `share` (layer, key) of `server` as having nothing to send.
     fn deactivate(&mut self, server: usize, share: (usize, usize)) {
         self.active[server].remove(&share);
-        self.heads[server] = self.active[server].first().copied();
+        self.update_head(server);
+    }
+
+    /// `server`'s head after its `active` shares changed.
+    fn update_head(&mut self, server: usize) {
+        let head = self.active[server].first().copied();
+        match (self.heads[server].is_some(), head.is_some()) {
+            (false, true) => self.sending += 1,
+            (true, false) => self.sending = self.sending.saturating_sub(1),
+            _ => {}
+        }
+        self.heads[server] = head;
     }
 
     /// The server among `links` whose most urgent share comes first.
     fn most_urgent(&self, links: &[Rank]) -> Option<usize> {
+        if self.sending == 0 {
+            return None;
+        }
         links
             .iter()
             .filter_map(|&l| self.server_of(l))
@@ -429,6 +447,7 @@ impl WorkerSync for DlcpWorker {
         }
         self.active.iter_mut().for_each(BTreeSet::clear);
         self.heads.fill(None);
+        self.sending = 0;
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
