@@ -98,6 +98,9 @@ struct Held {
     /// A resend: the loss it repairs, how that was found and on which path (counted, and
     /// told to the window, when it goes).
     found_by: Option<(Recovery, usize)>,
+    /// A resend of the flow's tail, found by its probe or timeout: it arrives in order
+    /// with nothing after it, so the receiver acknowledges it at its delayed-ACK timer.
+    tail_repair: bool,
     /// Where it is kept while it waits in `Port::retransmits`.
     later: usize,
 }
@@ -195,6 +198,8 @@ struct TcpModel {
     base_rtt: Nanos,
     /// A full segment's payload, bytes.
     mss: f64,
+    /// The narrowest rate the flows' data meets ([`NetworkProfile::reliable_bottleneck_bps`]).
+    bottleneck_bps: Option<f64>,
     /// Per packet: the IP MTU, and header bytes of a TCP and of a UDP packet on the wire
     /// (Ethernet, IP and transport); `None` where the model has no packets.
     packets: Option<PacketHeaders>,
@@ -370,6 +375,7 @@ impl Port {
             timeouts: 0,
             pacing,
             found_by: None,
+            tail_repair: false,
             later: 0,
         };
         if meta.reliable {
@@ -461,7 +467,8 @@ impl Port {
                 self.waiting.push(VecDeque::new());
             }
             if self.tcp.on {
-                let flow = TcpFlow::new(self.tcp.base_rtt, self.tcp.mss);
+                let tcp = &self.tcp;
+                let flow = TcpFlow::new(tcp.base_rtt, tcp.mss, tcp.bottleneck_bps);
                 self.tcp.flows.push(flow);
                 self.tcp.tails.push(None);
             }
@@ -608,6 +615,7 @@ impl Port {
             Fate::Lost { path: i }
         } else {
             if held.meta.reliable {
+                self.delayed_ack(&held, i, done);
                 self.acked(&held, i, queued, done);
                 self.final_ack(&held, i, draw, done_flow);
             }

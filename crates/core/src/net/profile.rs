@@ -243,6 +243,12 @@ pub struct NetworkProfile {
     /// headers scale with it.
     #[serde(skip, default = "unscaled")]
     pub byte_scale: f64,
+    /// The receiving hosts' downlink on the first path where it is slower than this NIC and
+    /// a bottleneck (`ingress`): a worker's NIC in a topology with servers, whose data
+    /// queues at the servers' ports ([`NetworkProfile::worker_nic`] sets it; never read
+    /// from a file). A reliable flow's own data queues there, not at its NIC.
+    #[serde(skip)]
+    pub peer_downlink_bps: Option<f64>,
 }
 
 fn unscaled() -> f64 {
@@ -291,6 +297,7 @@ impl From<LinkProfile> for NetworkProfile {
             tcp: CongestionControl::default(),
             worker_bandwidth_bps: None,
             byte_scale: 1.0,
+            peer_downlink_bps: None,
         }
     }
 }
@@ -415,6 +422,7 @@ impl NetworkProfile {
         let bytes = |n: usize| crate::scale::scale_count(n, factor);
         self.bandwidth_bps = self.bandwidth_bps.map(|b| b * factor);
         self.worker_bandwidth_bps = self.worker_bandwidth_bps.map(|b| b * factor);
+        self.peer_downlink_bps = self.peer_downlink_bps.map(|b| b * factor);
         for path in &mut self.path {
             path.bandwidth_bps = path.bandwidth_bps.map(|b| b * factor);
         }
@@ -433,6 +441,10 @@ impl NetworkProfile {
             return self.clone();
         };
         let mut p = self.clone();
+        let downlink = self.path_spec(0).bandwidth_bps;
+        if self.ingress && downlink.is_some_and(|d| d < bps) {
+            p.peer_downlink_bps = downlink;
+        }
         p.bandwidth_bps = Some(bps);
         for path in &mut p.path {
             path.bandwidth_bps = Some(bps);
@@ -457,6 +469,17 @@ impl NetworkProfile {
                 let p = self.path_spec(i);
                 p.loss > 0.0 || p.loss_burst.is_some_and(|b| b.loss_in_burst > 0.0)
             })
+    }
+
+    /// The narrowest rate a reliable flow's data meets: the first path's (a reliable flow
+    /// takes it) or the receiving downlink's where that is slower
+    /// ([`NetworkProfile::peer_downlink_bps`]); `None`: unlimited.
+    pub fn reliable_bottleneck_bps(&self) -> Option<f64> {
+        let own = self.path_spec(0).bandwidth_bps;
+        match (own, self.peer_downlink_bps) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Path `i` with the profile's values where it sets none.
@@ -628,6 +651,24 @@ mod tests {
             Some(2e7),
             "the servers' keep theirs"
         );
+        assert_eq!(
+            w.peer_downlink_bps, None,
+            "no ingress: the NIC is the bottleneck"
+        );
+        assert_eq!(w.reliable_bottleneck_bps(), Some(1e10));
+        // With the servers' downlinks a bottleneck, a worker's reliable data queues there.
+        let ingress = NetworkProfile {
+            ingress: true,
+            ..p.clone()
+        };
+        let w = ingress.worker_nic();
+        assert_eq!(w.peer_downlink_bps, ingress.bandwidth_bps);
+        assert_eq!(w.reliable_bottleneck_bps(), ingress.bandwidth_bps);
+        assert_eq!(
+            w.scaled(0.5).peer_downlink_bps,
+            ingress.bandwidth_bps.map(|b| b / 2.0)
+        );
+        assert_eq!(ingress.reliable_bottleneck_bps(), ingress.bandwidth_bps);
         let same = NetworkProfile::default();
         assert_eq!(same.worker_nic(), same);
         assert_eq!(p.scaled(0.5).worker_bandwidth_bps, Some(5e9));

@@ -24,10 +24,12 @@
 //! Reno-friendly floor) or Reno's one segment per round trip; a loss episode (at most one
 //! per round trip) multiplies the window by 0.7 (cubic) or 0.5 (Reno); a timeout takes it
 //! to one segment; after an idle spell longer than the RTO the window restarts at the
-//! initial window. BBR paces at the delivery rate and does not shrink on random loss: the
-//! model never holds its flows back. A cubic or Reno flow sends a frame of `b` bytes no
-//! sooner than `b · srtt / cwnd` after the one before (a window's worth per round trip),
-//! which holds it back only where its window is below what the path carries.
+//! initial window. BBR does not shrink on random loss; it paces at its bottleneck's rate,
+//! at most a round trip (or 4 segments) ahead of it. A cubic or Reno flow sends a frame of
+//! `b` bytes no sooner than `b · rtt / cwnd` after the one before (a window's worth per
+//! round trip of the path, its ACK clock), and never faster than its bottleneck drains it.
+//! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
+//! NICs): the flow's own queue there counts in the round trip it measures, up to its window.
 
 use std::fmt;
 
@@ -40,6 +42,10 @@ pub const INITIAL_WINDOW_SEGMENTS: f64 = 10.0;
 
 /// The kernel's timer tick at 250 Hz: loss probe timers are rounded up to it.
 const TIMER_TICK_NS: Nanos = 4_000_000;
+
+/// The receiver's delayed ACK for a lone in-order segment (Linux's `TCP_DELACK_MIN`,
+/// 40 ms: with the receiver's round trip under it, its `ato` is capped there).
+pub(crate) const DELAYED_ACK_NS: Nanos = 40_000_000;
 
 /// What Linux adds to `2·srtt` for the tail loss probe's timeout.
 const PROBE_EXTRA_NS: Nanos = 2_000_000;
@@ -127,6 +133,9 @@ pub enum Recovery {
 pub(crate) struct TcpFlow {
     /// Smoothed round trip and its variation (RFC 6298), ns.
     srtt: f64,
+    /// The smoothed round trip without the flow's own queue at a bottleneck further on
+    /// (its ACK clock: a window per such round trip, no faster than the bottleneck), ns.
+    clock_rtt: f64,
     rttvar: f64,
     /// The smallest round trip seen, ns.
     min_rtt: f64,
@@ -150,14 +159,21 @@ pub(crate) struct TcpFlow {
     pub(crate) in_port: u32,
     /// When the flow's retransmission timer fires (Linux has one per connection).
     timer_until: Nanos,
+    /// Its bottleneck's time per byte (0: unlimited), and when the data it has sent so far
+    /// would have left that bottleneck had it been alone there: its own queue, which its
+    /// round trip holds (up to its window) and which BBR's pacing keeps short.
+    bottleneck_ns_per_byte: f64,
+    bottleneck_free: Nanos,
 }
 
 impl TcpFlow {
-    /// A new flow whose round trip is at least `base_rtt` ns.
-    pub(crate) fn new(base_rtt: Nanos, mss: f64) -> Self {
+    /// A new flow whose round trip is at least `base_rtt` ns, through a bottleneck of
+    /// `bottleneck_bps` (`None`: unlimited).
+    pub(crate) fn new(base_rtt: Nanos, mss: f64, bottleneck_bps: Option<f64>) -> Self {
         let rtt = (base_rtt as f64).max(1.0);
         Self {
             srtt: rtt,
+            clock_rtt: rtt,
             rttvar: rtt / 2.0,
             min_rtt: rtt,
             cwnd: INITIAL_WINDOW_SEGMENTS * mss,
@@ -170,12 +186,41 @@ impl TcpFlow {
             stalled_until: 0,
             in_port: 0,
             timer_until: 0,
+            bottleneck_ns_per_byte: bottleneck_bps.map_or(0.0, |bps| 8e9 / bps.max(1.0)),
+            bottleneck_free: 0,
         }
     }
 
-    /// Takes a round-trip sample of `rtt` ns (RFC 6298's smoothing).
-    pub(crate) fn sample_rtt(&mut self, rtt: Nanos) {
-        let r = (rtt as f64).max(1.0);
+    /// The flow's own data still queued at its bottleneck at `t` (what it sent faster than
+    /// the bottleneck drains), at most `window` bytes, ns.
+    pub(crate) fn own_backlog(&self, t: Nanos, window: usize) -> Nanos {
+        let most = (window as f64 * self.bottleneck_ns_per_byte) as Nanos;
+        self.bottleneck_free.saturating_sub(t).min(most)
+    }
+
+    /// `bytes` of the flow start at `start`: they join its queue at the bottleneck.
+    fn through_bottleneck(&mut self, start: Nanos, bytes: usize) -> Nanos {
+        let drain = (bytes as f64 * self.bottleneck_ns_per_byte) as Nanos;
+        self.bottleneck_free = self.bottleneck_free.max(start).saturating_add(drain);
+        start
+    }
+
+    /// How far ahead of its bottleneck BBR lets a flow run: its pacing at the bottleneck
+    /// rate keeps about a round trip's data (`cwnd_gain` 2 bounds what is in flight to two
+    /// delivery-rate-times-min-RTT), and at least 4 segments (its smallest window), ns.
+    fn bbr_lead(&self, mss: f64) -> Nanos {
+        let segments = 4.0 * mss * self.bottleneck_ns_per_byte;
+        self.min_rtt.max(segments) as Nanos
+    }
+
+    /// Takes a round-trip sample of `rtt` ns (RFC 6298's smoothing) for a frame that
+    /// found `own_backlog` ns of the flow's own data ahead of it at its bottleneck further
+    /// on: a full window drains there in turn, so the round trip the kernel measures is
+    /// then the window's time at that rate (Little's law).
+    pub(crate) fn sample_rtt(&mut self, rtt: Nanos, own_backlog: Nanos) {
+        let path = (rtt as f64).max(1.0);
+        self.clock_rtt = 0.875 * self.clock_rtt + 0.125 * path;
+        let r = path.max(own_backlog as f64);
         self.rttvar = 0.75 * self.rttvar + 0.25 * (self.srtt - r).abs();
         self.srtt = 0.875 * self.srtt + 0.125 * r;
         self.min_rtt = self.min_rtt.min(r);
@@ -323,7 +368,9 @@ impl TcpFlow {
         mss: f64,
     ) -> Nanos {
         if !cc.backs_off() {
-            return now.max(self.stalled_until);
+            let paced = self.bottleneck_free.saturating_sub(self.bbr_lead(mss));
+            let start = now.max(self.stalled_until).max(paced);
+            return self.through_bottleneck(start, bytes);
         }
         // Idle: nothing of the flow in the port but the frame asking.
         if now.saturating_sub(self.last_send) > self.rto(rto_min, 0) && self.in_port <= 1 {
@@ -331,10 +378,11 @@ impl TcpFlow {
             self.next_send = now;
         }
         let start = now.max(self.next_send).max(self.stalled_until);
-        let spacing = bytes as f64 * self.srtt / self.cwnd.max(mss);
+        let window_paced = bytes as f64 * self.clock_rtt / self.cwnd.max(mss);
+        let spacing = window_paced.max(bytes as f64 * self.bottleneck_ns_per_byte);
         self.next_send = start.saturating_add(spacing as Nanos);
         self.last_send = start;
-        start
+        self.through_bottleneck(start, bytes)
     }
 
     /// The congestion window, bytes (for tests and traces).

@@ -8,9 +8,9 @@ const MS: Nanos = 1_000_000;
 #[test]
 fn the_loss_probe_fires_at_two_round_trips_plus_2ms_on_the_tick() {
     let probe = Recovery::LossProbe { lone: false };
-    let flow = TcpFlow::new(MS / 2, MSS); // srtt 0.5 ms: 2·srtt + 2 ms = 3 ms -> 4 ms
+    let flow = TcpFlow::new(MS / 2, MSS, None); // srtt 0.5 ms: 2·srtt + 2 ms = 3 ms -> 4 ms
     assert_eq!(flow.resend_at(probe, 0, 10 * MS, 200 * MS, 0), 14 * MS);
-    let slow = TcpFlow::new(5 * MS, MSS); // 12 ms exactly on the tick
+    let slow = TcpFlow::new(5 * MS, MSS, None); // 12 ms exactly on the tick
     assert_eq!(slow.resend_at(probe, 0, 0, 200 * MS, 0), 12 * MS);
 }
 
@@ -19,7 +19,7 @@ fn a_lone_packet_s_probe_waits_for_the_delayed_ack_but_never_past_the_rto() {
     let lone = Recovery::LossProbe { lone: true };
     // srtt 0.5 ms: 2·srtt + 200 ms = 201 ms, on the tick 204 ms, but the RTO (srtt + 200
     // ms) fires first.
-    let flow = TcpFlow::new(MS / 2, MSS);
+    let flow = TcpFlow::new(MS / 2, MSS, None);
     assert_eq!(
         flow.resend_at(lone, 0, 10 * MS, 200 * MS, 0),
         210 * MS + MS / 2
@@ -28,14 +28,14 @@ fn a_lone_packet_s_probe_waits_for_the_delayed_ack_but_never_past_the_rto() {
     assert_eq!(flow.resend_at(lone, 0, 0, 5 * MS, 0), 5 * MS + MS / 2);
     // srtt 10 ms: 2·srtt + 200 ms = 220 ms; the RTO (srtt + max(4·rttvar, 200 ms) = 210
     // ms) fires first.
-    let far = TcpFlow::new(10 * MS, MSS);
+    let far = TcpFlow::new(10 * MS, MSS, None);
     assert_eq!(far.resend_at(lone, 0, 0, 200 * MS, 0), 210 * MS);
 }
 
 #[test]
 fn a_loss_episode_lasts_until_its_resend_is_acknowledged_for_every_algorithm() {
     for cc in [CongestionControl::Cubic, CongestionControl::Bbr] {
-        let mut flow = TcpFlow::new(MS, MSS);
+        let mut flow = TcpFlow::new(MS, MSS, None);
         assert!(!flow.in_recovery(0));
         flow.on_loss(cc, Recovery::Sack, 10 * MS, 12 * MS, MSS);
         // Resent at 12 ms, acknowledged a round trip (1 ms) later.
@@ -46,7 +46,7 @@ fn a_loss_episode_lasts_until_its_resend_is_acknowledged_for_every_algorithm() {
 
 #[test]
 fn sack_repairs_within_a_round_trip_of_the_lost_packet() {
-    let flow = TcpFlow::new(4 * MS, MSS);
+    let flow = TcpFlow::new(4 * MS, MSS, None);
     // Lost at 1 ms: seen a round trip (4 ms) and the reordering window (1 ms) later.
     assert_eq!(
         flow.resend_at(Recovery::Sack, MS, 2 * MS, 200 * MS, 0),
@@ -62,26 +62,26 @@ fn sack_repairs_within_a_round_trip_of_the_lost_packet() {
 #[test]
 fn the_timeout_is_at_least_rto_min_and_doubles() {
     // Linux's srtt + max(4·rttvar, rto_min): a round trip above the minimum.
-    let flow = TcpFlow::new(MS, MSS);
+    let flow = TcpFlow::new(MS, MSS, None);
     assert_eq!(flow.rto(200 * MS, 0), 201 * MS);
     assert_eq!(flow.rto(200 * MS, 1), 402 * MS);
     assert_eq!(flow.rto(200 * MS, 3), 1_608 * MS);
     assert_eq!(flow.rto(200 * MS, 40), RTO_MAX_NS, "capped at 120 s");
     // A round trip that varies more sets it: srtt + 4·rttvar = 3 x srtt at first.
-    assert_eq!(TcpFlow::new(100 * MS, MSS).rto(200 * MS, 0), 300 * MS);
+    assert_eq!(TcpFlow::new(100 * MS, MSS, None).rto(200 * MS, 0), 300 * MS);
 }
 
 #[test]
 fn rtt_samples_are_smoothed_as_rfc_6298_says() {
-    let mut flow = TcpFlow::new(8 * MS, MSS);
-    flow.sample_rtt(16 * MS);
+    let mut flow = TcpFlow::new(8 * MS, MSS, None);
+    flow.sample_rtt(16 * MS, 0);
     assert_eq!(flow.srtt as Nanos, 9 * MS);
     assert_eq!(flow.rttvar as Nanos, 5 * MS); // 0.75 x 4 + 0.25 x 8
 }
 
 #[test]
 fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
-    let mut cubic = TcpFlow::new(MS, MSS);
+    let mut cubic = TcpFlow::new(MS, MSS, None);
     cubic.on_loss(
         CongestionControl::Cubic,
         Recovery::Sack,
@@ -108,7 +108,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     );
     assert!((cubic.cwnd() - 4.9 * MSS).abs() < 1e-6);
 
-    let mut reno = TcpFlow::new(MS, MSS);
+    let mut reno = TcpFlow::new(MS, MSS, None);
     reno.on_loss(
         CongestionControl::Reno,
         Recovery::Sack,
@@ -118,7 +118,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     );
     assert!((reno.cwnd() - 5.0 * MSS).abs() < 1e-6);
 
-    let mut bbr = TcpFlow::new(MS, MSS);
+    let mut bbr = TcpFlow::new(MS, MSS, None);
     bbr.on_loss(
         CongestionControl::Bbr,
         Recovery::Timeout,
@@ -139,7 +139,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
 
 #[test]
 fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
-    let mut flow = TcpFlow::new(MS, MSS);
+    let mut flow = TcpFlow::new(MS, MSS, None);
     flow.on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, 0, MSS);
     assert_eq!(flow.cwnd(), MSS);
     flow.on_acked(CongestionControl::Cubic, MSS as usize, MS, MSS);
@@ -152,7 +152,7 @@ fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
 #[test]
 fn a_window_spaces_frames_one_window_per_round_trip() {
     let reno = CongestionControl::Reno;
-    let mut flow = TcpFlow::new(MS, MSS);
+    let mut flow = TcpFlow::new(MS, MSS, None);
     let initial = (10.0 * MSS) as usize;
     assert_eq!(flow.send_at(reno, 0, initial, 200 * MS, MSS), 0);
     assert_eq!(
@@ -185,7 +185,7 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
 #[test]
 fn cubic_regrows_to_the_old_window_after_k_seconds() {
     // A long round trip, where cubic's curve is above its Reno-friendly floor.
-    let mut flow = TcpFlow::new(1_000 * MS, MSS);
+    let mut flow = TcpFlow::new(1_000 * MS, MSS, None);
     flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, 0, MSS);
     // W_max 10: K = cbrt(10 x 0.3 / 0.4) = 1.96 s; the window is back near 10 segments.
     let mut t = 0;
@@ -212,7 +212,7 @@ fn the_algorithm_names_parse_as_the_kernel_spells_them() {
 #[test]
 fn a_stalled_flow_sends_nothing_new_before_its_resend_whatever_its_algorithm() {
     for cc in [CongestionControl::Cubic, CongestionControl::Bbr] {
-        let mut flow = TcpFlow::new(MS, MSS);
+        let mut flow = TcpFlow::new(MS, MSS, None);
         flow.stall(50 * MS);
         assert_eq!(
             flow.send_at(cc, 10 * MS, 1_448, 200 * MS, MSS),
@@ -229,10 +229,65 @@ fn a_stalled_flow_sends_nothing_new_before_its_resend_whatever_its_algorithm() {
 
 #[test]
 fn a_timeout_armed_while_another_is_pending_fires_after_it() {
-    let mut flow = TcpFlow::new(1_000_000, MSS);
+    let mut flow = TcpFlow::new(1_000_000, MSS, None);
     assert_eq!(flow.serial_timeout(0, 200), 200);
     // Armed at 100 for 300 (200 later): the pending one fires at 200, this one 200 after.
     assert_eq!(flow.serial_timeout(100, 300), 400);
     // Armed at 500, after both fired: its own time.
     assert_eq!(flow.serial_timeout(500, 700), 700);
+}
+
+#[test]
+fn a_window_limited_flow_never_outruns_its_bottleneck() {
+    // 100 Mbit/s further on: 80 ns a byte. A huge window and a 50 us round trip would send
+    // a 64 KiB frame every few microseconds; the bottleneck drains one in 5.2 ms.
+    let mut flow = TcpFlow::new(50_000, MSS, Some(1e8));
+    flow.on_acked(CongestionControl::Cubic, 10_000_000, 0, MSS);
+    let bytes = 65_536;
+    let first = flow.send_at(CongestionControl::Cubic, 0, bytes, 200 * MS, MSS);
+    let second = flow.send_at(CongestionControl::Cubic, first, bytes, 200 * MS, MSS);
+    assert_eq!(second - first, 5_242_880);
+    // Without a bottleneck the window alone spaces them.
+    let mut free = TcpFlow::new(50_000, MSS, None);
+    free.on_acked(CongestionControl::Cubic, 10_000_000, 0, MSS);
+    let first = free.send_at(CongestionControl::Cubic, 0, bytes, 200 * MS, MSS);
+    assert!(free.send_at(CongestionControl::Cubic, first, bytes, 200 * MS, MSS) - first < 10_000);
+}
+
+#[test]
+fn bbr_paces_at_its_bottleneck_a_round_trip_or_four_segments_ahead() {
+    let mut flow = TcpFlow::new(50_000, MSS, Some(1e8));
+    let bbr = CongestionControl::Bbr;
+    let bytes = 65_536;
+    assert_eq!(flow.send_at(bbr, 0, bytes, 200 * MS, MSS), 0);
+    // The first frame leaves the bottleneck at 5.24 ms; the next may start 4 segments
+    // (463 us at 100 Mbit/s, more than the 50 us round trip) before that.
+    let lead = (4.0 * MSS * 80.0) as Nanos;
+    assert_eq!(flow.send_at(bbr, 0, bytes, 200 * MS, MSS), 5_242_880 - lead);
+    // Unlimited: BBR sends at once, as before.
+    let mut free = TcpFlow::new(50_000, MSS, None);
+    free.send_at(bbr, 0, bytes, 200 * MS, MSS);
+    assert_eq!(free.send_at(bbr, 0, bytes, 200 * MS, MSS), 0);
+}
+
+#[test]
+fn the_round_trip_holds_the_flow_s_own_queue_but_its_ack_clock_does_not() {
+    let mut flow = TcpFlow::new(50_000, MSS, Some(1e8));
+    // 10 segments sent at once: 1.16 ms of them at the bottleneck.
+    flow.send_at(CongestionControl::Cubic, 0, 14_480, 200 * MS, MSS);
+    let backlog = flow.own_backlog(0, flow.window_bytes());
+    assert_eq!(backlog, 1_158_400);
+    // At most the window: a frame's rest waits in the socket, which no round trip sees.
+    assert_eq!(flow.own_backlog(0, 1_448), 115_840);
+    // Samples behind 5 ms of it (a larger window's queue): the round trip says 5 ms.
+    for _ in 0..100 {
+        flow.sample_rtt(50_000, 5 * MS);
+    }
+    assert!((flow.srtt_ns() as i64 - 5_000_000).abs() < 5_000);
+    // The window still goes a window per path round trip, no faster than the bottleneck
+    // drains it: 1.16 ms, not 5 ms.
+    let t = 10 * MS;
+    let first = flow.send_at(CongestionControl::Cubic, t, 14_480, 200 * MS, MSS);
+    let second = flow.send_at(CongestionControl::Cubic, t, 14_480, 200 * MS, MSS);
+    assert_eq!(second - first, 1_158_400);
 }

@@ -5,7 +5,7 @@
 use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
-use super::super::tcp::{CongestionControl, Recovery};
+use super::super::tcp::{CongestionControl, Recovery, DELAYED_ACK_NS};
 use super::super::Nanos;
 use super::{Held, Pacing, Port, TailWait, TcpModel};
 
@@ -39,6 +39,7 @@ impl TcpModel {
             rto_min: profile.rto_ns,
             base_rtt: profile.latency_ns.saturating_mul(2),
             mss: mss.max(f64::MIN_POSITIVE),
+            bottleneck_bps: profile.reliable_bottleneck_bps(),
             packets,
             flows: Vec::new(),
             tails: Vec::new(),
@@ -69,8 +70,10 @@ impl TcpModel {
 pub(super) struct FrameLoss {
     /// When the last lost packet left.
     pub(super) last: Nanos,
-    /// Whether that packet was the frame's final one (nothing of the frame behind it).
+    /// Whether that packet was the frame's final one (nothing of the frame behind it),
+    /// and how many of the frame's packets follow it.
     pub(super) final_packet: bool,
+    pub(super) after: u64,
     /// When the lost packet before it left (`None`: it was the only one lost).
     pub(super) before: Option<Nanos>,
     /// How long one packet of the frame took to leave, and how many it had.
@@ -120,6 +123,7 @@ pub(super) fn frame_loss(
     FrameLoss {
         last,
         final_packet: done.saturating_sub(last) <= packet_ns,
+        after: ((done.saturating_sub(last) as f64 / packet_ns.max(1) as f64) as u64).min(n - 1),
         before: times[1],
         packet_ns,
         packets: n,
@@ -175,15 +179,29 @@ impl Port {
     pub(super) fn recovery_of(&self, held: &Held, loss: &mut FrameLoss) -> Recovery {
         let flow = self.tcp.flows.get(held.slot);
         let alone = flow.is_none_or(|f| f.in_port <= 1);
+        let mss = self.tcp.mss;
+        let window = flow.map_or(1, |f| ((f.window_bytes() as f64 / mss) as u64).max(1));
         if held.retransmissions > 0 {
-            let mss = self.tcp.mss;
-            let cramped =
-                flow.is_some_and(|f| f.window_bytes() as f64 <= loss.packets as f64 * mss);
-            loss.stalled |= cramped;
-            return if alone || loss.stalled {
+            // The resend leaves a window at a time: RACK finds a lost packet by one resent
+            // after it in its round, or new data where the round has room; a packet that
+            // ends a full round has nothing after it until the timeout.
+            let index = loss.packets.saturating_sub(loss.after);
+            loss.stalled |= index.is_multiple_of(window);
+            return if (alone && loss.final_packet) || loss.stalled {
                 Recovery::Timeout
             } else {
                 Recovery::Sack
+            };
+        }
+        // A window of one or two segments goes a round at a time: a lost packet ending its
+        // round has nothing after it (the one before it, in order, waits for the receiver's
+        // delayed ACK), so only the probe finds it (the timeout while the flow recovers).
+        let index = loss.packets.saturating_sub(loss.after);
+        if window <= 2 && index.is_multiple_of(window) && !loss.stalled {
+            loss.stalled = true;
+            return match flow.is_some_and(|f| f.in_recovery(loss.last)) {
+                true => Recovery::Timeout,
+                false => Recovery::LossProbe { lone: window == 1 },
             };
         }
         if !(loss.stalled || (alone && loss.final_packet)) {
@@ -290,6 +308,7 @@ impl Port {
         if recovery == Recovery::Timeout {
             held.timeouts = held.timeouts.saturating_add(1);
         }
+        held.tail_repair = recovery != Recovery::Sack;
         let (cc, mss) = (self.tcp.cc, self.tcp.mss);
         if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
             flow.on_loss(cc, recovery, now, now, mss);
@@ -318,11 +337,33 @@ impl Port {
         };
         // What the flow itself queues is at most its window: the rest of a frame waits in
         // the sender's socket, which no round trip sees.
-        let own = crate::net::transmission_ns(bps, flow.window_bytes());
-        flow.sample_rtt(queued.min(own) + segment + latency.saturating_mul(2));
+        let window = flow.window_bytes();
+        let own = crate::net::transmission_ns(bps, window);
+        let backlog = flow.own_backlog(done, window);
+        flow.sample_rtt(
+            queued.min(own) + segment + latency.saturating_mul(2),
+            backlog,
+        );
         let last = final_ack_packets(&path.loss, held.wire_bytes) as f64 * mss;
         let before_last = (held.meta.bytes as f64 - last).max(0.0) as usize;
         flow.on_acked(cc, before_last, done, mss);
+    }
+
+    /// A resend of the flow's tail (`held`, found by its probe or timeout) delivered on path
+    /// `i`, its last bit out at `done`: it arrives in order with nothing after it, so the
+    /// receiver acknowledges it only at its delayed-ACK timer. Where the window has no room
+    /// for new data (which would draw an immediate ACK), the flow waits for that ACK.
+    pub(super) fn delayed_ack(&mut self, held: &Held, i: usize, done: Nanos) {
+        let mss = self.tcp.mss;
+        let (Some(path), Some(flow)) = (self.paths.get(i), self.tcp.flows.get_mut(held.slot))
+        else {
+            return;
+        };
+        let resent = path.loss.packets(held.wire_bytes) as f64 * mss;
+        if held.tail_repair && (flow.in_port <= 1 || flow.window_bytes() as f64 <= resent) {
+            let acked = done.saturating_add(DELAYED_ACK_NS);
+            flow.stall(acked.saturating_add(path.spec.latency_ns.saturating_mul(2)));
+        }
     }
 
     /// The acknowledgement of `held`'s final packets (delivered on path `i`, its last bit
@@ -346,6 +387,7 @@ impl Port {
         let full = flow.window_bytes() as f64 <= packets as f64 * mss;
         let alone = flow.in_port <= 1;
         let back = done.saturating_add(path.spec.latency_ns);
+
         let outage = path.spec.blackout.is_some_and(|b| b.is_out(back));
         if !((full || alone) && (outage || path.loss.lose_ack(draw))) {
             flow.on_acked(cc, last, done, mss);

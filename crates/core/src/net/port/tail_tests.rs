@@ -24,6 +24,7 @@ fn lone_frame(port: &mut Port) -> Held {
         timeouts: 0,
         pacing: Pacing::Cleared,
         found_by: None,
+        tail_repair: false,
         later: 0,
     }
 }
@@ -33,6 +34,7 @@ fn lost(last: Nanos, before: Option<Nanos>) -> FrameLoss {
     FrameLoss {
         last,
         final_packet: last == MS,
+        after: MS.saturating_sub(last) / 10_000,
         before,
         packet_ns: 10_000,
         packets: 100,
@@ -88,8 +90,10 @@ fn a_tail_lost_while_the_flow_recovers_waits_for_the_timeout() {
     );
     // A lost resend of a tail: the timeout.
     held.retransmissions = 1;
-    let mut late = lost(10 * MS, None);
-    assert_eq!(port.recovery_of(&held, &mut late), Recovery::Timeout);
+    assert_eq!(
+        port.recovery_of(&held, &mut lost(MS, None)),
+        Recovery::Timeout
+    );
 }
 
 #[test]
@@ -198,6 +202,21 @@ fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() 
     };
     assert_eq!(port.recovery_of(&held, &mut ten), Recovery::Timeout);
     assert!(ten.stalled);
+    // The same resend losing its seventh packet: the three resent after it reveal it.
+    let mut seventh = FrameLoss {
+        packets: 10,
+        ..lost(MS - 30_000, None)
+    };
+    assert_eq!(seventh.after, 3);
+    assert_eq!(port.recovery_of(&held, &mut seventh), Recovery::Sack);
+    // With a window of one segment every resent packet goes alone: any loss times out.
+    let mss = port.tcp.mss;
+    port.tcp.flows[held.slot].on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, 0, mss);
+    let mut alone = FrameLoss {
+        packets: 10,
+        ..lost(MS - 30_000, None)
+    };
+    assert_eq!(port.recovery_of(&held, &mut alone), Recovery::Timeout);
 }
 
 #[test]
@@ -313,4 +332,63 @@ fn timeouts_of_one_flow_fire_one_after_another_as_its_one_timer_does() {
     let late = MS + 3 * rto;
     port.resend_lost(third, 0, &mut lost(late, None), late);
     assert_eq!(port.retransmits.first_key().map(|k| k.0), Some(late + rto));
+}
+
+#[test]
+fn a_tail_s_resend_filling_the_window_waits_for_the_receiver_s_delayed_ack() {
+    let (mut port, held) = port_and_frame();
+    let (cc, rto_min, mss) = (CongestionControl::Cubic, port.tcp.rto_min, port.tcp.mss);
+    // Found by the timeout: the window is one segment, the resend one packet.
+    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    let resend = Held {
+        wire_bytes: 1_000,
+        retransmissions: 1,
+        tail_repair: true,
+        ..held
+    };
+    port.delayed_ack(&resend, 0, 10 * MS);
+    // Acknowledged 40 ms after it left, back a round trip (500 us) later.
+    let flow = &mut port.tcp.flows[held.slot];
+    assert_eq!(
+        flow.send_at(cc, 11 * MS, 1_000, rto_min, mss),
+        50 * MS + MS / 2
+    );
+    // A resend SACK found (data after it arrived) draws an immediate ACK.
+    let (mut port, held) = port_and_frame();
+    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    let sacked = Held {
+        wire_bytes: 1_000,
+        retransmissions: 1,
+        ..held
+    };
+    port.delayed_ack(&sacked, 0, 10 * MS);
+    let flow = &mut port.tcp.flows[held.slot];
+    assert_eq!(flow.send_at(cc, 11 * MS, 1_000, rto_min, mss), 11 * MS);
+}
+
+#[test]
+fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
+    let (mut port, mut held) = port_and_frame();
+    let (cc, mss) = (CongestionControl::Cubic, port.tcp.mss);
+    held.meta.bytes = 1_000_000;
+    let flow = &mut port.tcp.flows[held.slot];
+    flow.in_port = 2;
+    flow.on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    flow.on_acked(cc, mss as usize, 0, mss);
+    assert_eq!(flow.window_bytes(), 2 * mss as usize);
+    let later = 300 * MS; // long after the timeout's episode
+                          // The 100th packet of 100 ends a round of two: nothing after it until the probe.
+    let mut even = FrameLoss {
+        after: 0,
+        ..lost(later, None)
+    };
+    let found = port.recovery_of(&held, &mut even);
+    assert_eq!(found, Recovery::LossProbe { lone: false });
+    assert!(even.stalled);
+    // The 99th: the 100th, sent after it in its round, reveals it.
+    let mut odd = FrameLoss {
+        after: 1,
+        ..lost(later, None)
+    };
+    assert_eq!(port.recovery_of(&held, &mut odd), Recovery::Sack);
 }

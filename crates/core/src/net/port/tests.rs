@@ -172,8 +172,9 @@ fn a_lone_lost_frame_waits_for_the_probe_and_a_lost_resend_for_the_timeout() {
 }
 
 /// With loss per packet, a lost reliable frame sends again only its lost packets, and a
-/// single loss costs about a round trip (SACK, or the probe for a lost last packet), never
-/// the 200 ms timeout; bigger frames are lost more often.
+/// single loss costs about a round trip (SACK, or the probe for a lost last packet or one
+/// ending a round of a window of two segments), never the 200 ms timeout; bigger frames are
+/// lost more often.
 #[test]
 fn a_single_packet_loss_costs_a_round_trip_not_a_timeout() {
     let profile = NetworkProfile {
@@ -198,8 +199,9 @@ fn a_single_packet_loss_costs_a_round_trip_not_a_timeout() {
             once += 1;
             assert!(resent > 0 && resent < wire / 10, "{resent} bytes resent");
             let late = at - (now + tx(wire) + 50_000 + tx(resent));
+            // A loss ending a round of cubic's two-segment floor waits for the probe.
             assert!(
-                late <= 4_000_000,
+                late <= 10_000_000,
                 "frame {i}: {late} ns past its lossless time"
             );
             within_rtt += u64::from(late <= 150_000);
@@ -214,7 +216,7 @@ fn a_single_packet_loss_costs_a_round_trip_not_a_timeout() {
         "{once} of {frames_lost} lost once"
     );
     assert!(
-        within_rtt > once * 9 / 10,
+        within_rtt > once * 4 / 5,
         "{within_rtt} of {once} within a round trip"
     );
 }
