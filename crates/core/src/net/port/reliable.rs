@@ -70,9 +70,9 @@ impl TcpModel {
 pub(super) struct FrameLoss {
     /// When the last lost packet left.
     pub(super) last: Nanos,
-    /// Whether that packet was the frame's final one (nothing of the frame behind it),
-    /// and how many of the frame's packets follow it.
+    /// Whether that packet was the frame's final one (nothing of the frame behind it).
     pub(super) final_packet: bool,
+    /// How many of the frame's packets follow it.
     pub(super) after: u64,
     /// When the lost packet before it left (`None`: it was the only one lost).
     pub(super) before: Option<Nanos>,
@@ -181,11 +181,12 @@ impl Port {
         let alone = flow.is_none_or(|f| f.in_port <= 1);
         let mss = self.tcp.mss;
         let window = flow.map_or(1, |f| ((f.window_bytes() as f64 / mss) as u64).max(1));
+        // The lost packet's place in the frame, from 1.
+        let index = loss.packets.saturating_sub(loss.after);
         if held.retransmissions > 0 {
             // The resend leaves a window at a time: RACK finds a lost packet by one resent
             // after it in its round, or new data where the round has room; a packet that
             // ends a full round has nothing after it until the timeout.
-            let index = loss.packets.saturating_sub(loss.after);
             loss.stalled |= index.is_multiple_of(window);
             return if (alone && loss.final_packet) || loss.stalled {
                 Recovery::Timeout
@@ -196,7 +197,6 @@ impl Port {
         // A window of one or two segments goes a round at a time: a lost packet ending its
         // round has nothing after it (the one before it, in order, waits for the receiver's
         // delayed ACK), so only the probe finds it (the timeout while the flow recovers).
-        let index = loss.packets.saturating_sub(loss.after);
         if window <= 2 && index.is_multiple_of(window) && !loss.stalled {
             loss.stalled = true;
             return match flow.is_some_and(|f| f.in_recovery(loss.last)) {
@@ -387,7 +387,6 @@ impl Port {
         let full = flow.window_bytes() as f64 <= packets as f64 * mss;
         let alone = flow.in_port <= 1;
         let back = done.saturating_add(path.spec.latency_ns);
-
         let outage = path.spec.blackout.is_some_and(|b| b.is_out(back));
         if !((full || alone) && (outage || path.loss.lose_ack(draw))) {
             flow.on_acked(cc, last, done, mss);

@@ -376,8 +376,9 @@ fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
     flow.on_loss(cc, Recovery::Timeout, 0, 0, mss);
     flow.on_acked(cc, mss as usize, 0, mss);
     assert_eq!(flow.window_bytes(), 2 * mss as usize);
-    let later = 300 * MS; // long after the timeout's episode
-                          // The 100th packet of 100 ends a round of two: nothing after it until the probe.
+    // Long after the timeout's episode, the 100th packet of 100 is lost: it ends a round of
+    // two, so nothing follows it until the probe.
+    let later = 300 * MS;
     let mut even = FrameLoss {
         after: 0,
         ..lost(later, None)
