@@ -8,11 +8,14 @@ shell script embeds Python:
   bench_table.py ab RAW.csv A B                   ab-check.sh's (printed only)
   bench_table.py soak OUT                         soak.sh's verdict on OUT/*/metrics-rank*.csv
   bench_table.py iperf                            iperf3 -J on stdin: its bandwidth in GB/s
+  bench_table.py ratio KERNEL MODEL [--within F]  calibrate-net.sh's ratio of medians, with
+                                                  its bootstrap interval and verdict
 
 Each table is printed and, where a TABLE.md is named, written there. Figures from a job's
 summary are read with `syncopate summary`, not here."""
 import argparse
 import csv
+import random
 import glob
 import json
 import os
@@ -221,6 +224,39 @@ def iperf_gbytes():
     print("%.6f" % (sum(each) / len(each) / 8e9))
 
 
+def ratio_interval(kernel, model, within, rounds=4000, seed=46):
+    """The ratio of the model's median run to the kernel's, its 90 % bootstrap interval (each
+    side's runs resampled with replacement, `rounds` times, from a fixed `seed`) and a verdict
+    on agreement within `within` (0.05: 5 %): `within` where the whole interval lies in
+    [1 - within, 1 + within], `outside` where none of it does, `undecided` where the runs are
+    too few or too spread to tell."""
+    ratio = statistics.median(model) / statistics.median(kernel)
+    rng = random.Random(seed)
+    draws = sorted(
+        statistics.median(rng.choices(model, k=len(model)))
+        / statistics.median(rng.choices(kernel, k=len(kernel)))
+        for _ in range(rounds))
+    lo, hi = draws[int(0.05 * rounds)], draws[int(0.95 * rounds) - 1]
+    if lo >= 1 - within and hi <= 1 + within:
+        verdict = "within"
+    elif hi < 1 - within or lo > 1 + within:
+        verdict = "outside"
+    else:
+        verdict = "undecided"
+    return ratio, lo, hi, verdict
+
+
+def seconds_list(text):
+    """Comma-separated positive seconds, as a list of floats."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of seconds")
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"'{text}' needs at least one time, each above 0")
+    return values
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,6 +272,11 @@ def main():
     p = sub.add_parser("soak", help="soak.sh's verdict on the metrics under OUT")
     p.add_argument("out")
     sub.add_parser("iperf", help="iperf3 -J on stdin: its bandwidth in GB/s")
+    p = sub.add_parser("ratio", help="the model's median over the kernel's, its 90 %% "
+                       "bootstrap interval and whether it lies within --within")
+    p.add_argument("kernel", type=seconds_list, help="the kernel's times, comma-separated")
+    p.add_argument("model", type=seconds_list, help="the model's times, comma-separated")
+    p.add_argument("--within", type=float, default=0.05, help="the goal (default 0.05: 5 %%)")
     args = parser.parse_args()
     if args.kind == "allreduce":
         allreduce_table(args.raw, args.table)
@@ -247,6 +288,9 @@ def main():
         ab_table(args.raw, args.a, args.b)
     elif args.kind == "soak":
         sys.exit(soak_table(args.out))
+    elif args.kind == "ratio":
+        ratio, lo, hi, verdict = ratio_interval(args.kernel, args.model, args.within)
+        print(f"{ratio:.3f} {lo:.3f} {hi:.3f} {verdict}")
     else:
         iperf_gbytes()
 

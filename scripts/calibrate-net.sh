@@ -11,8 +11,11 @@
 #              a 32-packet queue), loss1, loss5 and loss10 (one flow, 1 %, 5 % and 10 % random
 #              loss), paths (one flow with a second, degraded 20 Mbit/s path beside it);
 #              default all but loss10 (a 10 % loss transfer takes the kernel a minute)
-#   --repeats  kernel runs per cell (the median is reported; default 3); the model runs the
-#              same number of seeds
+#   --repeats  kernel runs per cell, 1 to 25 (default 3); the model runs the same number of
+#              seeds. Each rung prints both medians, their ratio and its 90 % bootstrap
+#              interval, and whether that interval lies within 5 % (`within`), wholly outside
+#              it (`outside`) or neither (`undecided`: too few runs for how much they spread;
+#              with 5 % or 10 % loss one timeout more or less moves a run by 10-40 %)
 #   --out      where cells.jsonl (every run) goes (default target/calibrate-net)
 #   --train    then the training rung: the cells of studies/dlcp-kernel.toml with P3 (4 workers,
 #              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
@@ -67,7 +70,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 fail() { echo "calibrate-net: $*" >&2; exit 2; }
-[[ "$repeats" =~ ^[1-9]$ ]] || fail "--repeats must be 1 to 9"
+[[ "$repeats" =~ ^([1-9]|1[0-9]|2[0-5])$ ]] || fail "--repeats must be 1 to 25"
 if [ "$(id -u)" != 0 ]; then
   echo "calibrate-net: SKIPPED: needs root (it creates network namespaces); nothing was measured"
   exit 0
@@ -198,7 +201,11 @@ kernel_transfer() {
   "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# The median of the times given and their range, to the millisecond: `0.835 (0.834-0.836)`.
+spread() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+    END { printf "%.3f (%.3f-%.3f)", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR] }'
+}
 
 # The base round trip between a sender and the receiver, ms (the smallest of 20 pings).
 bottleneck 0 100mbit 1000
@@ -210,8 +217,8 @@ echo "calibrate-net: base round trip ${rtt_ms} ms: the model's one-way latency $
 # What the model's losses and repairs print as: each counter of both ports of a transfer.
 counters=()
 for k in frames_lost frames_dropped loss_probes timeouts; do counters+=("egress.$k" "ingress.$k"); done
-echo "| TCP | rung | kernel s (median of $repeats) | model s | model / kernel |"
-echo "|---|---|---|---|---|"
+echo "| TCP | rung | kernel s, median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
+echo "|---|---|---|---|---|---|"
 IFS=, read -ra cc_list <<< "$ccs"
 IFS=, read -ra rung_list <<< "$rungs"
 for cc in "${cc_list[@]}"; do
@@ -253,10 +260,9 @@ for cc in "${cc_list[@]}"; do
         "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d",
           $1 + $2, $3 + $4, $5 + $6, $7 + $8 }')" >&2
     done
-    k=$(median "${kernel[@]}")
-    m=$(median "${ours[@]}")
-    ratio=$(awk -v m="$m" -v k="$k" 'BEGIN { printf "%.3f", m / k }')
-    echo "| $cc | $rung | $k | $m | $ratio |"
+    read -r ratio lo hi verdict < <(python3 scripts/bench_table.py ratio \
+      "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")")
+    echo "| $cc | $rung | $(spread "${kernel[@]}") | $(spread "${ours[@]}") | $ratio ($lo-$hi) | $verdict |"
     printf '{"tcp": "%s", "rung": "%s", "kernel_s": [%s], "model_s": [%s]}\n' "$cc" "$rung" \
       "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")" >> "$out/cells.jsonl"
   done
