@@ -15,10 +15,10 @@ Each table is printed and, where a TABLE.md is named, written there. Figures fro
 summary are read with `syncopate summary`, not here."""
 import argparse
 import csv
-import random
 import glob
 import json
 import os
+import random
 import statistics
 import sys
 from collections import defaultdict
@@ -289,6 +289,8 @@ def main():
     elif args.kind == "soak":
         sys.exit(soak_table(args.out))
     elif args.kind == "ratio":
+        if not 0 < args.within < 1:
+            parser.error(f"--within {args.within}: a fraction above 0 and below 1 (0.05: 5 %)")
         ratio, lo, hi, verdict = ratio_interval(args.kernel, args.model, args.within)
         print(f"{ratio:.3f} {lo:.3f} {hi:.3f} {verdict}")
     else:

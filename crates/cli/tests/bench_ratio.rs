@@ -63,18 +63,33 @@ fn spread_runs_cannot_tell_five_percent() {
     assert_eq!(verdict, "undecided");
 }
 
-#[test]
-fn a_time_that_is_not_one_is_refused() {
+/// The stderr of `bench_table.py ratio ARGS`, which must fail, or `None` without python3.
+fn refused(args: &[&str]) -> Option<String> {
     let out = match Command::new("python3")
-        .args(["../../scripts/bench_table.py", "ratio", "1,x", "2"])
+        .args(["../../scripts/bench_table.py", "ratio"])
+        .args(args)
         .output()
     {
         Ok(out) => out,
         Err(e) => {
             eprintln!("!!! SKIPPED: bench_table.py needs python3 ({e})");
-            return;
+            return None;
         }
     };
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a comma-separated list"));
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_time_that_is_not_one_is_refused() {
+    if let Some(err) = refused(&["1,x", "2"]) {
+        assert!(err.contains("not a comma-separated list"));
+    }
+}
+
+#[test]
+fn a_goal_that_is_not_a_fraction_is_refused() {
+    if let Some(err) = refused(&["1,2", "1,2", "--within", "-1"]) {
+        assert!(err.contains("a fraction above 0 and below 1"));
+    }
 }
