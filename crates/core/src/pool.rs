@@ -8,21 +8,41 @@
 //! buffers that no take reached since the last trim: the pool follows the live need of the
 //! last period, not of the worst one.
 
+use std::collections::BTreeMap;
+
 /// Buffers of `T` kept for reuse: [`Pool::take`] hands one out, [`Pool::give`] takes one
 /// back, [`Pool::trim`] drops those not needed since the last trim.
 #[derive(Debug, Clone)]
 pub struct Pool<T> {
-    /// The kept buffers; those below `untouched` have not been taken since the last trim.
-    kept: Vec<Vec<T>>,
-    /// How many of the oldest kept buffers no take has reached since the last trim.
+    /// The kept buffers by capacity, so a take that needs a size finds it in log time
+    /// however many buffers of other sizes are kept (a server keeps one per worker share).
+    by_capacity: BTreeMap<usize, Kept<T>>,
+    /// The capacity of the buffer given back last: where [`Pool::take`] looks first.
+    last_given: usize,
+}
+
+/// The kept buffers of one capacity, the oldest first.
+#[derive(Debug, Clone)]
+struct Kept<T> {
+    buffers: Vec<Vec<T>>,
+    /// How many of the oldest no take has reached since the last trim.
     untouched: usize,
+}
+
+impl<T> Kept<T> {
+    /// The buffer given back last; those below it that stay count as touched no longer.
+    fn pop(&mut self) -> Option<Vec<T>> {
+        let b = self.buffers.pop()?;
+        self.untouched = self.untouched.min(self.buffers.len());
+        Some(b)
+    }
 }
 
 impl<T> Default for Pool<T> {
     fn default() -> Self {
         Self {
-            kept: Vec::new(),
-            untouched: 0,
+            by_capacity: BTreeMap::new(),
+            last_given: 0,
         }
     }
 }
@@ -33,57 +53,74 @@ impl<T> Pool<T> {
         Self::default()
     }
 
-    /// An empty buffer: the one kept last, or a new one.
+    /// An empty buffer: one of the capacity given back last, else the largest kept, else a
+    /// new one.
     pub fn take(&mut self) -> Vec<T> {
-        let last = self.kept.len().saturating_sub(1);
-        self.untouched = self.untouched.min(last);
-        self.kept.pop().unwrap_or_default()
+        let capacity = if self.by_capacity.contains_key(&self.last_given) {
+            Some(self.last_given)
+        } else {
+            self.by_capacity.keys().next_back().copied()
+        };
+        capacity.and_then(|c| self.pop(c)).unwrap_or_default()
     }
 
-    /// An empty buffer for `len` values: the kept one given back last that holds them and
-    /// is at most twice as large (a buffer of the largest use would otherwise serve every
+    /// An empty buffer for `len` values: the smallest kept one that holds them, if it is
+    /// at most twice as large (a buffer of the largest use would otherwise serve every
     /// small one, and the next large use would grow another), else a new one of that
-    /// capacity. A kept buffer that fits no use is dropped at a trim. The search starts at
-    /// the buffers given back last, so with uses of one size it ends at once.
+    /// capacity. A kept buffer that fits no use is dropped at a trim.
     pub fn take_for(&mut self, len: usize) -> Vec<T> {
-        let fits = (self.kept.iter()).rposition(|b| b.capacity() >= len && b.capacity() / 2 <= len);
-        match fits {
-            Some(i) => {
-                self.untouched = self.untouched.min(i);
-                self.kept.remove(i)
-            }
-            None => Vec::with_capacity(len),
+        let most = len.saturating_mul(2);
+        let fits = self.by_capacity.range(len..=most).next().map(|(&c, _)| c);
+        fits.and_then(|c| self.pop(c))
+            .unwrap_or_else(|| Vec::with_capacity(len))
+    }
+
+    /// The last kept buffer of capacity `capacity`.
+    fn pop(&mut self, capacity: usize) -> Option<Vec<T>> {
+        let kept = self.by_capacity.get_mut(&capacity)?;
+        let b = kept.pop();
+        if kept.buffers.is_empty() {
+            self.by_capacity.remove(&capacity);
         }
+        b
     }
 
     /// Keeps `buffer` (emptied) for reuse.
     pub fn give(&mut self, mut buffer: Vec<T>) {
         buffer.clear();
-        self.kept.push(buffer);
+        self.last_given = buffer.capacity();
+        let kept = self.by_capacity.entry(buffer.capacity()).or_insert(Kept {
+            buffers: Vec::new(),
+            untouched: 0,
+        });
+        kept.buffers.push(buffer);
     }
 
     /// Drops the kept buffers that no take has reached since the last trim (the work of
     /// that period never needed them), and starts the next period. Call it once a period
     /// that spans the work's cycle (a step, a second).
     pub fn trim(&mut self) {
-        self.kept.drain(..self.untouched);
-        self.untouched = self.kept.len();
+        self.by_capacity.retain(|_, kept| {
+            kept.buffers.drain(..kept.untouched);
+            kept.untouched = kept.buffers.len();
+            !kept.buffers.is_empty()
+        });
     }
 
     /// How many buffers are kept.
     pub fn len(&self) -> usize {
-        self.kept.len()
+        self.by_capacity.values().map(|k| k.buffers.len()).sum()
     }
 
     /// Whether no buffer is kept.
     pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
+        self.by_capacity.is_empty()
     }
 
     /// Bytes the kept buffers hold (their capacity).
     pub fn bytes(&self) -> usize {
-        (self.kept.iter())
-            .map(|b| b.capacity() * std::mem::size_of::<T>())
+        (self.by_capacity.iter())
+            .map(|(&c, k)| c * k.buffers.len() * std::mem::size_of::<T>())
             .sum()
     }
 }
@@ -154,6 +191,22 @@ mod tests {
         }
         assert_eq!(pool.len(), 2);
         assert!(pool.bytes() < 100_100 * 4, "{}", pool.bytes());
+    }
+
+    #[test]
+    fn take_for_hands_out_the_smallest_that_fits() {
+        let mut pool: Pool<u8> = Pool::new();
+        for c in [400, 150, 50, 100, 100] {
+            pool.give(Vec::with_capacity(c));
+        }
+        assert_eq!(pool.take_for(90).capacity(), 100);
+        assert_eq!(pool.take_for(120).capacity(), 150);
+        assert_eq!(pool.take_for(300).capacity(), 400);
+        assert_eq!(pool.take_for(30).capacity(), 50);
+        assert_eq!(pool.take_for(500).capacity(), 500, "none kept fits: a new one");
+        assert_eq!(pool.len(), 1);
+        assert_eq!(pool.take().capacity(), 100);
+        assert!(pool.is_empty());
     }
 
     #[test]
