@@ -203,7 +203,11 @@ mod tests {
         assert_eq!(pool.take_for(120).capacity(), 150);
         assert_eq!(pool.take_for(300).capacity(), 400);
         assert_eq!(pool.take_for(30).capacity(), 50);
-        assert_eq!(pool.take_for(500).capacity(), 500, "none kept fits: a new one");
+        assert_eq!(
+            pool.take_for(500).capacity(),
+            500,
+            "none kept fits: a new one"
+        );
         assert_eq!(pool.len(), 1);
         assert_eq!(pool.take().capacity(), 100);
         assert!(pool.is_empty());
