@@ -353,10 +353,6 @@ fn loss_fill_parser() -> impl TypedValueParser<Value = LossFill> {
         PossibleValue::new(f.name()).help(match f {
             LossFill::Zero => "lost values count as zero; the sum is divided by all workers",
             LossFill::Rescale => "each value's sum is divided by the workers whose packet came",
-            LossFill::Carry => {
-                "as zero, and each worker adds the values it lost to its next gradient of the key \
-                 (error feedback: a lost contribution arrives a step late)"
-            }
         })
     });
     PossibleValuesParser::new(values).try_map(|name| {

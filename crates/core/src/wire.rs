@@ -68,9 +68,7 @@ pub enum FrameKind {
     /// asks the receiver what is missing. A data frame of no values.
     Probe = 10,
     /// The receiver has enough packets of a key's share (`key`, `step`): the sender stops
-    /// sending them. A data frame of no values, or, from a DLCP server under `--loss-fill
-    /// carry` once the key is summed, of the bitmap of the share's packets the sum filled
-    /// in (as [`FrameKind::Missing`] carries its bitmap).
+    /// sending them. A data frame of no values.
     Stop = 11,
     /// The receiver's answer to a probe: which packets of the key's share are missing, one
     /// bit per packet (bit `i % 32` of word `i / 32`), `length` little-endian 32-bit words
@@ -339,7 +337,7 @@ impl Header {
         }
         let empty = matches!(
             kind,
-            FrameKind::Heartbeat | FrameKind::Ack | FrameKind::Probe
+            FrameKind::Heartbeat | FrameKind::Ack | FrameKind::Probe | FrameKind::Stop
         );
         if empty && h.payload_len != 0 {
             return Err(WireError::UnexpectedPayload(h.payload_len));

@@ -247,12 +247,14 @@ impl SyncPlan {
 
     /// What one DLCP strategy supports and the other does not.
     fn validate_dlcp_variant(&self) -> Result<(), PlanError> {
-        if self.strategy == StrategyKind::DlcpAllreduce && self.dlcp.fill != super::LossFill::Zero {
-            return Err(PlanError::Dlcp(format!(
-                "--loss-fill {}: a ring's partial sums carry no count or list of their \
-                 contributors, so dlcp-allreduce fills lost values with zero only",
-                self.dlcp.fill.name()
-            )));
+        if self.strategy == StrategyKind::DlcpAllreduce
+            && self.dlcp.fill == super::LossFill::Rescale
+        {
+            return Err(PlanError::Dlcp(
+                "--loss-fill rescale: a ring's partial sums carry no count of their \
+                 contributors, so dlcp-allreduce fills lost values with zero only"
+                    .into(),
+            ));
         }
         Ok(())
     }

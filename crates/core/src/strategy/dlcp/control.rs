@@ -12,7 +12,7 @@ use crate::wire::{encode_data_frame, FrameKind, Header};
 pub(super) struct Control {
     /// The frame's header (`length` is the bitmap's words).
     pub(super) header: Header,
-    /// The bitmap of missing packets (for a Stop: of those filled in, or empty).
+    /// The bitmap of missing packets (empty for a Stop).
     pub(super) words: Vec<u32>,
 }
 
@@ -28,23 +28,21 @@ fn same_share(a: &Header, b: &Header) -> bool {
 }
 
 impl ControlQueue {
-    /// Queues a Stop for `header`'s share unless one is pending (one with `words` replaces
-    /// it); a Missing still pending for it is stale (the share is complete) and goes.
-    /// `words`: the bitmap of the packets the share's sum filled in, where the peer wants it
-    /// (`LossFill::Carry`), else empty.
-    pub(super) fn push_stop(&mut self, mut header: Header, words: Vec<u32>) {
+    /// Queues a Stop for `header`'s share unless one is pending; a Missing still pending
+    /// for it is stale (the share is complete) and goes.
+    pub(super) fn push_stop(&mut self, mut header: Header) {
         header.kind = FrameKind::Stop;
-        header.length = u32::try_from(words.len()).unwrap_or(u32::MAX);
-        header.payload_len = header.length.saturating_mul(4);
+        header.length = 0;
+        header.payload_len = 0;
         self.frames
             .retain(|c| c.header.kind != FrameKind::Missing || !same_share(&c.header, &header));
-        if let Some(pending) = (self.frames.iter_mut()).find(|c| same_share(&c.header, &header)) {
-            if !words.is_empty() {
-                *pending = Control { header, words };
-            }
+        if self.frames.iter().any(|c| same_share(&c.header, &header)) {
             return;
         }
-        self.frames.push_back(Control { header, words });
+        self.frames.push_back(Control {
+            header,
+            words: Vec::new(),
+        });
     }
 
     /// Queues a Missing with `words` for `header`'s share, or, if one is pending for that

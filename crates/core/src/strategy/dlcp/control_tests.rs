@@ -20,7 +20,7 @@ fn missing_of(q: &ControlQueue) -> Vec<(Header, Vec<u32>)> {
 fn a_second_missing_for_a_share_replaces_the_first_in_place() {
     let mut q = ControlQueue::default();
     q.push_missing(about(3, 1, 0, 0), vec![0b111]);
-    q.push_stop(about(3, 2, 0, 0), Vec::new());
+    q.push_stop(about(3, 2, 0, 0));
     q.push_missing(about(3, 1, 0, 0), vec![0b100, 1]);
     let pending: Vec<&Control> = q.pending().collect();
     assert_eq!(pending.len(), 2);
@@ -52,7 +52,7 @@ fn other_shares_chunks_phases_and_steps_keep_their_own_missing() {
 fn a_stop_drops_the_pending_missing_and_blocks_a_new_one() {
     let mut q = ControlQueue::default();
     q.push_missing(about(0, 0, 0, 0), vec![1]);
-    q.push_stop(about(0, 0, 0, 0), Vec::new());
+    q.push_stop(about(0, 0, 0, 0));
     q.push_missing(about(0, 0, 0, 0), vec![1]);
     let kinds: Vec<FrameKind> = q.pending().map(|c| c.header.kind).collect();
     assert_eq!(kinds, vec![FrameKind::Stop]);

@@ -232,7 +232,7 @@ fn zero_fill_and_rescale_are_exact_on_a_known_loss_pattern() {
                 let sum = if a { g0[i] } else { 0.0 } + if b { g1[i] } else { 0.0 };
                 let count = usize::from(a) + usize::from(b);
                 let mean = match fill {
-                    LossFill::Zero | LossFill::Carry => sum / 2.0,
+                    LossFill::Zero => sum / 2.0,
                     LossFill::Rescale if count > 0 => sum / count as f32,
                     LossFill::Rescale => 0.0,
                 };
@@ -258,90 +258,6 @@ fn zero_fill_and_rescale_are_exact_on_a_known_loss_pattern() {
             "probes of complete shares are not answered"
         );
     }
-}
-
-/// With `LossFill::Carry` what the sum filled in arrives a step late: over two steps the
-/// parameters miss only the second step's fills (carried into the third), where zero fill
-/// misses both steps'. Worker 0 loses packets 0 then 5, worker 1 packets 3 then 6; each
-/// share completes at its last packet (7 of 8), so nothing else is filled in.
-#[test]
-fn carried_fills_arrive_a_step_late() {
-    let lost = |w: Rank, h: &Header| {
-        h.kind == FrameKind::Push
-            && matches!(
-                (w, h.step, h.offset),
-                (0, 0, 0) | (1, 0, 3) | (0, 1, 5) | (1, 1, 6)
-            )
-    };
-    let (g0, g1) = (grad(0, 0, 8), grad(1, 0, 8));
-    for fill in [LossFill::Carry, LossFill::Zero] {
-        let opts = DlcpOptions {
-            loss_bound: 0.125,
-            packet_elems: 1,
-            fill,
-            ..DlcpOptions::default()
-        };
-        let mut c = Cluster::new(2, &[8], opts);
-        c.pump(&mut |w, h| lost(w, h));
-        c.params();
-        c.begin(1);
-        c.pump(&mut |w, h| lost(w, h));
-        let got = c.params();
-        let missing = |i: usize| match (fill, i) {
-            (_, 5) => g0[5],
-            (_, 6) => g1[6],
-            (LossFill::Zero, 0) => g0[0],
-            (LossFill::Zero, 3) => g1[3],
-            _ => 0.0,
-        };
-        let want: Vec<f32> = (0..8)
-            .map(|i| -LR * (2.0 * (g0[i] + g1[i]) - missing(i)) / 2.0)
-            .collect();
-        for w in &got {
-            for (i, (a, b)) in w[0].iter().zip(&want).enumerate() {
-                assert!((a - b).abs() < 1e-4, "{fill:?} value {i}: {a} against {b}");
-            }
-        }
-        let stats = c.server.loss_stats().expect("stats");
-        assert_eq!(stats.entries_filled, 4, "{fill:?}");
-    }
-}
-
-/// The values a worker carries are its checkpoint state: what the sum filled in, one
-/// tensor per key, restored only into a model of the same keys.
-#[test]
-fn carried_values_are_the_workers_checkpoint_state() {
-    let opts = DlcpOptions {
-        loss_bound: 0.125,
-        packet_elems: 1,
-        fill: LossFill::Carry,
-        ..DlcpOptions::default()
-    };
-    let mut c = Cluster::new(2, &[8, 3], opts);
-    // Each worker loses one packet of key 0 (7 of 8 complete it); key 1 needs all 3.
-    c.pump(&mut |w, h| h.kind == FrameKind::Push && h.key == 0 && h.offset == [2, 5][w.min(1)]);
-    c.params();
-    let state = c.workers[0].sync_state();
-    let mut want = vec![0.0; 8];
-    want[2] = grad(0, 0, 8)[2];
-    assert_eq!(state, vec![want, Vec::new()]);
-    assert_eq!(c.workers[1].sync_state()[0][5], grad(1, 0, 8)[5]);
-    assert!(c.workers[1].restore_sync_state(state.clone()).is_ok());
-    assert!(c.workers[1]
-        .restore_sync_state(vec![vec![0.0; 7], Vec::new()])
-        .is_err());
-    let mut zero = Cluster::new(1, &[8, 3], exact(1));
-    assert!(zero.workers[0].sync_state().is_empty());
-    assert!(zero.workers[0].restore_sync_state(state).is_err());
-}
-
-/// A Stop naming filled packets is refused by a worker that carries nothing.
-#[test]
-fn a_stop_with_a_bitmap_is_refused_without_carry() {
-    let mut c = Cluster::new(1, &[8], exact(1));
-    let mut stop = Header::data(FrameKind::Stop, 0, 0, 0, 1);
-    stop.payload_len = 4;
-    assert!(c.workers[0].recv_slot(1, &stop).is_err());
 }
 
 /// A duplicated packet is counted once.

@@ -8,8 +8,8 @@
 //! - **Bounded loss.** Per key and step, a server counts the packets of its share of the key
 //!   that arrived from each worker. Once at least `ceil((1 - p) n)` of the `n` are in, it
 //!   sends [`crate::wire::FrameKind::Stop`] and treats that worker's share as complete;
-//!   the entries of the packets still missing count as zero (or the sum is rescaled, or
-//!   the zeros are carried into the worker's next gradient, [`LossFill`]). A packet far behind one of its share that arrived is given up for
+//!   the entries of the packets still missing count as zero (or the sum is rescaled,
+//!   [`LossFill`]). A packet far behind one of its share that arrived is given up for
 //!   lost while the bound allows, so that its slice need not wait for the whole key (the
 //!   server's `REORDER_PACKETS`). A worker that has sent every packet of a share without a
 //!   Stop sends a [`crate::wire::FrameKind::Probe`]; the server answers with the bitmap of
@@ -67,23 +67,17 @@ pub enum LossFill {
     Zero,
     /// Rescale: each entry's sum is divided by the number of workers whose packet arrived.
     Rescale,
-    /// Carry: zero in this step's sum, as `Zero`, and the server's Stop names the packets it
-    /// filled in, so the worker adds their values to its next gradient of that key (error
-    /// feedback): a lost contribution arrives a step late instead of never. The server
-    /// takes no packet of a share once it has stopped it, so the Stop's list is exact.
-    Carry,
 }
 
 impl LossFill {
     /// Every fill, for listings.
-    pub const ALL: [LossFill; 3] = [LossFill::Zero, LossFill::Rescale, LossFill::Carry];
+    pub const ALL: [LossFill; 2] = [LossFill::Zero, LossFill::Rescale];
 
     /// The name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             LossFill::Zero => "zero",
             LossFill::Rescale => "rescale",
-            LossFill::Carry => "carry",
         }
     }
 
@@ -235,10 +229,6 @@ pub struct LossStats {
     /// step's value (`dlcp-allreduce` with a pull bound).
     #[serde(default)]
     pub entries_stale: u64,
-    /// Values a worker carried into its next gradient (`--loss-fill carry`): those its
-    /// servers filled in and told it of.
-    #[serde(default)]
-    pub entries_carried: u64,
 }
 
 impl LossStats {
@@ -251,7 +241,6 @@ impl LossStats {
         self.probes_answered += o.probes_answered;
         self.stops += o.stops;
         self.entries_stale += o.entries_stale;
-        self.entries_carried += o.entries_carried;
     }
 
     /// The realised loss: the fraction of gradient values filled in.

@@ -487,7 +487,7 @@ impl DlcpRing {
         if !self.phase_reliable(phase) {
             self.stats.stops += 1;
             let header = self.control_header(FrameKind::Stop, x, bucket, c, phase);
-            self.control.push_stop(header, Vec::new());
+            self.control.push_stop(header);
         }
         let forward = match phase {
             Phase::Reduce => current,

@@ -169,9 +169,8 @@ impl DlcpServer {
         Ok((id, late))
     }
 
-    /// Queues a Stop or a Missing (with its bitmap `words`) for `link` about `key`'s share
-    /// of `step`; a Missing replaces one still pending for that share. A Stop's `words`:
-    /// the packets its share's sum filled in (`LossFill::Carry`, once aggregated), or none.
+    /// Queues a Stop (empty `words`) or a Missing for `link` about `key`'s share of `step`;
+    /// a Missing replaces one still pending for that share.
     fn queue_control(&mut self, link: Rank, kind: FrameKind, step: u64, key: u32, words: Vec<u32>) {
         let mut header = Header::data(kind, step, key, 0, 0);
         header.sender = (self.workers + self.index) as u32;
@@ -185,7 +184,7 @@ impl DlcpServer {
         if kind == FrameKind::Missing {
             queue.push_missing(header, words);
         } else {
-            queue.push_stop(header, words);
+            queue.push_stop(header);
         }
         if was_empty && !queue.is_empty() {
             self.control_pending += 1;
@@ -257,21 +256,6 @@ impl DlcpServer {
         Ok(())
     }
 
-    /// With `LossFill::Carry`, `key` just aggregated: each worker whose share the sum
-    /// filled in is sent a Stop naming those packets (what never arrived, given up or not),
-    /// so it can add their values to its next gradient of the key.
-    fn send_filled(&mut self, key: usize, step: u64) {
-        if self.opts.fill != LossFill::Carry {
-            return;
-        }
-        for w in 0..self.workers {
-            let words = self.shares[key].tallies[w].not_arrived_words();
-            if words.iter().any(|&word| word != 0) {
-                self.queue_control(w, FrameKind::Stop, step, key as u32, words);
-            }
-        }
-    }
-
     /// Every worker's share of `key` is complete: hands each owned slice not yet handed
     /// over to the P3 server, lost values filled in, and starts the key's next step.
     fn aggregate(&mut self, key: usize) -> Result<(), ProtocolError> {
@@ -284,7 +268,6 @@ impl DlcpServer {
         for slice in slices {
             self.hand_over(slice)?;
         }
-        self.send_filled(key, self.shares[key].step);
         let share = &mut self.shares[key];
         for v in share.values.iter_mut().filter_map(Option::take) {
             self.spare.give(v);

@@ -117,17 +117,6 @@ impl PacketTally {
         words
     }
 
-    /// Every packet not in, given up or not, one bit each: what a complete share's sum
-    /// filled in.
-    pub fn not_arrived_words(&self) -> Vec<u32> {
-        let mut words: Vec<u32> = self.arrived.iter().map(|a| !a).collect();
-        let tail = self.packets % 32;
-        if let (Some(last), true) = (words.last_mut(), tail != 0) {
-            *last &= (1u32 << tail) - 1;
-        }
-        words
-    }
-
     /// Starts over for the next step.
     pub fn reset(&mut self) {
         self.arrived.fill(0);

@@ -8,7 +8,7 @@ use super::geometry::{Geometry, PacketId};
 use super::probe::ProbeTimers;
 use super::pull::{PullEvent, PullReceiver};
 use super::tally::indices_of;
-use super::{class_of_layer, drop_eligible, DlcpOptions, LossFill, LossStats};
+use super::{class_of_layer, drop_eligible, DlcpOptions, LossStats};
 use crate::strategy::{Endpoint, ProtocolError, PsWorker, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -18,8 +18,6 @@ struct SendShare {
     queue: VecDeque<PacketId>,
     stopped: bool,
     probing: bool,
-    /// The packets the server filled in are carried into the next gradient (once a step).
-    carried: bool,
 }
 
 /// The worker side of `--strategy dlcp`.
@@ -63,9 +61,6 @@ pub struct DlcpWorker {
     packet: Vec<Vec<f32>>,
     /// With control datagrams: the re-probe timers of the shares (indexed as `shares`).
     timers: Option<ProbeTimers>,
-    /// With `LossFill::Carry`: per key, the values its servers filled in, added to the
-    /// key's next gradient (empty while nothing is carried).
-    carried: Vec<Vec<f32>>,
     stats: LossStats,
 }
 
@@ -112,7 +107,6 @@ impl DlcpWorker {
             timers: opts
                 .control_datagrams
                 .then(|| ProbeTimers::new(keys * servers, servers)),
-            carried: vec![Vec::new(); keys],
             stats: LossStats::default(),
             geo,
         }
@@ -276,49 +270,16 @@ impl DlcpWorker {
         }
     }
 
-    fn handle_stop(&mut self, link: Rank, server: usize, h: &Header) -> Result<(), ProtocolError> {
+    fn handle_stop(&mut self, server: usize, h: &Header) {
         let key = h.key as usize;
         let layer = self.layer(key);
         if let Some(t) = self.timers.as_mut() {
             t.answered(key * self.servers + server);
         }
-        if h.length > 0 && !self.shares[key * self.servers + server].carried {
-            self.carry(link, server, h)?;
-            self.shares[key * self.servers + server].carried = true;
-        }
         let share = &mut self.shares[key * self.servers + server];
         share.stopped = true;
         share.queue.clear();
         self.deactivate(server, (layer, key));
-        Ok(())
-    }
-
-    /// A Stop from `server` names the packets of its share that the sum filled in: their
-    /// values (still this step's) are kept to be added to the key's next gradient.
-    fn carry(&mut self, link: Rank, server: usize, h: &Header) -> Result<(), ProtocolError> {
-        let key = h.key as usize;
-        let packets = self.geo.share_packets(key, server);
-        let words: Vec<u32> = self.bitmap[server].iter().map(|w| w.to_bits()).collect();
-        let filled =
-            indices_of(&words, packets).map_err(|e| ProtocolError::unexpected(link, h, &e))?;
-        let numel = self.geo.registry().keys().get(key).map_or(0, |k| k.numel);
-        let mut carried = std::mem::take(&mut self.carried[key]);
-        carried.resize(numel, 0.0);
-        for p in filled
-            .into_iter()
-            .filter_map(|i| self.geo.share_packet(key, server, i))
-        {
-            let mut push = Header::data(FrameKind::Push, self.step, h.key, 0, 0);
-            (push.offset, push.length) = (p.offset as u32, p.len as u32);
-            let values = self.inner.lent_payload(&push);
-            let dest = carried.get_mut(p.offset..p.offset + p.len);
-            if let (Some(dest), true) = (dest, values.len() == p.len) {
-                dest.iter_mut().zip(values).for_each(|(d, v)| *d += v);
-                self.stats.entries_carried += p.len as u64;
-            }
-        }
-        self.carried[key] = carried;
-        Ok(())
     }
 
     fn handle_missing(
@@ -383,7 +344,7 @@ impl DlcpWorker {
         match event {
             // A probe of a share complete (or of a step gone): its Stop may have been lost.
             PullEvent::Nothing if h.kind == FrameKind::Probe && self.timers.is_some() => {
-                self.answer(server, |q| q.push_stop(answer, Vec::new()));
+                self.answer(server, |q| q.push_stop(answer));
                 Ok(())
             }
             PullEvent::Nothing => Ok(()),
@@ -393,7 +354,7 @@ impl DlcpWorker {
                 Ok(())
             }
             PullEvent::Complete => {
-                self.answer(server, |q| q.push_stop(answer, Vec::new()));
+                self.answer(server, |q| q.push_stop(answer));
                 self.hand_over_params(link, server, key)
             }
         }
@@ -480,7 +441,6 @@ impl WorkerSync for DlcpWorker {
             s.queue.clear();
             s.stopped = false;
             s.probing = false;
-            s.carried = false;
         }
         if let Some(t) = self.timers.as_mut() {
             t.clear();
@@ -491,15 +451,6 @@ impl WorkerSync for DlcpWorker {
     }
 
     fn handle_gradient(&mut self, key: usize, grad: &[f32]) {
-        let with_carried;
-        let grad = match self.carried.get_mut(key).filter(|c| c.len() == grad.len()) {
-            Some(carried) => {
-                carried.iter_mut().zip(grad).for_each(|(c, g)| *c += g);
-                with_carried = std::mem::take(carried);
-                with_carried.as_slice()
-            }
-            None => grad,
-        };
         if self.opts.priority && self.opts.drop_quantile > 0.0 {
             let reg = self.geo.registry();
             let means: Vec<f32> = reg
@@ -529,41 +480,9 @@ impl WorkerSync for DlcpWorker {
         self.inner.take_values(key)
     }
 
-    /// With a pull bound: the parameter values that kept the step before's value; with
-    /// `LossFill::Carry`: the values carried into a next gradient.
+    /// With a pull bound: the parameter values that kept the step before's value.
     fn loss_stats(&self) -> Option<LossStats> {
-        let counted = self.pull.is_some() || self.opts.fill == LossFill::Carry;
-        counted.then_some(self.stats)
-    }
-
-    /// With `LossFill::Carry`: per key, the values still to be added to its next gradient
-    /// (empty where none are), so a resumed job carries them as the uninterrupted one does.
-    fn sync_state(&self) -> Vec<Vec<f32>> {
-        match self.opts.fill {
-            LossFill::Carry => self.carried.clone(),
-            _ => Vec::new(),
-        }
-    }
-
-    fn restore_sync_state(&mut self, state: Vec<Vec<f32>>) -> Result<(), String> {
-        if self.opts.fill != LossFill::Carry {
-            return match state.is_empty() {
-                true => Ok(()),
-                false => Err("a checkpoint with carried values, but nothing is carried".into()),
-            };
-        }
-        let keys = self.geo.registry().keys();
-        let fits = state.len() == keys.len()
-            && (state.iter().zip(keys)).all(|(s, k)| s.is_empty() || s.len() == k.numel);
-        if !fits {
-            return Err(format!(
-                "carried values of {} keys do not fit this model's {} keys",
-                state.len(),
-                keys.len()
-            ));
-        }
-        self.carried = state;
-        Ok(())
+        self.pull.as_ref().map(|_| self.stats)
     }
 }
 
@@ -621,16 +540,11 @@ impl Endpoint for DlcpWorker {
                 self.check(link, h)?;
                 Ok(&mut [])
             }
-            FrameKind::Stop if h.length == 0 => {
+            FrameKind::Stop => {
                 self.check(link, h)?;
                 Ok(&mut [])
             }
-            FrameKind::Stop if self.opts.fill != LossFill::Carry => Err(ProtocolError::unexpected(
-                link,
-                h,
-                "a Stop with a bitmap, but nothing is carried",
-            )),
-            FrameKind::Missing | FrameKind::Stop => {
+            FrameKind::Missing => {
                 let server = self.check(link, h)?;
                 let words = self.geo.share_packets(h.key as usize, server).div_ceil(32);
                 if h.length as usize != words {
@@ -697,7 +611,8 @@ impl Endpoint for DlcpWorker {
                     return Ok(());
                 }
                 if h.kind == FrameKind::Stop {
-                    self.handle_stop(link, server, h)
+                    self.handle_stop(server, h);
+                    Ok(())
                 } else {
                     self.handle_missing(link, server, h)
                 }
