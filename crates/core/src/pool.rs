@@ -30,7 +30,7 @@ struct Kept<T> {
 }
 
 impl<T> Kept<T> {
-    /// The buffer given back last; those below it that stay count as touched no longer.
+    /// The buffer given back last (no more of the oldest stay untouched than remain).
     fn pop(&mut self) -> Option<Vec<T>> {
         let b = self.buffers.pop()?;
         self.untouched = self.untouched.min(self.buffers.len());
