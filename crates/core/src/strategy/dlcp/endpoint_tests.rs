@@ -260,6 +260,53 @@ fn zero_fill_and_rescale_are_exact_on_a_known_loss_pattern() {
     }
 }
 
+/// Over TCP a Stop goes only where it cuts the sending short: a share complete with every
+/// packet in gets none (the worker's Probe finds nothing missing), one complete at its bound
+/// with packets still to come does; with control datagrams every complete share gets one.
+#[test]
+fn a_stop_goes_only_where_packets_are_still_to_come() {
+    let stops = |c: &Cluster| {
+        let server = c.workers.len();
+        (c.sent.iter())
+            .filter(|(from, h)| *from == server && h.kind == FrameKind::Stop)
+            .count()
+    };
+    let mut whole = Cluster::new(2, &[8], exact(2));
+    whole.pump(&mut |_, _| false);
+    assert_eq!(stops(&whole), 0, "every packet in: no Stop over TCP");
+    assert_eq!(
+        whole.params()[0][0].len(),
+        8,
+        "the step ends on the parameters"
+    );
+    let mut bounded = Cluster::new(
+        2,
+        &[8],
+        DlcpOptions {
+            loss_bound: 0.5,
+            packet_elems: 1,
+            ..DlcpOptions::default()
+        },
+    );
+    bounded.pump(&mut |_, _| false);
+    assert_eq!(
+        stops(&bounded),
+        2,
+        "complete at 4 of 8, a Stop to each worker"
+    );
+    let datagrams = DlcpOptions {
+        control_datagrams: true,
+        ..exact(2)
+    };
+    let mut c = Cluster::new(2, &[8], datagrams);
+    c.pump(&mut |_, _| false);
+    assert_eq!(
+        stops(&c),
+        2,
+        "with control datagrams, a Stop to each worker"
+    );
+}
+
 /// A duplicated packet is counted once.
 #[test]
 fn a_duplicated_packet_is_counted_once() {

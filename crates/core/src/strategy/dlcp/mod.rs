@@ -7,7 +7,8 @@
 //!   ([`crate::wire::Flags::loss_tolerant`]): the network never retransmits them.
 //! - **Bounded loss.** Per key and step, a server counts the packets of its share of the key
 //!   that arrived from each worker. Once at least `ceil((1 - p) n)` of the `n` are in, it
-//!   sends [`crate::wire::FrameKind::Stop`] and treats that worker's share as complete;
+//!   treats that worker's share as complete and, if some are still to come (or the Stops
+//!   travel as datagrams), sends [`crate::wire::FrameKind::Stop`];
 //!   the entries of the packets still missing count as zero (or the sum is rescaled,
 //!   [`LossFill`]). A packet far behind one of its share that arrived is given up for
 //!   lost while the bound allows, so that its slice need not wait for the whole key (the

@@ -219,6 +219,9 @@ impl DlcpServer {
             share.complete += 1;
         }
         let gone = share.tallies[link].write_off_before(id.in_share, REORDER_PACKETS);
+        // Over TCP a Stop only cuts the sending short: with every packet in, the worker's
+        // Probe is on its way and finds nothing missing (the key's parameters end its step).
+        let stop = completed && (self.opts.control_datagrams || !share.tallies[link].is_whole());
         let (step, done) = (share.step, share.complete == self.workers);
         let slices = (gone.into_iter())
             .filter_map(|i| self.geo.share_packet(key, self.index, i))
@@ -229,7 +232,7 @@ impl DlcpServer {
                 self.hand_over(slice)?;
             }
         }
-        if completed {
+        if stop {
             self.stats.stops += 1;
             self.queue_control(link, FrameKind::Stop, step, h.key, Vec::new());
         }
