@@ -133,6 +133,7 @@ pub fn run_matrix(
             stale.join(", ")
         );
     }
+    check_network_files(config.kind, &runs, dir)?;
     let unfinished = |run: &RunSpec| {
         parts(config.kind, run, &dir.join("runs").join(&run.id))
             .iter()
@@ -174,6 +175,39 @@ pub fn run_matrix(
     }
     bar.finish_and_clear();
     Ok(outcomes)
+}
+
+/// Stops a study before its first run if a run still to do names a `--network` file that
+/// does not exist.
+fn check_network_files(kind: StudyKind, runs: &[RunSpec], dir: &Path) -> Result<()> {
+    let to_do: Vec<RunSpec> = (runs.iter())
+        .filter(|run| {
+            parts(kind, run, &dir.join("runs").join(&run.id))
+                .iter()
+                .any(|p| !summary_path(&p.dir).is_file())
+        })
+        .cloned()
+        .collect();
+    if let Some((run, file)) = missing_network_file(&to_do) {
+        let here = std::env::current_dir().unwrap_or_default();
+        anyhow::bail!(
+            "run {}: its network file {file} is not under the current folder ({}); run the \
+             study from the folder its paths start from (the repository root for studies/)",
+            run.id,
+            here.display()
+        );
+    }
+    Ok(())
+}
+
+/// The first of `runs` whose `--network` file does not exist (paths are read from the
+/// current folder): without this check it fails only when its turn comes.
+pub fn missing_network_file(runs: &[RunSpec]) -> Option<(&RunSpec, &str)> {
+    runs.iter().find_map(|run| {
+        (run.arg("--network"))
+            .filter(|file| !Path::new(file).is_file())
+            .map(|file| (run, file))
+    })
 }
 
 /// The finished runs under `dir` (a study of `kind`) whose recorded arguments (`run.toml`)
@@ -402,6 +436,28 @@ mod tests {
         assert_eq!(stale("20"), vec!["lenet-ps"]);
         std::fs::remove_file(run_dir.join("run.toml")).unwrap();
         assert_eq!(stale("10"), vec!["lenet-ps"]);
+    }
+
+    #[test]
+    fn a_missing_network_file_is_named_before_any_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("two-paths.toml");
+        std::fs::write(&file, "").unwrap();
+        let with = |path: &Path| {
+            let mut run = spec("10");
+            run.args
+                .extend(["--network".into(), path.display().to_string()]);
+            run
+        };
+        let runs = [
+            spec("10"),
+            with(&file),
+            with(&dir.path().join("absent.toml")),
+        ];
+        let (run, missing) = missing_network_file(&runs).expect("one is missing");
+        assert_eq!(run.args, runs[2].args);
+        assert!(missing.ends_with("absent.toml"));
+        assert!(missing_network_file(&runs[..2]).is_none());
     }
 
     #[test]
