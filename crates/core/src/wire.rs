@@ -168,11 +168,13 @@ impl Flags {
     /// Two bits: the float the values travel as ([`WireFloat::bits`]).
     const WIRE_SHIFT: u32 = 6;
     const WIRE_MASK: u32 = 0b11 << Self::WIRE_SHIFT;
+    const LAST_OF_SHARE: u32 = 1 << 8;
     const KNOWN: u32 = Self::CLASS_MASK
         | Self::LOSS_TOLERANT
         | Self::DROP_ELIGIBLE
         | Self::SPRAY
-        | Self::WIRE_MASK;
+        | Self::WIRE_MASK
+        | Self::LAST_OF_SHARE;
 
     /// A reliable frame of priority class `class` (0 the most urgent; above 7 counts as 7).
     pub fn class(class: u8) -> Self {
@@ -196,6 +198,17 @@ impl Flags {
     /// The same, sprayed over the paths per frame (when `yes`).
     pub fn spray_if(self, yes: bool) -> Self {
         Flags(if yes { self.0 | Self::SPRAY } else { self.0 })
+    }
+
+    /// The same, marked as the last packet of a loss-tolerant share: the receiver answers
+    /// it as it answers a Probe (DLCP over TCP, where the packet travels reliably).
+    pub fn last_of_share(self) -> Self {
+        Flags(self.0 | Self::LAST_OF_SHARE)
+    }
+
+    /// Whether it is the last packet of a share, to be answered as a Probe.
+    pub fn is_last_of_share(self) -> bool {
+        self.0 & Self::LAST_OF_SHARE != 0
     }
 
     /// Its priority class, 0..=7.

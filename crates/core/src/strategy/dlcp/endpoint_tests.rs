@@ -6,7 +6,7 @@ use crate::registry::KeyInfo;
 use crate::strategy::{
     Endpoint, Rank, ServerOptim, ServerSync, StrategyKind, SyncPlan, WorkerEvent, WorkerSync,
 };
-use crate::wire::{FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+use crate::wire::{Flags, FrameKind, Header, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
 
 const LR: f32 = 0.5;
 
@@ -191,7 +191,8 @@ fn a_probe_gets_the_missing_packets_and_only_they_are_resent() {
     let after_probe: Vec<u32> = c
         .sent
         .iter()
-        .skip_while(|(_, h)| h.kind != FrameKind::Probe)
+        .skip_while(|(_, h)| !h.flags.is_last_of_share())
+        .skip(1)
         .filter(|(_, h)| h.kind == FrameKind::Push)
         .map(|(_, h)| h.offset)
         .collect();
@@ -366,6 +367,47 @@ fn the_same_seed_gives_the_same_bits() {
     assert_ne!(run(3), run(4));
 }
 
+/// Over TCP the last packet of a share is its probe: it travels reliably and no Probe frame
+/// follows it; a share it finds incomplete is answered with what is missing, and a server
+/// refuses a reliable push not so marked, and the mark where control travels as datagrams.
+#[test]
+fn the_last_packet_of_a_share_is_its_probe_over_tcp() {
+    let mut c = Cluster::new(1, &[40], exact(4));
+    c.pump(&mut |_, h| h.kind == FrameKind::Push && h.offset == 12);
+    let kinds: Vec<(FrameKind, u32, bool)> = (c.sent.iter())
+        .map(|(_, h)| (h.kind, h.offset, h.flags.is_last_of_share()))
+        .collect();
+    assert!(kinds.iter().all(|&(kind, ..)| kind != FrameKind::Probe));
+    let tail: Vec<_> = kinds.iter().skip(9).copied().collect();
+    assert_eq!(
+        tail[..3],
+        [
+            (FrameKind::Push, 36, true),
+            (FrameKind::Missing, 0, false),
+            (FrameKind::Push, 12, true)
+        ],
+        "{kinds:?}"
+    );
+    assert_eq!(c.server.loss_stats().expect("stats").probes_answered, 1);
+    assert_eq!(
+        c.params()[0][0],
+        (0..40).map(|i| -LR * (1 + i) as f32).collect::<Vec<_>>()
+    );
+    let refused = |opts: DlcpOptions, flags: Flags| {
+        let mut c = Cluster::new(1, &[40], opts);
+        let mut h = Header::data(FrameKind::Push, 0, 0, 0, 4);
+        h.flags = flags;
+        c.server.recv_slot(0, &h).is_err()
+    };
+    assert!(refused(exact(4), Flags::class(0)));
+    assert!(!refused(exact(4), Flags::class(0).last_of_share()));
+    let datagrams = DlcpOptions {
+        control_datagrams: true,
+        ..exact(4)
+    };
+    assert!(refused(datagrams, Flags::class(0).last_of_share()));
+}
+
 /// Packets carry their layer's class and a drop-eligible mark below the median magnitude;
 /// probes and pulls are reliable.
 #[test]
@@ -387,7 +429,13 @@ fn packets_carry_class_marks_and_spraying() {
         .collect();
     assert_eq!(pushes.len(), 8);
     for h in &pushes {
-        assert!(h.flags.is_loss_tolerant() && h.flags.is_sprayed());
+        let last = h.flags.is_last_of_share();
+        assert_eq!(h.flags.is_loss_tolerant() && h.flags.is_sprayed(), !last);
+        assert_eq!(
+            last,
+            h.offset == 6,
+            "the last packet of each key's share probes"
+        );
         assert_eq!(h.flags.priority_class(), class_of_layer(h.key as usize, 2));
         // Values rise with the offset: the first half of each key is below its median.
         assert_eq!(h.flags.is_drop_eligible(), h.offset < 4, "{h:?}");

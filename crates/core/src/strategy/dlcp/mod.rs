@@ -13,10 +13,13 @@
 //!   [`LossFill`]). A packet far behind one of its share that arrived is given up for
 //!   lost while the bound allows, so that its slice need not wait for the whole key (the
 //!   server's `REORDER_PACKETS`). A worker that has sent every packet of a share without a
-//!   Stop sends a [`crate::wire::FrameKind::Probe`]; the server answers with the bitmap of
-//!   what is missing ([`crate::wire::FrameKind::Missing`]) and the worker resends only that,
-//!   then probes again. Nothing waits for a retransmission timeout. Where the packets are
-//!   datagrams ([`DlcpOptions::control_datagrams`]) so are these three, and any may be
+//!   Stop probes it; the server answers with the bitmap of what is missing
+//!   ([`crate::wire::FrameKind::Missing`]) and the worker resends only that, then probes
+//!   again. Over TCP the probe is the share's last packet, sent reliably and marked
+//!   [`crate::wire::Flags::last_of_share`] (one frame fewer per share; only that packet
+//!   can wait for the transport's recovery). Where the packets are datagrams
+//!   ([`DlcpOptions::control_datagrams`]) the probe is a [`crate::wire::FrameKind::Probe`]
+//!   datagram after the last packet, Stops and Missing are datagrams too, and any may be
 //!   lost: a sender re-probes a share left unanswered after a probe timeout ([`probe`]),
 //!   and a receiver answers every Probe (a Stop again for a share complete or gone).
 //! - **Priority and priority dropping.** Each packet carries a priority class from its layer

@@ -151,11 +151,12 @@ impl DlcpServer {
     }
 
     fn check_packet(&self, link: Rank, h: &Header) -> Result<(PacketId, bool), ProtocolError> {
-        if !h.flags.is_loss_tolerant() {
+        let last = h.flags.is_last_of_share();
+        if last == h.flags.is_loss_tolerant() || (last && self.opts.control_datagrams) {
             return Err(ProtocolError::unexpected(
                 link,
                 h,
-                "a DLCP push must be a loss-tolerant packet",
+                "a DLCP push must be a loss-tolerant packet, or the reliable last of its share where control is not sent as datagrams",
             ));
         }
         let late = self.check_share(link, h)?;
@@ -219,9 +220,11 @@ impl DlcpServer {
             share.complete += 1;
         }
         let gone = share.tallies[link].write_off_before(id.in_share, REORDER_PACKETS);
-        // Over TCP a Stop only cuts the sending short: with every packet in, the worker's
-        // Probe is on its way and finds nothing missing (the key's parameters end its step).
-        let stop = completed && (self.opts.control_datagrams || !share.tallies[link].is_whole());
+        // Over TCP a Stop only cuts the sending short: with every packet in, or this one the
+        // last, the worker has nothing more to send (the key's parameters end its step).
+        let stop = completed
+            && (self.opts.control_datagrams
+                || !(share.tallies[link].is_whole() || h.flags.is_last_of_share()));
         let (step, done) = (share.step, share.complete == self.workers);
         let slices = (gone.into_iter())
             .filter_map(|i| self.geo.share_packet(key, self.index, i))
@@ -581,8 +584,8 @@ impl Endpoint for DlcpServer {
     fn accepts_loss(&self, link: Rank, h: &Header) -> bool {
         let control = h.kind == FrameKind::Probe
             || (matches!(h.kind, FrameKind::Stop | FrameKind::Missing) && !self.pulls.is_empty());
-        (h.kind == FrameKind::Push || (control && self.opts.control_datagrams))
-            && link < self.workers
+        let packet = h.kind == FrameKind::Push && !h.flags.is_last_of_share();
+        (packet || (control && self.opts.control_datagrams)) && link < self.workers
     }
 
     fn poll_timeout(&self) -> Option<u64> {
@@ -611,6 +614,10 @@ impl Endpoint for DlcpServer {
 
     fn handle_payload(&mut self, link: Rank, h: &Header) -> Result<(), ProtocolError> {
         match h.kind {
+            FrameKind::Push if h.flags.is_last_of_share() => {
+                self.handle_packet(link, h)?;
+                self.handle_probe(link, h)
+            }
             FrameKind::Push => self.handle_packet(link, h),
             FrameKind::Probe => self.handle_probe(link, h),
             FrameKind::Stop | FrameKind::Missing => self.handle_pull_answer(link, h),

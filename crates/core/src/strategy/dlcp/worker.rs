@@ -199,6 +199,8 @@ impl DlcpWorker {
     }
 
     /// The next frame of `server`'s most urgent share: a packet, or the probe after its last.
+    /// Where control travels on the reliable path, the last packet is the probe: it travels
+    /// reliably, marked [`Flags::last_of_share`], and no Probe frame follows it.
     fn next_frame(&mut self, server: usize) -> Option<Header> {
         let &(layer, key) = self.active[server].first()?;
         let class = self.class(key);
@@ -212,12 +214,21 @@ impl DlcpWorker {
                     p.offset as u32,
                     p.len as u32,
                 );
+                let last = share.queue.is_empty() && !self.opts.control_datagrams;
                 let marked =
                     self.opts.priority && self.marks[key].get(p.in_key).copied().unwrap_or(false);
-                h.flags = Flags::class(class)
-                    .loss_tolerant()
-                    .drop_eligible_if(marked)
-                    .spray_if(self.opts.spray);
+                h.flags = if last {
+                    Flags::class(class).last_of_share()
+                } else {
+                    Flags::class(class)
+                        .loss_tolerant()
+                        .drop_eligible_if(marked)
+                        .spray_if(self.opts.spray)
+                };
+                if last {
+                    share.probing = true;
+                    self.deactivate(server, (layer, key));
+                }
                 h
             }
             None => {
