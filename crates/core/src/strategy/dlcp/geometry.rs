@@ -39,6 +39,8 @@ pub struct Geometry {
     share_elems: Vec<usize>,
     /// Per key: its packets.
     key_packets: Vec<usize>,
+    /// The most values any packet carries (no more than its slice holds).
+    longest: usize,
 }
 
 impl Geometry {
@@ -90,6 +92,7 @@ impl Geometry {
             share_packets: vec![0; keys * servers],
             share_elems: vec![0; keys * servers],
             key_packets: vec![0; keys],
+            longest: 1,
             reg,
         };
         for slice in 0..slices {
@@ -102,6 +105,7 @@ impl Geometry {
             g.share_packets[share] += n;
             g.share_elems[share] += s.len;
             g.key_packets[s.key] += n;
+            g.longest = g.longest.max(s.len.min(g.packet_len(s.key)));
         }
         g
     }
@@ -111,9 +115,10 @@ impl Geometry {
         self.packet.get(key).copied().unwrap_or(1).max(1)
     }
 
-    /// The most values any packet carries (a receive buffer's size).
+    /// The most values any packet carries (a receive buffer's size): a packet never holds
+    /// more than its slice, so a scaled model's tiny slices need tiny buffers.
     pub fn max_packet(&self) -> usize {
-        self.packet.iter().copied().max().unwrap_or(1).max(1)
+        self.longest
     }
 
     /// The registry.
@@ -223,6 +228,15 @@ mod tests {
         };
         let g = Geometry::of(reg, &fine);
         assert_eq!((g.key_packets(0), g.max_packet()), (40, 10));
+    }
+
+    #[test]
+    fn no_packet_is_longer_than_its_slice() {
+        let keys = KeyInfo::one_per_layer(&[30, 70]);
+        let reg = TensorRegistry::new(keys, 40, 2, Placement::SlicesRoundRobin);
+        let g = Geometry::new(reg, 2048);
+        assert_eq!(g.max_packet(), 40);
+        assert_eq!(g.locate(1, 40, 30).map(|p| p.len), Some(30));
     }
 
     proptest! {
