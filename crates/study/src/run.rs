@@ -180,15 +180,12 @@ pub fn run_matrix(
 /// Stops a study before its first run if a run still to do names a `--network` file that
 /// does not exist.
 fn check_network_files(kind: StudyKind, runs: &[RunSpec], dir: &Path) -> Result<()> {
-    let to_do: Vec<RunSpec> = (runs.iter())
-        .filter(|run| {
-            parts(kind, run, &dir.join("runs").join(&run.id))
-                .iter()
-                .any(|p| !summary_path(&p.dir).is_file())
-        })
-        .cloned()
-        .collect();
-    if let Some((run, file)) = missing_network_file(&to_do) {
+    let to_do = runs.iter().filter(|run| {
+        parts(kind, run, &dir.join("runs").join(&run.id))
+            .iter()
+            .any(|p| !summary_path(&p.dir).is_file())
+    });
+    if let Some((run, file)) = missing_network_file(to_do) {
         let here = std::env::current_dir().unwrap_or_default();
         anyhow::bail!(
             "run {}: its network file {file} is not under the current folder ({}); run the \
@@ -202,8 +199,10 @@ fn check_network_files(kind: StudyKind, runs: &[RunSpec], dir: &Path) -> Result<
 
 /// The first of `runs` whose `--network` file does not exist (paths are read from the
 /// current folder): without this check it fails only when its turn comes.
-pub fn missing_network_file(runs: &[RunSpec]) -> Option<(&RunSpec, &str)> {
-    runs.iter().find_map(|run| {
+fn missing_network_file<'a>(
+    mut runs: impl Iterator<Item = &'a RunSpec>,
+) -> Option<(&'a RunSpec, &'a str)> {
+    runs.find_map(|run| {
         (run.arg("--network"))
             .filter(|file| !Path::new(file).is_file())
             .map(|file| (run, file))
@@ -454,10 +453,10 @@ mod tests {
             with(&file),
             with(&dir.path().join("absent.toml")),
         ];
-        let (run, missing) = missing_network_file(&runs).expect("one is missing");
+        let (run, missing) = missing_network_file(runs.iter()).expect("one is missing");
         assert_eq!(run.args, runs[2].args);
         assert!(missing.ends_with("absent.toml"));
-        assert!(missing_network_file(&runs[..2]).is_none());
+        assert!(missing_network_file(runs[..2].iter()).is_none());
     }
 
     #[test]
