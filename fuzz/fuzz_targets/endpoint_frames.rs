@@ -847,8 +847,10 @@ impl Cluster {
             h.sender = u.arbitrary()?;
         }
         if mask & 512 != 0 {
-            // Any known flags: loss-tolerant, drop-eligible, sprayed, any class.
-            h.flags = Flags::from_bits(u.int_in_range(0..=63)?).unwrap_or_default();
+            // Any known flags but the float: class, loss-tolerant, drop-eligible, sprayed,
+            // last of a share.
+            let bits: u32 = u.int_in_range(0..=511)?;
+            h.flags = Flags::from_bits(bits & !0b1100_0000).unwrap_or_default();
         }
         h.payload_len = if h.kind.carries_values() {
             h.length.saturating_mul(4)

@@ -155,7 +155,8 @@ pub struct Header {
 
 /// What the network may do with a frame, as its sender declares it: the frame's priority
 /// class, whether it is loss-tolerant (never retransmitted), whether a full priority queue
-/// may drop it first, and whether it may take any path. Zero (the default) is a reliable
+/// may drop it first, whether it may take any path, and whether it is the reliable last
+/// packet of a loss-tolerant share (answered as a Probe). Zero (the default) is a reliable
 /// frame of class 0 that follows its flow's path, as every TCP-like strategy sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Flags(u32);
