@@ -1,5 +1,6 @@
 //! The DLCP worker: a P3 worker whose slices go out as loss-tolerant packets, most urgent
-//! layer first, each share followed by a probe until its server says Stop.
+//! layer first, each share ending in a probe (its reliable last packet over TCP, a Probe
+//! datagram after it otherwise) until its server says Stop.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -214,21 +215,18 @@ impl DlcpWorker {
                     p.offset as u32,
                     p.len as u32,
                 );
-                let last = share.queue.is_empty() && !self.opts.control_datagrams;
+                if share.queue.is_empty() && !self.opts.control_datagrams {
+                    share.probing = true;
+                    h.flags = Flags::class(class).last_of_share();
+                    self.deactivate(server, (layer, key));
+                    return Some(self.stamped(h, layer));
+                }
                 let marked =
                     self.opts.priority && self.marks[key].get(p.in_key).copied().unwrap_or(false);
-                h.flags = if last {
-                    Flags::class(class).last_of_share()
-                } else {
-                    Flags::class(class)
-                        .loss_tolerant()
-                        .drop_eligible_if(marked)
-                        .spray_if(self.opts.spray)
-                };
-                if last {
-                    share.probing = true;
-                    self.deactivate(server, (layer, key));
-                }
+                h.flags = Flags::class(class)
+                    .loss_tolerant()
+                    .drop_eligible_if(marked)
+                    .spray_if(self.opts.spray);
                 h
             }
             None => {
@@ -242,12 +240,16 @@ impl DlcpWorker {
                 h
             }
         };
-        let mut h = h;
+        Some(self.stamped(h, layer))
+    }
+
+    /// `h` with its layer's priority, this worker's next sequence number and its rank.
+    fn stamped(&mut self, mut h: Header, layer: usize) -> Header {
         h.priority = layer as i32;
         h.sequence = self.sequence;
         h.sender = self.rank as u32;
         self.sequence += 1;
-        Some(h)
+        h
     }
 
     fn check(&self, link: Rank, h: &Header) -> Result<usize, ProtocolError> {
