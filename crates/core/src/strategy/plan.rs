@@ -490,10 +490,13 @@ impl SyncPlan {
     /// thousand workers, whose lookups then read one copy of it).
     pub fn endpoints(&self, keys: Vec<KeyInfo>) -> Endpoints<'_> {
         let reg = self.registry(keys.clone());
+        let geo =
+            (self.strategy == StrategyKind::Dlcp).then(|| Geometry::of(reg.clone(), &self.dlcp));
         Endpoints {
             plan: self,
             keys,
             reg,
+            geo,
         }
     }
 }
@@ -504,9 +507,16 @@ pub struct Endpoints<'a> {
     plan: &'a SyncPlan,
     keys: Vec<KeyInfo>,
     reg: TensorRegistry,
+    /// DLCP's packets, cut once for every endpoint.
+    geo: Option<Geometry>,
 }
 
 impl Endpoints<'_> {
+    /// DLCP's packets of this plan's registry.
+    fn geometry(&self) -> Geometry {
+        (self.geo.clone()).unwrap_or_else(|| Geometry::of(self.reg.clone(), &self.plan.dlcp))
+    }
+
     /// The state machine of worker `rank`: one arm per strategy.
     pub fn worker(&self, rank: Rank) -> Box<dyn WorkerSync + Send> {
         let plan = self.plan;
@@ -518,8 +528,13 @@ impl Endpoints<'_> {
                 // DLCP orders its packets itself: the P3 worker underneath only has to hand
                 // over every slice at once.
                 let ps = self.ps_worker(rank, SchedulerKind::Fifo);
-                let geo = Geometry::of(self.reg.clone(), &plan.dlcp);
-                Box::new(DlcpWorker::new(ps, geo, rank, plan.workers, plan.dlcp))
+                Box::new(DlcpWorker::new(
+                    ps,
+                    self.geometry(),
+                    rank,
+                    plan.workers,
+                    plan.dlcp,
+                ))
             }
             StrategyKind::Allreduce | StrategyKind::AllreduceNoOverlap => {
                 let ring = self.ring(rank);
@@ -645,8 +660,8 @@ impl Endpoints<'_> {
                 Ok(Box::new(ps(reg)))
             }
             StrategyKind::Dlcp => {
-                let geo = Geometry::of(reg.clone(), &plan.dlcp);
-                let dlcp = DlcpServer::new(ps(reg), geo, index, plan.workers, plan.dlcp);
+                let dlcp =
+                    DlcpServer::new(ps(reg), self.geometry(), index, plan.workers, plan.dlcp);
                 Ok(Box::new(dlcp))
             }
             StrategyKind::Allreduce

@@ -1,6 +1,8 @@
 //! Where each packet lies: slices cut into packets, numbered within each server's share of
 //! a key (the unit the receiver counts) and within the key (the unit of drop marks).
 
+use std::sync::Arc;
+
 use super::tally::packets_needed;
 use super::DlcpOptions;
 use crate::registry::TensorRegistry;
@@ -23,10 +25,17 @@ pub struct PacketId {
     pub len: usize,
 }
 
-/// The packets of a registry's slices.
+/// The packets of a registry's slices (cheap to clone: every endpoint of a job shares one
+/// cut).
 #[derive(Debug, Clone)]
 pub struct Geometry {
     reg: TensorRegistry,
+    cut: Arc<Cut>,
+}
+
+/// What a [`Geometry`] shares.
+#[derive(Debug)]
+struct Cut {
     /// Per key: the values of its packets (the last of each slice perhaps shorter).
     packet: Vec<usize>,
     /// Per slice: its first packet's index within its share, and within its key.
@@ -41,6 +50,10 @@ pub struct Geometry {
     key_packets: Vec<usize>,
     /// The most values any packet carries (no more than its slice holds).
     longest: usize,
+    /// Per key and server: the share's place among the shares that hold packets.
+    slot: Vec<Option<usize>>,
+    /// Per such share: its key and server.
+    slots: Vec<(usize, usize)>,
 }
 
 impl Geometry {
@@ -71,8 +84,8 @@ impl Geometry {
                 let slices = fine.reg.slices_of(key);
                 let longest = fine.reg.slices()[slices].iter().map(|s| s.len).max();
                 match longest {
-                    Some(len) if whole => len.max(fine.packet[key]),
-                    _ => fine.packet[key],
+                    Some(len) if whole => len.max(fine.packet_len(key)),
+                    _ => fine.packet_len(key),
                 }
             })
             .collect();
@@ -84,7 +97,7 @@ impl Geometry {
         let servers = reg.servers().max(1);
         let keys = reg.keys().len();
         let slices = reg.slices().len();
-        let mut g = Self {
+        let mut g = Cut {
             packet,
             share_base: vec![0; slices],
             key_base: vec![0; slices],
@@ -93,32 +106,60 @@ impl Geometry {
             share_elems: vec![0; keys * servers],
             key_packets: vec![0; keys],
             longest: 1,
-            reg,
+            slot: vec![None; keys * servers],
+            slots: Vec::new(),
         };
         for slice in 0..slices {
-            let s = g.reg.slices()[slice];
-            let share = s.key * servers + g.reg.owner(slice).min(servers - 1);
-            let n = s.len.div_ceil(g.packet_len(s.key));
+            let s = reg.slices()[slice];
+            let owner = reg.owner(slice).min(servers - 1);
+            let share = s.key * servers + owner;
+            let packet = g.packet.get(s.key).copied().unwrap_or(1).max(1);
+            let n = s.len.div_ceil(packet);
             g.share_base[slice] = g.share_packets[share];
             g.share_elem[slice] = g.share_elems[share];
             g.key_base[slice] = g.key_packets[s.key];
             g.share_packets[share] += n;
             g.share_elems[share] += s.len;
             g.key_packets[s.key] += n;
-            g.longest = g.longest.max(s.len.min(g.packet_len(s.key)));
+            g.longest = g.longest.max(s.len.min(packet));
+            if n > 0 && g.slot[share].is_none() {
+                g.slot[share] = Some(g.slots.len());
+                g.slots.push((s.key, owner));
+            }
         }
-        g
+        Self {
+            reg,
+            cut: Arc::new(g),
+        }
     }
 
     /// The values of `key`'s packets (the last of a slice perhaps fewer).
     fn packet_len(&self, key: usize) -> usize {
-        self.packet.get(key).copied().unwrap_or(1).max(1)
+        self.cut.packet.get(key).copied().unwrap_or(1).max(1)
+    }
+
+    /// How many shares (a key's slices at one server) hold packets: per-share state is
+    /// kept for these only ([`Geometry::share_slot`]), not for every key and server.
+    pub fn shares(&self) -> usize {
+        self.cut.slots.len()
+    }
+
+    /// The place of `server`'s share of `key` among [`Geometry::shares`], if it holds any
+    /// packet.
+    pub fn share_slot(&self, key: usize, server: usize) -> Option<usize> {
+        let i = self.share_index(key, server);
+        self.cut.slot.get(i).copied().flatten()
+    }
+
+    /// The key and server of the share at `slot`.
+    pub fn share_at(&self, slot: usize) -> Option<(usize, usize)> {
+        self.cut.slots.get(slot).copied()
     }
 
     /// The most values any packet carries (a receive buffer's size): a packet never holds
     /// more than its slice, so a scaled model's tiny slices need tiny buffers.
     pub fn max_packet(&self) -> usize {
-        self.longest
+        self.cut.longest
     }
 
     /// The registry.
@@ -127,24 +168,28 @@ impl Geometry {
     }
 
     fn share_index(&self, key: usize, server: usize) -> usize {
-        key * self.reg.servers().max(1) + server
+        let servers = self.reg.servers().max(1);
+        if server >= servers {
+            return usize::MAX;
+        }
+        key.saturating_mul(servers).saturating_add(server)
     }
 
     /// Packets of `server`'s share of `key` (0 if it owns none of it).
     pub fn share_packets(&self, key: usize, server: usize) -> usize {
         let i = self.share_index(key, server);
-        self.share_packets.get(i).copied().unwrap_or(0)
+        self.cut.share_packets.get(i).copied().unwrap_or(0)
     }
 
     /// Values of `server`'s share of `key`.
     pub fn share_elems(&self, key: usize, server: usize) -> usize {
         let i = self.share_index(key, server);
-        self.share_elems.get(i).copied().unwrap_or(0)
+        self.cut.share_elems.get(i).copied().unwrap_or(0)
     }
 
     /// Packets of `key`.
     pub fn key_packets(&self, key: usize) -> usize {
-        self.key_packets.get(key).copied().unwrap_or(0)
+        self.cut.key_packets.get(key).copied().unwrap_or(0)
     }
 
     /// The packets of `slice`, in order.
@@ -160,9 +205,9 @@ impl Geometry {
         let start = j * packet;
         PacketId {
             slice,
-            in_share: self.share_base[slice] + j,
-            in_key: self.key_base[slice] + j,
-            share_offset: self.share_elem[slice] + start,
+            in_share: self.cut.share_base[slice] + j,
+            in_key: self.cut.key_base[slice] + j,
+            share_offset: self.cut.share_elem[slice] + start,
             offset: s.offset + start,
             len: packet.min(s.len - start),
         }
@@ -193,7 +238,7 @@ impl Geometry {
             .slices_of(key)
             .filter(|&s| self.reg.owner(s) == server)
             .find_map(|slice| {
-                let j = i.checked_sub(self.share_base[slice])?;
+                let j = i.checked_sub(self.cut.share_base[slice])?;
                 let n = self.reg.slices()[slice].len.div_ceil(self.packet_len(key));
                 (j < n).then(|| self.packet_at(slice, j))
             })
@@ -272,9 +317,17 @@ mod tests {
                     prop_assert_eq!(g.share_packets(key, server), n);
                     prop_assert_eq!(g.share_elems(key, server), e);
                     prop_assert_eq!(g.share_packet(key, server, n), None);
+                    let slot = g.share_slot(key, server);
+                    prop_assert_eq!(slot.is_some(), n > 0);
+                    prop_assert_eq!(slot.and_then(|i| g.share_at(i)), (n > 0).then_some((key, server)));
                 }
+                prop_assert_eq!(g.share_slot(key, servers), None);
                 prop_assert_eq!(g.locate(key, numel, 1), None);
             }
+            let held = (0..sizes.len() * servers)
+                .filter(|i| g.share_packets(i / servers, i % servers) > 0)
+                .count();
+            prop_assert_eq!(g.shares(), held, "a slot for each share that holds packets");
         }
     }
 }

@@ -13,6 +13,17 @@ use super::{class_of_layer, drop_eligible, DlcpOptions, LossStats};
 use crate::strategy::{Endpoint, ProtocolError, PsWorker, Rank, Transmit, WorkerEvent, WorkerSync};
 use crate::wire::{Flags, FrameKind, Header};
 
+/// A server's head in [`DlcpWorker::heads`] while it has no share to send.
+const IDLE: u64 = u64::MAX;
+
+/// A share's place in the order of urgency, (layer, key) packed into one word so that
+/// choosing among the servers compares words (a registry of 2^32 keys or layers would
+/// only tie, not misorder, the shares beyond).
+fn urgency(layer: usize, key: usize) -> u64 {
+    let part = |v: usize| u64::try_from(v).unwrap_or(u64::MAX).min(u64::from(u32::MAX - 1));
+    (part(layer) << 32) | part(key)
+}
+
 /// What this worker still has to do for one server's share of one key this step.
 #[derive(Debug, Default)]
 struct SendShare {
@@ -32,13 +43,13 @@ pub struct DlcpWorker {
     layers: usize,
     step: u64,
     sequence: u64,
-    /// Per key and server (`key * servers + server`).
+    /// Per share that holds packets (numbered by [`Geometry::share_slot`]).
     shares: Vec<SendShare>,
     /// Per server: the shares with a packet or a probe to send, by (layer, key).
     active: Vec<BTreeSet<(usize, usize)>>,
-    /// Per server: the first of its `active` shares, beside the set so that choosing among
-    /// the links reads one slot per server.
-    heads: Vec<Option<(usize, usize)>>,
+    /// Per server: the [`urgency`] of the first of its `active` shares ([`IDLE`]: none),
+    /// beside the set so that choosing among the links reads one word per server.
+    heads: Vec<u64>,
     /// How many servers have a head (none between a step's sends and the next backward,
     /// when a poll need not look at any link).
     sending: usize,
@@ -92,9 +103,9 @@ impl DlcpWorker {
             layers,
             step: 0,
             sequence: 0,
-            shares: (0..keys * servers).map(|_| SendShare::default()).collect(),
+            shares: (0..geo.shares()).map(|_| SendShare::default()).collect(),
             active: vec![BTreeSet::new(); servers],
-            heads: vec![None; servers],
+            heads: vec![IDLE; servers],
             sending: 0,
             marks: vec![Vec::new(); keys],
             bitmap: vec![Vec::new(); servers],
@@ -107,7 +118,7 @@ impl DlcpWorker {
             packet: vec![vec![0.0; geo.max_packet()]; servers],
             timers: opts
                 .control_datagrams
-                .then(|| ProbeTimers::new(keys * servers, servers)),
+                .then(|| ProbeTimers::new(geo.shares(), servers)),
             stats: LossStats::default(),
             geo,
         }
@@ -153,9 +164,12 @@ impl DlcpWorker {
             };
             let server = reg.owner(slice);
             let key = h.key as usize;
-            let packets: Vec<PacketId> = self.geo.packets_of(slice).collect();
-            let share = &mut self.shares[key * self.servers + server];
-            share.queue.extend(packets);
+            let Some(share) =
+                (self.geo.share_slot(key, server)).and_then(|i| self.shares.get_mut(i))
+            else {
+                continue;
+            };
+            share.queue.extend(self.geo.packets_of(slice));
             if !share.stopped {
                 let layer = self.layer(key);
                 self.activate(server, (layer, key));
@@ -178,7 +192,8 @@ impl DlcpWorker {
     /// `server`'s head after its `active` shares changed.
     fn update_head(&mut self, server: usize) {
         let head = self.active[server].first().copied();
-        match (self.heads[server].is_some(), head.is_some()) {
+        let head = head.map_or(IDLE, |(layer, key)| urgency(layer, key));
+        match (self.heads[server] != IDLE, head != IDLE) {
             (false, true) => self.sending += 1,
             (true, false) => self.sending = self.sending.saturating_sub(1),
             _ => {}
@@ -191,12 +206,11 @@ impl DlcpWorker {
         if self.sending == 0 {
             return None;
         }
-        links
-            .iter()
-            .filter_map(|&l| self.server_of(l))
-            .filter_map(|s| self.heads[s].map(|first| (first, s)))
-            .min()
-            .map(|(_, s)| s)
+        let mut best = (IDLE, usize::MAX);
+        for s in links.iter().filter_map(|&l| self.server_of(l)) {
+            best = best.min((self.heads[s], s));
+        }
+        (best.0 != IDLE).then_some(best.1)
     }
 
     /// The next frame of `server`'s most urgent share: a packet, or the probe after its last.
@@ -205,7 +219,8 @@ impl DlcpWorker {
     fn next_frame(&mut self, server: usize) -> Option<Header> {
         let &(layer, key) = self.active[server].first()?;
         let class = self.class(key);
-        let share = &mut self.shares[key * self.servers + server];
+        let slot = self.geo.share_slot(key, server)?;
+        let share = self.shares.get_mut(slot)?;
         let h = match share.queue.pop_front() {
             Some(p) => {
                 let mut h = Header::data(
@@ -235,7 +250,7 @@ impl DlcpWorker {
                 let mut h = Header::data(FrameKind::Probe, self.step, key as u32, 0, 0);
                 h.flags = self.control_flags(class);
                 if let Some(t) = self.timers.as_mut() {
-                    t.probe_sent(key * self.servers + server);
+                    t.probe_sent(slot);
                 }
                 h
             }
@@ -286,10 +301,15 @@ impl DlcpWorker {
     fn handle_stop(&mut self, server: usize, h: &Header) {
         let key = h.key as usize;
         let layer = self.layer(key);
+        let Some(slot) = self.geo.share_slot(key, server) else {
+            return;
+        };
         if let Some(t) = self.timers.as_mut() {
-            t.answered(key * self.servers + server);
+            t.answered(slot);
         }
-        let share = &mut self.shares[key * self.servers + server];
+        let Some(share) = self.shares.get_mut(slot) else {
+            return;
+        };
         share.stopped = true;
         share.queue.clear();
         self.deactivate(server, (layer, key));
@@ -307,13 +327,18 @@ impl DlcpWorker {
         let missing =
             indices_of(&words, packets).map_err(|e| ProtocolError::unexpected(link, h, &e))?;
         let layer = self.layer(key);
-        let share = &mut self.shares[key * self.servers + server];
+        let Some(slot) = self.geo.share_slot(key, server) else {
+            return Ok(());
+        };
+        let Some(share) = self.shares.get_mut(slot) else {
+            return Ok(());
+        };
         if share.stopped || !share.probing {
             return Ok(());
         }
         share.probing = false;
         if let Some(t) = self.timers.as_mut() {
-            t.answered(key * self.servers + server);
+            t.answered(slot);
         }
         share.queue.extend(
             missing
@@ -459,7 +484,7 @@ impl WorkerSync for DlcpWorker {
             t.clear();
         }
         self.active.iter_mut().for_each(BTreeSet::clear);
-        self.heads.fill(None);
+        self.heads.fill(IDLE);
         self.sending = 0;
     }
 
@@ -592,12 +617,15 @@ impl Endpoint for DlcpWorker {
     }
 
     fn handle_timeout(&mut self, now_ns: u64) {
-        let servers = self.servers;
         let Some(timers) = self.timers.as_mut() else {
             return;
         };
-        for i in timers.handle_timeout(now_ns, |i| i % servers) {
-            let (key, server) = (i / servers, i % servers);
+        let geo = &self.geo;
+        let server_of = |i| geo.share_at(i).map_or(0, |(_, server)| server);
+        for i in timers.handle_timeout(now_ns, server_of) {
+            let Some((key, server)) = self.geo.share_at(i) else {
+                continue;
+            };
             let layer = self.layer(key);
             if self.shares.get(i).is_some_and(|s| s.probing && !s.stopped) {
                 self.activate(server, (layer, key));
