@@ -20,7 +20,11 @@ const IDLE: u64 = u64::MAX;
 /// choosing among the servers compares words (a registry of 2^32 keys or layers would
 /// only tie, not misorder, the shares beyond).
 fn urgency(layer: usize, key: usize) -> u64 {
-    let part = |v: usize| u64::try_from(v).unwrap_or(u64::MAX).min(u64::from(u32::MAX - 1));
+    let part = |v: usize| {
+        u64::try_from(v)
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX - 1))
+    };
     (part(layer) << 32) | part(key)
 }
 
