@@ -118,19 +118,20 @@ impl BroadcastQueue {
     /// all are empty), as [`LinkQueues::most_urgent`](super::LinkQueues::most_urgent)
     /// chooses. Over all links the winner is the lowest link yet to take the most urgent
     /// item (its head can be nothing more urgent), so it is read off the first items;
-    /// offered links without it are scanned.
-    pub fn most_urgent(&self, links: impl Iterator<Item = usize> + Clone) -> Option<usize> {
+    /// offered links without it are scanned. Where `links` holds link `l` at index `l` (a
+    /// server offered all its workers), finding the winner among them takes no scan.
+    pub fn most_urgent(&self, links: &[usize]) -> Option<usize> {
         let first = self.items.first()?;
         // The same item queued for two steps shares its key: the lower link wins the tie.
         let best = (self.items.iter())
             .take_while(|q| q.key == first.key)
             .map(|q| q.first)
             .min()?;
-        if links.clone().any(|l| l == best) {
+        if links.get(best) == Some(&best) || links.contains(&best) {
             return Some(best);
         }
-        links
-            .filter_map(|l| self.head(l).map(|i| (self.items[i].key, l)))
+        (links.iter())
+            .filter_map(|&l| self.head(l).map(|i| (self.items[i].key, l)))
             .min()
             .map(|(_, l)| l)
     }
@@ -166,8 +167,9 @@ mod tests {
                     prop_assert_eq!(b.pop(link), q.pop(link));
                 }
                 let offered: Vec<usize> = (0..links + 2).filter(|&l| subset >> (l % 64) & 1 == 1).collect();
-                prop_assert_eq!(b.most_urgent(0..links), q.most_urgent(0..links));
-                prop_assert_eq!(b.most_urgent(offered.iter().copied()), q.most_urgent(offered.iter().copied()));
+                let all: Vec<usize> = (0..links).collect();
+                prop_assert_eq!(b.most_urgent(&all), q.most_urgent(0..links));
+                prop_assert_eq!(b.most_urgent(&offered), q.most_urgent(offered.iter().copied()));
                 prop_assert_eq!(b.peek(link % links), q.peek(link % links));
                 prop_assert_eq!(b.is_empty(), q.is_empty());
             }
@@ -185,10 +187,12 @@ mod tests {
         };
         b.push_all(p(7, 2));
         b.push_all(p(8, 1));
-        assert_eq!(b.most_urgent(0..3), Some(0));
+        assert_eq!(b.most_urgent(&[0, 1, 2]), Some(0));
         assert_eq!(b.pop(0).map(|p| p.item), Some(8));
-        assert_eq!(b.most_urgent(0..3), Some(1));
-        assert_eq!(b.most_urgent([0].into_iter()), Some(0));
+        assert_eq!(b.most_urgent(&[0, 1, 2]), Some(1));
+        assert_eq!(b.most_urgent(&[1, 2]), Some(1));
+        assert_eq!(b.most_urgent(&[2]), Some(2));
+        assert_eq!(b.most_urgent(&[0]), Some(0));
         for link in [1, 2, 0, 1, 2] {
             assert!(b.pop(link).is_some());
         }

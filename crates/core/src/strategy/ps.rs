@@ -727,7 +727,7 @@ impl PsServer {
 
     /// The most urgent of the links in `links` that has an answer queued.
     fn most_urgent_link(&self, links: &[Rank]) -> Option<Rank> {
-        self.out.most_urgent(links.iter().copied())
+        self.out.most_urgent(links)
     }
 }
 

@@ -2,7 +2,7 @@
 //! layer first, each share ending in a probe (its reliable last packet over TCP, a Probe
 //! datagram after it otherwise) until its server says Stop.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 use super::control::ControlQueue;
 use super::geometry::{Geometry, PacketId};
@@ -49,8 +49,10 @@ pub struct DlcpWorker {
     sequence: u64,
     /// Per share that holds packets (numbered by [`Geometry::share_slot`]).
     shares: Vec<SendShare>,
-    /// Per server: the shares with a packet or a probe to send, by (layer, key).
-    active: Vec<BTreeSet<(usize, usize)>>,
+    /// Per server: the shares with a packet or a probe to send, (layer, key) in descending
+    /// order: the most urgent is the last, where it is taken off and where the backward
+    /// pass, whose keys come ever more urgent, puts each new one.
+    active: Vec<Vec<(usize, usize)>>,
     /// Per server: the [`urgency`] of the first of its `active` shares ([`IDLE`]: none),
     /// beside the set so that choosing among the links reads one word per server.
     heads: Vec<u64>,
@@ -108,7 +110,7 @@ impl DlcpWorker {
             step: 0,
             sequence: 0,
             shares: (0..geo.shares()).map(|_| SendShare::default()).collect(),
-            active: vec![BTreeSet::new(); servers],
+            active: vec![Vec::new(); servers],
             heads: vec![IDLE; servers],
             sending: 0,
             marks: vec![Vec::new(); keys],
@@ -183,19 +185,25 @@ impl DlcpWorker {
 
     /// Marks `share` (layer, key) of `server` as having a packet or a probe to send.
     fn activate(&mut self, server: usize, share: (usize, usize)) {
-        self.active[server].insert(share);
+        let set = &mut self.active[server];
+        if let Err(i) = set.binary_search_by(|s| share.cmp(s)) {
+            set.insert(i, share);
+        }
         self.update_head(server);
     }
 
     /// Marks `share` (layer, key) of `server` as having nothing to send.
     fn deactivate(&mut self, server: usize, share: (usize, usize)) {
-        self.active[server].remove(&share);
+        let set = &mut self.active[server];
+        if let Ok(i) = set.binary_search_by(|s| share.cmp(s)) {
+            set.remove(i);
+        }
         self.update_head(server);
     }
 
     /// `server`'s head after its `active` shares changed.
     fn update_head(&mut self, server: usize) {
-        let head = self.active[server].first().copied();
+        let head = self.active[server].last().copied();
         let head = head.map_or(IDLE, |(layer, key)| urgency(layer, key));
         match (self.heads[server] != IDLE, head != IDLE) {
             (false, true) => self.sending += 1,
@@ -221,7 +229,7 @@ impl DlcpWorker {
     /// Where control travels on the reliable path, the last packet is the probe: it travels
     /// reliably, marked [`Flags::last_of_share`], and no Probe frame follows it.
     fn next_frame(&mut self, server: usize) -> Option<Header> {
-        let &(layer, key) = self.active[server].first()?;
+        let &(layer, key) = self.active[server].last()?;
         let class = self.class(key);
         let slot = self.geo.share_slot(key, server)?;
         let share = self.shares.get_mut(slot)?;
@@ -487,7 +495,7 @@ impl WorkerSync for DlcpWorker {
         if let Some(t) = self.timers.as_mut() {
             t.clear();
         }
-        self.active.iter_mut().for_each(BTreeSet::clear);
+        self.active.iter_mut().for_each(Vec::clear);
         self.heads.fill(IDLE);
         self.sending = 0;
     }
