@@ -53,8 +53,8 @@ pub struct DlcpWorker {
     /// order: the most urgent is the last, where it is taken off and where the backward
     /// pass, whose keys come ever more urgent, puts each new one.
     active: Vec<Vec<(usize, usize)>>,
-    /// Per server: the [`urgency`] of the first of its `active` shares ([`IDLE`]: none),
-    /// beside the set so that choosing among the links reads one word per server.
+    /// Per server: the [`urgency`] of its most urgent `active` share ([`IDLE`]: none),
+    /// beside the list so that choosing among the links reads one word per server.
     heads: Vec<u64>,
     /// How many servers have a head (none between a step's sends and the next backward,
     /// when a poll need not look at any link).
