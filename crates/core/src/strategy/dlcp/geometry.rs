@@ -56,6 +56,13 @@ struct Cut {
     slots: Vec<(usize, usize)>,
 }
 
+impl Cut {
+    /// The values of `key`'s packets (at least 1; an unknown key's are single values).
+    fn packet_len(&self, key: usize) -> usize {
+        self.packet.get(key).copied().unwrap_or(1).max(1)
+    }
+}
+
 impl Geometry {
     /// Packets of at most `packet` values (at least 1) cut from every slice of `reg`.
     pub fn new(reg: TensorRegistry, packet: usize) -> Self {
@@ -113,7 +120,7 @@ impl Geometry {
             let s = reg.slices()[slice];
             let owner = reg.owner(slice).min(servers - 1);
             let share = s.key * servers + owner;
-            let packet = g.packet.get(s.key).copied().unwrap_or(1).max(1);
+            let packet = g.packet_len(s.key);
             let n = s.len.div_ceil(packet);
             g.share_base[slice] = g.share_packets[share];
             g.share_elem[slice] = g.share_elems[share];
@@ -135,7 +142,7 @@ impl Geometry {
 
     /// The values of `key`'s packets (the last of a slice perhaps fewer).
     fn packet_len(&self, key: usize) -> usize {
-        self.cut.packet.get(key).copied().unwrap_or(1).max(1)
+        self.cut.packet_len(key)
     }
 
     /// How many shares (a key's slices at one server) hold packets: per-share state is
