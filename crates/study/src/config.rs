@@ -449,14 +449,17 @@ impl StudyConfig {
             .collect()
     }
 
-    /// Every run, in the order they execute.
+    /// Every run, in the order they execute (per model, network and worker count: seed by
+    /// seed, every variant in turn).
     pub fn runs(&self) -> Vec<RunSpec> {
         let mut runs = Vec::new();
         for model in &self.models {
             for network in self.networks_of(model) {
                 for &workers in self.workers_of(model) {
-                    for variant in &self.variants {
-                        for &seed in &self.seeds {
+                    // Seeds outermost of the last two: the variants alternate, so a busy
+                    // spell of the machine falls on all of them alike.
+                    for &seed in &self.seeds {
+                        for variant in &self.variants {
                             runs.push(self.run(&Cell {
                                 model,
                                 variant,

@@ -148,3 +148,18 @@ fn bad_networks_and_simulated_real_models_are_refused() {
     assert!(format!("{:#}", c.validate().unwrap_err()).contains("model lenet"));
     assert_eq!(c.kind.commands(), ["launch", "simulate"]);
 }
+
+#[test]
+fn the_variants_alternate_seed_by_seed() {
+    let c: StudyConfig = toml::from_str(&format!("seeds = [1, 2]\n{STUDY}")).unwrap();
+    c.validate().unwrap();
+    let runs = c.runs();
+    let cell: Vec<(u64, &str)> = runs[..4]
+        .iter()
+        .map(|r| (r.seed, r.variant.as_str()))
+        .collect();
+    assert_eq!(
+        cell,
+        [(1, "ps (fifo)"), (1, "p3"), (2, "ps (fifo)"), (2, "p3")]
+    );
+}
