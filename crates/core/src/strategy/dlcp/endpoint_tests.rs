@@ -585,3 +585,33 @@ fn a_slice_missing_a_lost_packet_goes_once_later_packets_arrive() {
     let stats = c.server.loss_stats().expect("stats");
     assert_eq!(stats.entries_filled, 16 * 4);
 }
+
+/// A worker sends its most urgent share first (the lowest layer, the next forward's first
+/// need): a gradient handed over while a later layer's packets go takes over at once, and
+/// the later layer's packets follow once the more urgent ones are out.
+#[test]
+fn the_most_urgent_share_goes_first_and_takes_over() {
+    let sizes = [32, 32, 32];
+    let mut c = Cluster::new(1, &sizes, exact(8));
+    c.pump(&mut |_, _| false);
+    c.params();
+    let w = &mut c.workers[0];
+    w.begin_step(1);
+    let mut out = Vec::new();
+    let mut next_key = |w: &mut Box<dyn WorkerSync + Send>| {
+        out.clear();
+        w.poll_transmit(1, &mut out).then(|| decode(&out).key)
+    };
+    w.handle_gradient(2, &grad(0, 2, 32));
+    assert_eq!(next_key(w), Some(2));
+    w.handle_gradient(1, &grad(0, 1, 32));
+    assert_eq!(next_key(w), Some(1));
+    w.handle_gradient(0, &grad(0, 0, 32));
+    w.handle_backward_done();
+    let mut keys = Vec::new();
+    while let Some(key) = next_key(w) {
+        keys.push(key);
+    }
+    // Four packets a key: key 0's four, then key 1's other three, then key 2's.
+    assert_eq!(keys, [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]);
+}
