@@ -17,9 +17,14 @@
 //!   `t_high` it holds, or decreases multiplicatively while the delay's smoothed gradient
 //!   rises; over `t_high` it decreases multiplicatively, more the longer the queue. Delay
 //!   decreases come at most once per smoothed RTT (a decrease shows a round trip later).
-//! - **loss** is the second signal: a feedback that reports lost datagrams lowers the rate in
-//!   proportion to the lost fraction and to the share of a round trip the feedback covers,
-//!   so 1 % random loss costs little and heavy loss halves the rate per round trip.
+//! - **loss** is the second signal, for congestion only: a feedback that reports lost
+//!   datagrams while the queueing delay is over `t_low` (the queue that overflowed is
+//!   there to see), or while the loss smoothed over the last hundred or so datagrams is
+//!   heavy (a queue too short to show, a dead path), lowers the rate in proportion to the
+//!   lost fraction and to the share of a round trip the feedback covers, so that heavy
+//!   loss halves the rate per round trip. Loss with no queue behind it is random (a lossy
+//!   link, not a full one): the rate neither falls nor stops growing for it, as TIMELY and
+//!   BBR ignore it, or a 10 % random loss would hold one flow to a fifth of its link.
 //! - **growth**: slow start doubles the rate per round trip until the first congestion
 //!   signal; afterwards the rate grows additively, by `additive_bps` per millisecond, faster
 //!   the longer no decrease came (up to [`MAX_HYPER_INCREASE`] times). Growth is per unit
@@ -65,9 +70,12 @@ const DELAY_HOLD_NS: Nanos = 4_000_000;
 const GRADIENT_ROUND_NS: Nanos = 1_000_000;
 /// Weight of a new RTT sample in the smoothed RTT (RFC 6298's 1/8).
 const SRTT_GAIN: f64 = 0.125;
-/// A loss fraction at or over this in one feedback is congestion: it ends slow start and
-/// the hyper-increase (random loss of a few percent does not).
+/// A smoothed loss fraction at or over this is congestion whatever the delay shows: it
+/// lowers the rate and ends slow start and the hyper-increase (random loss of a few
+/// percent, even 10 %, does not).
 const HEAVY_LOSS: f64 = 0.2;
+/// Weight of each newly expected datagram in the smoothed loss (about the last 64 count).
+const LOSS_GAIN: f64 = 1.0 / 64.0;
 /// The least share of a round trip a lossy feedback is counted for (so that any loss lowers
 /// the rate, however soon after the previous feedback it comes).
 const MIN_LOSS_COVERAGE: f64 = 1.0 / 64.0;
@@ -246,6 +254,10 @@ pub struct RateStats {
     pub gradient_decreases: u64,
     /// Decreases because datagrams were lost.
     pub loss_decreases: u64,
+    /// Feedbacks whose loss was taken as random (no queue, the smoothed loss light): the
+    /// rate did not fall for them.
+    #[serde(default)]
+    pub random_losses: u64,
     /// Feedback timeouts that halved the rate.
     pub timeouts: u64,
     /// Datagrams sent.
@@ -413,6 +425,8 @@ struct Interval {
     /// Fraction of the newly expected datagrams (sequence numbers the receiver moved
     /// past) that did not arrive, in `[0, 1]`.
     loss: f64,
+    /// How many datagrams were newly expected.
+    expected: u64,
 }
 
 /// The rate controller and pacer of one direction of a datagram flow (see the module
@@ -429,6 +443,8 @@ pub struct RateController {
     /// The queueing delay of the latest full-size sample (what a feedback without one
     /// goes by).
     queueing: Nanos,
+    /// The loss fraction smoothed over the newly expected datagrams ([`LOSS_GAIN`] each).
+    smoothed_loss: f64,
     acknowledged: Option<Acknowledged>,
     /// The first sequence number sent (the first feedback's loss counts from it).
     first_seq: Option<u64>,
@@ -460,6 +476,7 @@ impl RateController {
             rtt: RttEstimate::new(),
             queue: QueueDelay::new(),
             queueing: 0,
+            smoothed_loss: 0.0,
             acknowledged: None,
             first_seq: None,
             first_sent_at: None,
@@ -538,11 +555,16 @@ impl RateController {
             Some(queueing) => self.react_to_delay(now_ns, queueing, interval.elapsed),
             None => self.queueing > self.config.t_low_ns,
         };
-        let lossy = interval.loss > 0.0;
-        if lossy {
+        self.smooth_loss(interval);
+        let congested = interval.loss > 0.0
+            && (self.queueing > self.config.t_low_ns || self.smoothed_loss >= HEAVY_LOSS);
+        if congested {
             self.react_to_loss(now_ns, interval);
         } else if !decreased && self.used_its_rate(interval.elapsed) {
             self.grow(now_ns, interval.elapsed);
+        }
+        if interval.loss > 0.0 && !congested {
+            self.stats.random_losses = self.stats.random_losses.saturating_add(1);
         }
         self.bytes_since_feedback = 0;
         self.waiting_since = None;
@@ -631,6 +653,7 @@ impl RateController {
         Some(Interval {
             elapsed: now.saturating_sub(start),
             loss,
+            expected,
         })
     }
 
@@ -688,10 +711,19 @@ impl RateController {
         self.growth_since = now;
     }
 
-    /// The loss signal: lower the rate by `beta x loss x` the share of a round trip (at
-    /// least [`ADDITIVE_ROUND_NS`]) the feedback covers, counted at least
-    /// [`MIN_LOSS_COVERAGE`] so that any loss lowers it. Heavy loss also ends slow start
-    /// and the hyper-increase; light (random) loss does neither.
+    /// Folds `interval`'s loss into the smoothed loss, each newly expected datagram
+    /// weighing [`LOSS_GAIN`] (a feedback of two datagrams moves it little, whatever
+    /// fraction of them it lost).
+    fn smooth_loss(&mut self, interval: Interval) {
+        let datagrams = i32::try_from(interval.expected).unwrap_or(i32::MAX);
+        let weight = 1.0 - (1.0 - LOSS_GAIN).powi(datagrams);
+        self.smoothed_loss += weight * (interval.loss - self.smoothed_loss);
+    }
+
+    /// The loss signal of a congested path: lower the rate by `beta x loss x` the share of
+    /// a round trip (at least [`ADDITIVE_ROUND_NS`]) the feedback covers, counted at least
+    /// [`MIN_LOSS_COVERAGE`] so that any such loss lowers it. Heavy smoothed loss also ends
+    /// slow start and the hyper-increase.
     fn react_to_loss(&mut self, now: Nanos, interval: Interval) {
         let round = self.rtt.srtt.max(ADDITIVE_ROUND_NS as f64);
         let coverage = (interval.elapsed as f64 / round).clamp(MIN_LOSS_COVERAGE, 1.0);
@@ -702,7 +734,7 @@ impl RateController {
         };
         self.set_rate(self.rate_bps * (1.0 - self.config.beta * interval.loss * coverage));
         self.stats.loss_decreases = self.stats.loss_decreases.saturating_add(1);
-        if interval.loss >= HEAVY_LOSS {
+        if self.smoothed_loss >= HEAVY_LOSS {
             self.slow_start = false;
             self.growth_since = now;
         }

@@ -283,16 +283,19 @@ fn stale_and_duplicated_feedback_is_ignored() {
 }
 
 #[test]
-fn loss_lowers_the_rate_in_proportion() {
+fn loss_with_a_queue_lowers_the_rate_in_proportion() {
     let (mut c, seq) = after_one_round_trip();
     let before = c.rate_bps();
-    // A hundred datagrams over the next round trip, of which `lost` do not arrive.
+    // A hundred datagrams over the next round trip, of which `lost` do not arrive, while
+    // the latest delay sample shows a queue over `t_low` (the feedback's own datagram is
+    // short: its delay is not sampled).
     for i in 0..100 {
         c.on_sent(MS + i * 10_000, DATAGRAM, seq + i);
     }
+    c.queueing = 2 * c.config.t_low_ns;
     let after = |lost: u64| {
         let mut c = c.clone();
-        c.on_feedback(2 * MS, all_arrived(seq + 100, MS).with_lost(lost));
+        c.on_feedback(2 * MS, all_arrived(seq + 100, MS).short().with_lost(lost));
         c.rate_bps()
     };
     // beta x loss of a round trip: 0.5 % for 1 %, 5 % for 10 %, half for everything.
@@ -302,11 +305,40 @@ fn loss_lowers_the_rate_in_proportion() {
     }
 }
 
+#[test]
+fn random_loss_with_no_queue_leaves_the_rate_alone_until_it_is_heavy() {
+    let (mut c, seq) = after_one_round_trip();
+    for i in 0..100 {
+        c.on_sent(MS + i * 10_000, DATAGRAM, seq + i);
+    }
+    let before = c.rate_bps();
+    let after = |lost: u64| {
+        let mut c = c.clone();
+        c.on_feedback(2 * MS, all_arrived(seq + 100, MS).with_lost(lost));
+        (c.rate_bps(), c.stats())
+    };
+    // 10 % of a hundred datagrams: random (the rate may grow); 30 %: heavy, a decrease.
+    let (rate, stats) = after(10);
+    assert!(rate >= before, "{rate} < {before}");
+    assert_eq!((stats.random_losses, stats.loss_decreases), (1, 0));
+    let (rate, stats) = after(30);
+    assert!(rate < before, "{rate} >= {before}");
+    assert_eq!((stats.random_losses, stats.loss_decreases), (0, 1));
+}
+
 impl RateSignal {
     /// The same feedback with `lost` fewer datagrams received.
     fn with_lost(self, lost: u64) -> Self {
         Self {
             received: self.received - lost,
+            ..self
+        }
+    }
+
+    /// The same feedback echoing a short datagram (its delay not sampled).
+    fn short(self) -> Self {
+        Self {
+            full_size: false,
             ..self
         }
     }
@@ -411,8 +443,8 @@ proptest! {
     }
 
     /// Done-when 2, backs off under loss: from any state, a feedback that reports 10 % or
-    /// more of the newly expected datagrams lost, with the RTT at its minimum, lowers the
-    /// rate (or leaves it at min_bps); heavier loss lowers it more.
+    /// more of the newly expected datagrams lost while the queueing delay is over `t_low`
+    /// lowers the rate (or leaves it at min_bps); heavier loss lowers it more.
     #[test]
     fn loss_backs_off(
         events in events(),
@@ -436,10 +468,11 @@ proptest! {
         let signal = |lost: u64| RateSignal {
             forward_ns: None,
             rtt_ns,
-            full_size: true,
+            full_size: false,
             received: received + expected - lost,
             highest_seq,
         };
+        c.queueing = config.t_low_ns + 1;
         let lost = ((lost * expected as f64).ceil() as u64).clamp(expected.div_ceil(10), expected);
         let before = c.rate_bps();
         let mut heavier = c.clone();
@@ -518,27 +551,57 @@ fn a_flow_that_joins_late_gets_its_share() {
     }
 }
 
-/// Done-when 4: 1 % random loss without queueing costs a single flow little.
+/// Done-when 4: random loss without queueing (1 %, and the 10 % of a lossy link that DLCP
+/// is for) costs a flow little: it fills at least 75 % of its link (the controller took
+/// 10 % random loss as congestion before 2026-12-03, and one flow filled 18 %).
 #[test]
-fn random_loss_of_one_percent_does_not_collapse_a_flow() {
-    for bps in [10e6, 100e6, 1e9] {
-        for rtt in [100_000, 1_000_000] {
-            let o = run(&Scenario {
-                bps,
-                queue_bytes: ((bps * 0.004 / 8.0) as u64).max(32 * DATAGRAM),
-                flows: vec![(rtt, 0)],
-                loss: 0.01,
-                duration_ns: 3_000_000_000,
-                seed: 11,
-            });
-            println!(
-                "1 % loss: C {:>5.0} Mbit/s, RTT {} us: throughput {:.3} C",
-                bps / 1e6,
-                rtt / 1000,
-                o.utilisation
-            );
-            assert!(o.utilisation > 0.5, "{bps} bit/s, rtt {rtt}: {o:?}");
+fn random_loss_does_not_hold_a_flow_back() {
+    for loss in [0.01, 0.1] {
+        for bps in [10e6, 100e6, 1e9] {
+            for rtt in [100_000, 1_000_000] {
+                let o = run(&Scenario {
+                    bps,
+                    queue_bytes: ((bps * 0.004 / 8.0) as u64).max(32 * DATAGRAM),
+                    flows: vec![(rtt, 0)],
+                    loss,
+                    duration_ns: 3_000_000_000,
+                    seed: 11,
+                });
+                println!(
+                    "{loss} loss: C {:>5.0} Mbit/s, RTT {} us: throughput {:.3} C",
+                    bps / 1e6,
+                    rtt / 1000,
+                    o.utilisation
+                );
+                assert!(
+                    o.utilisation > 0.75,
+                    "{loss}, {bps} bit/s, rtt {rtt}: {o:?}"
+                );
+            }
         }
+    }
+}
+
+/// Behind a queue too short to show as delay (8 datagrams at 1 Gbit/s: 90 us, under
+/// `t_low`), a flow's own overflow looks random at first; the smoothed loss turns it into
+/// congestion before it passes [`HEAVY_LOSS`], so the queue drops at most about a fifth.
+#[test]
+fn a_queue_too_short_to_see_still_bounds_the_loss() {
+    for n in [1, 4] {
+        let bps = 1e9;
+        let o = run(&Scenario {
+            bps,
+            queue_bytes: 8 * DATAGRAM,
+            flows: (0..n).map(|i| (RTTS[i % 2], 0)).collect(),
+            loss: 0.0,
+            duration_ns: 3_000_000_000,
+            seed: 11,
+        });
+        let delivered = o.utilisation * bps * 3.0 / (DATAGRAM * 8) as f64;
+        let dropped = o.drops as f64 / (o.drops as f64 + delivered);
+        println!("8 datagrams at 1 Gbit/s, {n} flows: {o:?}, {dropped:.3} dropped");
+        assert!(dropped < HEAVY_LOSS + 0.05, "{n} flows: {dropped}: {o:?}");
+        assert!(o.utilisation > 0.3, "{n} flows: {o:?}");
     }
 }
 
