@@ -31,7 +31,7 @@ use crate::wire::datagram::{
     IP_UDP_HEADERS,
 };
 use crate::wire::mac::LinkKeys;
-use crate::wire::{f32_bytes_mut, Header};
+use crate::wire::{f32_bytes_mut, FrameKind, Header};
 
 pub use batch::{Pending, Run, Sealed, SendLimits};
 pub use feedback::{FEEDBACK_EVERY_DATAGRAMS, FEEDBACK_EVERY_NS};
@@ -273,6 +273,18 @@ impl DatagramLink {
         let k = self.paths.len();
         if k <= 1 {
             return 0;
+        }
+        if matches!(
+            header.kind,
+            FrameKind::Probe | FrameKind::Stop | FrameKind::Missing
+        ) {
+            // Control goes on the path of the shortest round trip, the one the probe timer
+            // is set by: behind a slow path's queue a Probe would time out, and a Stop come
+            // after the packets it was to spare.
+            let srtt = |j: usize| self.paths[j].rate.stats().srtt_ns;
+            return (0..k)
+                .min_by_key(|&j| (srtt(j) == 0, srtt(j), j))
+                .unwrap_or(0);
         }
         if !header.flags.is_sprayed() {
             return header.key as usize % k;

@@ -330,3 +330,41 @@ fn a_feedback_due_seals_the_batch_first_so_numbers_follow_the_send_order() {
     );
     assert_eq!(b.counters().drops(), 0);
 }
+
+/// Probes, Stops and Missing answers take the path of the shortest round trip, whatever
+/// their key: behind a slow path's queue a Probe outlives the timer that the fastest
+/// path's round trip sets, and a Stop arrives after the packets it was to spare.
+#[test]
+fn control_takes_the_path_of_the_shortest_round_trip() {
+    for slow in [0, 1] {
+        let (mut a, mut b) = pair(2, 1e9);
+        for k in 0..8 {
+            let (h, p) = push(k, 10, true);
+            a.enqueue(h, &p);
+        }
+        let sent = drain(&mut a, 0);
+        assert!(
+            sent.iter().any(|s| s.path == 1),
+            "both paths carried pushes"
+        );
+        deliver_all(&mut b, &sent, 10_000);
+        let feedback = drain(&mut b, FEEDBACK_EVERY_NS);
+        for s in &feedback {
+            let late = if s.path == slow { 5_000_000 } else { 10_000 };
+            deliver_all(&mut a, std::slice::from_ref(s), FEEDBACK_EVERY_NS + late);
+        }
+        let rtts: Vec<u64> = a.rate_stats().iter().map(|r| r.srtt_ns).collect();
+        assert!(rtts[slow] > rtts[1 - slow], "{rtts:?}");
+        let now = 2 * FEEDBACK_EVERY_NS;
+        drain(&mut a, now);
+        for (key, kind) in
+            (0..6).zip([FrameKind::Probe, FrameKind::Stop, FrameKind::Missing].repeat(2))
+        {
+            let mut h = Header::data(kind, 0, key, 0, 0);
+            h.flags = Flags::class(0).loss_tolerant();
+            a.enqueue(h, &[]);
+            let paths: Vec<usize> = drain(&mut a, now).iter().map(|s| s.path).collect();
+            assert_eq!(paths, [1 - slow], "{kind:?} of key {key}");
+        }
+    }
+}

@@ -61,7 +61,11 @@ pub const PACING_QUANTUM_NS: Nanos = 250_000;
 pub const ADDITIVE_ROUND_NS: Nanos = 1_000_000;
 /// The most a growth step is multiplied by after a long time without a decrease.
 pub const MAX_HYPER_INCREASE: f64 = 16.0;
-/// Without a decrease for this long, growth speeds up by one more `additive_bps` per round.
+/// The most time one feedback's growth counts for (4 ms: four of the receiver's feedback
+/// intervals).
+const MAX_GROWTH_NS: Nanos = 4_000_000;
+/// Without a decrease for this long (or a smoothed RTT, if longer), growth speeds up by
+/// one more `additive_bps` per round.
 const HYPER_STEP_NS: Nanos = 20_000_000;
 /// The least time between two decreases for a queue over `t_high` (a decrease shows in
 /// the RTT a round trip later; one hold for every flow keeps them equal).
@@ -757,9 +761,15 @@ impl RateController {
             self.set_rate(self.rate_bps * rounds.exp2());
             return;
         }
-        let counted = elapsed.min(self.rtt.srtt_ns().max(ADDITIVE_ROUND_NS));
+        // A feedback after a long silence (a path whose feedback the queue or loss holds
+        // up) counts for no more than MAX_GROWTH_NS: the rate grows only while the
+        // controller hears how the path takes it.
+        let counted = elapsed.min(self.rtt.srtt_ns().clamp(ADDITIVE_ROUND_NS, MAX_GROWTH_NS));
         let rounds = counted as f64 / ADDITIVE_ROUND_NS as f64;
-        let calm = now.saturating_sub(self.growth_since) / HYPER_STEP_NS;
+        // Calm is counted in round trips (at least HYPER_STEP_NS each): a path whose round
+        // trip is long learns of its growth late, so it speeds up as late.
+        let hyper_step = self.rtt.srtt_ns().max(HYPER_STEP_NS);
+        let calm = now.saturating_sub(self.growth_since) / hyper_step;
         let speed = (1.0 + calm as f64).min(MAX_HYPER_INCREASE);
         self.set_rate(self.rate_bps + self.config.additive_bps * rounds * speed);
     }

@@ -7,7 +7,10 @@
 //! pulls, TCP in the other direction), and a flow that backs off for it loses its share for
 //! nothing. The offset cancels out against the base delay, the least sample seen, as in
 //! LEDBAT (RFC 6817); the base is the least of the last two windows of [`BASE_WINDOW_NS`],
-//! so two clocks that drift apart move it along instead of reading as a queue.
+//! so two clocks that drift apart move it along instead of reading as a queue. It rises by
+//! at most [`MAX_BASE_RISE_NS`] a window, what drifting clocks can move it: a queue that
+//! stands for longer than two windows (a slow path behind a deep buffer) stays a queue, and
+//! never becomes the base.
 
 use super::super::Nanos;
 
@@ -15,6 +18,11 @@ use super::super::Nanos;
 /// latest two): LEDBAT keeps ten minutes of one-minute windows; two 5-second windows
 /// bound the error of clocks that drift apart by 10 ppm to 100 us, under `t_low`.
 pub const BASE_WINDOW_NS: Nanos = 5_000_000_000;
+/// The most the base delay rises from one window to the next (250 us a window: clocks
+/// drifting apart by 50 ppm). Without a bound, a queue standing through two windows became
+/// the base: the controller read a full 20 Mbit/s path behind 1,000 packets of buffer as
+/// empty, grew its rate, and the path dropped half of what it was sent.
+pub const MAX_BASE_RISE_NS: i64 = 250_000;
 /// The steepest slope one pair of samples counts for (samples close in time say little).
 const MAX_SLOPE: f64 = 4.0;
 /// Weight of a new slope in the smoothed slope.
@@ -51,7 +59,9 @@ impl QueueDelay {
         if self.latest.is_none() {
             self.current.1 = now;
         } else if now.saturating_sub(self.current.1) >= BASE_WINDOW_NS {
-            self.previous = self.current.0;
+            let windows = now.saturating_sub(self.current.1) / BASE_WINDOW_NS;
+            let rise = MAX_BASE_RISE_NS.saturating_mul(i64::try_from(windows).unwrap_or(i64::MAX));
+            self.previous = self.current.0.min(self.previous.saturating_add(rise));
             self.current = (i64::MAX, now);
         }
         self.current.0 = self.current.0.min(delay);
@@ -101,20 +111,37 @@ mod tests {
     }
 
     #[test]
-    fn the_base_forgets_samples_older_than_two_windows() {
+    fn the_base_follows_clocks_that_drift_apart() {
         let mut d = QueueDelay::new();
         d.sample(100, 0);
-        // Clocks drifting apart: every later sample 1 ms higher.
-        d.sample(1_100_000, BASE_WINDOW_NS);
+        // Clocks drifting apart: every later sample 200 us higher (40 ppm).
+        d.sample(200_100, BASE_WINDOW_NS);
         assert_eq!(
-            d.sample(1_100_000, BASE_WINDOW_NS + 1),
-            1_099_900,
+            d.sample(200_100, BASE_WINDOW_NS + 1),
+            200_000,
             "still the old base"
         );
         assert_eq!(
-            d.sample(1_100_000, 2 * BASE_WINDOW_NS),
+            d.sample(200_100, 2 * BASE_WINDOW_NS),
             0,
             "the first window is gone"
         );
+    }
+
+    #[test]
+    fn a_standing_queue_never_becomes_the_base() {
+        let mut d = QueueDelay::new();
+        d.sample(1_000, 0);
+        // From then on a queue of 300 ms stands for a minute, sampled every millisecond.
+        let standing = 300_000_000;
+        let mut queueing = 0;
+        for ms in 1..=60_000 {
+            queueing = d.sample(1_000 + standing, ms * 1_000_000);
+        }
+        // The base rose by MAX_BASE_RISE_NS a window (12 windows: 3 ms), no more.
+        assert!(queueing >= 297_000_000, "queueing {queueing}");
+        // And after a long silence it rises by as much a window as it could have.
+        let later = d.sample(1_000 + standing, 600 * BASE_WINDOW_NS);
+        assert!(later < standing as u64, "queueing {later}");
     }
 }
