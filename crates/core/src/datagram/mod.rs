@@ -114,10 +114,17 @@ impl DatagramLink {
     /// The smoothed round trip of the link's fastest measured path; `None` before any
     /// feedback came back.
     pub fn srtt_ns(&self) -> Option<u64> {
-        (self.paths.iter())
-            .map(|p| p.rate.stats().srtt_ns)
-            .filter(|&r| r > 0)
-            .min()
+        self.fastest_path()
+            .map(|j| self.paths[j].rate.stats().srtt_ns)
+    }
+
+    /// The measured path of the least smoothed round trip (the lowest index of equals);
+    /// `None` before any feedback came back.
+    fn fastest_path(&self) -> Option<usize> {
+        let srtt = |j: usize| self.paths[j].rate.stats().srtt_ns;
+        (0..self.paths.len())
+            .filter(|&j| srtt(j) > 0)
+            .min_by_key(|&j| (srtt(j), j))
     }
 
     /// Each path's rate controller (by path index), for the summary.
@@ -281,10 +288,7 @@ impl DatagramLink {
             // Control goes on the path of the shortest round trip, the one the probe timer
             // is set by: behind a slow path's queue a Probe would time out, and a Stop come
             // after the packets it was to spare.
-            let srtt = |j: usize| self.paths[j].rate.stats().srtt_ns;
-            return (0..k)
-                .min_by_key(|&j| (srtt(j) == 0, srtt(j), j))
-                .unwrap_or(0);
+            return self.fastest_path().unwrap_or(0);
         }
         if !header.flags.is_sprayed() {
             return header.key as usize % k;
