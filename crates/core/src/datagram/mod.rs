@@ -5,11 +5,13 @@
 //! Each path of the link has its own rate controller and pacer, batch and feedback
 //! ([`path`]). A frame handed over ([`DatagramLink::enqueue`]) waits in the link's queue
 //! until a path takes it: a frame that is not sprayed takes its key's path (one flow per
-//! key, as ECMP hashes one); a sprayed frame takes the path whose pacer lets it go first,
-//! of those the one of the lowest smoothed RTT, then the one that carried the fewest bytes
-//! (the lowest-RTT-first choice of multipath TCP's default scheduler, with the pacer's
-//! budget as its window). So a slow path carries its share and no more, and a path that
-//! loses or queues slows down alone. [`DatagramLink::poll_transmit`] hands out a path's
+//! key, as ECMP hashes one); a sprayed frame takes, of the paths where it would land
+//! soonest, the one whose pacer lets it go first, then the one of the lowest expected round
+//! trip, then the one that carried the fewest bytes (multipath TCP's lowest-RTT-first
+//! scheduler with the pacer's budget as its window, and ECF's rule: a slower path only while
+//! the fastest alone would take longer to carry the queue). So a slow path carries its share
+//! of a large queue and not the last frames of a step, and a path that loses or queues slows
+//! down alone. [`DatagramLink::poll_transmit`] hands out a path's
 //! batch sealed ([`batch`]: ordered by DSCP, numbered in that order, cut into GSO runs)
 //! once it is full, a feedback on its path is due, or the driver flushes, and hands out
 //! each path's feedback when due ([`feedback`]), on that path. A received datagram
@@ -51,6 +53,8 @@ pub struct DatagramLink {
     opener: DatagramOpener,
     /// Frames waiting for a path's pacer.
     queue: VecDeque<Pending>,
+    /// The sealed bytes of the frames in `queue`.
+    queued_bytes: u64,
     /// By path index (at least one).
     paths: Vec<PathState>,
     counters: DatagramCounters,
@@ -76,6 +80,7 @@ impl DatagramLink {
             sealer: DatagramSealer::new(&keys.send),
             opener: DatagramOpener::new(&keys.recv),
             queue: VecDeque::new(),
+            queued_bytes: 0,
             paths: (0..paths.max(1)).map(|_| PathState::new(rate)).collect(),
             counters: DatagramCounters::default(),
             departing: None,
@@ -89,11 +94,13 @@ impl DatagramLink {
 
     /// Takes a loss-tolerant frame: `header` and its payload bytes.
     pub fn enqueue(&mut self, header: Header, payload: &[u8]) {
-        self.queue.push_back(Pending {
+        let pending = Pending {
             header,
             payload: payload.to_vec(),
             path: 0,
-        });
+        };
+        self.queued_bytes = (self.queued_bytes).saturating_add(pending.sealed_len() as u64);
+        self.queue.push_back(pending);
     }
 
     /// Whether every frame handed over left the pacers (the link may take more).
@@ -166,6 +173,7 @@ impl DatagramLink {
             let Some(q) = self.queue.pop_front() else {
                 break;
             };
+            self.queued_bytes = (self.queued_bytes).saturating_sub(q.sealed_len() as u64);
             self.release(j, now_ns, q);
         }
         let ready =
@@ -293,12 +301,34 @@ impl DatagramLink {
         if !header.flags.is_sprayed() {
             return header.key as usize % k;
         }
+        let eligible = self.paths_worth_taking(now_ns);
         let order = |j: usize| {
             let p = &self.paths[j];
             let at = p.rate.next_send_at(now_ns).max(now_ns);
-            (at, p.rate.stats().srtt_ns, p.bytes_sent(), j)
+            (at, p.expected_rtt_ns(now_ns), p.bytes_sent(), j)
         };
-        (0..k).min_by_key(|&j| order(j)).unwrap_or(0)
+        (0..k)
+            .filter(|&j| eligible(j))
+            .min_by_key(|&j| order(j))
+            .unwrap_or(0)
+    }
+
+    /// Which paths a sprayed frame may take at `now_ns` (earliest completion first, as ECF
+    /// of multipath TCP): the measured path of the least expected round trip, a path not
+    /// measured yet, and a slower path only if a datagram on it lands before that fastest
+    /// path alone would have carried the whole queue (its rate's time for the queued bytes
+    /// plus its round trip). So a path behind a long queue carries the bulk of a large
+    /// share and not its last datagrams, which would hold the step back by its round trip.
+    fn paths_worth_taking(&self, now_ns: u64) -> impl Fn(usize) -> bool + '_ {
+        let rtt = move |j: usize| self.paths[j].expected_rtt_ns(now_ns);
+        let measured = (0..self.paths.len()).filter(|&j| rtt(j) > 0);
+        let fastest = measured.min_by_key(|&j| (rtt(j), j));
+        let horizon_ns = fastest.map_or(u64::MAX, |f| {
+            let drain_ns = self.queued_bytes as f64 * 8.0 * 1e9 / self.paths[f].rate.rate_bps();
+            // `as` saturates; the rate is finite and positive.
+            rtt(f).saturating_add(drain_ns as u64)
+        });
+        move |j| rtt(j) <= horizon_ns
     }
 
     /// Moves `q` from the queue into path `j`'s batch at `now_ns`.

@@ -48,6 +48,8 @@ pub(crate) struct PathState {
     small_batches: VecDeque<u64>,
     /// The largest datagram sealed for this path so far (bytes).
     largest: u64,
+    /// When a frame was last released onto this path.
+    last_release_ns: u64,
 }
 
 impl PathState {
@@ -63,6 +65,7 @@ impl PathState {
             departures: VecDeque::new(),
             small_batches: VecDeque::new(),
             largest: 0,
+            last_release_ns: 0,
         }
     }
 
@@ -81,7 +84,18 @@ impl PathState {
     pub fn release(&mut self, now_ns: u64, ip_bytes: u64, q: Pending) {
         self.rate.on_sent(now_ns, ip_bytes, self.next_index());
         self.bytes_sent = self.bytes_sent.saturating_add(ip_bytes);
+        self.last_release_ns = now_ns;
         self.batch.push(q);
+    }
+
+    /// The round trip a datagram released at `now_ns` may expect (ns; 0 before the first
+    /// sample): the smoothed one, less the time the path has been idle since its last
+    /// release, down to the least one seen. What queued behind this end's datagrams drains
+    /// while the path is idle, so a path left for its queue is not left for good.
+    pub fn expected_rtt_ns(&self, now_ns: u64) -> u64 {
+        let stats = self.rate.stats();
+        let idle = now_ns.saturating_sub(self.last_release_ns);
+        (stats.srtt_ns.saturating_sub(idle)).max(stats.min_rtt_ns)
     }
 
     /// The datagram numbered `seq` by the link was sealed for this path.
@@ -234,6 +248,47 @@ mod tests {
         assert_eq!(p.rate.stats().feedbacks, 3);
         assert!(p.full_size(3_000_000));
         assert_eq!(p.small_batches.len(), 0, "echoed past: forgotten");
+    }
+
+    /// A path left idle for its queue expects it drained: the smoothed round trip less the
+    /// time since its last release, never under the least one seen.
+    #[test]
+    fn an_idle_paths_queue_is_expected_to_drain() {
+        let echo = |received, highest_seq, echo_sent_ns| Feedback {
+            received,
+            highest_seq,
+            echo_sent_ns,
+            echo_held_ns: 0,
+        };
+        let mut p = PathState::new(RateConfig::default());
+        assert_eq!(p.expected_rtt_ns(0), 0, "nothing measured yet");
+        // Round trips of 1 ms, then 40 ms behind a queue, ten times.
+        for seq in 0..11u64 {
+            p.log_sealed(seq);
+        }
+        p.on_feedback(1_000_000, &echo(1, 0, 0), 0);
+        for seq in 1..11u64 {
+            let sent = seq * 100_000_000;
+            p.on_feedback(sent + 40_000_000, &echo(seq + 1, seq, sent), 0);
+        }
+        let at = 1_000_000_000;
+        release_one(&mut p, at);
+        let srtt = p.rate.stats().srtt_ns;
+        assert!(srtt > 20_000_000, "{srtt}");
+        assert_eq!(p.expected_rtt_ns(at), srtt);
+        assert_eq!(p.expected_rtt_ns(at + 10_000_000), srtt - 10_000_000);
+        assert_eq!(p.expected_rtt_ns(at + srtt), 1_000_000);
+    }
+
+    /// Releases an empty frame onto `p` at `now_ns`.
+    fn release_one(p: &mut PathState, now_ns: u64) {
+        let header = crate::wire::Header::data(crate::wire::FrameKind::Push, 0, 0, 0, 0);
+        let q = Pending {
+            header,
+            payload: Vec::new(),
+            path: 0,
+        };
+        p.release(now_ns, 100, q);
     }
 
     #[test]

@@ -337,24 +337,7 @@ fn a_feedback_due_seals_the_batch_first_so_numbers_follow_the_send_order() {
 #[test]
 fn control_takes_the_path_of_the_shortest_round_trip() {
     for slow in [0, 1] {
-        let (mut a, mut b) = pair(2, 1e9);
-        for k in 0..8 {
-            let (h, p) = push(k, 10, true);
-            a.enqueue(h, &p);
-        }
-        let sent = drain(&mut a, 0);
-        assert!(
-            sent.iter().any(|s| s.path == 1),
-            "both paths carried pushes"
-        );
-        deliver_all(&mut b, &sent, 10_000);
-        let feedback = drain(&mut b, FEEDBACK_EVERY_NS);
-        for s in &feedback {
-            let late = if s.path == slow { 5_000_000 } else { 10_000 };
-            deliver_all(&mut a, std::slice::from_ref(s), FEEDBACK_EVERY_NS + late);
-        }
-        let rtts: Vec<u64> = a.rate_stats().iter().map(|r| r.srtt_ns).collect();
-        assert!(rtts[slow] > rtts[1 - slow], "{rtts:?}");
+        let mut a = measured_pair(slow, 5_000_000);
         let now = 2 * FEEDBACK_EVERY_NS;
         drain(&mut a, now);
         for (key, kind) in
@@ -367,4 +350,67 @@ fn control_takes_the_path_of_the_shortest_round_trip() {
             assert_eq!(paths, [1 - slow], "{kind:?} of key {key}");
         }
     }
+}
+
+/// A link over two paths at 1 Gbit/s whose path `slow` measured a round trip of `late_ns`
+/// and the other one of 10 us (its feedback came back at `FEEDBACK_EVERY_NS` plus those).
+fn measured_pair(slow: usize, late_ns: u64) -> DatagramLink {
+    let (mut a, mut b) = pair(2, 1e9);
+    for k in 0..8 {
+        let (h, p) = push(k, 10, true);
+        a.enqueue(h, &p);
+    }
+    let sent = drain(&mut a, 0);
+    assert!(
+        sent.iter().any(|s| s.path == 1),
+        "both paths carried pushes"
+    );
+    deliver_all(&mut b, &sent, 10_000);
+    let feedback = drain(&mut b, FEEDBACK_EVERY_NS);
+    for s in &feedback {
+        let late = if s.path == slow { late_ns } else { 10_000 };
+        deliver_all(&mut a, std::slice::from_ref(s), FEEDBACK_EVERY_NS + late);
+    }
+    let rtts: Vec<u64> = a.rate_stats().iter().map(|r| r.srtt_ns).collect();
+    assert!(rtts[slow] > rtts[1 - slow], "{rtts:?}");
+    a
+}
+
+/// A path of a long round trip takes sprayed frames only while the fast path alone would
+/// take longer to carry the queue (earliest completion first): the bulk of a large share,
+/// none of its last frames, none of a small share.
+#[test]
+fn a_slow_path_carries_a_long_queues_bulk_but_not_its_last_frames() {
+    let mut a = measured_pair(1, 5_000_000);
+    let mut now = 2 * FEEDBACK_EVERY_NS;
+    for k in 0..8 {
+        let (h, p) = push(k, 10, true);
+        a.enqueue(h, &p);
+    }
+    let small: Vec<usize> = drain(&mut a, now).iter().map(|s| s.path).collect();
+    assert_eq!(small, [0], "a small share waits for the fast path");
+    // 1,000 frames of 1 KB: 8 ms at 1 Gbit/s, so a datagram on the slow path (5 ms) lands
+    // sooner than the fast path would carry the queue, until 5 ms of it are left.
+    for k in 0..1_000 {
+        let (h, p) = push(k, 256, true);
+        a.enqueue(h, &p);
+    }
+    let mut order = Vec::new();
+    while !a.is_drained() && now < 10 * FEEDBACK_EVERY_NS {
+        for s in drain(&mut a, now) {
+            order.extend(std::iter::repeat_n(s.path, s.datagrams()));
+        }
+        now = a.poll_timeout(now).unwrap_or(now + 1_000_000).max(now + 1);
+    }
+    let on_slow = order.iter().filter(|&&p| p == 1).count();
+    let last_slow = order.iter().rposition(|&p| p == 1).unwrap_or(0);
+    assert!(
+        (100..400).contains(&on_slow),
+        "the slow path took {on_slow}"
+    );
+    assert!(
+        order.len() - last_slow > 500,
+        "the last frame on the slow path was {last_slow} of {}",
+        order.len()
+    );
 }

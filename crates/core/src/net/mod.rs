@@ -90,6 +90,9 @@ pub struct FrameMeta {
     /// Which frame this is (its loss is drawn from a key of it): `None` draws from the
     /// path's stream in arrival order.
     pub identity: Option<FrameIdentity>,
+    /// A datagram: no flow control holds the next one back at its receiver, so an ingress
+    /// port queues every datagram that comes, where it holds one frame of a flow at a time.
+    pub datagram: bool,
 }
 
 /// What identifies a frame within its flow for the loss draws: its step and a hash of its
@@ -146,6 +149,7 @@ impl FrameMeta {
             path: None,
             reliable: !f.is_loss_tolerant(),
             identity: Some(FrameIdentity::of_header(header)),
+            datagram: false,
         }
     }
 
@@ -162,6 +166,7 @@ impl FrameMeta {
             drop_eligible,
             flow,
             path: Some(path),
+            datagram: true,
             ..Self::default()
         }
     }

@@ -37,7 +37,8 @@
 //! flow wait outside the queue, where TCP's flow control keeps them (in the sender's
 //! socket), and are offered as the one ahead leaves the port (delivered, or a loss-tolerant
 //! one lost or dropped). Frames converging from N senders thus hold at most N places in the
-//! queue, as in the runtime.
+//! queue, as in the runtime. Datagrams have no flow control: every one that comes meets the
+//! queue, and a flow's datagram on one path never waits for one of the flow on another.
 //!
 //! Fates are decided as early as they can be: under `fifo` when the frame is offered (its
 //! start is then known), under `prio` when its serialisation starts; a retransmission is
@@ -383,7 +384,7 @@ impl Port {
                 flow.in_port = flow.in_port.saturating_add(1);
             }
         }
-        if self.one_per_flow {
+        if self.one_per_flow && !meta.datagram {
             let gate = &mut flow.gate;
             if gate.busy {
                 self.waiting[slot].push_back(held);
@@ -645,7 +646,9 @@ impl Port {
 
     /// Hands out a decision: reliable frames through their flow's reorder buffer.
     fn decided(&mut self, held: &Held, d: Decision) {
-        self.release_next(held.slot, &d);
+        if !held.meta.datagram {
+            self.release_next(held.slot, &d);
+        }
         if held.meta.reliable {
             if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
                 flow.in_port = flow.in_port.saturating_sub(1);

@@ -900,3 +900,46 @@ fn an_ingress_port_serialises_each_path_at_its_own_rate() {
     // on path 0 (one serialiser for all: 10, 20 and 30 ms).
     assert_eq!(at, [10_000_000, 50_000_000, 20_000_000]);
 }
+
+/// Datagrams are not held one per flow at an ingress port (no flow control holds the next
+/// back at the receiver): a datagram on the fast path does not wait for one of its flow on
+/// the slow path, and a burst of them meets the queue whole.
+#[test]
+fn an_ingress_port_queues_every_datagram_of_a_flow() {
+    let profile = NetworkProfile {
+        ingress: true,
+        paths: 2,
+        path: vec![
+            PathProfile::default(),
+            PathProfile {
+                bandwidth_bps: Some(20e6),
+                ..PathProfile::default()
+            },
+        ],
+        ..NetworkProfile {
+            bandwidth_bps: Some(100e6),
+            queue_bytes: Some(250_000),
+            ..NetworkProfile::default()
+        }
+    };
+    let mut port = Port::ingress(&profile, 0, 1);
+    port.enqueue(0, 0, FrameMeta::of_datagram(0, 125_000, 1, 1));
+    port.enqueue(0, 1, FrameMeta::of_datagram(0, 125_000, 1, 0));
+    let mut out = run_all(&mut port, Vec::new());
+    out.sort_by_key(|d| d.token);
+    let at: Vec<Nanos> = out.iter().map(delivered_at).collect();
+    assert_eq!(at, [50_000_000, 10_000_000]);
+
+    // Three 125 kB datagrams of one flow into a 250 kB queue: the third is dropped, where
+    // frames of a flow held one at a time never fill it.
+    let mut port = Port::ingress(&profile, 0, 1);
+    for token in 0..3 {
+        port.enqueue(0, token, FrameMeta::of_datagram(0, 125_000, 1, 0));
+    }
+    let out = run_all(&mut port, Vec::new());
+    let dropped: Vec<u64> = (out.iter())
+        .filter(|d| d.fate == Fate::Dropped)
+        .map(|d| d.token)
+        .collect();
+    assert_eq!(dropped, [2]);
+}
