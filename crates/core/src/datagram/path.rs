@@ -190,6 +190,16 @@ impl PathState {
 mod tests {
     use super::*;
 
+    /// A feedback echoing the batch stamped `echo_sent_ns`, held for no time.
+    fn echo(received: u64, highest_seq: u64, echo_sent_ns: u64) -> Feedback {
+        Feedback {
+            received,
+            highest_seq,
+            echo_sent_ns,
+            echo_held_ns: 0,
+        }
+    }
+
     fn feedback(received: u64, highest_seq: u64) -> Feedback {
         Feedback {
             received,
@@ -224,12 +234,6 @@ mod tests {
     /// datagram would show a 480 us queue.
     #[test]
     fn a_small_datagrams_delay_does_not_become_the_base() {
-        let echo = |received, highest_seq, echo_sent_ns| Feedback {
-            received,
-            highest_seq,
-            echo_sent_ns,
-            echo_held_ns: 0,
-        };
         let mut p = PathState::new(RateConfig::default());
         for seq in 0..3 {
             p.log_sealed(seq);
@@ -254,12 +258,6 @@ mod tests {
     /// time since its last release, never under the least one seen.
     #[test]
     fn an_idle_paths_queue_is_expected_to_drain() {
-        let echo = |received, highest_seq, echo_sent_ns| Feedback {
-            received,
-            highest_seq,
-            echo_sent_ns,
-            echo_held_ns: 0,
-        };
         let mut p = PathState::new(RateConfig::default());
         assert_eq!(p.expected_rtt_ns(0), 0, "nothing measured yet");
         // Round trips of 1 ms, then 40 ms behind a queue, ten times.

@@ -864,12 +864,9 @@ fn a_datagram_fits_behind_a_large_own_tcp_write_in_a_shallow_egress_queue() {
     assert_eq!(tcp_small_queue_bytes(None, None), 3_028);
 }
 
-/// A host has a downlink per path: frames that came on a 20 Mbit/s second path serialise
-/// there at its rate, beside the first path's, not behind them (a second path adds capacity
-/// at the receiver too, as on a multi-homed host).
-#[test]
-fn an_ingress_port_serialises_each_path_at_its_own_rate() {
-    let profile = NetworkProfile {
+/// An ingress port of two paths, 100 and 20 Mbit/s, each of a queue of `queue_bytes`.
+fn ingress_100_and_20(queue_bytes: Option<usize>) -> NetworkProfile {
+    NetworkProfile {
         ingress: true,
         paths: 2,
         path: vec![
@@ -881,9 +878,18 @@ fn an_ingress_port_serialises_each_path_at_its_own_rate() {
         ],
         ..NetworkProfile {
             bandwidth_bps: Some(100e6),
+            queue_bytes,
             ..NetworkProfile::default()
         }
-    };
+    }
+}
+
+/// A host has a downlink per path: frames that came on a 20 Mbit/s second path serialise
+/// there at its rate, beside the first path's, not behind them (a second path adds capacity
+/// at the receiver too, as on a multi-homed host).
+#[test]
+fn an_ingress_port_serialises_each_path_at_its_own_rate() {
+    let profile = ingress_100_and_20(None);
     let on = |path, flow| FrameMeta {
         path: Some(path),
         reliable: false,
@@ -906,22 +912,7 @@ fn an_ingress_port_serialises_each_path_at_its_own_rate() {
 /// the slow path, and a burst of them meets the queue whole.
 #[test]
 fn an_ingress_port_queues_every_datagram_of_a_flow() {
-    let profile = NetworkProfile {
-        ingress: true,
-        paths: 2,
-        path: vec![
-            PathProfile::default(),
-            PathProfile {
-                bandwidth_bps: Some(20e6),
-                ..PathProfile::default()
-            },
-        ],
-        ..NetworkProfile {
-            bandwidth_bps: Some(100e6),
-            queue_bytes: Some(250_000),
-            ..NetworkProfile::default()
-        }
-    };
+    let profile = ingress_100_and_20(Some(250_000));
     let mut port = Port::ingress(&profile, 0, 1);
     port.enqueue(0, 0, FrameMeta::of_datagram(0, 125_000, 1, 1));
     port.enqueue(0, 1, FrameMeta::of_datagram(0, 125_000, 1, 0));
