@@ -43,6 +43,9 @@ use path::PathState;
 pub const BATCH_DATAGRAMS: usize = 128;
 /// DSCP of feedback datagrams: the class of the TCP links (control traffic).
 pub const FEEDBACK_DSCP: u8 = 0;
+/// How long a path may go without a frame before one is sent on it to measure it again,
+/// whatever round trip it last showed (ns).
+pub const PROBE_IDLE_NS: u64 = 1_000_000_000;
 
 /// One link's datagram state, both directions: the queue, the sealer and opener, and
 /// each path's controller, batch and feedback.
@@ -319,6 +322,8 @@ impl DatagramLink {
     /// path alone would have carried the whole queue (its rate's time for the queued bytes
     /// plus its round trip). So a path behind a long queue carries the bulk of a large
     /// share and not its last datagrams, which would hold the step back by its round trip.
+    /// A path idle for [`PROBE_IDLE_NS`] may take one frame whatever it expects, to be
+    /// measured again: its least round trip may date from a queue long gone.
     fn paths_worth_taking(&self, now_ns: u64) -> impl Fn(usize) -> bool + '_ {
         let rtt = move |j: usize| self.paths[j].expected_rtt_ns(now_ns);
         let measured = (0..self.paths.len()).filter(|&j| rtt(j) > 0);
@@ -328,7 +333,7 @@ impl DatagramLink {
             // `as` saturates; the rate is finite and positive.
             rtt(f).saturating_add(drain_ns as u64)
         });
-        move |j| rtt(j) <= horizon_ns
+        move |j| rtt(j) <= horizon_ns || self.paths[j].idle_ns(now_ns) >= PROBE_IDLE_NS
     }
 
     /// Moves `q` from the queue into path `j`'s batch at `now_ns`.

@@ -94,8 +94,12 @@ impl PathState {
     /// while the path is idle, so a path left for its queue is not left for good.
     pub fn expected_rtt_ns(&self, now_ns: u64) -> u64 {
         let stats = self.rate.stats();
-        let idle = now_ns.saturating_sub(self.last_release_ns);
-        (stats.srtt_ns.saturating_sub(idle)).max(stats.min_rtt_ns)
+        (stats.srtt_ns.saturating_sub(self.idle_ns(now_ns))).max(stats.min_rtt_ns)
+    }
+
+    /// How long the path has carried nothing new at `now_ns` (since its last release).
+    pub fn idle_ns(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.last_release_ns)
     }
 
     /// The datagram numbered `seq` by the link was sealed for this path.

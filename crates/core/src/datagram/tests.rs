@@ -414,3 +414,28 @@ fn a_slow_path_carries_a_long_queues_bulk_but_not_its_last_frames() {
         order.len()
     );
 }
+
+/// A path kept idle by its round trip takes one frame once it has been idle for
+/// `PROBE_IDLE_NS`, so it is measured again, and no more while it shows no better.
+#[test]
+fn a_path_idle_for_long_is_probed_with_one_frame() {
+    let mut a = measured_pair(1, 5_000_000);
+    // 300 frames of 1 KB: 2.4 ms at 1 Gbit/s, sooner than a datagram crosses the slow path.
+    let carry = |a: &mut DatagramLink, from: u64| {
+        let mut per_path = [0usize; 2];
+        for k in 0..300 {
+            let (h, p) = push(k, 256, true);
+            a.enqueue(h, &p);
+        }
+        let mut now = from;
+        while !a.is_drained() && now < from + FEEDBACK_EVERY_NS * 100 {
+            for s in drain(a, now) {
+                per_path[s.path] += s.datagrams();
+            }
+            now = a.poll_timeout(now).unwrap_or(now + 1_000_000).max(now + 1);
+        }
+        per_path
+    };
+    assert_eq!(carry(&mut a, 2 * FEEDBACK_EVERY_NS), [300, 0]);
+    assert_eq!(carry(&mut a, PROBE_IDLE_NS + FEEDBACK_EVERY_NS), [299, 1]);
+}
