@@ -176,7 +176,6 @@ impl DatagramLink {
             let Some(q) = self.queue.pop_front() else {
                 break;
             };
-            self.queued_bytes = (self.queued_bytes).saturating_sub(q.sealed_len() as u64);
             self.release(j, now_ns, q);
         }
         let ready =
@@ -336,9 +335,10 @@ impl DatagramLink {
         move |j| rtt(j) <= horizon_ns || self.paths[j].idle_ns(now_ns) >= PROBE_IDLE_NS
     }
 
-    /// Moves `q` from the queue into path `j`'s batch at `now_ns`.
+    /// Moves `q`, taken from the queue, into path `j`'s batch at `now_ns`.
     fn release(&mut self, j: usize, now_ns: u64, q: Pending) {
         let len = q.sealed_len() as u64;
+        self.queued_bytes = self.queued_bytes.saturating_sub(len);
         self.counters.sent += 1;
         self.counters.bytes_sent = self.counters.bytes_sent.saturating_add(len);
         self.paths[j].release(
