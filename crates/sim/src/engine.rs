@@ -25,6 +25,7 @@ mod datagrams;
 mod life;
 mod mirror;
 mod network;
+mod prefetch;
 
 /// When endpoints are asked for frames, and on which links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +293,7 @@ impl<'a> Sim<'a> {
         while let Some((t, ev)) = self.queue.pop() {
             self.now = t;
             self.events += 1;
+            self.prefetch_next();
             if !self.runs(ev) {
                 continue;
             }

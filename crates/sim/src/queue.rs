@@ -263,6 +263,13 @@ impl EventQueue {
         }
     }
 
+    /// The next event [`EventQueue::pop`] would take, where it is in the window already (a
+    /// hint for prefetching: `None` says nothing about the events beyond it).
+    pub fn peek_in_window(&self) -> Option<Event> {
+        let b = self.first_occupied()?;
+        self.nodes.get(self.buckets[b].head).map(|n| n.event)
+    }
+
     /// The first instant past the window (which starts at the last event's bucket).
     fn window_end(&self) -> u64 {
         (self.last & !((1u64 << WIDTH_BITS) - 1)).saturating_add(SPAN)
@@ -421,7 +428,7 @@ mod tests {
     proptest! {
         /// Same order as a binary heap on (time, insertion sequence), for any interleaving of
         /// pushes (at or after the last pop) and pops: equal times, times within a bucket,
-        /// around the window's end, far beyond it.
+        /// around the window's end, far beyond it; an event peeked in the window is the next.
         #[test]
         fn matches_a_heap_ordered_by_time_then_sequence(
             ops in prop::collection::vec((any::<bool>(), prop_oneof![
@@ -437,9 +444,13 @@ mod tests {
             let (mut now, mut seq) = (0u64, 0usize);
             for (pop, delta) in ops {
                 if pop {
+                    let peeked = q.peek_in_window();
                     let got = q.pop();
                     let want = reference.pop().map(|Reverse((t, s))| (t, Event::Deliver(s)));
                     prop_assert_eq!(got, want);
+                    if let Some(event) = peeked {
+                        prop_assert_eq!(Some(event), got.map(|(_, e)| e), "the peek is the next pop");
+                    }
                     if let Some((t, _)) = got {
                         now = t;
                     }

@@ -130,14 +130,34 @@ struct FlowState {
     gate: FlowGate,
 }
 
+const _: () = assert!(std::mem::size_of::<FlowState>() == 64, "one cache line");
+
 /// An ingress flow's frame in the port (the frames waiting behind it are in
-/// `Port::waiting`).
+/// `Port::waiting`): one word, so that [`FlowState`] fits a cache line.
 #[derive(Debug, Clone, Default)]
 struct FlowGate {
-    /// A frame of the flow is in the port, its fate not yet decided.
-    busy: bool,
-    /// When the last decided frame leaves the port: the next may not enter before.
+    /// When the last decided frame leaves the port (the next may not enter before), or
+    /// [`FlowGate::BUSY`] while a frame of the flow is in the port, its fate not decided.
     free_from: Nanos,
+}
+
+impl FlowGate {
+    const BUSY: Nanos = Nanos::MAX;
+
+    /// Whether a frame of the flow is in the port.
+    fn busy(&self) -> bool {
+        self.free_from == Self::BUSY
+    }
+
+    /// A frame enters the port: returns when it may (no earlier than the last one left).
+    fn enter(&mut self) -> Nanos {
+        std::mem::replace(&mut self.free_from, Self::BUSY)
+    }
+
+    /// The frame in the port leaves it at `left`; none waits behind it.
+    fn leave(&mut self, left: Nanos) {
+        self.free_from = left.min(Self::BUSY - 1);
+    }
 }
 
 /// One bottleneck direction of a host: a finite queue with a discipline and a serialiser
@@ -385,14 +405,12 @@ impl Port {
             }
         }
         if self.one_per_flow && !meta.datagram {
-            let gate = &mut flow.gate;
-            if gate.busy {
+            if flow.gate.busy() {
                 self.waiting[slot].push_back(held);
                 return;
             }
-            gate.busy = true;
-            if gate.free_from > now {
-                let at = gate.free_from;
+            let at = flow.gate.enter();
+            if at > now {
                 self.offer_later(at, held);
                 return;
             }
@@ -667,7 +685,6 @@ impl Port {
         if !self.one_per_flow {
             return;
         }
-        let gate = &mut self.flows[slot].gate;
         let left = match d.fate {
             Fate::Delivered { at, .. } => at,
             Fate::Lost { .. } | Fate::Dropped => d.done,
@@ -676,10 +693,7 @@ impl Port {
             Some(next) => {
                 self.offer_later(left, next);
             }
-            None => {
-                gate.busy = false;
-                gate.free_from = left;
-            }
+            None => self.flows[slot].gate.leave(left),
         }
     }
 

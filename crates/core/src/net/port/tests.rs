@@ -934,3 +934,19 @@ fn an_ingress_port_queues_every_datagram_of_a_flow() {
         .collect();
     assert_eq!(dropped, [2]);
 }
+
+/// An ingress flow's gate is one word: busy between a frame's entry and its leaving, and a
+/// frame that leaves at the end of time does not leave the gate busy forever.
+#[test]
+fn a_gate_is_busy_from_entry_to_leaving() {
+    let mut gate = FlowGate::default();
+    assert!(!gate.busy());
+    assert_eq!(gate.enter(), 0);
+    assert!(gate.busy());
+    gate.leave(7);
+    assert!(!gate.busy());
+    assert_eq!(gate.enter(), 7);
+    gate.leave(Nanos::MAX);
+    assert!(!gate.busy());
+    assert_eq!(gate.enter(), Nanos::MAX - 1);
+}
