@@ -1,7 +1,7 @@
 //! Hints to the processor: the frame the next event acts on was filed tens of
 //! milliseconds of virtual time (millions of events) earlier, so its record has left the
 //! caches; asking for it while the current event runs hides most of that miss (a lossy
-//! 1,024-worker simulation spent about a tenth of its time waiting for these records).
+//! 1,024-worker simulation spent a twentieth of its time waiting for these records).
 
 use super::{InFlight, Sim};
 use crate::queue::Event;
