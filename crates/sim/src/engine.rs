@@ -728,6 +728,7 @@ impl<'a> Sim<'a> {
                 HostTraffic {
                     timeouts,
                     loss_probes,
+                    timeout_causes: c.timeout_causes,
                     windows: FlowWindows::of(&c),
                     ..h.traffic
                 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use syncopate_core::net::{NetCounters, RateStats};
+use syncopate_core::net::{NetCounters, RateStats, TimeoutCauses};
 use syncopate_core::strategy::Rank;
 use syncopate_core::wire::datagram::DatagramCounters;
 
@@ -26,6 +26,10 @@ pub struct HostTraffic {
     /// Losses found by a tail loss probe, likewise (`TcpExtTCPLossProbes`).
     #[serde(default)]
     pub loss_probes: u64,
+    /// The timeouts by why nothing found their losses sooner (as `scripts/tcp_waits.py`
+    /// sorts a kernel capture's).
+    #[serde(default, skip_serializing_if = "TimeoutCauses::is_empty")]
+    pub timeout_causes: TimeoutCauses,
     /// The congestion windows of the reliable flows this host sends (cubic and Reno), as
     /// `scripts/netns-cluster.sh --sample-sockets` reads the kernel's; `None` where none
     /// was asked.

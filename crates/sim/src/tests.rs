@@ -317,6 +317,18 @@ fn tensor_completion_times_show_the_retransmission_tail() {
 /// Each host's timeouts and loss probes (the kernel's per-namespace counters' match) add up
 /// to the network's, and the servers, which send the pulls, recover losses of their own.
 #[test]
+fn each_timeout_is_counted_once_by_its_cause() {
+    let profile = model(&[(100_000, 200_000, 400_000); 8]);
+    let mut c = config(StrategyKind::Allreduce, 4, 0, GBIT, 10_000);
+    (c.steps, c.network.loss, c.network.mtu_bytes) = (20, 0.05, Some(1_500.0));
+    let report = run(&profile, &c);
+    let network = &report.network;
+    assert!(network.timeouts > 0, "{network:?}");
+    assert_eq!(network.timeout_causes.total(), network.timeouts);
+    assert!((report.traffic.iter()).all(|t| t.timeout_causes.total() == t.timeouts));
+}
+
+#[test]
 fn each_host_counts_the_losses_its_ports_recovered() {
     let profile = model(&[(100_000, 200_000, 400_000); 8]);
     let mut c = config(StrategyKind::P3, 4, 2, GBIT, 10_000);

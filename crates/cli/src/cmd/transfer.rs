@@ -95,14 +95,20 @@ pub fn run(args: TransferArgs) -> Result<()> {
 fn losses(egress: &NetCounters, ingress: &NetCounters) -> String {
     let mut all = *egress;
     all.add(ingress);
+    let causes = all.timeout_causes;
     format!(
         "{} frames lost, {} dropped, {} resent ({} bytes); {} found by the loss probe, {} by \
-         the timeout",
+         the timeout ({} a resend with nothing after it, {} a resend its window held, {} an \
+         original while recovering, {} lost ACKs while recovering)",
         all.frames_lost,
         all.frames_dropped,
         all.frames_retransmitted,
         all.bytes_retransmitted,
         all.loss_probes,
-        all.timeouts
+        all.timeouts,
+        causes.resend_last,
+        causes.resend_stalled,
+        causes.original_in_recovery,
+        causes.acks_in_recovery
     )
 }

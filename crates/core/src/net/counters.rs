@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tcp::TimeoutCause;
 use super::Nanos;
 
 /// Counters of a port (or of one flow through it, or a sum of several). The fields every
@@ -55,6 +56,58 @@ pub struct NetCounters {
     /// The longest smoothed round trip at an offer.
     #[serde(default)]
     pub srtt_ns_max: Nanos,
+    /// The timeouts by why nothing found their losses sooner.
+    #[serde(default)]
+    pub timeout_causes: TimeoutCauses,
+}
+
+/// Timeouts of reliable frames by [`TimeoutCause`]: the model's side of what
+/// `scripts/tcp_waits.py` reads from a kernel capture.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeoutCauses {
+    /// A resend lost with nothing of its flow after it.
+    pub resend_last: u64,
+    /// A resend lost where its window (or an outage) let nothing new follow it.
+    pub resend_stalled: u64,
+    /// An original lost with nothing after it while its flow recovered an earlier loss.
+    pub original_in_recovery: u64,
+    /// A full window's acknowledgements lost while its flow recovered.
+    pub acks_in_recovery: u64,
+}
+
+impl TimeoutCauses {
+    /// Counts one timeout of `cause`.
+    fn count(&mut self, cause: TimeoutCause) {
+        let n = match cause {
+            TimeoutCause::ResendLast => &mut self.resend_last,
+            TimeoutCause::ResendStalled => &mut self.resend_stalled,
+            TimeoutCause::OriginalInRecovery => &mut self.original_in_recovery,
+            TimeoutCause::AcksInRecovery => &mut self.acks_in_recovery,
+        };
+        *n = n.saturating_add(1);
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &TimeoutCauses) {
+        self.resend_last = self.resend_last.saturating_add(other.resend_last);
+        self.resend_stalled = self.resend_stalled.saturating_add(other.resend_stalled);
+        self.original_in_recovery =
+            (self.original_in_recovery).saturating_add(other.original_in_recovery);
+        self.acks_in_recovery = self.acks_in_recovery.saturating_add(other.acks_in_recovery);
+    }
+
+    /// The timeouts of every cause.
+    pub fn total(&self) -> u64 {
+        (self.resend_last)
+            .saturating_add(self.resend_stalled)
+            .saturating_add(self.original_in_recovery)
+            .saturating_add(self.acks_in_recovery)
+    }
+
+    /// Whether no timeout was counted.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl NetCounters {
@@ -83,6 +136,7 @@ impl NetCounters {
         self.cwnd_segments_max = self.cwnd_segments_max.max(other.cwnd_segments_max);
         self.srtt_ns_total = self.srtt_ns_total.saturating_add(other.srtt_ns_total);
         self.srtt_ns_max = self.srtt_ns_max.max(other.srtt_ns_max);
+        self.timeout_causes.add(&other.timeout_causes);
     }
 
     /// Counts a reliable frame offered to its flow's window of `cwnd_segments` with a
@@ -118,7 +172,10 @@ impl NetCounters {
             super::Recovery::LossProbe { .. } => {
                 self.loss_probes = self.loss_probes.saturating_add(1)
             }
-            super::Recovery::Timeout => self.timeouts = self.timeouts.saturating_add(1),
+            super::Recovery::Timeout(cause) => {
+                self.timeouts = self.timeouts.saturating_add(1);
+                self.timeout_causes.count(cause);
+            }
         }
     }
 

@@ -43,7 +43,7 @@ mod tcp;
 mod window;
 
 pub use blackout::{Blackout, DEFAULT_BLACKOUT_PERIOD_NS};
-pub use counters::NetCounters;
+pub use counters::{NetCounters, TimeoutCauses};
 pub use link::{LinkProfile, Shaper, DEFAULT_BUFFER_BYTES};
 pub use parse::{parse_bandwidth, parse_duration_ns, parse_probability, parse_size, ParseError};
 pub use port::Port;
@@ -56,7 +56,7 @@ pub use rate::{
 };
 pub use rng::SplitMix64;
 pub use rotation::{LinkCap, Rotation};
-pub use tcp::{CongestionControl, Recovery, INITIAL_WINDOW_SEGMENTS};
+pub use tcp::{CongestionControl, Recovery, TimeoutCause, INITIAL_WINDOW_SEGMENTS};
 
 /// Nanoseconds on the driver's clock (monotonic in the runtime, virtual in the simulator).
 pub type Nanos = u64;

@@ -123,8 +123,34 @@ pub enum Recovery {
         lone: bool,
     },
     /// A retransmission was lost, or a tail during a recovery: the retransmission timeout
-    /// finds it.
-    Timeout,
+    /// finds it. Why nothing found it sooner is the model's rule that decided it.
+    Timeout(TimeoutCause),
+}
+
+impl Recovery {
+    /// Whether the retransmission timeout finds the loss.
+    pub fn is_timeout(self) -> bool {
+        matches!(self, Self::Timeout(_))
+    }
+}
+
+/// Why a loss waits for the retransmission timeout: what nothing the flow sent could reveal
+/// (the model's rule; `scripts/tcp_waits.py` sorts the kernel's timeouts by what the sender
+/// sent after the packet it resent). [`super::NetCounters`] counts each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutCause {
+    /// A resend was lost with nothing of its flow after it.
+    ResendLast,
+    /// A resend was lost where nothing new can follow it before the timeout: it ends a
+    /// round its window filled (a window of one segment: any resend), or an outage
+    /// swallows what follows.
+    ResendStalled,
+    /// An original packet was lost with nothing after it to reveal it (the flow's tail, the
+    /// end of a round of one or two segments, an outage) while the flow still recovers an
+    /// earlier loss, when Linux sends no probe.
+    OriginalInRecovery,
+    /// Every acknowledgement of a window the flow filled was lost while it recovers.
+    AcksInRecovery,
 }
 
 /// One reliable flow's transport state at a port: its round-trip estimate and its
@@ -243,7 +269,7 @@ impl TcpFlow {
                 lost_sent.saturating_add(window as Nanos).max(done)
             }
             Recovery::LossProbe { lone } => done.saturating_add(self.probe_timeout(lone, rto_min)),
-            Recovery::Timeout => done.saturating_add(self.rto(rto_min, timeouts)),
+            Recovery::Timeout(_) => done.saturating_add(self.rto(rto_min, timeouts)),
         }
     }
 
@@ -310,7 +336,7 @@ impl TcpFlow {
             CongestionControl::Reno => 0.5,
             _ => CUBIC_BETA,
         };
-        if recovery == Recovery::Timeout {
+        if recovery.is_timeout() {
             self.ssthresh = (self.cwnd * beta).max(2.0 * mss);
             self.w_max = self.cwnd / mss;
             self.cwnd = mss;

@@ -121,7 +121,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     let mut bbr = TcpFlow::new(MS, MSS, None);
     bbr.on_loss(
         CongestionControl::Bbr,
-        Recovery::Timeout,
+        Recovery::Timeout(TimeoutCause::ResendLast),
         10 * MS,
         10 * MS,
         MSS,
@@ -140,7 +140,13 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
 #[test]
 fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
     let mut flow = TcpFlow::new(MS, MSS, None);
-    flow.on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, 0, MSS);
+    flow.on_loss(
+        CongestionControl::Cubic,
+        Recovery::Timeout(TimeoutCause::ResendLast),
+        0,
+        0,
+        MSS,
+    );
     assert_eq!(flow.cwnd(), MSS);
     flow.on_acked(CongestionControl::Cubic, MSS as usize, MS, MSS);
     assert_eq!(flow.cwnd(), 2.0 * MSS);

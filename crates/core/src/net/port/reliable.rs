@@ -5,7 +5,7 @@
 use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
-use super::super::tcp::{CongestionControl, Recovery, DELAYED_ACK_NS};
+use super::super::tcp::{CongestionControl, Recovery, TimeoutCause, DELAYED_ACK_NS};
 use super::super::Nanos;
 use super::{Held, Pacing, Port, TailWait, TcpModel};
 
@@ -188,8 +188,10 @@ impl Port {
             // after it in its round, or new data where the round has room; a packet that
             // ends a full round has nothing after it until the timeout.
             loss.stalled |= index.is_multiple_of(window);
-            return if (alone && loss.final_packet) || loss.stalled {
-                Recovery::Timeout
+            return if alone && loss.final_packet {
+                Recovery::Timeout(TimeoutCause::ResendLast)
+            } else if loss.stalled {
+                Recovery::Timeout(TimeoutCause::ResendStalled)
             } else {
                 Recovery::Sack
             };
@@ -200,7 +202,7 @@ impl Port {
         if window <= 2 && index.is_multiple_of(window) && !loss.stalled {
             loss.stalled = true;
             return match flow.is_some_and(|f| f.in_recovery(loss.last)) {
-                true => Recovery::Timeout,
+                true => Recovery::Timeout(TimeoutCause::OriginalInRecovery),
                 false => Recovery::LossProbe { lone: window == 1 },
             };
         }
@@ -211,14 +213,15 @@ impl Port {
         let recovering = flow.is_some_and(|f| f.in_recovery(loss.last));
         let gap = loss.before.map(|b| loss.last.saturating_sub(b));
         match gap {
-            _ if recovering => Recovery::Timeout,
+            _ if recovering => Recovery::Timeout(TimeoutCause::OriginalInRecovery),
             None => Recovery::LossProbe { lone: true },
             Some(gap) if gap > round_trip => Recovery::LossProbe { lone: true },
             // Nothing between the two lost packets to reveal the first before the probe.
             Some(gap) if gap < loss.packet_ns.saturating_mul(3) / 2 => {
                 Recovery::LossProbe { lone: false }
             }
-            Some(_) => Recovery::Timeout,
+            // The earlier one's recovery is under way when this one would be probed.
+            Some(_) => Recovery::Timeout(TimeoutCause::OriginalInRecovery),
         }
     }
 
@@ -233,7 +236,7 @@ impl Port {
     ) {
         let recovery = self.recovery_of(&held, loss);
         let mut at = self.resend_time(recovery, &held, loss.last, done);
-        if recovery == Recovery::Timeout {
+        if recovery.is_timeout() {
             if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
                 at = flow.serial_timeout(done, at);
             }
@@ -305,7 +308,7 @@ impl Port {
                 *wait = None;
             }
         }
-        if recovery == Recovery::Timeout {
+        if recovery.is_timeout() {
             held.timeouts = held.timeouts.saturating_add(1);
         }
         held.tail_repair = recovery != Recovery::Sack;
@@ -393,14 +396,14 @@ impl Port {
             return;
         }
         let recovery = if flow.in_recovery(done) {
-            Recovery::Timeout
+            Recovery::Timeout(TimeoutCause::AcksInRecovery)
         } else {
             Recovery::LossProbe { lone: packets == 1 }
         };
         if full {
             let at = flow.resend_at(recovery, done, done, rto_min, held.timeouts);
             let at = match recovery {
-                Recovery::Timeout => flow.serial_timeout(done, at),
+                Recovery::Timeout(_) => flow.serial_timeout(done, at),
                 _ => at,
             };
             flow.stall(at);
@@ -442,7 +445,7 @@ impl Port {
             return done;
         }
         let recovery = if flow.in_recovery(done) {
-            Recovery::Timeout
+            Recovery::Timeout(TimeoutCause::AcksInRecovery)
         } else {
             Recovery::LossProbe { lone: window == 1 }
         };
@@ -453,7 +456,7 @@ impl Port {
             self.count(held.slot, i, |c| c.recovered(recovery));
         }
         if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
-            if recovery == Recovery::Timeout {
+            if recovery.is_timeout() {
                 last = flow.serial_timeout(done, last);
             }
             flow.stall(last);

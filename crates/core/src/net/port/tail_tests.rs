@@ -6,8 +6,11 @@ use super::keyed_tests::lossy;
 use super::reliable::{frame_loss, FrameLoss};
 use super::*;
 use crate::net::blackout::BlackedOut;
+use crate::net::tcp::TimeoutCause;
 
 const MS: Nanos = 1_000_000;
+/// A timeout of any cause (the window's reaction does not depend on it).
+const TIMEOUT: Recovery = Recovery::Timeout(TimeoutCause::ResendLast);
 
 /// A new reliable frame of flow 9 on `port` (its flow made, nothing else of it in the port).
 fn lone_frame(port: &mut Port) -> Held {
@@ -73,7 +76,10 @@ fn a_tail_lost_while_the_flow_recovers_waits_for_the_timeout() {
     // Another loss within the round trip, with packets between them that SACK reveals it
     // by: the flow is in recovery when the probe would fire.
     let mut near = lost(MS, Some(MS - 300_000));
-    assert_eq!(port.recovery_of(&held, &mut near), Recovery::Timeout);
+    assert_eq!(
+        port.recovery_of(&held, &mut near),
+        Recovery::Timeout(TimeoutCause::OriginalInRecovery)
+    );
     // The packet just before it lost too: nothing reveals that one before the probe, which
     // fires with two packets outstanding.
     let mut adjacent = lost(MS, Some(MS - 10_000));
@@ -86,13 +92,13 @@ fn a_tail_lost_while_the_flow_recovers_waits_for_the_timeout() {
     flow.on_loss(CongestionControl::Cubic, Recovery::Sack, 0, MS, 1_448.0);
     assert_eq!(
         port.recovery_of(&held, &mut lost(MS, None)),
-        Recovery::Timeout
+        Recovery::Timeout(TimeoutCause::OriginalInRecovery)
     );
     // A lost resend of a tail: the timeout.
     held.retransmissions = 1;
     assert_eq!(
         port.recovery_of(&held, &mut lost(MS, None)),
-        Recovery::Timeout
+        Recovery::Timeout(TimeoutCause::ResendLast)
     );
 }
 
@@ -171,9 +177,10 @@ fn a_tail_nothing_reveals_in_time_is_counted_when_its_probe_fires() {
     assert_eq!(port.counters().loss_probes, 1);
     assert!(port.tcp.tails[held.slot].is_none());
     // A timeout backs the next one off.
-    held.found_by = Some((Recovery::Timeout, 0));
+    held.found_by = Some((Recovery::Timeout(TimeoutCause::ResendLast), 0));
     let after = port.found(at, held);
     assert_eq!((after.timeouts, port.counters().timeouts), (1, 1));
+    assert_eq!(port.counters().timeout_causes.resend_last, 1);
 }
 
 #[test]
@@ -183,7 +190,7 @@ fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() 
     // Alone: nothing follows the resend.
     assert_eq!(
         port.recovery_of(&held, &mut lost(MS, None)),
-        Recovery::Timeout
+        Recovery::Timeout(TimeoutCause::ResendLast)
     );
     // More of the flow in the port, and room in the window (10 segments) beside a resend of
     // two packets: RACK finds it.
@@ -200,7 +207,10 @@ fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() 
         packets: 10,
         ..lost(MS, None)
     };
-    assert_eq!(port.recovery_of(&held, &mut ten), Recovery::Timeout);
+    assert_eq!(
+        port.recovery_of(&held, &mut ten),
+        Recovery::Timeout(TimeoutCause::ResendStalled)
+    );
     assert!(ten.stalled);
     // The same resend losing its seventh packet: the three resent after it reveal it.
     let mut seventh = FrameLoss {
@@ -211,12 +221,15 @@ fn a_lost_resend_is_found_by_data_after_it_only_where_the_window_lets_some_go() 
     assert_eq!(port.recovery_of(&held, &mut seventh), Recovery::Sack);
     // With a window of one segment every resent packet goes alone: any loss times out.
     let mss = port.tcp.mss;
-    port.tcp.flows[held.slot].on_loss(CongestionControl::Cubic, Recovery::Timeout, 0, 0, mss);
+    port.tcp.flows[held.slot].on_loss(CongestionControl::Cubic, TIMEOUT, 0, 0, mss);
     let mut alone = FrameLoss {
         packets: 10,
         ..lost(MS - 30_000, None)
     };
-    assert_eq!(port.recovery_of(&held, &mut alone), Recovery::Timeout);
+    assert_eq!(
+        port.recovery_of(&held, &mut alone),
+        Recovery::Timeout(TimeoutCause::ResendStalled)
+    );
 }
 
 #[test]
@@ -237,7 +250,7 @@ fn a_lost_final_ack_is_probed_where_nothing_follows_and_stalls_only_a_full_windo
     assert_eq!(flow.send_at(cc, 2 * MS, 1_000, rto_min, mss), 2 * MS);
     // After a timeout the window is one segment: a one-packet frame fills it, so a lost ACK
     // of it holds the flow until its probe resends the packet.
-    flow.on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    flow.on_loss(cc, TIMEOUT, 0, 0, mss);
     let one = Held {
         meta: FrameMeta::reliable(1_000, 9),
         wire_bytes: 1_000,
@@ -278,6 +291,7 @@ fn a_lost_final_ack_while_the_flow_recovers_waits_for_the_timeout() {
         (0, 1),
         "no probe outside the Open state"
     );
+    assert_eq!(c.timeout_causes.acks_in_recovery, 1);
 }
 
 #[test]
@@ -287,7 +301,7 @@ fn lost_acks_in_a_frames_middle_hold_a_flow_only_at_a_window_of_a_few_packets() 
     // The initial window, ten packets each acknowledged: never all ten ACKs lost.
     assert!((0..1_000).all(|key| port.middle_acks_lost(&held, 0, Some(key), MS) == MS));
     // After a timeout the window is one packet: each packet's ACK is its window's only one.
-    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    port.tcp.flows[held.slot].on_loss(cc, TIMEOUT, 0, 0, mss);
     let packets = port.paths[0].loss.packets(held.wire_bytes);
     let frames = 500u64;
     let late: Nanos = (0..frames)
@@ -339,7 +353,7 @@ fn a_tail_s_resend_filling_the_window_waits_for_the_receiver_s_delayed_ack() {
     let (mut port, held) = port_and_frame();
     let (cc, rto_min, mss) = (CongestionControl::Cubic, port.tcp.rto_min, port.tcp.mss);
     // Found by the timeout: the window is one segment, the resend one packet.
-    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    port.tcp.flows[held.slot].on_loss(cc, TIMEOUT, 0, 0, mss);
     let resend = Held {
         wire_bytes: 1_000,
         retransmissions: 1,
@@ -355,7 +369,7 @@ fn a_tail_s_resend_filling_the_window_waits_for_the_receiver_s_delayed_ack() {
     );
     // A resend SACK found (data after it arrived) draws an immediate ACK.
     let (mut port, held) = port_and_frame();
-    port.tcp.flows[held.slot].on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    port.tcp.flows[held.slot].on_loss(cc, TIMEOUT, 0, 0, mss);
     let sacked = Held {
         wire_bytes: 1_000,
         retransmissions: 1,
@@ -373,7 +387,7 @@ fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
     held.meta.bytes = 1_000_000;
     let flow = &mut port.tcp.flows[held.slot];
     flow.in_port = 2;
-    flow.on_loss(cc, Recovery::Timeout, 0, 0, mss);
+    flow.on_loss(cc, TIMEOUT, 0, 0, mss);
     flow.on_acked(cc, mss as usize, 0, mss);
     assert_eq!(flow.window_bytes(), 2 * mss as usize);
     // Long after the timeout's episode, the 100th packet of 100 is lost: it ends a round of
