@@ -72,19 +72,20 @@ impl LossProcess {
         }
     }
 
-    /// Whether the acknowledgement of a delivered frame is lost on its way back, as one
-    /// packet of this path's loss in its current state: the reverse path is taken to lose
-    /// as this one does (the testbed drops at a port in both directions). Drawn from `key`'s
-    /// own stream where the frame has one (so its data's draws are unchanged), else from the
-    /// path's.
-    pub fn lose_ack(&mut self, key: Option<u64>) -> bool {
+    /// Whether `acks` acknowledgements of a delivered frame are all lost on their way back,
+    /// each as one packet of this path's loss in its current state: the reverse path is
+    /// taken to lose as this one does (the testbed drops at a port in both directions).
+    /// Drawn from `key`'s own stream where the frame has one (so its data's draws are
+    /// unchanged; one draw, so the ACKs that lose two also lose one), else from the path's.
+    pub fn lose_acks(&mut self, key: Option<u64>, acks: u64) -> bool {
         let p = self.packet_loss_now();
         if p <= 0.0 {
             return false;
         }
+        let all = p.powi(i32::try_from(acks.max(1)).unwrap_or(i32::MAX));
         match key {
-            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY]).chance(p),
-            None => self.rng.chance(p),
+            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY]).chance(all),
+            None => self.rng.chance(all),
         }
     }
 

@@ -371,7 +371,7 @@ impl Port {
 
     /// The acknowledgement of `held`'s final packets (delivered on path `i`, its last bit
     /// out at `done`; `draw` its loss key) comes back, or is lost with the path's loss (or
-    /// in an outage). A lost one is covered by later acknowledgements where more of the
+    /// in an outage; while the flow recovers, one ACK per packet, all lost). A lost one is covered by later acknowledgements where more of the
     /// flow follows; where nothing does, the sender's loss probe (or, while it recovers, its
     /// timeout) resends the last packet, which the receiver answers with a duplicate SACK,
     /// so the window is not cut (Linux undoes it). That costs the flow nothing unless its
@@ -391,11 +391,15 @@ impl Port {
         let alone = flow.in_port <= 1;
         let back = done.saturating_add(path.spec.latency_ns);
         let outage = path.spec.blackout.is_some_and(|b| b.is_out(back));
-        if !((full || alone) && (outage || path.loss.lose_ack(draw))) {
+        // While the flow recovers, the receiver holds data past a hole and acknowledges
+        // each packet at once: every one of those ACKs must be lost.
+        let recovering = flow.in_recovery(done);
+        let acks = if recovering { packets } else { 1 };
+        if !((full || alone) && (outage || path.loss.lose_acks(draw, acks))) {
             flow.on_acked(cc, last, done, mss);
             return;
         }
-        let recovery = if flow.in_recovery(done) {
+        let recovery = if recovering {
             Recovery::Timeout(TimeoutCause::AcksInRecovery)
         } else {
             Recovery::LossProbe { lone: packets == 1 }

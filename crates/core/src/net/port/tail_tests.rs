@@ -277,21 +277,21 @@ fn a_lost_final_ack_while_the_flow_recovers_waits_for_the_timeout() {
     let (cc, mss) = (CongestionControl::Cubic, port.tcp.mss);
     // An earlier loss's resend at 1 ms: the flow recovers until it is acknowledged.
     port.tcp.flows[held.slot].on_loss(cc, Recovery::Sack, 0, MS, mss);
-    let lost = (0..1_000).find_map(|key| {
-        let mut tried = port.clone();
-        tried.final_ack(&held, 0, Some(key), MS);
-        let c = tried.counters();
-        (c.loss_probes + c.timeouts > 0).then_some(c)
-    });
-    let Some(c) = lost else {
-        panic!("an ACK of 2 % loss is lost within a thousand draws");
-    };
-    assert_eq!(
-        (c.loss_probes, c.timeouts),
-        (0, 1),
-        "no probe outside the Open state"
+    let draws = 100_000u64;
+    for key in 0..draws {
+        port.final_ack(&held, 0, Some(key), MS);
+    }
+    let c = port.counters();
+    assert_eq!(c.loss_probes, 0, "no probe outside the Open state");
+    assert_eq!(c.timeout_causes.acks_in_recovery, c.timeouts);
+    // The receiver holds data past the hole, so it acknowledges each of the two final
+    // packets at once: both ACKs lost, 2 % x 2 %.
+    let expected = 0.02 * 0.02 * draws as f64;
+    let timeouts = c.timeouts as f64;
+    assert!(
+        (0.6 * expected..1.4 * expected).contains(&timeouts),
+        "{timeouts} timeouts, {expected} expected"
     );
-    assert_eq!(c.timeout_causes.acks_in_recovery, 1);
 }
 
 #[test]
