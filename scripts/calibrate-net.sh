@@ -29,7 +29,8 @@
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
 #              headers only, with tcpdump) and print where its time went: its idle spells by
 #              what ended them (timeout, loss probe, ACK) and each timeout's cause
-#              (scripts/tcp_waits.py); and sample the receiver's and sender 1's sockets
+#              (scripts/tcp_waits.py; every model run's line gives the model's, its
+#              `timeout_causes`, traced or not); and sample the receiver's and sender 1's sockets
 #              (`ss -tin`) every 20 ms into OUT/trace/CC-RUNG-RUN/sockets/h<i>.txt, summed up
 #              in its sockets.json (cwnd, srtt and RTO as p50 / p90 / max;
 #              scripts/netns_sockets.py)
@@ -217,6 +218,10 @@ echo "calibrate-net: base round trip ${rtt_ms} ms: the model's one-way latency $
 # What the model's losses and repairs print as: each counter of both ports of a transfer.
 counters=()
 for k in frames_lost frames_dropped loss_probes timeouts; do counters+=("egress.$k" "ingress.$k"); done
+# The model's timeouts by cause (its reliable flows leave from the senders' ports).
+for k in resend_last resend_stalled original_in_recovery acks_in_recovery; do
+  counters+=("egress.timeout_causes.$k")
+done
 echo "| TCP | rung | kernel s, median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
 echo "|---|---|---|---|---|---|"
 IFS=, read -ra cc_list <<< "$ccs"
@@ -257,8 +262,8 @@ for cc in "${cc_list[@]}"; do
         --latency "${latency_us}us" "${model[@]}" > "$out/model.json"
       ours+=("$("$SYNCOPATE_BIN" summary "$out/model.json" completion_s)")
       echo "calibrate-net: the model's $cc $rung run $r: $("$SYNCOPATE_BIN" summary \
-        "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d",
-          $1 + $2, $3 + $4, $5 + $6, $7 + $8 }')" >&2
+        "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d (a resend with nothing after it %d, a resend its window held %d, an original while recovering %d, lost ACKs while recovering %d)",
+          $1 + $2, $3 + $4, $5 + $6, $7 + $8, $9, $10, $11, $12 }')" >&2
     done
     read -r ratio lo hi verdict < <(python3 scripts/bench_table.py ratio \
       "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")")
