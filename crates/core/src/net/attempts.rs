@@ -34,7 +34,8 @@ pub(crate) struct Attempts {
 /// ports meet a million identities a step). A key is a hash already, so its low bits place it.
 #[derive(Debug, Clone, Default)]
 struct Offers {
-    /// `(key, offers)`, `offers == 0` where free; a power of two long, at most half full.
+    /// `(key, offers)`, `offers == 0` where free; a power of two long, at most three
+    /// quarters full.
     entries: Vec<(u64, u32)>,
     len: usize,
 }
@@ -42,7 +43,7 @@ struct Offers {
 impl Offers {
     /// Counts one more offer of `key`; returns the offers before it.
     fn count(&mut self, key: u64) -> u32 {
-        if (self.len + 1) * 2 > self.entries.len() {
+        if (self.len + 1) * 4 > self.entries.len() * 3 {
             self.grow();
         }
         let i = self.find(key);
