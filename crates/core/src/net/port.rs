@@ -115,6 +115,8 @@ enum Pacing {
     Held,
     /// Let through (or never subject to it: retransmissions, loss-tolerant frames).
     Cleared,
+    /// Let through after the window held it back: its ACKs show the flow using its window.
+    Released,
 }
 
 /// What a port reads and updates of a flow at every frame, in one cache line: a frame
@@ -488,6 +490,7 @@ impl Port {
             if self.tcp.on {
                 let tcp = &self.tcp;
                 let flow = TcpFlow::new(tcp.base_rtt, tcp.mss, tcp.bottleneck_bps);
+                let flow = if tcp.paced { flow } else { flow.unpaced() };
                 self.tcp.flows.push(flow);
                 self.tcp.tails.push(None);
             }
@@ -753,3 +756,7 @@ mod blackout_tests;
 #[cfg(test)]
 #[path = "port/tail_tests.rs"]
 mod tail_tests;
+
+#[cfg(test)]
+#[path = "port/window_tests.rs"]
+mod window_tests;

@@ -24,8 +24,11 @@
 //! Reno-friendly floor) or Reno's one segment per round trip; a loss episode (at most one
 //! per round trip) multiplies the window by 0.7 (cubic) or 0.5 (Reno); a timeout takes it
 //! to one segment; after an idle spell longer than the RTO the window restarts at the
-//! initial window. BBR does not shrink on random loss; it paces at its bottleneck's rate,
-//! at most a round trip (or 4 segments) ahead of it. A cubic or Reno flow sends a frame of
+//! initial window. The window grows only while the flow uses it, as Linux's
+//! `tcp_is_cwnd_limited` allows: within a round trip of the ACK of a frame the window held
+//! back (or that was larger than it), or in slow start up to twice what the flow sends a
+//! round trip. BBR does not shrink on random loss; it paces at its bottleneck's rate, at
+//! most a round trip (or 4 segments) ahead of it. A cubic or Reno flow sends a frame of
 //! `b` bytes no sooner than `b · rtt / cwnd` after the one before (a window's worth per
 //! round trip of the path, its ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
@@ -190,6 +193,13 @@ pub(crate) struct TcpFlow {
     /// round trip holds (up to its window) and which BBR's pacing keeps short.
     bottleneck_ns_per_byte: f64,
     bottleneck_free: Nanos,
+    /// What the flow keeps in flight, for the window's growth: the bytes it started in its
+    /// current round trip (which ends at `round_end`) and in the one before.
+    round_end: Nanos,
+    round_bytes: f64,
+    last_round_bytes: f64,
+    /// The window held one of its frames recently: its ACKs until then may grow it.
+    window_limited_until: Nanos,
 }
 
 impl TcpFlow {
@@ -214,7 +224,18 @@ impl TcpFlow {
             timer_until: 0,
             bottleneck_ns_per_byte: bottleneck_bps.map_or(0.0, |bps| 8e9 / bps.max(1.0)),
             bottleneck_free: 0,
+            round_end: 0,
+            round_bytes: 0.0,
+            last_round_bytes: 0.0,
+            window_limited_until: 0,
         }
+    }
+
+    /// The copy of a flow kept at a port that does not pace it (a receiver's ingress): it
+    /// sees none of the sender's sends, so every ACK may grow its window.
+    pub(crate) fn unpaced(mut self) -> Self {
+        self.window_limited_until = Nanos::MAX;
+        self
     }
 
     /// The flow's own data still queued at its bottleneck at `t` (what it sent faster than
@@ -352,14 +373,18 @@ impl TcpFlow {
         self.epoch = now;
     }
 
-    /// `bytes` of the flow acknowledged at `now`: the window grows.
+    /// `bytes` of the flow acknowledged at `now`: the window grows, if the flow uses it.
     pub(crate) fn on_acked(&mut self, cc: CongestionControl, bytes: usize, now: Nanos, mss: f64) {
         if !cc.backs_off() {
             return;
         }
+        let Some(most) = self.growth_limit(now) else {
+            return;
+        };
         let acked = bytes as f64;
         if self.cwnd < self.ssthresh {
-            self.cwnd = (self.cwnd + acked).min(self.ssthresh.max(self.cwnd));
+            let cap = self.ssthresh.min(most).max(self.cwnd);
+            self.cwnd = (self.cwnd + acked).min(cap);
             return;
         }
         let grown = match cc {
@@ -368,6 +393,39 @@ impl TcpFlow {
         };
         // Growth of at most the bytes acknowledged (no more than slow start's pace).
         self.cwnd = grown.clamp(self.cwnd, self.cwnd + acked);
+    }
+
+    /// How large the flow's ACKs at `now` may grow its window (Linux's
+    /// `tcp_is_cwnd_limited`), if at all: without bound where the window held a frame
+    /// acknowledged within a round trip; in slow start, to twice what the flow keeps in
+    /// flight. A flow whose sender sends less than its window allows (a pull, a slice between
+    /// computations) keeps the window it needs rather than growing one it never fills.
+    fn growth_limit(&self, now: Nanos) -> Option<f64> {
+        if now <= self.window_limited_until {
+            return Some(f64::INFINITY);
+        }
+        let twice_in_flight = 2.0 * self.round_bytes.max(self.last_round_bytes);
+        (self.cwnd < self.ssthresh && self.cwnd < twice_in_flight).then_some(twice_in_flight)
+    }
+
+    /// `bytes` of the flow start at `start`: counted in the round trip they start in.
+    fn count_sent(&mut self, start: Nanos, bytes: usize) {
+        let round = self.srtt as Nanos;
+        if start >= self.round_end {
+            let adjacent = start < self.round_end.saturating_add(round);
+            self.last_round_bytes = if adjacent { self.round_bytes } else { 0.0 };
+            self.round_bytes = 0.0;
+            self.round_end = start.saturating_add(round);
+        }
+        self.round_bytes += bytes as f64;
+    }
+
+    /// A frame the window held back is acknowledged at `now`: the flow uses its window, so
+    /// this ACK and those of the round trip after it may grow it (Linux keeps
+    /// `is_cwnd_limited` for a window after the send that found the window full).
+    pub(crate) fn window_used(&mut self, now: Nanos) {
+        let next_round = now.saturating_add(self.srtt as Nanos);
+        self.window_limited_until = self.window_limited_until.max(next_round);
     }
 
     /// Cubic's window at `now`: `C·(t − K)³ + W_max` segments, or the Reno-friendly
@@ -408,6 +466,7 @@ impl TcpFlow {
         let spacing = window_paced.max(bytes as f64 * self.bottleneck_ns_per_byte);
         self.next_send = start.saturating_add(spacing as Nanos);
         self.last_send = start;
+        self.count_sent(start, bytes);
         self.through_bottleneck(start, bytes)
     }
 

@@ -148,9 +148,11 @@ fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
         MSS,
     );
     assert_eq!(flow.cwnd(), MSS);
+    flow.window_used(MS);
     flow.on_acked(CongestionControl::Cubic, MSS as usize, MS, MSS);
     assert_eq!(flow.cwnd(), 2.0 * MSS);
     // Slow start stops at ssthresh (0.7 x 10 segments).
+    flow.window_used(2 * MS);
     flow.on_acked(CongestionControl::Cubic, 100 * MSS as usize, 2 * MS, MSS);
     assert!((flow.cwnd() - 7.0 * MSS).abs() < 1e-6);
 }
@@ -189,6 +191,45 @@ fn a_window_spaces_frames_one_window_per_round_trip() {
 }
 
 #[test]
+fn a_window_grows_only_while_the_flow_uses_it() {
+    let cubic = CongestionControl::Cubic;
+    let segments = |n: f64| (n * MSS) as usize;
+    // Slow start: frames of 2 segments a round trip apart keep 2 in flight; the initial
+    // window of 10 is more than twice that and stays.
+    let mut sparse = TcpFlow::new(MS, MSS, None);
+    for round in 0..20 {
+        let at = sparse.send_at(cubic, round * MS, segments(2.0), 200 * MS, MSS);
+        sparse.on_acked(cubic, segments(2.0), at + MS, MSS);
+    }
+    assert_eq!(sparse.cwnd(), 10.0 * MSS, "an application-limited flow");
+    // Frames of 8 segments: slow start grows the window to twice that and no further.
+    let mut busier = TcpFlow::new(MS, MSS, None);
+    for round in 0..20 {
+        let at = busier.send_at(cubic, round * MS, segments(8.0), 200 * MS, MSS);
+        busier.on_acked(cubic, segments(8.0), at + MS, MSS);
+    }
+    assert_eq!(busier.cwnd(), 16.0 * MSS);
+    // Congestion avoidance: only the ACKs of a round trip after a frame the window held.
+    let mut avoiding = TcpFlow::new(MS, MSS, None);
+    avoiding.on_loss(cubic, Recovery::Sack, 0, 0, MSS);
+    avoiding.on_acked(cubic, segments(7.0), 10 * MS, MSS);
+    assert_eq!(avoiding.cwnd(), 7.0 * MSS);
+    avoiding.window_used(20 * MS);
+    avoiding.on_acked(cubic, segments(7.0), 20 * MS + MS / 2, MSS);
+    let grown = avoiding.cwnd();
+    assert!(grown > 7.0 * MSS, "{grown}");
+    avoiding.on_acked(cubic, segments(7.0), 22 * MS, MSS);
+    assert_eq!(avoiding.cwnd(), grown, "a round trip later");
+}
+
+#[test]
+fn a_receiver_s_copy_of_a_flow_grows_with_every_ack() {
+    let mut copy = TcpFlow::new(MS, MSS, None).unpaced();
+    copy.on_acked(CongestionControl::Reno, (10.0 * MSS) as usize, 0, MSS);
+    assert_eq!(copy.cwnd(), 20.0 * MSS);
+}
+
+#[test]
 fn cubic_regrows_to_the_old_window_after_k_seconds() {
     // A long round trip, where cubic's curve is above its Reno-friendly floor.
     let mut flow = TcpFlow::new(1_000 * MS, MSS, None);
@@ -197,6 +238,7 @@ fn cubic_regrows_to_the_old_window_after_k_seconds() {
     let mut t = 0;
     while t < 1_960 * MS {
         t += 100 * MS;
+        flow.window_used(t);
         flow.on_acked(CongestionControl::Cubic, 10 * MSS as usize, t, MSS);
     }
     let w = flow.cwnd() / MSS;

@@ -5,7 +5,7 @@
 use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
-use super::super::tcp::{CongestionControl, Recovery, TimeoutCause, DELAYED_ACK_NS};
+use super::super::tcp::{CongestionControl, Recovery, TcpFlow, TimeoutCause, DELAYED_ACK_NS};
 use super::super::Nanos;
 use super::{Held, Pacing, Port, TailWait, TcpModel};
 
@@ -136,10 +136,10 @@ impl Port {
     /// if it must wait (it is offered again when its time comes).
     pub(super) fn pass_window(&mut self, t: Nanos, held: &mut Held) -> bool {
         match held.pacing {
-            Pacing::Cleared => true,
+            Pacing::Cleared | Pacing::Released => true,
             Pacing::Held => {
                 self.tcp.held_bytes = self.tcp.held_bytes.saturating_sub(held.wire_bytes);
-                held.pacing = Pacing::Cleared;
+                held.pacing = Pacing::Released;
                 true
             }
             Pacing::Unasked => {
@@ -347,6 +347,9 @@ impl Port {
             queued.min(own) + segment + latency.saturating_mul(2),
             backlog,
         );
+        if fills_window(held, flow) {
+            flow.window_used(done);
+        }
         let last = final_ack_packets(&path.loss, held.wire_bytes) as f64 * mss;
         let before_last = (held.meta.bytes as f64 - last).max(0.0) as usize;
         flow.on_acked(cc, before_last, done, mss);
@@ -396,6 +399,9 @@ impl Port {
         let recovering = flow.in_recovery(done);
         let acks = if recovering { packets } else { 1 };
         if !((full || alone) && (outage || path.loss.lose_acks(draw, acks))) {
+            if fills_window(held, flow) {
+                flow.window_used(done);
+            }
             flow.on_acked(cc, last, done, mss);
             return;
         }
@@ -467,6 +473,12 @@ impl Port {
         }
         last
     }
+}
+
+/// Whether `held` shows its flow using its window: the window held it back, or it is larger
+/// than the window (its sender had more than a window to send).
+fn fills_window(held: &Held, flow: &TcpFlow) -> bool {
+    held.pacing == Pacing::Released || held.meta.bytes >= flow.window_bytes()
 }
 
 /// The packets the receiver acknowledges last of a frame of `bytes`: two (an ACK every
