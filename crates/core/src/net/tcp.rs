@@ -27,7 +27,8 @@
 //! initial window. The window grows only while the flow uses it, as Linux's
 //! `tcp_is_cwnd_limited` allows: within a round trip of the ACK of a frame the window held
 //! back (or that was larger than it), or in slow start up to twice what the flow sends a
-//! round trip. BBR does not shrink on random loss; it paces at its bottleneck's rate, at
+//! round trip; cubic's curve does not count a spell with nothing in flight. BBR does not
+//! shrink on random loss; it paces at its bottleneck's rate, at
 //! most a round trip (or 4 segments) ahead of it. A cubic or Reno flow sends a frame of
 //! `b` bytes no sooner than `b · rtt / cwnd` after the one before (a window's worth per
 //! round trip of the path, its ACK clock), and never faster than its bottleneck drains it.
@@ -456,8 +457,15 @@ impl TcpFlow {
             let start = now.max(self.stalled_until).max(paced);
             return self.through_bottleneck(start, bytes);
         }
-        // Idle: nothing of the flow in the port but the frame asking.
-        if now.saturating_sub(self.last_send) > self.rto(rto_min, 0) && self.in_port <= 1 {
+        // Idle: nothing of the flow in the port but the frame asking, and (its last frame
+        // acknowledged) nothing in flight: cubic's curve resumes where it stood, the idle
+        // spell not counted as growth (Linux's `CA_EVENT_TX_START`).
+        let idle = now.saturating_sub(self.last_send);
+        let acked_by = self.next_send.saturating_add(self.srtt as Nanos);
+        if self.in_port <= 1 && now > acked_by && self.epoch > 0 {
+            self.epoch = self.epoch.saturating_add(idle).min(now);
+        }
+        if idle > self.rto(rto_min, 0) && self.in_port <= 1 {
             self.cwnd = self.cwnd.min(INITIAL_WINDOW_SEGMENTS * mss);
             self.next_send = now;
         }

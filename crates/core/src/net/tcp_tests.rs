@@ -229,6 +229,34 @@ fn a_receiver_s_copy_of_a_flow_grows_with_every_ack() {
     assert_eq!(copy.cwnd(), 20.0 * MSS);
 }
 
+/// A cubic flow that lost at 10 ms, sent a frame at 20 ms with more behind it and the next
+/// at `resume` with `in_port` frames in the port, its window then grown by 10 segments' ACKs
+/// a millisecond later.
+fn cubic_window_after_a_pause(resume: Nanos, in_port: u32) -> f64 {
+    let cubic = CongestionControl::Cubic;
+    let mut flow = TcpFlow::new(MS, MSS, None);
+    flow.on_loss(cubic, Recovery::Sack, 10 * MS, 10 * MS, MSS);
+    flow.in_port = 2;
+    flow.send_at(cubic, 20 * MS, MSS as usize, 200 * MS, MSS);
+    flow.in_port = in_port;
+    flow.send_at(cubic, resume, MSS as usize, 200 * MS, MSS);
+    flow.window_used(resume + MS);
+    flow.on_acked(cubic, (10.0 * MSS) as usize, resume + MS, MSS);
+    flow.cwnd() / MSS
+}
+
+#[test]
+fn cubic_s_curve_does_not_count_a_spell_with_nothing_in_flight() {
+    // Nothing sent for 50 ms: the curve resumes 10 ms after the loss (11 ms at the ACK),
+    // where its Reno-friendly floor (0.53 segments a round trip of 1 ms) is at 7 + 5.8.
+    let paused = cubic_window_after_a_pause(70 * MS, 0);
+    assert!((12.0..13.5).contains(&paused), "{paused} segments");
+    // Frames still waiting in the port: the flow was never idle, and the 60 ms count
+    // (the floor far above: growth of at most the 10 segments acknowledged).
+    let busy = cubic_window_after_a_pause(70 * MS, 2);
+    assert!((busy - 17.0).abs() < 1e-9, "{busy} segments");
+}
+
 #[test]
 fn cubic_regrows_to_the_old_window_after_k_seconds() {
     // A long round trip, where cubic's curve is above its Reno-friendly floor.
