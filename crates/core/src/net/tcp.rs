@@ -28,10 +28,10 @@
 //! `tcp_is_cwnd_limited` allows: within a round trip of the ACK of a frame the window held
 //! back (or that was larger than it), or in slow start up to twice what the flow sends a
 //! round trip; cubic's curve does not count a spell with nothing in flight. BBR does not
-//! shrink on random loss; it paces at its bottleneck's rate, at
-//! most a round trip (or 4 segments) ahead of it. A cubic or Reno flow sends a frame of
-//! `b` bytes no sooner than `b · rtt / cwnd` after the one before (a window's worth per
-//! round trip of the path, its ACK clock), and never faster than its bottleneck drains it.
+//! shrink on random loss; it paces at its bottleneck's rate, at most a round trip (or 4
+//! segments) ahead of it. A cubic or Reno flow sends a frame of `b` bytes no sooner than
+//! `b · rtt / cwnd` after the one before (a window's worth per round trip of the path, its
+//! ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
 //! NICs): the flow's own queue there counts in the round trip it measures, up to its window.
 
@@ -199,7 +199,8 @@ pub(crate) struct TcpFlow {
     round_end: Nanos,
     round_bytes: f64,
     last_round_bytes: f64,
-    /// The window held one of its frames recently: its ACKs until then may grow it.
+    /// Until when ACKs may grow the window: a round trip after that of a frame that used it
+    /// (one the window held back, or larger than the window).
     window_limited_until: Nanos,
 }
 
