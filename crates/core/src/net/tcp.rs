@@ -422,8 +422,8 @@ impl TcpFlow {
         self.round_bytes += bytes as f64;
     }
 
-    /// A frame the window held back is acknowledged at `now`: the flow uses its window, so
-    /// this ACK and those of the round trip after it may grow it (Linux keeps
+    /// A frame that used the window (held back by it, or larger than it) is acknowledged at
+    /// `now`: this ACK and those of the round trip after it may grow the window (Linux keeps
     /// `is_cwnd_limited` for a window after the send that found the window full).
     pub(crate) fn window_used(&mut self, now: Nanos) {
         let next_round = now.saturating_add(self.srtt as Nanos);
