@@ -232,6 +232,9 @@ struct TcpModel {
     tails: Vec<Option<TailWait>>,
     /// Bytes of frames held back by their windows (they count in the send window).
     held_bytes: usize,
+    /// Egress: how long the flows' acknowledgements wait at the host's downlink behind the
+    /// data converging on it, as of the latest frame offered ([`Port::enqueue_at_host`]).
+    return_queue_ns: Nanos,
 }
 
 /// A flow's resend waiting for its tail loss probe or its timeout: when, and where it is
@@ -270,6 +273,8 @@ impl Port {
             .collect();
         let mut port = Self::new(profile, seed, host, Direction::Ingress, specs);
         port.arrival_bps = profile.worker_bandwidth_bps;
+        let cap = port.tcp.ack_cap_bytes();
+        port.paths.iter_mut().for_each(|p| p.queue.set_ack_cap(cap));
         port
     }
 
@@ -418,6 +423,25 @@ impl Port {
             }
         }
         self.offer(now, held);
+    }
+
+    /// Offers a frame as [`Port::enqueue`] does, at the egress of a host whose downlink is
+    /// `downlink` (its ingress port, where the driver models one). The acknowledgements of
+    /// this port's reliable flows come back through that port's queue, behind the data
+    /// converging on the host (a server's pulls' ACKs behind the workers' pushes, in one FIFO
+    /// at the server's switch port), so the round trip the flows measure and clock their
+    /// windows by holds that wait.
+    pub fn enqueue_at_host(
+        &mut self,
+        now: Nanos,
+        token: u64,
+        meta: FrameMeta,
+        downlink: Option<&Port>,
+    ) {
+        if meta.reliable {
+            self.tcp.return_queue_ns = downlink.map_or(0, |port| port.ack_wait_ns(now));
+        }
+        self.enqueue(now, token, meta);
     }
 
     /// The next frame whose fate is decided by `now`, in the order decided.
@@ -760,3 +784,7 @@ mod tail_tests;
 #[cfg(test)]
 #[path = "port/window_tests.rs"]
 mod window_tests;
+
+#[cfg(test)]
+#[path = "port/return_tests.rs"]
+mod return_tests;

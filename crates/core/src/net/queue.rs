@@ -42,6 +42,10 @@ pub(crate) struct FrameQueue<T> {
     own_bytes: usize,
     /// The most of `own_bytes` other frames meet (`None`: all of them).
     own_share: Option<usize>,
+    /// The most bytes of one frame an acknowledgement queued behind it waits for, and the
+    /// held frames' bytes so counted ([`FrameQueue::set_ack_cap`]).
+    ack_cap: usize,
+    capped_bytes: usize,
 }
 
 impl<T> FrameQueue<T> {
@@ -66,7 +70,38 @@ impl<T> FrameQueue<T> {
             serialising_bytes: 0,
             own_bytes: 0,
             own_share: None,
+            ack_cap: usize::MAX,
+            capped_bytes: 0,
         }
+    }
+
+    /// Counts each held frame at most `bytes` toward what an acknowledgement arriving
+    /// behind it waits for ([`FrameQueue::ack_wait`]): where the model holds a flow's frame
+    /// whole, TCP keeps only its window in the queue and the rest in the sender's socket.
+    pub fn set_ack_cap(&mut self, bytes: usize) {
+        self.ack_cap = bytes.max(1);
+    }
+
+    /// What an acknowledgement arriving at `now` waits behind: the held frames' bytes, each
+    /// counted at most the cap, and the frame serialising first, if any (last bit out,
+    /// bytes), whose bytes are among them.
+    pub fn ack_wait(&self, now: Nanos) -> (usize, Option<(Nanos, usize)>) {
+        // Frames that left by `now` are forgotten at the next admission; skip them here.
+        let mut capped = self.capped_bytes;
+        let mut first = None;
+        for &(done, bytes, _) in &self.serialising {
+            if done > now {
+                first = Some((done, bytes));
+                break;
+            }
+            capped = capped.saturating_sub(bytes.min(self.ack_cap));
+        }
+        (capped, first)
+    }
+
+    /// The most of one frame's bytes an acknowledgement waits for.
+    pub fn ack_cap(&self) -> usize {
+        self.ack_cap
     }
 
     /// Lets the host's own TCP frames count toward other frames' admission only up to
@@ -95,6 +130,7 @@ impl<T> FrameQueue<T> {
             }
             self.serialising.pop_front();
             self.serialising_bytes = self.serialising_bytes.saturating_sub(bytes);
+            self.capped_bytes = self.capped_bytes.saturating_sub(bytes.min(self.ack_cap));
             if own {
                 self.own_bytes = self.own_bytes.saturating_sub(bytes);
             }
@@ -131,6 +167,7 @@ impl<T> FrameQueue<T> {
         };
         self.classes[c].push_back((bytes, own, frame));
         self.waiting_bytes = self.waiting_bytes.saturating_add(bytes);
+        self.capped_bytes = self.capped_bytes.saturating_add(bytes.min(self.ack_cap));
         if own {
             self.own_bytes = self.own_bytes.saturating_add(bytes);
         }
@@ -143,6 +180,7 @@ impl<T> FrameQueue<T> {
         let q = self.classes.iter_mut().find(|q| !q.is_empty())?;
         let (bytes, own, frame) = q.pop_front()?;
         self.waiting_bytes = self.waiting_bytes.saturating_sub(bytes);
+        self.capped_bytes = self.capped_bytes.saturating_sub(bytes.min(self.ack_cap));
         if own {
             self.own_bytes = self.own_bytes.saturating_sub(bytes);
         }
@@ -175,6 +213,7 @@ impl<T> FrameQueue<T> {
             .count();
         (self.serialising).insert(self.serialising.len() - at, (done, bytes, own));
         self.serialising_bytes = self.serialising_bytes.saturating_add(bytes);
+        self.capped_bytes = self.capped_bytes.saturating_add(bytes.min(self.ack_cap));
         if own {
             self.own_bytes = self.own_bytes.saturating_add(bytes);
         }
@@ -222,6 +261,22 @@ mod tests {
         f.push(90, 0, false, ());
         assert_eq!(f.admit(0, 10, true), Ok(()));
         assert_eq!(f.admit(0, 11, true), Err(Refusal::Full));
+    }
+
+    #[test]
+    fn an_ack_waits_for_each_held_frame_up_to_the_cap() {
+        let mut q: FrameQueue<()> = FrameQueue::new(QueueDiscipline::Prio, None, 0.5);
+        q.set_ack_cap(100);
+        q.push(250, 3, false, ());
+        q.push(40, 0, false, ());
+        assert_eq!(q.ack_wait(0), (140, None));
+        assert_eq!(q.pop(), Some(()));
+        q.serialising(1_000, 40, false);
+        assert_eq!(q.ack_wait(0), (140, Some((1_000, 40))));
+        assert_eq!(q.pop(), Some(()));
+        q.serialising(2_000, 250, false);
+        assert_eq!(q.ack_wait(1_000), (100, Some((2_000, 250))));
+        assert_eq!(q.ack_wait(2_000), (0, None));
     }
 
     #[test]

@@ -34,6 +34,8 @@
 //! ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
 //! NICs): the flow's own queue there counts in the round trip it measures, up to its window.
+//! So does the wait of its ACKs at its own host's downlink, behind the data converging there
+//! (`Port::enqueue_at_host`).
 
 use std::fmt;
 

@@ -125,7 +125,7 @@ impl CommLoop {
                 Some(h) => FrameMeta::of_frame(&h, frame.len(), peer as u64),
                 None => FrameMeta::reliable(frame.len(), peer as u64),
             };
-            self.egress.enqueue(now_ns, token, meta);
+            (self.egress).enqueue_at_host(now_ns, token, meta, self.ingress.as_ref());
             link.queued_bytes += frame.len();
             link.awaiting.push_back((token, frame));
             handed += 1;

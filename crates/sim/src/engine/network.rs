@@ -158,7 +158,8 @@ impl Sim<'_> {
         let host = &mut self.hosts[h];
         host.traffic.bytes_sent += charged as u64;
         self.frames_sent += 1;
-        (host.nic.egress).enqueue(now, slot as u64, meta);
+        let nic = &mut host.nic;
+        (nic.egress).enqueue_at_host(now, slot as u64, meta, nic.ingress.as_ref());
         self.collect(h, false)
     }
 

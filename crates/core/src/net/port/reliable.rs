@@ -5,7 +5,9 @@
 use super::super::blackout::BlackedOut;
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
-use super::super::tcp::{CongestionControl, Recovery, TcpFlow, TimeoutCause, DELAYED_ACK_NS};
+use super::super::tcp::{
+    CongestionControl, Recovery, TcpFlow, TimeoutCause, DELAYED_ACK_NS, INITIAL_WINDOW_SEGMENTS,
+};
 use super::super::Nanos;
 use super::{Held, Pacing, Port, TailWait, TcpModel};
 
@@ -44,7 +46,17 @@ impl TcpModel {
             flows: Vec::new(),
             tails: Vec::new(),
             held_bytes: 0,
+            return_queue_ns: 0,
         }
+    }
+
+    /// What an acknowledgement waits for of one frame ahead of it at a host's downlink: an
+    /// initial window of segments on the wire. The model holds a flow's frame there whole
+    /// where TCP keeps at most its congestion window in the queue (the rest waits in the
+    /// sender's socket), and the downlink does not know its senders' windows; 10 segments
+    /// is the median window of P3's pushes in the kernel's cell c (`--sample-sockets`).
+    pub(super) fn ack_cap_bytes(&self) -> usize {
+        self.on_wire((INITIAL_WINDOW_SEGMENTS * self.mss) as usize, true)
     }
 
     /// Bytes a frame of `bytes` occupies on the wire: with packets, each one's Ethernet,
@@ -343,10 +355,9 @@ impl Port {
         let window = flow.window_bytes();
         let own = crate::net::transmission_ns(bps, window);
         let backlog = flow.own_backlog(done, window);
-        flow.sample_rtt(
-            queued.min(own) + segment + latency.saturating_mul(2),
-            backlog,
-        );
+        let path_rtt = (queued.min(own) + segment + latency.saturating_mul(2))
+            .saturating_add(self.tcp.return_queue_ns);
+        flow.sample_rtt(path_rtt, backlog);
         if fills_window(held, flow) {
             flow.window_used(done);
         }
@@ -423,6 +434,24 @@ impl Port {
 }
 
 impl Port {
+    /// How long an acknowledgement reaching this port (a host's downlink) at `now` waits
+    /// behind the data converging on the host, on the first path (the reliable flows'):
+    /// the frame serialising, then those queued, each counted at most an initial window
+    /// ([`FrameQueue::set_ack_cap`](super::super::queue::FrameQueue::set_ack_cap)).
+    pub(super) fn ack_wait_ns(&self, now: Nanos) -> Nanos {
+        let Some(path) = self.paths.first() else {
+            return 0;
+        };
+        let (capped, first) = path.queue.ack_wait(now);
+        let Some((done, bytes)) = first else {
+            return path.transmission_ns(capped);
+        };
+        let current = bytes.min(path.queue.ack_cap());
+        let rest = path.transmission_ns(capped.saturating_sub(current));
+        let left = done.saturating_sub(now).min(path.transmission_ns(current));
+        rest.saturating_add(left)
+    }
+
     /// The windows of `held` before its final packets (sent on path `i`, its last bit out
     /// at `done`; `draw` its loss key) whose acknowledgements are all lost. With a window
     /// of a few packets (cubic's floor under heavy loss) the sender is then left with
