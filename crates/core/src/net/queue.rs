@@ -279,6 +279,50 @@ mod tests {
         assert_eq!(q.ack_wait(2_000), (0, None));
     }
 
+    proptest::proptest! {
+        /// An acknowledgement waits for every held frame's bytes up to the cap, whatever mix
+        /// of arrivals, starts of serialisation and time passing came before.
+        #[test]
+        fn an_ack_waits_for_every_held_frame_up_to_the_cap(
+            cap in 1usize..3_000,
+            ops in proptest::collection::vec((0u8..3, 1usize..5_000, 0u64..2_000), 0..200),
+        ) {
+            let mut q: FrameQueue<usize> = FrameQueue::new(QueueDiscipline::Fifo, None, 0.5);
+            q.set_ack_cap(cap);
+            let mut waiting = VecDeque::new();
+            let mut serialising: Vec<(Nanos, usize)> = Vec::new();
+            let mut now = 0;
+            for (op, bytes, dt) in ops {
+                match op {
+                    0 => {
+                        q.push(bytes, 0, false, bytes);
+                        waiting.push_back(bytes);
+                    }
+                    1 => {
+                        let popped = q.pop();
+                        proptest::prop_assert_eq!(popped, waiting.pop_front());
+                        if let Some(b) = popped {
+                            q.serialising(now + dt, b, false);
+                            let at = serialising.partition_point(|&(d, _)| d <= now + dt);
+                            serialising.insert(at, (now + dt, b));
+                        }
+                    }
+                    _ => {
+                        now += dt;
+                        if dt % 2 == 0 {
+                            q.occupancy(now);
+                        }
+                    }
+                }
+                let live: Vec<_> = serialising.iter().filter(|&&(d, _)| d > now).collect();
+                let held = waiting.iter().chain(live.iter().map(|(_, b)| b));
+                let expected: usize = held.map(|&b| b.min(cap)).sum();
+                let first = live.first().map(|&&r| r);
+                proptest::prop_assert_eq!(q.ack_wait(now), (expected, first));
+            }
+        }
+    }
+
     #[test]
     fn serialising_frames_hold_room_until_their_last_bit() {
         let mut q: FrameQueue<()> = FrameQueue::new(QueueDiscipline::Fifo, Some(100), 0.5);
