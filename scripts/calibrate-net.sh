@@ -21,9 +21,12 @@
 #              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
 #              kernel (scripts/netns-cluster.sh --cc) and in our emulator (`syncopate launch
 #              --tcp CC --mtu 1500 --worker-bandwidth 10gbit` with the cell's queue, loss or
-#              paths: as on the testbed, only the server's port is shaped); mean step after 5
-#              warm-up steps, side by side: (a) deep buffer, (b) a 32-packet queue under the
-#              incast, (c) 1 % random loss, (d) a second path at 20 Mbit/s
+#              paths: as on the testbed, only the server's port is shaped) and in the
+#              simulator (`syncopate simulate` with the emulator's flags, replaying LeNet's
+#              compute profile studies/profiles/lenet.graph.txt); mean step after 5 warm-up
+#              steps, side by side, with emulator / kernel and simulator / emulator: (a) deep
+#              buffer, (b) a 32-packet queue under the incast, (c) 1 % random loss, (d) a
+#              second path at 20 Mbit/s
 #   --fair     the training rung's kernel bottleneck with a pfifo per sending host served in
 #              turn (netns-cluster.sh --fair), the discipline of the model's ingress port
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
@@ -277,16 +280,20 @@ echo "calibrate-net: every run in $out/cells.jsonl" >&2
 [ "$train" = 1 ] || exit 0
 cleanup
 made=()
-# The training rung: P3 on the kernel and in the emulator, cell by cell, interleaved.
+# The training rung: P3 on the kernel, in the emulator and in the simulator, cell by cell.
 mean_step() {
-  "$SYNCOPATE_BIN" summary --skip 5 --decimals 4 "$1" worker0.step_seconds:mean
+  "$SYNCOPATE_BIN" summary --skip 5 --decimals 4 "$1" "$2"
+}
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'
 }
 printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
 echo
-echo "| TCP | cell | kernel step s | emulator step s | emulator / kernel |"
-echo "|---|---|---|---|---|"
+echo "| TCP | cell | kernel step s | emulator step s | simulator step s | emulator / kernel | simulator / emulator |"
+echo "|---|---|---|---|---|---|---|"
 IFS=, read -ra cell_list <<< "$cells"
 job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
+net=(--workers 4 --servers 1 --bandwidth 100mbit --ingress --mtu 1500 --worker-bandwidth 10gbit)
 for cc in "${cc_list[@]}"; do
   for cell in "${cell_list[@]}"; do
     case "$cell" in
@@ -301,12 +308,16 @@ for cc in "${cc_list[@]}"; do
     SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts 5 --strategy p3 --cc "$cc" \
       --bottleneck 100mbit "${fair[@]}" "${kernel[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
       fail "the kernel run of cell $cell failed: $dir/kernel.log"
-    "$SYNCOPATE_BIN" launch --strategy p3 --workers 4 --servers 1 --bandwidth 100mbit --ingress \
-      --mtu 1500 --worker-bandwidth 10gbit --tcp "$cc" "${emulated[@]}" "${job[@]}" --quiet --no-replica-stats \
-      --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
+    "$SYNCOPATE_BIN" launch --strategy p3 "${net[@]}" --tcp "$cc" "${emulated[@]}" "${job[@]}" \
+      --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
-    k=$(mean_step "$dir/kernel/summary.json")
-    e=$(mean_step "$dir/emulated.json")
-    echo "| $cc | $cell | $k | $e | $(awk -v e="$e" -v k="$k" 'BEGIN { printf "%.3f", e / k }') |"
+    "$SYNCOPATE_BIN" simulate --strategy p3 "${net[@]}" --tcp "$cc" "${emulated[@]}" \
+      --model profile:studies/profiles/lenet.graph.txt --batch-size 64 --steps "$steps" --seed 1 \
+      --json "$dir/simulated.json" > "$dir/simulated.log" 2>&1 ||
+      fail "the simulated run of cell $cell failed: $dir/simulated.log"
+    k=$(mean_step "$dir/kernel/summary.json" worker0.step_seconds:mean)
+    e=$(mean_step "$dir/emulated.json" worker0.step_seconds:mean)
+    s=$(mean_step "$dir/simulated.json" step_seconds:mean)
+    echo "| $cc | $cell | $k | $e | $s | $(ratio "$e" "$k") | $(ratio "$s" "$e") |"
   done
 done
