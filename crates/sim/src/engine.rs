@@ -101,6 +101,8 @@ pub(crate) struct Sim<'a> {
     frames: Vec<Option<InFlight>>,
     free_slots: Vec<usize>,
     pool: Vec<Vec<u8>>,
+    /// Scratch: the links whose sockets have room (`Sim::poll_frame`).
+    socket_open: Vec<Rank>,
     now: u64,
     events: u64,
     frames_sent: u64,
@@ -270,6 +272,7 @@ impl<'a> Sim<'a> {
             frames: Vec::new(),
             free_slots: Vec::new(),
             pool: Vec::new(),
+            socket_open: Vec::new(),
             now: 0,
             events: 0,
             frames_sent: 0,

@@ -8,7 +8,10 @@
 //! winner over all links at once, but checks that the winner was offered, O(links offered),
 //! so offering all `N` links would cost O(N) per frame. The workers served with a given reply
 //! always form a prefix `0..next` (by induction: the most urgent reply `x` is at the head of
-//! link `next(x)` and of no lower link), so only the links `{next(x)}` can win.
+//! link `next(x)` and of no lower link), so only the links `{next(x)}` can win. Where some
+//! links' sockets are full and are not offered, a reply also goes to links past a gap
+//! (`ahead`), and the winner is, for some reply, the lowest offered link not yet served
+//! ([`Frontier::open_candidates`]).
 //!
 //! Parameter-server workers: a queue is empty unless a slice owned by that server was handed
 //! over and not yet sent, and empty queues never win; counting slices per server suffices.
@@ -23,6 +26,9 @@ pub(crate) struct Frontier {
     /// The next worker to get each reply (side by side with `replies`: they are the
     /// candidates, asked for at every frame, so kept as they change rather than gathered).
     links: Vec<usize>,
+    /// Per reply, the links past `next` it already went to, ascending (empty unless a
+    /// socket was full when its turn came).
+    ahead: Vec<Vec<usize>>,
     /// Where in `replies` the last reply sent was: a server hands one reply to worker
     /// after worker, so the next is nearly always there (looked at before a scan).
     last: usize,
@@ -33,6 +39,7 @@ impl Frontier {
     pub fn updated(&mut self, slice: (u64, u32, u32)) {
         self.replies.push(slice);
         self.links.push(0);
+        self.ahead.push(Vec::new());
     }
 
     /// Whether every reply has been handed out.
@@ -46,8 +53,27 @@ impl Frontier {
         &self.links
     }
 
+    /// [`Frontier::candidates`] when only the links for which `offered` holds are offered:
+    /// per reply, the lowest such link it has not gone to, into `out`.
+    pub fn open_candidates(
+        &self,
+        workers: usize,
+        offered: impl Fn(usize) -> bool,
+        out: &mut Vec<usize>,
+    ) {
+        out.clear();
+        for (&next, ahead) in self.links.iter().zip(&self.ahead) {
+            let mut served = ahead.iter().peekable();
+            let found = (next..workers).find(|&k| {
+                while served.next_if(|&&a| a < k).is_some() {}
+                served.peek() != Some(&&k) && offered(k)
+            });
+            out.extend(found);
+        }
+    }
+
     /// The reply for `slice` went to `link`, of `workers` workers. Errs (with what was
-    /// expected) if that breaks the prefix order or the slice was not updated.
+    /// expected) if it had gone there already or the slice was not updated.
     pub fn sent(
         &mut self,
         slice: (u64, u32, u32),
@@ -61,13 +87,29 @@ impl Frontier {
         let Some(next) = self.links.get_mut(i) else {
             return Err(format!("reply {slice:?} has no next worker"));
         };
-        if *next != link {
-            return Err(format!("reply {slice:?} went to {link}, expected {next}"));
+        let ahead = &mut self.ahead[i];
+        let at = ahead.binary_search(&link);
+        match at {
+            Err(at) if link > *next => {
+                ahead.insert(at, link);
+                return Ok(());
+            }
+            _ if link != *next => {
+                return Err(format!(
+                    "reply {slice:?} went to {link}, expected {next} or a later one not served"
+                ));
+            }
+            _ => {}
         }
         *next += 1;
-        if *next == workers {
+        while ahead.first() == Some(next) {
+            ahead.remove(0);
+            *next += 1;
+        }
+        if *next >= workers {
             self.replies.remove(i);
             self.links.remove(i);
+            self.ahead.remove(i);
         }
         Ok(())
     }
@@ -160,6 +202,27 @@ mod tests {
         f.sent((0, 1, 0), 1, 2).unwrap();
         assert!(f.is_empty());
         assert!(f.sent((0, 1, 0), 0, 2).is_err());
+    }
+
+    #[test]
+    fn a_reply_past_a_full_socket_fills_its_gap_later() {
+        let mut f = Frontier::default();
+        f.updated((0, 1, 0));
+        let mut out = Vec::new();
+        f.open_candidates(4, |k| k != 0, &mut out);
+        assert_eq!(out, [1], "link 0 is not offered");
+        f.sent((0, 1, 0), 1, 4).unwrap();
+        f.sent((0, 1, 0), 3, 4).unwrap();
+        assert!(f.sent((0, 1, 0), 3, 4).is_err(), "link 3 was served");
+        f.open_candidates(4, |k| k != 0, &mut out);
+        assert_eq!(out, [2]);
+        f.open_candidates(4, |_| true, &mut out);
+        assert_eq!(out, [0]);
+        assert_eq!(f.candidates(), &[0]);
+        f.sent((0, 1, 0), 0, 4).unwrap();
+        assert_eq!(f.candidates(), &[2], "the prefix closes up to the next gap");
+        f.sent((0, 1, 0), 2, 4).unwrap();
+        assert!(f.is_empty());
     }
 
     #[test]

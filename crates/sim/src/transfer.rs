@@ -69,7 +69,7 @@ pub fn transfer(profile: &NetworkProfile, spec: &TransferSpec) -> Result<Transfe
     let mut now: Nanos = 0;
     loop {
         for (h, port) in senders.iter_mut().enumerate() {
-            while left[h] > 0 && port.has_room(now) {
+            while left[h] > 0 && port.has_room(now) && port.flow_has_room(h as u64) {
                 let bytes = left[h].min(spec.frame_bytes as u64) as usize;
                 left[h] -= bytes as u64;
                 let token = sent.len() as u64;
@@ -142,8 +142,12 @@ fn next_event(
     now: Nanos,
 ) -> Option<Nanos> {
     let rooms = (senders.iter().zip(left))
-        .filter(|(_, &l)| l > 0)
-        .map(|(p, _)| p.room_at(now));
+        .enumerate()
+        .filter(|(_, (_, &l))| l > 0)
+        .map(|(h, (p, _))| match p.flow_has_room(h as u64) {
+            true => p.room_at(now),
+            false => p.flow_room_at(now).unwrap_or_else(|| p.room_at(now)),
+        });
     let fates = senders.iter().filter_map(Port::poll_timeout);
     let arrivals = arriving.peek().map(|Reverse((t, ..))| *t);
     let receiver = ingress.and_then(Port::poll_timeout);

@@ -230,8 +230,8 @@ struct TcpModel {
     /// Per flow, its tail's resend waiting for the probe or the timeout, which data the
     /// flow sends meanwhile may reveal earlier ([`reliable`]).
     tails: Vec<Option<TailWait>>,
-    /// Bytes of frames held back by their windows (they count in the send window).
-    held_bytes: usize,
+    /// Flows whose held-back frames fill their sockets ([`Port::flow_has_room`]).
+    full_flows: usize,
     /// Egress: how long the flows' acknowledgements wait at the host's downlink behind the
     /// data converging on it, as of the latest frame offered ([`Port::enqueue_at_host`]).
     return_queue_ns: Nanos,
@@ -338,34 +338,48 @@ impl Port {
 
     /// Send-window admission (egress): whether the driver may ask its scheduler for another
     /// frame at `now`, i.e. the port holds fewer unserialised bytes than the window (always,
-    /// without a bandwidth). A retransmission counts once it is offered again.
+    /// without a bandwidth). A retransmission counts once it is offered again; a frame its
+    /// flow's congestion window holds back does not (it waits in its socket, which
+    /// [`Port::flow_has_room`] bounds, as Linux's small queues bound the qdisc alone).
     pub fn has_room(&self, now: Nanos) -> bool {
-        let held = self.tcp.held_bytes;
-        if let (Some(one), [only], 0) = (self.one_path, self.paths.as_slice(), held) {
+        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
             return one.has_room(only.work_until, now);
         }
-        let window = self.window.saturating_sub(held);
-        window::has_room(self.backlogs(), window, now)
+        window::has_room(self.backlogs(), self.window, now)
     }
 
     /// The first instant `>= now + 1` at which [`Port::has_room`] holds (exact: in closed
     /// form for one path, else searched from the backlogs' drain).
     pub fn room_at(&self, now: Nanos) -> Nanos {
-        let held = self.tcp.held_bytes;
-        if let (Some(one), [only], 0) = (self.one_path, self.paths.as_slice(), held) {
+        if let (Some(one), [only]) = (self.one_path, self.paths.as_slice()) {
             return one.room_at(only.work_until, now);
         }
-        if held >= self.window {
-            // Nothing drains until a held frame is let through (then the driver asks again).
-            let release = self.retransmits.first_key().map(|(t, _)| t);
-            return release.unwrap_or(now).max(now.saturating_add(1));
-        }
-        window::room_at(self.backlogs(), self.window - held, now)
+        window::room_at(self.backlogs(), self.window, now)
     }
 
     /// Unserialised bytes held at `now` (what the send window compares).
     pub fn backlog_bytes(&self, now: Nanos) -> usize {
-        window::held(self.backlogs(), now).saturating_add(self.tcp.held_bytes)
+        window::held(self.backlogs(), now)
+    }
+
+    /// Whether `flow`'s socket takes another frame: the bytes its congestion window holds
+    /// back are fewer than the send window (a socket's buffer, per flow). The driver offers
+    /// its scheduler only the links whose flows have room.
+    pub fn flow_has_room(&self, flow: u64) -> bool {
+        self.tcp.full_flows == 0
+            || (self.slots.get(flow))
+                .and_then(|slot| self.tcp.flows.get(slot))
+                .is_none_or(|f| f.held_bytes < self.window)
+    }
+
+    /// When to ask again for the flows without room ([`Port::flow_has_room`]): the first
+    /// frame the port holds for later is let through then (`None`: every flow has room).
+    pub fn flow_room_at(&self, now: Nanos) -> Option<Nanos> {
+        if self.tcp.full_flows == 0 {
+            return None;
+        }
+        let first = self.retransmits.first_key().map_or(now, |(t, _)| t);
+        Some(first.max(now.saturating_add(1)))
     }
 
     /// Offers a frame identified by the driver's `token` at `now`.

@@ -189,6 +189,9 @@ pub(crate) struct TcpFlow {
     stalled_until: Nanos,
     /// Frames of the flow offered to the port and not yet serialised.
     pub(crate) in_port: u32,
+    /// Bytes of the flow's frames its window holds back: they wait in its socket, which
+    /// takes no more once they reach the send window (`Port::flow_has_room`).
+    pub(crate) held_bytes: usize,
     /// When the flow's retransmission timer fires (Linux has one per connection).
     timer_until: Nanos,
     /// Its bottleneck's time per byte (0: unlimited), and when the data it has sent so far
@@ -225,6 +228,7 @@ impl TcpFlow {
             last_send: 0,
             stalled_until: 0,
             in_port: 0,
+            held_bytes: 0,
             timer_until: 0,
             bottleneck_ns_per_byte: bottleneck_bps.map_or(0.0, |bps| 8e9 / bps.max(1.0)),
             bottleneck_free: 0,

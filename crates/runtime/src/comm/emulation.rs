@@ -75,10 +75,15 @@ impl CommLoop {
             // A link whose datagrams wait for their pacer takes nothing more until they
             // have left: its next frame (a probe on TCP) must not overtake them.
             let datagram = self.datagram.as_ref();
+            // A link whose socket is full of frames its congestion window holds back
+            // takes nothing more either (core's rule; the port's timeout lets them go).
+            let egress = &self.egress;
             self.open.extend(
                 (self.links.iter().enumerate())
                     .filter(|(i, l)| {
-                        datagram.is_none_or(|d| d.takes_more(*i)) && cap.admits(l.queued_bytes)
+                        datagram.is_none_or(|d| d.takes_more(*i))
+                            && cap.admits(l.queued_bytes)
+                            && egress.flow_has_room(l.peer as u64)
                     })
                     .map(|(_, l)| l.peer),
             );

@@ -3,9 +3,9 @@
 //! frame is offered to the host's egress port, and the fates the ports decide become
 //! arrivals at the receiver's ingress port and deliveries.
 
-#[cfg(doc)]
-use syncopate_core::net::Rotation;
 use syncopate_core::net::{Decision, Fate, FrameMeta};
+#[cfg(doc)]
+use syncopate_core::net::{Port, Rotation};
 use syncopate_core::strategy::{Endpoint, Rank};
 
 use super::{decode, flow, frame_name, InFlight, Polling, Sim};
@@ -34,7 +34,13 @@ impl Sim<'_> {
             buf.clear();
             let Some(to) = self.poll_frame(h, &mut buf) else {
                 self.pool.push(buf);
-                if h >= workers && self.checks_replies && !self.frontiers[h - workers].is_empty() {
+                // Replies waiting is a bug unless their sockets are full.
+                let blocked = self.hosts[h].nic.egress.flow_room_at(self.now).is_some();
+                if h >= workers
+                    && self.checks_replies
+                    && !blocked
+                    && !self.frontiers[h - workers].is_empty()
+                {
                     return Err(
                         self.internal(format!("server rank {h} holds replies but sent none"))
                     );
@@ -66,16 +72,38 @@ impl Sim<'_> {
         false
     }
 
-    /// Asks host `h`'s endpoint for a frame into `buf`, on the links its polling offers;
-    /// returns the frame's link.
+    /// Asks host `h`'s endpoint for a frame into `buf`, on the links its polling offers
+    /// whose sockets have room (core's [`Port::flow_has_room`]); returns the frame's link.
+    /// When some socket is full and nothing was sent, arms a wake-up for when it may drain.
     #[inline(always)]
     fn poll_frame(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
+        let to = self.poll_open_links(h, buf);
+        if to.is_none() {
+            let nic = &mut self.hosts[h].nic;
+            let at = nic.egress.flow_room_at(self.now);
+            if let Some(at) = at.filter(|&at| nic.wake_at.is_none_or(|w| at < w)) {
+                nic.wake_at = Some(at);
+                self.queue.push(at, Event::NicReady(h));
+            }
+        }
+        to
+    }
+
+    /// [`Sim::poll_frame`]'s poll, on the links host `h`'s polling offers.
+    #[inline(always)]
+    fn poll_open_links(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
         let workers = self.cfg.workers;
         let host = &mut self.hosts[h];
         let n = host.links.len() / 2;
+        let egress = &host.nic.egress;
+        let full = egress.flow_room_at(self.now).is_some();
+        let room = |to: Rank| egress.flow_has_room(flow(h, to));
         if let Some(d) = self.datagrams.as_deref_mut() {
             // The runtime's rule: only the links whose datagrams have all left the pacer.
-            let open = d.open_links(h, &host.links[..n], &host.rotation);
+            let mut open = d.open_links(h, &host.links[..n], &host.rotation);
+            if full {
+                open.retain(|&to| room(to));
+            }
             let ep: &mut dyn Endpoint = match &mut host.endpoint {
                 RankEndpoint::Worker(w) => w.as_mut(),
                 RankEndpoint::Server(s) => s.as_mut(),
@@ -89,30 +117,45 @@ impl Sim<'_> {
             d.give_open(open);
             return to;
         }
-        match &mut host.endpoint {
-            RankEndpoint::Worker(_) if n == 0 => None,
-            RankEndpoint::Worker(ep)
-                if self.polling == Polling::Lean && h < self.outboxes.len() =>
-            {
-                ep.poll_transmit_any(self.outboxes[h].candidates(), buf)
+        let offered: &[Rank] = match &host.endpoint {
+            RankEndpoint::Worker(_) if n == 0 => return None,
+            RankEndpoint::Worker(_) if self.polling == Polling::Lean && h < self.outboxes.len() => {
+                self.outboxes[h].candidates()
             }
-            RankEndpoint::Worker(ep) => {
-                // The order moves on with each frame sent, not with each poll (core's
-                // rule): lean and exhaustive polling, which poll in vain unequally often,
-                // keep the same order (it matters where frames wait for two links at once).
-                let to = ep.poll_transmit_any(host.rotation.window(&host.links), buf);
-                if to.is_some() {
-                    host.rotation.sent();
-                }
-                to
-            }
-            RankEndpoint::Server(ep) => match self.polling {
-                Polling::Lean => {
-                    ep.poll_transmit_any(self.frontiers[h - workers].candidates(), buf)
-                }
-                Polling::Exhaustive => ep.poll_transmit_any(&host.links[..n], buf),
+            // The order moves on with each frame sent, not with each poll (core's rule):
+            // lean and exhaustive polling, which poll in vain unequally often, keep the
+            // same order (it matters where frames wait for two links at once).
+            RankEndpoint::Worker(_) => host.rotation.window(&host.links),
+            RankEndpoint::Server(_) => match self.polling {
+                Polling::Lean => self.frontiers[h - workers].candidates(),
+                Polling::Exhaustive => &host.links[..n],
             },
+        };
+        // Only where some socket is full are the offered links filtered, into a scratch.
+        let mut kept = std::mem::take(&mut self.socket_open);
+        kept.clear();
+        let is_server = matches!(host.endpoint, RankEndpoint::Server(_));
+        let links = if !full {
+            offered
+        } else if is_server && self.polling == Polling::Lean {
+            // The frontier's own candidates among the links offered (`offer.rs`).
+            self.frontiers[h - workers].open_candidates(workers, room, &mut kept);
+            &kept[..]
+        } else {
+            kept.extend(offered.iter().copied().filter(|&to| room(to)));
+            &kept[..]
+        };
+        let rotates = matches!(host.endpoint, RankEndpoint::Worker(_))
+            && !(self.polling == Polling::Lean && h < self.outboxes.len());
+        let to = match &mut host.endpoint {
+            RankEndpoint::Worker(ep) => ep.poll_transmit_any(links, buf),
+            RankEndpoint::Server(ep) => ep.poll_transmit_any(links, buf),
+        };
+        if rotates && to.is_some() {
+            host.rotation.sent();
         }
+        self.socket_open = kept;
+        to
     }
 
     /// Sends the frame in `buf` that host `h`'s endpoint made for `to`: checks it against

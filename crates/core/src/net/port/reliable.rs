@@ -45,8 +45,27 @@ impl TcpModel {
             packets,
             flows: Vec::new(),
             tails: Vec::new(),
-            held_bytes: 0,
+            full_flows: 0,
             return_queue_ns: 0,
+        }
+    }
+
+    /// Flow `slot`'s window holds back (`hold`) or lets go `bytes`: its socket's fill, and
+    /// the count of full sockets against a send window of `window` bytes.
+    pub(super) fn hold(&mut self, slot: usize, bytes: usize, hold: bool, window: usize) {
+        let Some(flow) = self.flows.get_mut(slot) else {
+            return;
+        };
+        let was_full = flow.held_bytes >= window;
+        flow.held_bytes = if hold {
+            flow.held_bytes.saturating_add(bytes)
+        } else {
+            flow.held_bytes.saturating_sub(bytes)
+        };
+        match (was_full, flow.held_bytes >= window) {
+            (false, true) => self.full_flows += 1,
+            (true, false) => self.full_flows = self.full_flows.saturating_sub(1),
+            _ => {}
         }
     }
 
@@ -150,7 +169,8 @@ impl Port {
         match held.pacing {
             Pacing::Cleared | Pacing::Released => true,
             Pacing::Held => {
-                self.tcp.held_bytes = self.tcp.held_bytes.saturating_sub(held.wire_bytes);
+                self.tcp
+                    .hold(held.slot, held.wire_bytes, false, self.window);
                 held.pacing = Pacing::Released;
                 true
             }
@@ -172,7 +192,7 @@ impl Port {
                     return true;
                 }
                 held.pacing = Pacing::Held;
-                self.tcp.held_bytes = self.tcp.held_bytes.saturating_add(held.wire_bytes);
+                self.tcp.hold(held.slot, held.wire_bytes, true, self.window);
                 self.offer_later(at, *held);
                 false
             }
