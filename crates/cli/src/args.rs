@@ -215,7 +215,9 @@ pub struct NetworkArgs {
     pub latency: Option<String>,
     /// Send window of every NIC: the scheduler is asked for another frame only while fewer
     /// bytes than this are offered and not yet serialised, so a late urgent frame waits
-    /// behind at most this much (default 256KiB, or the --network profile's).
+    /// behind at most this much; also each reliable flow's socket, which takes no more frames
+    /// once this much waits for its congestion window (default 256KiB, or the --network
+    /// profile's).
     #[arg(long)]
     pub send_buffer: Option<String>,
     /// TOML network profile (bandwidth_bps, latency_ns, buffer_bytes, ingress, queue_bytes,

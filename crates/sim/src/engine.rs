@@ -322,7 +322,7 @@ impl<'a> Sim<'a> {
                     let armed = &mut self.hosts[host].nic.poll_at[usize::from(ingress)];
                     if *armed == Some(t) {
                         *armed = None;
-                        self.collect(host, ingress)?;
+                        self.port_polled(host, ingress, t)?;
                     }
                 }
                 Event::Timeout(h) => self.timeout(h)?,

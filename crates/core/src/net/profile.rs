@@ -183,7 +183,8 @@ pub struct NetworkProfile {
     #[serde(with = "serde_helpers::duration", default)]
     pub latency_ns: u64,
     /// The send window: the driver asks its scheduler for the next frame only while the
-    /// egress holds fewer unserialised bytes than this (bytes or `"256KiB"`).
+    /// egress holds fewer unserialised bytes than this (bytes or `"256KiB"`); and each
+    /// reliable flow's socket: it takes no more once this much waits for its window.
     #[serde(with = "serde_helpers::size", default = "default_buffer")]
     pub buffer_bytes: usize,
     /// Also serialise (and queue) arriving frames at the receiver's downlink, as at a

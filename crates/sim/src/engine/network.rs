@@ -74,22 +74,14 @@ impl Sim<'_> {
 
     /// Asks host `h`'s endpoint for a frame into `buf`, on the links its polling offers
     /// whose sockets have room (core's [`Port::flow_has_room`]); returns the frame's link.
-    /// When some socket is full and nothing was sent, arms a wake-up for when it may drain.
+    /// A full socket drains when its port lets a held frame go, at a port poll, which then
+    /// asks again (`Sim::port_polled`).
     #[inline(always)]
     fn poll_frame(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
-        let to = self.poll_open_links(h, buf);
-        if to.is_none() {
-            let nic = &mut self.hosts[h].nic;
-            let at = nic.egress.flow_room_at(self.now);
-            if let Some(at) = at.filter(|&at| nic.wake_at.is_none_or(|w| at < w)) {
-                nic.wake_at = Some(at);
-                self.queue.push(at, Event::NicReady(h));
-            }
-        }
-        to
+        self.poll_open_links(h, buf)
     }
 
-    /// [`Sim::poll_frame`]'s poll, on the links host `h`'s polling offers.
+    /// [`Sim::poll_frame`]'s poll.
     #[inline(always)]
     fn poll_open_links(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
         let workers = self.cfg.workers;
@@ -254,6 +246,23 @@ impl Sim<'_> {
             *armed = Some(t);
             self.queue.push(t, Event::NetPoll { host: h, ingress });
         }
+        Ok(())
+    }
+
+    /// A poll of host `h`'s port armed for `t`: collects its fates and, where the egress had
+    /// sockets full of held frames (some may have drained), asks the host for frames again.
+    pub(super) fn port_polled(&mut self, h: Rank, ingress: bool, t: u64) -> Result<(), SimError> {
+        let full = !ingress && self.hosts[h].nic.egress.flow_room_at(t).is_some();
+        self.collect(h, ingress)?;
+        if !full {
+            return Ok(());
+        }
+        if h < self.cfg.workers {
+            self.send(h)?;
+        } else {
+            self.fill(h)?;
+        }
+        self.arm_timer(h);
         Ok(())
     }
 
