@@ -78,12 +78,6 @@ impl Sim<'_> {
     /// asks again (`Sim::port_polled`).
     #[inline(always)]
     fn poll_frame(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
-        self.poll_open_links(h, buf)
-    }
-
-    /// [`Sim::poll_frame`]'s poll.
-    #[inline(always)]
-    fn poll_open_links(&mut self, h: Rank, buf: &mut Vec<u8>) -> Option<Rank> {
         let workers = self.cfg.workers;
         let host = &mut self.hosts[h];
         let n = host.links.len() / 2;
