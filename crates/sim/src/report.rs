@@ -52,6 +52,10 @@ pub struct FlowWindows {
     pub srtt_ms_mean: f64,
     /// The longest smoothed round trip at an offer, ms.
     pub srtt_ms_max: f64,
+    /// The most bytes one flow's socket held back for its window at once (at most the
+    /// send window, `--send-buffer`, and one frame).
+    #[serde(default)]
+    pub socket_bytes_max: u64,
 }
 
 impl FlowWindows {
@@ -64,6 +68,7 @@ impl FlowWindows {
             cwnd_segments_max: c.cwnd_segments_max,
             srtt_ms_mean: c.mean_srtt_ns() * 1e-6,
             srtt_ms_max: c.srtt_ns_max as f64 * 1e-6,
+            socket_bytes_max: c.socket_bytes_max,
         })
     }
 }

@@ -357,6 +357,14 @@ fn each_host_counts_the_losses_its_ports_recovered() {
             w.srtt_ms_mean > 0.0 && w.srtt_ms_max >= w.srtt_ms_mean,
             "{w:?}"
         );
+        // A socket holds at most the send window and the frame that filled it (the
+        // largest key, 400,000 bytes, and its headers).
+        let largest_frame = 400_000 + 1_000;
+        let bound = (c.network.buffer_bytes + largest_frame) as u64;
+        assert!(
+            w.socket_bytes_max > 0 && w.socket_bytes_max < bound,
+            "{w:?}"
+        );
     }
     // The model's BBR has no window to report.
     c.network.tcp = syncopate_core::net::CongestionControl::Bbr;

@@ -56,6 +56,10 @@ pub struct NetCounters {
     /// The longest smoothed round trip at an offer.
     #[serde(default)]
     pub srtt_ns_max: Nanos,
+    /// The most bytes a reliable flow's socket held back for its congestion window at once
+    /// (at most the send window and one frame: a driver offers nothing to a full socket).
+    #[serde(default)]
+    pub socket_bytes_max: u64,
     /// The timeouts by why nothing found their losses sooner.
     #[serde(default)]
     pub timeout_causes: TimeoutCauses,
@@ -136,6 +140,7 @@ impl NetCounters {
         self.cwnd_segments_max = self.cwnd_segments_max.max(other.cwnd_segments_max);
         self.srtt_ns_total = self.srtt_ns_total.saturating_add(other.srtt_ns_total);
         self.srtt_ns_max = self.srtt_ns_max.max(other.srtt_ns_max);
+        self.socket_bytes_max = self.socket_bytes_max.max(other.socket_bytes_max);
         self.timeout_causes.add(&other.timeout_causes);
     }
 

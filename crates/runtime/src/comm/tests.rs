@@ -308,6 +308,7 @@ fn a_lossy_network_delays_frames_but_loses_none() {
         cwnd_segments_max: 0,
         srtt_ns_total: 0,
         srtt_ns_max: 0,
+        socket_bytes_max: 0,
         ..c
     };
     assert_eq!(losses(run()), losses(first));
@@ -342,6 +343,40 @@ fn an_ingress_port_holds_frames_without_deadlock() {
         peer_counters[0].net.frames_sent
     );
     assert_eq!(counters[0].ingress.frames_sent, 64);
+}
+
+/// A flow whose congestion window holds frames back is offered nothing more once its
+/// socket holds the send window (core's `Port::flow_has_room`): the endpoint's frames wait
+/// in the strategy, not in an unbounded socket behind a loss.
+#[test]
+fn a_full_socket_is_offered_nothing_more() {
+    let window = 16 << 10;
+    let emulation = |host| Emulation {
+        profile: NetworkProfile {
+            bandwidth_bps: Some(100e6),
+            latency_ns: 1_000_000,
+            loss: 0.05,
+            rto_ns: 2_000_000,
+            buffer_bytes: window,
+            ..NetworkProfile::default()
+        },
+        seed: 3,
+        host,
+    };
+    let (a, b) = loopback_pair();
+    let n = 64 << 10;
+    let (ea, eb) = (emulation(0), emulation(1));
+    let other = std::thread::spawn(move || ring_step(1, b, eb, vec![2.0; n]));
+    let (avg, counters) = ring_step(0, a, ea, vec![1.0; n]);
+    let (peer_avg, _) = other.join().unwrap();
+    assert!(avg.len() == n && avg.iter().all(|&v| v == 1.5) && peer_avg == avg);
+    let net = counters[0].net;
+    // 128 KiB a phase in frames of 4 KiB and a header: the window held some back, and
+    // the socket never held more than the send window and the frame that filled it.
+    let frame = (1024 * 4 + HEADER_LEN) as u64;
+    assert!(net.window_held > 0, "{net:?}");
+    assert!(net.socket_bytes_max > 0, "{net:?}");
+    assert!(net.socket_bytes_max < window as u64 + frame, "{net:?}");
 }
 
 /// With frame MACs on both ends, a ring step's values are exact, in small frames (read

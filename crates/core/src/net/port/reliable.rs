@@ -51,10 +51,11 @@ impl TcpModel {
     }
 
     /// Flow `slot`'s window holds back (`hold`) or lets go `bytes`: its socket's fill, and
-    /// the count of full sockets against a send window of `window` bytes.
-    pub(super) fn hold(&mut self, slot: usize, bytes: usize, hold: bool, window: usize) {
+    /// the count of full sockets against a send window of `window` bytes. Returns the
+    /// socket's fill after.
+    pub(super) fn hold(&mut self, slot: usize, bytes: usize, hold: bool, window: usize) -> usize {
         let Some(flow) = self.flows.get_mut(slot) else {
-            return;
+            return 0;
         };
         let was_full = flow.held_bytes >= window;
         flow.held_bytes = if hold {
@@ -67,6 +68,7 @@ impl TcpModel {
             (true, false) => self.full_flows = self.full_flows.saturating_sub(1),
             _ => {}
         }
+        flow.held_bytes
     }
 
     /// What an acknowledgement waits for of one frame ahead of it at a host's downlink: an
@@ -192,7 +194,10 @@ impl Port {
                     return true;
                 }
                 held.pacing = Pacing::Held;
-                self.tcp.hold(held.slot, held.wire_bytes, true, self.window);
+                let socket = self.tcp.hold(held.slot, held.wire_bytes, true, self.window);
+                self.count(held.slot, 0, |c| {
+                    c.socket_bytes_max = c.socket_bytes_max.max(socket as u64);
+                });
                 self.offer_later(at, *held);
                 false
             }
