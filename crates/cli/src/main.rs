@@ -77,14 +77,31 @@ enum Command {
 /// process that disabled them does not get them. This runs before `main`, before the
 /// allocator maps its first arena (whose first pages would otherwise be huge: 3 MiB more
 /// for every process), from an `.init_array` entry, to which glibc passes `argc` and `argv`.
+///
+/// The simulator also keeps the memory it frees (the allocator's purge delay of -1, unless
+/// `MIMALLOC_PURGE_DELAY` says otherwise): its queues and frame tables shrink and grow
+/// with every incast, and each page the allocator had given back is a fault and a cleared
+/// 2 MiB page when it is taken again (at 1,024 workers under loss 12,000-15,000 faults and
+/// up to 14 s of system time in a 55 s run; kept, 840 faults and 2 s; docs/BENCHMARKS.md).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod huge_pages {
-    use std::ffi::{c_char, c_int, CStr};
+    use std::ffi::{c_char, c_int, c_long, CStr};
+
+    /// mimalloc's `mi_option_purge_delay` (v3's `mimalloc.h`; the crate names no constant
+    /// for it): how long freed memory is kept before it goes back to the kernel, in ms.
+    const MI_OPTION_PURGE_DELAY: c_int = 15;
+    const PURGE_DELAY_VARIABLE: &[u8] = b"MIMALLOC_PURGE_DELAY=";
+
+    extern "C" {
+        fn mi_option_set(option: c_int, value: c_long);
+        #[cfg(test)]
+        fn mi_option_get(option: c_int) -> c_long;
+    }
 
     extern "C" fn for_simulate_only(
         argc: c_int,
         argv: *const *const c_char,
-        _envp: *const *const c_char,
+        envp: *const *const c_char,
     ) {
         let command = (argc > 1 && !argv.is_null())
             // SAFETY: glibc passes the program's `argc` NUL-terminated arguments in `argv`.
@@ -93,7 +110,33 @@ mod huge_pages {
             // Before `main` there is nowhere to report a failure; it would only leave the
             // kernel's default (memory, not correctness).
             let _ = rustix::thread::disable_transparent_huge_pages(true);
+        } else if !purge_delay_is_set(envp) {
+            // SAFETY: a plain store into mimalloc's option table, valid before its
+            // initialisation (which then keeps the value) as after.
+            unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
         }
+    }
+
+    /// Whether the environment `envp` (NULL-terminated, as glibc passes it) sets the
+    /// allocator's purge delay; read without allocating, before the allocator starts.
+    fn purge_delay_is_set(envp: *const *const c_char) -> bool {
+        let mut at = envp;
+        while !at.is_null() {
+            // SAFETY: `envp` is a NULL-terminated array of NUL-terminated strings; `at`
+            // stays within it, stopping at its NULL.
+            let entry = unsafe { *at };
+            if entry.is_null() {
+                return false;
+            }
+            // SAFETY: as above, `entry` is a NUL-terminated string.
+            let bytes = unsafe { CStr::from_ptr(entry) }.to_bytes();
+            if bytes.starts_with(PURGE_DELAY_VARIABLE) {
+                return true;
+            }
+            // SAFETY: `entry` was not the terminating NULL, so the next slot exists.
+            at = unsafe { at.add(1) };
+        }
+        false
     }
 
     /// Priority 100: before the allocator's constructor, whichever compiler built it (gcc
@@ -110,7 +153,38 @@ mod huge_pages {
 
         fn run_with(args: &[&CStr]) {
             let argv: Vec<*const c_char> = args.iter().map(|a| a.as_ptr()).collect();
-            for_simulate_only(args.len() as c_int, argv.as_ptr(), std::ptr::null());
+            // The purge delay stays the other test's to change.
+            let envp = environment(&[c"MIMALLOC_PURGE_DELAY=1000"]);
+            for_simulate_only(args.len() as c_int, argv.as_ptr(), envp.as_ptr());
+        }
+
+        fn environment(vars: &[&CStr]) -> Vec<*const c_char> {
+            let mut envp: Vec<*const c_char> = vars.iter().map(|v| v.as_ptr()).collect();
+            envp.push(std::ptr::null());
+            envp
+        }
+
+        #[test]
+        fn only_simulate_keeps_freed_memory_unless_the_environment_says() {
+            // SAFETY: reads mimalloc's option table.
+            let get = || unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
+            if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+                // v3's default, 1 s, and no other option's: the index names the option.
+                assert_eq!(get(), 1000);
+            }
+            let set = environment(&[c"HOME=/root", c"MIMALLOC_PURGE_DELAY=10"]);
+            assert!(purge_delay_is_set(set.as_ptr()));
+            assert!(!purge_delay_is_set(environment(&[c"HOME=/root"]).as_ptr()));
+            assert!(!purge_delay_is_set(std::ptr::null()));
+            let before = get();
+            let argv = [c"syncopate".as_ptr(), c"simulate".as_ptr()];
+            for_simulate_only(2, argv.as_ptr(), set.as_ptr());
+            assert_eq!(get(), before);
+            let unset = environment(&[c"HOME=/root"]);
+            for_simulate_only(2, argv.as_ptr(), unset.as_ptr());
+            assert_eq!(get(), -1);
+            // SAFETY: as above; restores the default for the other tests.
+            unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, before) };
         }
 
         #[test]
