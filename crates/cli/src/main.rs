@@ -81,10 +81,9 @@ enum Command {
 /// The simulator also keeps the memory it frees (the allocator's purge delay of -1, unless
 /// `MIMALLOC_PURGE_DELAY` says otherwise): its queues and frame tables shrink and grow
 /// with every incast, and each page the allocator had given back is a fault and a cleared
-/// 2 MiB page when it is taken again (at 1,024 workers under loss 12,000-15,000 faults and
-/// up to 14 s of system time in a 55 s run; kept, 840 faults and 2 s; docs/BENCHMARKS.md).
+/// 2 MiB page when it is taken again (docs/BENCHMARKS.md, "1,024 workers with 1 % loss").
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-mod huge_pages {
+mod simulator_memory {
     use std::ffi::{c_char, c_int, c_long, CStr};
 
     /// mimalloc's `mi_option_purge_delay` (v3's `mimalloc.h`; the crate names no constant
