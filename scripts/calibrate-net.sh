@@ -4,14 +4,14 @@
 # each congestion control, side by side.
 #
 # Usage: scripts/calibrate-net.sh [--cc cubic,bbr] [--rungs all] [--repeats 3] [--out DIR]
-#                                 [--train [--cells a,b,c,d] [--steps 60] [--fair]]
+#                                 [--train [--cells a,b,c,d,lossless] [--steps 60] [--fair]]
 #   --cc       congestion controls to run, comma-separated (cubic, bbr, reno; default
 #              cubic,bbr), set in every namespace as scripts/netns-cluster.sh --cc does
 #   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
 #              a 32-packet queue), loss1, loss5 and loss10 (one flow, 1 %, 5 % and 10 % random
 #              loss), paths (one flow with a second, degraded 20 Mbit/s path beside it);
 #              default all but loss10 (a 10 % loss transfer takes the kernel a minute)
-#   --repeats  kernel runs per cell, 1 to 25 (default 3); the model runs the same number of
+#   --repeats  kernel runs per cell, 1 to 99 (default 3); the model runs the same number of
 #              seeds. Each rung prints both medians, their ratio and its 90 % bootstrap
 #              interval, and whether that interval lies within 5 % (`within`), wholly outside
 #              it (`outside`) or neither (`undecided`: too few runs for how much they spread;
@@ -26,9 +26,14 @@
 #              compute profile studies/profiles/lenet.graph.txt); mean step after 5 warm-up
 #              steps, side by side, with emulator / kernel and simulator / emulator: (a) deep
 #              buffer, (b) a 32-packet queue under the incast, (c) 1 % random loss, (d) a
-#              second path at 20 Mbit/s
+#              second path at 20 Mbit/s; and lossless links without a shared bottleneck:
+#              `allreduce-RATE` (a ring of 3 workers) and `ps-RATE` (2 workers, 1 server),
+#              every host's egress at RATE (htb on the kernel, `--bandwidth RATE` in the
+#              model); `lossless` names the six at 20mbit, 100mbit and 1gbit. Default:
+#              a,b,c,d,lossless
 #   --fair     the training rung's kernel bottleneck with a pfifo per sending host served in
 #              turn (netns-cluster.sh --fair), the discipline of the model's ingress port
+#              (cells a-d only: the lossless cells have no shared bottleneck and are left out)
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
 #              headers only, with tcpdump) and print where its time went: its idle spells by
 #              what ended them (timeout, loss probe, ACK) and each timeout's cause
@@ -55,7 +60,7 @@ repeats=3
 train=0
 trace=0
 fair=()
-cells=a,b,c,d
+cells=a,b,c,d,lossless
 steps=60
 out="$root/target/calibrate-net"
 while [ $# -gt 0 ]; do
@@ -74,7 +79,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 fail() { echo "calibrate-net: $*" >&2; exit 2; }
-[[ "$repeats" =~ ^([1-9]|1[0-9]|2[0-5])$ ]] || fail "--repeats must be 1 to 25"
+[[ "$repeats" =~ ^[1-9][0-9]?$ ]] || fail "--repeats must be 1 to 99"
 if [ "$(id -u)" != 0 ]; then
   echo "calibrate-net: SKIPPED: needs root (it creates network namespaces); nothing was measured"
   exit 0
@@ -225,10 +230,12 @@ for k in frames_lost frames_dropped loss_probes timeouts; do counters+=("egress.
 for k in resend_last resend_stalled original_in_recovery acks_in_recovery; do
   counters+=("egress.timeout_causes.$k")
 done
-echo "| TCP | rung | kernel s, median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
-echo "|---|---|---|---|---|---|"
 IFS=, read -ra cc_list <<< "$ccs"
 IFS=, read -ra rung_list <<< "$rungs"
+if [ "${#rung_list[@]}" -gt 0 ]; then
+  echo "| TCP | rung | kernel s, median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
+  echo "|---|---|---|---|---|---|"
+fi
 for cc in "${cc_list[@]}"; do
   set_cc "$cc"
   for rung in "${rung_list[@]}"; do
@@ -287,31 +294,43 @@ mean_step() {
 ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'
 }
+job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
+lossless=allreduce-20mbit,ps-20mbit,allreduce-100mbit,ps-100mbit,allreduce-1gbit,ps-1gbit
 printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
 echo
 echo "| TCP | cell | kernel step s | emulator step s | simulator step s | emulator / kernel | simulator / emulator |"
 echo "|---|---|---|---|---|---|---|"
-IFS=, read -ra cell_list <<< "$cells"
-job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
-net=(--workers 4 --servers 1 --bandwidth 100mbit --ingress --mtu 1500 --worker-bandwidth 10gbit)
+IFS=, read -ra cell_list <<< "${cells//lossless/$lossless}"
 for cc in "${cc_list[@]}"; do
   for cell in "${cell_list[@]}"; do
+    # The P3 cells: 4 workers and a server behind its 100 Mbit/s port; the lossless cells:
+    # every host's own egress shaped (netns-cluster.sh's --rate), 3 hosts.
+    strategy=p3 hosts=5
+    net=(--workers 4 --servers 1 --bandwidth 100mbit --ingress --worker-bandwidth 10gbit)
     case "$cell" in
-      a) kernel=(); emulated=() ;;
-      b) kernel=(--queue-packets 32); emulated=(--queue $((32 * 1514))) ;;
-      c) kernel=(--loss 1%); emulated=(--loss 1%) ;;
-      d) kernel=(--paths 2 --degraded-rate 20mbit); emulated=(--network "$out/two-paths.toml") ;;
-      *) fail "unknown cell '$cell' (a, b, c, d)" ;;
+      a) kernel=(--bottleneck 100mbit); emulated=() ;;
+      b) kernel=(--bottleneck 100mbit --queue-packets 32); emulated=(--queue $((32 * 1514))) ;;
+      c) kernel=(--bottleneck 100mbit --loss 1%); emulated=(--loss 1%) ;;
+      d) kernel=(--bottleneck 100mbit --paths 2 --degraded-rate 20mbit)
+         emulated=(--network "$out/two-paths.toml") ;;
+      allreduce-*|ps-*)
+        strategy=${cell%%-*} rate=${cell#*-} hosts=3 emulated=()
+        kernel=(--rate "$rate")
+        net=(--workers 3 --servers 0 --bandwidth "$rate")
+        [ "$strategy" = ps ] && net=(--workers 2 --servers 1 --bandwidth "$rate") ;;
+      *) fail "unknown cell '$cell' (a, b, c, d, allreduce-RATE, ps-RATE, lossless)" ;;
     esac
+    [ "${#fair[@]}" = 0 ] || [ "$hosts" = 5 ] || continue
+    net+=(--mtu 1500 --tcp "$cc")
     dir="$out/train/$cc/$cell"
     mkdir -p "$dir"
-    SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts 5 --strategy p3 --cc "$cc" \
-      --bottleneck 100mbit "${fair[@]}" "${kernel[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
+    SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts "$hosts" --strategy "$strategy" \
+      --cc "$cc" "${kernel[@]}" "${fair[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
       fail "the kernel run of cell $cell failed: $dir/kernel.log"
-    "$SYNCOPATE_BIN" launch --strategy p3 "${net[@]}" --tcp "$cc" "${emulated[@]}" "${job[@]}" \
+    "$SYNCOPATE_BIN" launch --strategy "$strategy" "${net[@]}" "${emulated[@]}" "${job[@]}" \
       --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
-    "$SYNCOPATE_BIN" simulate --strategy p3 "${net[@]}" --tcp "$cc" "${emulated[@]}" \
+    "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
       --model profile:studies/profiles/lenet.graph.txt --batch-size 64 --steps "$steps" --seed 1 \
       --json "$dir/simulated.json" > "$dir/simulated.log" 2>&1 ||
       fail "the simulated run of cell $cell failed: $dir/simulated.log"

@@ -10,7 +10,6 @@
 #                                 [--bottleneck RATE [--queue-packets N]
 #                                  [--loss P] [--blackout MS] [--prio]
 #                                  [--paths K [--degraded-rate RATE]]] [-- FLAGS...]
-#        scripts/netns-cluster.sh --fidelity [--hosts 3] [--steps 40] [--out DIR]
 #   --hosts     hosts (= processes): all workers for ring strategies; for ps, p3 and dlcp the
 #               last host is the server (default 3)
 #   --strategy  any `syncopate launch --strategy` value (default allreduce)
@@ -36,9 +35,6 @@
 #               full, segments retransmitted; scripts/netns_sockets.py)
 #   --out       where each process's log, worker 0's summary.json and (with --bottleneck)
 #               kernel.json and the raw counters in kernel/ go (default target/netns-cluster)
-#   --fidelity  the check: all-reduce and ps at 20mbit, 100mbit and 1gbit, each once with
-#               kernel shaping only and once with our emulator only, interleaved; prints a
-#               Markdown table of the mean step times (after 5 warm-up steps) and their ratio
 #   FLAGS       passed to every process (e.g. --model mlp)
 # A lossy network (all off by default; every one but --bottleneck needs --bottleneck):
 #   --bottleneck RATE   htb at RATE on the bottleneck ports, both directions: the switch's
@@ -88,7 +84,6 @@ rate_given=0
 steps=40
 cc=cubic
 emulate=0
-fidelity=0
 bottleneck=""
 queue_packets=1000
 queue_given=0
@@ -110,7 +105,6 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --cc) cc=$2; shift 2 ;;
     --emulate) emulate=1; shift ;;
-    --fidelity) fidelity=1; shift ;;
     --out) out=$2; shift 2 ;;
     --bottleneck) bottleneck=$2; shift 2 ;;
     --queue-packets) queue_packets=$2; queue_given=1; shift 2 ;;
@@ -149,9 +143,6 @@ else
   [ "$emulate" = 0 ] || fail "--bottleneck is the kernel's shaping; --emulate is ours: pick one"
   [ "$rate_given" = 1 ] || rate=none
 fi
-if [ "$fidelity" = 1 ] && { [ -n "$bottleneck" ] || [ "$paths" != 1 ]; }; then
-  fail "--fidelity runs its own fixed cells: no --bottleneck or --paths with it"
-fi
 if [ -n "$degraded_rate" ]; then
   is_rate "$degraded_rate" || fail "--degraded-rate must be a tc rate such as 20mbit"
   [ "$paths" -ge 2 ] || fail "--degraded-rate shapes the last of several paths: it needs --paths 2 or more"
@@ -162,7 +153,6 @@ fi
 if [ -n "$sample_ms" ]; then
   [[ "$sample_ms" =~ ^[1-9][0-9]{1,3}$ ]] && [ "$sample_ms" -le 1000 ] ||
     fail "--sample-sockets must be 10 to 1000 milliseconds"
-  [ "$fidelity" = 0 ] || fail "--sample-sockets samples one job: not with --fidelity"
 fi
 if [ -n "$rto_min" ]; then
   [[ "$rto_min" =~ ^[1-9][0-9]{0,3}$ ]] || fail "--rto-min must be 1 to 9999 milliseconds"
@@ -526,65 +516,46 @@ mean_step() {
   "$SYNCOPATE_BIN" summary --skip 5 --decimals 4 "$1" worker0.step_seconds:mean
 }
 
-if [ "$fidelity" = 0 ]; then
-  emulation=()
-  if [ "$emulate" = 1 ]; then
-    shape none
-    [ "$rate" != none ] && emulation=(--bandwidth "$rate")
-  else
-    shape "$rate"
-  fi
-  if [ -n "$bottleneck" ]; then
-    while read -r i p dir ns dev r before; do shape_bottleneck "$ns" "$dev" "$r"; done \
-      < <(bottleneck_ports)
-    [ -n "$loss" ] && add_random_loss
-    rm -rf "$out/kernel" "$out/kernel.json"
-    snapshot before
-    if [ -n "$blackout" ]; then start_blackouts; fi
-  fi
-  rm -rf "$out/tcp" "$out/tcp.json"
-  tcp_snapshot before
-  [ -z "$sample_ms" ] || sample_sockets
-  job=0
-  run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
-  [ -z "$sample_ms" ] || stop_socket_samplers "$out" "$hosts" "$sample_ms"
-  if [ -n "$blackout_pid" ]; then
-    kill -9 "$blackout_pid" 2>/dev/null || true
-    wait "$blackout_pid" 2>/dev/null || true
-    blackout_pid=""
-  fi
-  tcp_snapshot after
-  write_tcp_json
-  if [ -n "$bottleneck" ]; then
-    snapshot after
-    write_kernel_json
-  fi
-  [ "$job" = 0 ] || exit "$job"
-  how="at $rate (htb)"
-  [ "$emulate" = 1 ] && how="at $rate (emulated)"
-  if [ -n "$bottleneck" ]; then
-    how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
-    how+=" blackouts ${blackout:-0} ms a second,"
-    how+=" prio $prio, fair $fair, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
-  fi
-  echo "netns-cluster: $strategy on $hosts hosts over TCP $cc $how:" \
-    "mean step $(mean_step "$out/summary.json") s; worker 0's summary: $out/summary.json;" \
-    "namespaces $tag-*"
-  exit 0
+emulation=()
+if [ "$emulate" = 1 ]; then
+  shape none
+  [ "$rate" != none ] && emulation=(--bandwidth "$rate")
+else
+  shape "$rate"
 fi
-
-[ "$steps" -gt 5 ] || fail "--fidelity needs --steps above 5"
-echo "| strategy | rate | step s, kernel htb | step s, our emulator | emulator / htb |"
-echo "|---|---|---|---|---|"
-for r in 20mbit 100mbit 1gbit; do
-  for s in allreduce ps; do
-    shape "$r"
-    run_job "$s" "$out/$s-$r-htb.json" "${extra[@]}"
-    shape none
-    run_job "$s" "$out/$s-$r-emulated.json" --bandwidth "$r" "${extra[@]}"
-    kernel=$(mean_step "$out/$s-$r-htb.json")
-    ours=$(mean_step "$out/$s-$r-emulated.json")
-    ratio=$(awk -v o="$ours" -v k="$kernel" 'BEGIN { printf "%.3f", o / k }')
-    echo "| $s | $r | $kernel | $ours | $ratio |"
-  done
-done
+if [ -n "$bottleneck" ]; then
+  while read -r i p dir ns dev r before; do shape_bottleneck "$ns" "$dev" "$r"; done \
+    < <(bottleneck_ports)
+  [ -n "$loss" ] && add_random_loss
+  rm -rf "$out/kernel" "$out/kernel.json"
+  snapshot before
+  if [ -n "$blackout" ]; then start_blackouts; fi
+fi
+rm -rf "$out/tcp" "$out/tcp.json"
+tcp_snapshot before
+[ -z "$sample_ms" ] || sample_sockets
+job=0
+run_job "$strategy" "$out/summary.json" "${emulation[@]}" "${extra[@]}" || job=$?
+[ -z "$sample_ms" ] || stop_socket_samplers "$out" "$hosts" "$sample_ms"
+if [ -n "$blackout_pid" ]; then
+  kill -9 "$blackout_pid" 2>/dev/null || true
+  wait "$blackout_pid" 2>/dev/null || true
+  blackout_pid=""
+fi
+tcp_snapshot after
+write_tcp_json
+if [ -n "$bottleneck" ]; then
+  snapshot after
+  write_kernel_json
+fi
+[ "$job" = 0 ] || exit "$job"
+how="at $rate (htb)"
+[ "$emulate" = 1 ] && how="at $rate (emulated)"
+if [ -n "$bottleneck" ]; then
+  how="behind a $bottleneck bottleneck (queue $queue_packets packets, loss ${loss:-0},"
+  how+=" blackouts ${blackout:-0} ms a second,"
+  how+=" prio $prio, fair $fair, $paths path(s)${degraded_rate:+, the last at $degraded_rate}; other ports $rate)"
+fi
+echo "netns-cluster: $strategy on $hosts hosts over TCP $cc $how:" \
+  "mean step $(mean_step "$out/summary.json") s; worker 0's summary: $out/summary.json;" \
+  "namespaces $tag-*"
