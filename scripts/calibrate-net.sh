@@ -24,7 +24,10 @@
 #              paths: as on the testbed, only the server's port is shaped) and in the
 #              simulator (`syncopate simulate` with the emulator's flags, replaying LeNet's
 #              compute profile studies/profiles/lenet.graph.txt); mean step after 5 warm-up
-#              steps, side by side, with emulator / kernel and simulator / emulator: (a) deep
+#              steps, side by side, with emulator / kernel and simulator / emulator, and the
+#              simulator's again with each layer's compute scaled to what the emulated job's
+#              worker 0 computed (its processes share this machine's cores; the profile is one
+#              process's on an idle host), which leaves the network model to compare: (a) deep
 #              buffer, (b) a 32-packet queue under the incast, (c) 1 % random loss, (d) a
 #              second path at 20 Mbit/s; and lossless links without a shared bottleneck:
 #              `allreduce-RATE` (a ring of 3 workers) and `ps-RATE` (2 workers, 1 server),
@@ -295,11 +298,26 @@ ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'
 }
 job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
+# LeNet's profile with every layer's compute scaled so that a step computes what the emulated
+# job's worker 0 did ($1 seconds in $2 steps): its processes share this machine's cores, where
+# the profile is one process's on an idle host.
+job_profile() {
+  python3 - "$1" "$2" studies/profiles/lenet.graph.txt <<'PY'
+import re, sys
+compute_s, steps, path = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+text = open(path).read()
+pattern = re.compile(r"((?:forward|backward)_compute_time)=([0-9.]+)")
+profile_ms = sum(float(m.group(2)) for m in pattern.finditer(text))
+scale = compute_s * 1e3 / max(steps, 1) / profile_ms
+sys.stdout.write("# LeNet's profile with its compute x%.3f: the emulated job's worker 0's (calibrate-net.sh)\n" % scale)
+sys.stdout.write(pattern.sub(lambda m: "%s=%.6f" % (m.group(1), float(m.group(2)) * scale), text))
+PY
+}
 lossless=allreduce-20mbit,ps-20mbit,allreduce-100mbit,ps-100mbit,allreduce-1gbit,ps-1gbit
 printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
 echo
-echo "| TCP | cell | kernel step s | emulator step s | simulator step s | emulator / kernel | simulator / emulator |"
-echo "|---|---|---|---|---|---|---|"
+echo "| TCP | cell | kernel step s | emulator step s | simulator step s | emulator / kernel | simulator / emulator | at the job's compute |"
+echo "|---|---|---|---|---|---|---|---|"
 IFS=, read -ra cell_list <<< "${cells//lossless/$lossless}"
 for cc in "${cc_list[@]}"; do
   for cell in "${cell_list[@]}"; do
@@ -330,13 +348,21 @@ for cc in "${cc_list[@]}"; do
     "$SYNCOPATE_BIN" launch --strategy "$strategy" "${net[@]}" "${emulated[@]}" "${job[@]}" \
       --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
-    "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
-      --model profile:studies/profiles/lenet.graph.txt --batch-size 64 --steps "$steps" --seed 1 \
-      --json "$dir/simulated.json" > "$dir/simulated.log" 2>&1 ||
-      fail "the simulated run of cell $cell failed: $dir/simulated.log"
+    read -r compute_s done_steps < <("$SYNCOPATE_BIN" summary "$dir/emulated.json" \
+      worker0.times.compute worker0.steps)
+    job_profile "$compute_s" "$done_steps" > "$dir/job-compute.graph.txt"
+    for run in simulated:lenet.graph.txt simulated-job-compute:job-compute.graph.txt; do
+      profile=studies/profiles/${run#*:}
+      [ "${run%%:*}" = simulated ] || profile=$dir/${run#*:}
+      "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
+        --model "profile:$profile" --batch-size 64 --steps "$steps" --seed 1 \
+        --json "$dir/${run%%:*}.json" > "$dir/${run%%:*}.log" 2>&1 ||
+        fail "the simulated run of cell $cell failed: $dir/${run%%:*}.log"
+    done
     k=$(mean_step "$dir/kernel/summary.json" worker0.step_seconds:mean)
     e=$(mean_step "$dir/emulated.json" worker0.step_seconds:mean)
     s=$(mean_step "$dir/simulated.json" step_seconds:mean)
-    echo "| $cc | $cell | $k | $e | $s | $(ratio "$e" "$k") | $(ratio "$s" "$e") |"
+    j=$(mean_step "$dir/simulated-job-compute.json" step_seconds:mean)
+    echo "| $cc | $cell | $k | $e | $s | $(ratio "$e" "$k") | $(ratio "$s" "$e") | $(ratio "$j" "$e") |"
   done
 done
