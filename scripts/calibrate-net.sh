@@ -348,16 +348,18 @@ for cc in "${cc_list[@]}"; do
     "$SYNCOPATE_BIN" launch --strategy "$strategy" "${net[@]}" "${emulated[@]}" "${job[@]}" \
       --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
       fail "the emulated run of cell $cell failed: $dir/emulated.log"
-    read -r compute_s done_steps < <("$SYNCOPATE_BIN" summary "$dir/emulated.json" \
-      worker0.times.compute worker0.steps)
-    job_profile "$compute_s" "$done_steps" > "$dir/job-compute.graph.txt"
-    for run in simulated:lenet.graph.txt simulated-job-compute:job-compute.graph.txt; do
-      profile=studies/profiles/${run#*:}
-      [ "${run%%:*}" = simulated ] || profile=$dir/${run#*:}
+    computed=$("$SYNCOPATE_BIN" summary "$dir/emulated.json" worker0.times.compute worker0.steps) ||
+      fail "the emulated run of cell $cell has no compute time: $dir/emulated.json"
+    # shellcheck disable=SC2086 # two fields: seconds and steps
+    job_profile $computed > "$dir/job-compute.graph.txt" ||
+      fail "could not scale LeNet's profile to the emulated run of cell $cell"
+    for run in simulated simulated-job-compute; do
+      profile=studies/profiles/lenet.graph.txt
+      [ "$run" = simulated ] || profile=$dir/job-compute.graph.txt
       "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
         --model "profile:$profile" --batch-size 64 --steps "$steps" --seed 1 \
-        --json "$dir/${run%%:*}.json" > "$dir/${run%%:*}.log" 2>&1 ||
-        fail "the simulated run of cell $cell failed: $dir/${run%%:*}.log"
+        --json "$dir/$run.json" > "$dir/$run.log" 2>&1 ||
+        fail "the simulated run of cell $cell failed: $dir/$run.log"
     done
     k=$(mean_step "$dir/kernel/summary.json" worker0.step_seconds:mean)
     e=$(mean_step "$dir/emulated.json" worker0.step_seconds:mean)
