@@ -15,7 +15,9 @@
 #              seeds. Each rung prints both medians, their ratio and its 90 % bootstrap
 #              interval, and whether that interval lies within 5 % (`within`), wholly outside
 #              it (`outside`) or neither (`undecided`: too few runs for how much they spread;
-#              with 5 % or 10 % loss one timeout more or less moves a run by 10-40 %)
+#              with 5 % or 10 % loss one timeout more or less moves a run by 10-40 %). Each
+#              training cell runs as often too (kernel, emulator and simulator in turn): the
+#              medians of its runs, their ranges, and the ratios of the medians
 #   --out      where cells.jsonl (every run) goes (default target/calibrate-net)
 #   --train    then the training rung: the cells of studies/dlcp-kernel.toml with P3 (4 workers,
 #              1 server, LeNet on synthetic data, batch 64, --steps steps), each on the
@@ -298,6 +300,45 @@ ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'
 }
 job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
+# The median of the step times given (4 decimals), and their range where there are several.
+median() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+    END { printf "%.4f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+range() {
+  [ $# -gt 1 ] || return 0
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf " (%.4f-%.4f)", v[1], v[NR] }'
+}
+# One run of the current training cell into directory $1; prints the mean steps of the
+# kernel, the emulator, the simulator and the simulator at the emulated job's compute.
+train_run() {
+  local dir=$1 computed profile run k e s j
+  mkdir -p "$dir"
+  SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts "$hosts" --strategy "$strategy" \
+    --cc "$cc" "${kernel[@]}" "${fair[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
+    fail "the kernel run of cell $cell failed: $dir/kernel.log"
+  "$SYNCOPATE_BIN" launch --strategy "$strategy" "${net[@]}" "${emulated[@]}" "${job[@]}" \
+    --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
+    fail "the emulated run of cell $cell failed: $dir/emulated.log"
+  computed=$("$SYNCOPATE_BIN" summary "$dir/emulated.json" worker0.times.compute worker0.steps) ||
+    fail "the emulated run of cell $cell has no compute time: $dir/emulated.json"
+  # shellcheck disable=SC2086 # two fields: seconds and steps
+  job_profile $computed > "$dir/job-compute.graph.txt" ||
+    fail "could not scale LeNet's profile to the emulated run of cell $cell"
+  for run in simulated simulated-job-compute; do
+    profile=studies/profiles/lenet.graph.txt
+    [ "$run" = simulated ] || profile=$dir/job-compute.graph.txt
+    "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
+      --model "profile:$profile" --batch-size 64 --steps "$steps" --seed 1 \
+      --json "$dir/$run.json" > "$dir/$run.log" 2>&1 ||
+      fail "the simulated run of cell $cell failed: $dir/$run.log"
+  done
+  k=$(mean_step "$dir/kernel/summary.json" worker0.step_seconds:mean)
+  e=$(mean_step "$dir/emulated.json" worker0.step_seconds:mean)
+  s=$(mean_step "$dir/simulated.json" step_seconds:mean)
+  j=$(mean_step "$dir/simulated-job-compute.json" step_seconds:mean)
+  echo "$k $e $s $j"
+}
 # LeNet's profile with every layer's compute scaled so that a step computes what the emulated
 # job's worker 0 did ($1 seconds in $2 steps): its processes share this machine's cores, where
 # the profile is one process's on an idle host.
@@ -316,7 +357,7 @@ PY
 lossless=allreduce-20mbit,ps-20mbit,allreduce-100mbit,ps-100mbit,allreduce-1gbit,ps-1gbit
 printf 'paths = 2\n[[path]]\n[[path]]\nbandwidth_bps = "20mbit"\n' > "$out/two-paths.toml"
 echo
-echo "| TCP | cell | kernel step s | emulator step s | simulator step s | emulator / kernel | simulator / emulator | at the job's compute |"
+echo "| TCP | cell | kernel step s, median of $repeats | emulator step s | simulator step s | emulator / kernel | simulator / emulator | at the job's compute |"
 echo "|---|---|---|---|---|---|---|---|"
 IFS=, read -ra cell_list <<< "${cells//lossless/$lossless}"
 for cc in "${cc_list[@]}"; do
@@ -340,31 +381,15 @@ for cc in "${cc_list[@]}"; do
     esac
     [ "${#fair[@]}" = 0 ] || [ "$hosts" = 5 ] || continue
     net+=(--mtu 1500 --tcp "$cc")
-    dir="$out/train/$cc/$cell"
-    mkdir -p "$dir"
-    SYNCOPATE_BIN="$SYNCOPATE_BIN" scripts/netns-cluster.sh --hosts "$hosts" --strategy "$strategy" \
-      --cc "$cc" "${kernel[@]}" "${fair[@]}" --out "$dir/kernel" -- "${job[@]}" > "$dir/kernel.log" 2>&1 ||
-      fail "the kernel run of cell $cell failed: $dir/kernel.log"
-    "$SYNCOPATE_BIN" launch --strategy "$strategy" "${net[@]}" "${emulated[@]}" "${job[@]}" \
-      --quiet --no-replica-stats --summary-json "$dir/emulated.json" > "$dir/emulated.log" 2>&1 ||
-      fail "the emulated run of cell $cell failed: $dir/emulated.log"
-    computed=$("$SYNCOPATE_BIN" summary "$dir/emulated.json" worker0.times.compute worker0.steps) ||
-      fail "the emulated run of cell $cell has no compute time: $dir/emulated.json"
-    # shellcheck disable=SC2086 # two fields: seconds and steps
-    job_profile $computed > "$dir/job-compute.graph.txt" ||
-      fail "could not scale LeNet's profile to the emulated run of cell $cell"
-    for run in simulated simulated-job-compute; do
-      profile=studies/profiles/lenet.graph.txt
-      [ "$run" = simulated ] || profile=$dir/job-compute.graph.txt
-      "$SYNCOPATE_BIN" simulate --strategy "$strategy" "${net[@]}" "${emulated[@]}" \
-        --model "profile:$profile" --batch-size 64 --steps "$steps" --seed 1 \
-        --json "$dir/$run.json" > "$dir/$run.log" 2>&1 ||
-        fail "the simulated run of cell $cell failed: $dir/$run.log"
+    ks=() es=() ss=() js=()
+    for ((r = 1; r <= repeats; r++)); do
+      dir="$out/train/$cc/$cell/run$r"
+      train_run "$dir" > "$out/steps.txt"
+      read -r k e s j < "$out/steps.txt"
+      ks+=("$k") es+=("$e") ss+=("$s") js+=("$j")
     done
-    k=$(mean_step "$dir/kernel/summary.json" worker0.step_seconds:mean)
-    e=$(mean_step "$dir/emulated.json" worker0.step_seconds:mean)
-    s=$(mean_step "$dir/simulated.json" step_seconds:mean)
-    j=$(mean_step "$dir/simulated-job-compute.json" step_seconds:mean)
-    echo "| $cc | $cell | $k | $e | $s | $(ratio "$e" "$k") | $(ratio "$s" "$e") | $(ratio "$j" "$e") |"
+    k=$(median "${ks[@]}") e=$(median "${es[@]}") s=$(median "${ss[@]}") j=$(median "${js[@]}")
+    echo "| $cc | $cell | $k$(range "${ks[@]}") | $e$(range "${es[@]}") | $s | $(ratio "$e" "$k") |" \
+      "$(ratio "$s" "$e") | $(ratio "$j" "$e") |"
   done
 done
