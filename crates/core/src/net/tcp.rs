@@ -29,7 +29,8 @@
 //! back (or that was larger than it), or in slow start up to twice what the flow sends a
 //! round trip; cubic's curve does not count a spell with nothing in flight. BBR does not
 //! shrink on random loss; it paces at its bottleneck's rate, at most a round trip (or 4
-//! segments) ahead of it. A cubic or Reno flow sends a frame of `b` bytes no sooner than
+//! segments) ahead of it; a timeout takes it to one segment (Linux's Loss state), from
+//! which its ACKs regrow the window to where it stood, a window per round trip till then. A cubic or Reno flow sends a frame of `b` bytes no sooner than
 //! `b · rtt / cwnd` after the one before (a window's worth per round trip of the path, its
 //! ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
@@ -359,6 +360,14 @@ impl TcpFlow {
         let until = resend.saturating_add(self.srtt as Nanos);
         self.recovery_until = self.recovery_until.max(until);
         if !cc.backs_off() {
+            // BBR ignores random loss, but a timeout is Linux's Loss state: one segment,
+            // regrown by what ACKs acknowledge up to the window before it (`prior_cwnd`).
+            if recovery.is_timeout() {
+                if self.ssthresh.is_infinite() {
+                    self.ssthresh = self.cwnd;
+                }
+                self.cwnd = mss;
+            }
             return;
         }
         let beta = match cc {
@@ -384,6 +393,7 @@ impl TcpFlow {
     /// `bytes` of the flow acknowledged at `now`: the window grows, if the flow uses it.
     pub(crate) fn on_acked(&mut self, cc: CongestionControl, bytes: usize, now: Nanos, mss: f64) {
         if !cc.backs_off() {
+            self.bbr_regrow(bytes as f64);
             return;
         }
         let Some(most) = self.growth_limit(now) else {
@@ -401,6 +411,17 @@ impl TcpFlow {
         };
         // Growth of at most the bytes acknowledged (no more than slow start's pace).
         self.cwnd = grown.clamp(self.cwnd, self.cwnd + acked);
+    }
+
+    /// BBR after a timeout: its window grows by the `acked` bytes until it is back where it
+    /// stood, when its pacing alone bounds the flow again.
+    fn bbr_regrow(&mut self, acked: f64) {
+        if self.ssthresh.is_finite() {
+            self.cwnd = (self.cwnd + acked).min(self.ssthresh);
+            if self.cwnd >= self.ssthresh {
+                self.ssthresh = f64::INFINITY;
+            }
+        }
     }
 
     /// How large the flow's ACKs at `now` may grow its window (Linux's
@@ -461,7 +482,13 @@ impl TcpFlow {
     ) -> Nanos {
         if !cc.backs_off() {
             let paced = self.bottleneck_free.saturating_sub(self.bbr_lead(mss));
-            let start = now.max(self.stalled_until).max(paced);
+            let mut start = now.max(self.stalled_until).max(paced);
+            if self.ssthresh.is_finite() {
+                // Regrowing after a timeout: a window per round trip, as cubic's.
+                start = start.max(self.next_send);
+                let spacing = bytes as f64 * self.clock_rtt / self.cwnd.max(mss);
+                self.next_send = start.saturating_add(spacing as Nanos);
+            }
             return self.through_bottleneck(start, bytes);
         }
         // Idle: nothing of the flow in the port but the frame asking, and (its last frame

@@ -121,7 +121,7 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
     let mut bbr = TcpFlow::new(MS, MSS, None);
     bbr.on_loss(
         CongestionControl::Bbr,
-        Recovery::Timeout(TimeoutCause::ResendLast),
+        Recovery::Sack,
         10 * MS,
         10 * MS,
         MSS,
@@ -135,6 +135,29 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
         bbr.send_at(CongestionControl::Bbr, 10 * MS, 1_000_000, 200 * MS, MSS),
         10 * MS
     );
+}
+
+#[test]
+fn bbr_takes_one_segment_after_a_timeout_and_regrows_to_where_it_stood() {
+    let bbr = CongestionControl::Bbr;
+    let mut flow = TcpFlow::new(MS, MSS, None);
+    let timeout = Recovery::Timeout(TimeoutCause::ResendStalled);
+    flow.on_loss(bbr, timeout, 10 * MS, 10 * MS, MSS);
+    assert_eq!(flow.cwnd(), MSS);
+    // A second timeout before it has regrown does not lower where it regrows to.
+    flow.on_loss(bbr, timeout, 11 * MS, 11 * MS, MSS);
+    // One segment per round trip (1 ms) while it regrows.
+    let first = flow.send_at(bbr, 20 * MS, MSS as usize, 200 * MS, MSS);
+    let second = flow.send_at(bbr, 20 * MS, MSS as usize, 200 * MS, MSS);
+    assert_eq!((first, second), (20 * MS, 21 * MS));
+    for _ in 0..20 {
+        flow.on_acked(bbr, MSS as usize, 22 * MS, MSS);
+    }
+    assert_eq!(flow.cwnd(), 10.0 * MSS);
+    // Regrown: its pacing alone bounds it again.
+    let third = flow.send_at(bbr, 30 * MS, 1_000_000, 200 * MS, MSS);
+    let fourth = flow.send_at(bbr, 30 * MS, 1_000_000, 200 * MS, MSS);
+    assert_eq!((third, fourth), (30 * MS, 30 * MS));
 }
 
 #[test]
