@@ -668,7 +668,7 @@ impl Port {
                 let mut loss = frame_loss(draw, random, blacked, packets, start, done);
                 let next = loss.last.saturating_add(loss.packet_ns);
                 loss.stalled = outage.is_some_and(|b| b.is_out(next));
-                held.wire_bytes = resend;
+                self.partly_delivered(&mut held, bytes, resend);
                 self.resend_lost(held, i, &mut loss, done_flow);
                 return;
             }

@@ -30,7 +30,8 @@
 //! round trip; cubic's curve does not count a spell with nothing in flight. BBR does not
 //! shrink on random loss; it paces at its bottleneck's rate, at most a round trip (or 4
 //! segments) ahead of it; a timeout takes it to one segment (Linux's Loss state), from
-//! which its ACKs regrow the window to where it stood, a window per round trip till then. A cubic or Reno flow sends a frame of `b` bytes no sooner than
+//! which its ACKs (a partly lost frame's too, less its losses) regrow the window to where
+//! it stood, a window per round trip till then. A cubic or Reno flow sends a frame of `b` bytes no sooner than
 //! `b · rtt / cwnd` after the one before (a window's worth per round trip of the path, its
 //! ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
@@ -411,6 +412,15 @@ impl TcpFlow {
         };
         // Growth of at most the bytes acknowledged (no more than slow start's pace).
         self.cwnd = grown.clamp(self.cwnd, self.cwnd + acked);
+    }
+
+    /// Part of a frame arrived (`acked` bytes) and part was lost (`lost`): BBR's window
+    /// after a timeout grows by the difference, as Linux's does ACK by ACK (cubic and Reno
+    /// grow only when a frame is whole).
+    pub(crate) fn on_partly_acked(&mut self, cc: CongestionControl, acked: usize, lost: usize) {
+        if !cc.backs_off() {
+            self.bbr_regrow(acked.saturating_sub(lost) as f64);
+        }
     }
 
     /// BBR after a timeout: its window grows by the `acked` bytes until it is back where it

@@ -150,6 +150,11 @@ fn bbr_takes_one_segment_after_a_timeout_and_regrows_to_where_it_stood() {
     let first = flow.send_at(bbr, 20 * MS, MSS as usize, 200 * MS, MSS);
     let second = flow.send_at(bbr, 20 * MS, MSS as usize, 200 * MS, MSS);
     assert_eq!((first, second), (20 * MS, 21 * MS));
+    // A frame's ACKs regrow it, less what the frame lost (Linux counts them ACK by ACK).
+    flow.on_partly_acked(bbr, 5 * MSS as usize, MSS as usize);
+    assert_eq!(flow.cwnd(), 5.0 * MSS);
+    flow.on_partly_acked(CongestionControl::Cubic, 5 * MSS as usize, 0);
+    assert_eq!(flow.cwnd(), 5.0 * MSS);
     for _ in 0..20 {
         flow.on_acked(bbr, MSS as usize, 22 * MS, MSS);
     }

@@ -289,6 +289,17 @@ impl Port {
         }
     }
 
+    /// A reliable frame `held` of `sent` bytes on the wire lost `resend` of them, which it
+    /// resends: the ACKs of the rest regrow a BBR window after a timeout, less the losses
+    /// (Linux's BBR in its Loss state: `cwnd + acked - losses`, packet by packet).
+    pub(super) fn partly_delivered(&mut self, held: &mut Held, sent: usize, resend: usize) {
+        held.wire_bytes = resend;
+        let cc = self.tcp.cc;
+        if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
+            flow.on_partly_acked(cc, sent.saturating_sub(resend), resend);
+        }
+    }
+
     /// When a loss of `held` found by `recovery` is resent (its last lost packet left at
     /// `lost_sent`, the frame's last bit at `done`).
     pub(super) fn resend_time(
