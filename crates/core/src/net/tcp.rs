@@ -31,9 +31,9 @@
 //! shrink on random loss; it paces at its bottleneck's rate, at most a round trip (or 4
 //! segments) ahead of it; a timeout takes it to one segment (Linux's Loss state), from
 //! which its ACKs (a partly lost frame's too, less its losses) regrow the window to where
-//! it stood, a window per round trip till then. A cubic or Reno flow sends a frame of `b` bytes no sooner than
-//! `b · rtt / cwnd` after the one before (a window's worth per round trip of the path, its
-//! ACK clock), and never faster than its bottleneck drains it.
+//! it stood, a window per round trip till then. A cubic or Reno flow sends a frame of `b`
+//! bytes no sooner than `b · rtt / cwnd` after the one before (a window's worth per round
+//! trip of the path, its ACK clock), and never faster than its bottleneck drains it.
 //! The bottleneck may lie beyond the sender's NIC (a server's port behind workers' faster
 //! NICs): the flow's own queue there counts in the round trip it measures, up to its window.
 //! So does the wait of its ACKs at its own host's downlink, behind the data converging there
@@ -173,7 +173,8 @@ pub(crate) struct TcpFlow {
     rttvar: f64,
     /// The smallest round trip seen, ns.
     min_rtt: f64,
-    /// The congestion window and slow-start threshold, bytes.
+    /// The congestion window and slow-start threshold, bytes (BBR: the window it regrows
+    /// to after a timeout, infinite otherwise).
     cwnd: f64,
     ssthresh: f64,
     /// Cubic: the window before the last reduction (segments) and when growth restarted.
