@@ -215,10 +215,21 @@ kernel_transfer() {
   "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
 }
 
-# The median of the times given and their range, to the millisecond: `0.835 (0.834-0.836)`.
+# The median of the times given after the first argument, to that many decimals; their range
+# in brackets; both: `0.835 (0.834-0.836)`.
+median() {
+  local d=$1
+  shift
+  printf '%s\n' "$@" | sort -g | awk -v d="$d" '{ v[NR] = $1 }
+    END { printf "%." d "f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+range() {
+  local d=$1
+  shift
+  printf '%s\n' "$@" | sort -g | awk -v d="$d" '{ v[NR] = $1 } END { printf " (%." d "f-%." d "f)", v[1], v[NR] }'
+}
 spread() {
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
-    END { printf "%.3f (%.3f-%.3f)", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR] }'
+  echo "$(median 3 "$@")$(range 3 "$@")"
 }
 
 # The base round trip between a sender and the receiver, ms (the smallest of 20 pings).
@@ -300,15 +311,6 @@ ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'
 }
 job=(--model lenet --dataset synthetic --batch-size 64 --steps "$steps" --seed 1)
-# The median of the step times given (4 decimals), and their range where there are several.
-median() {
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
-    END { printf "%.4f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
-}
-range() {
-  [ $# -gt 1 ] || return 0
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf " (%.4f-%.4f)", v[1], v[NR] }'
-}
 # One run of the current training cell into directory $1; prints the mean steps of the
 # kernel, the emulator, the simulator and the simulator at the emulated job's compute.
 train_run() {
@@ -388,8 +390,10 @@ for cc in "${cc_list[@]}"; do
       read -r k e s j < "$out/steps.txt"
       ks+=("$k") es+=("$e") ss+=("$s") js+=("$j")
     done
-    k=$(median "${ks[@]}") e=$(median "${es[@]}") s=$(median "${ss[@]}") j=$(median "${js[@]}")
-    echo "| $cc | $cell | $k$(range "${ks[@]}") | $e$(range "${es[@]}") | $s | $(ratio "$e" "$k") |" \
+    k=$(median 4 "${ks[@]}") e=$(median 4 "${es[@]}") s=$(median 4 "${ss[@]}") j=$(median 4 "${js[@]}")
+    kr="" er=""
+    [ "$repeats" = 1 ] || kr=$(range 4 "${ks[@]}") er=$(range 4 "${es[@]}")
+    echo "| $cc | $cell | $k$kr | $e$er | $s | $(ratio "$e" "$k") |" \
       "$(ratio "$s" "$e") | $(ratio "$j" "$e") |"
   done
 done
