@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The calibration ladder of the network model, transfers first: the same bulk transfers on
-# the kernel's TCP between network namespaces and in the model (`syncopate transfer`), for
-# each congestion control, side by side.
+# The calibration ladder of the network model, transfers first: the same transfers (bulk, or
+# messages as a job's slices) on the kernel's TCP between network namespaces and in the model
+# (`syncopate transfer`), for each congestion control, side by side.
 #
 # Usage: scripts/calibrate-net.sh [--cc cubic,bbr] [--rungs all] [--repeats 3] [--out DIR]
 #                                 [--train [--cells a,b,c,d,lossless] [--steps 60] [--fair]]
@@ -10,7 +10,12 @@
 #   --rungs    comma-separated subset of: one (one flow, deep buffer), incast (4 senders into
 #              a 32-packet queue), loss1, loss5 and loss10 (one flow, 1 %, 5 % and 10 % random
 #              loss), paths (one flow with a second, degraded 20 Mbit/s path beside it);
-#              default all but loss10 (a 10 % loss transfer takes the kernel a minute)
+#              msgs, msgs1, msgs5 and msgs10 (messages: one flow sends 50 of 160 KB, P3's
+#              slice, one every 100 ms, lossless and at 1 %, 5 % and 10 % loss; each ends in
+#              a tail a loss may strike, as a job's slices do, where a bulk transfer's losses
+#              have data behind them; compared by the mean latency of a run's messages, from
+#              when each was due to its last byte's arrival); default all but loss10 (a 10 %
+#              loss transfer takes the kernel a minute) and the msgs rungs
 #   --repeats  kernel runs per cell, 1 to 99 (default 3); the model runs the same number of
 #              seeds. Each rung prints both medians, their ratio and its 90 % bootstrap
 #              interval, and whether that interval lies within 5 % (`within`), wholly outside
@@ -179,10 +184,12 @@ set_cc() {
 }
 
 # One kernel transfer: $1 flows of $2 bytes each; prints the completion in seconds. With
-# --trace, sender 1's packets go to the capture $3.
+# --trace, sender 1's packets go to the capture $3. With $4 (bytes) and $5 (ms), messages of
+# $4 bytes one every $5 ms: prints their mean latency in seconds.
 kernel_transfer() {
-  local flows=$1 bytes=$2 capture=${3:-} port=$((20000 + RANDOM % 20000))
-  local result="$out/recv.json" dump=
+  local flows=$1 bytes=$2 capture=${3:-} message=${4:-0} every=${5:-0}
+  local port=$((20000 + RANDOM % 20000)) result="$out/recv.json" dump= metric=completion_s
+  [ "$message" = 0 ] || metric=message_latency_s:mean
   if [ -n "$capture" ]; then
     ip netns exec "$tag-h1" tcpdump -i eth0 -s 128 -Z root -w "$capture" "tcp port $port" \
       2> "$capture.log" &
@@ -193,13 +200,13 @@ kernel_transfer() {
     start_socket_samplers "${capture%.pcap}" 20 "$tag-h0" "$tag-h1"
   fi
   ip netns exec "$tag-h0" python3 scripts/tcp_transfer.py recv --port "$port" --flows "$flows" \
-    > "$result" &
+    --message "$message" > "$result" &
   local recv=$!
   local pids=()
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/before.json"
   for ((s = 1; s <= flows; s++)); do
     ip netns exec "$tag-h$s" python3 scripts/tcp_transfer.py send --host 10.79.0.1 \
-      --port "$port" --bytes "$bytes" &
+      --port "$port" --bytes "$bytes" --message "$message" --every "$every" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
@@ -212,7 +219,14 @@ kernel_transfer() {
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"
   echo "calibrate-net: sender 1's TCP counters grew: $(python3 scripts/tcp_transfer.py delta \
     "$out/before.json" "$out/after.json")" >&2
-  "$SYNCOPATE_BIN" summary --kind transfer "$result" completion_s
+  [ "$message" = 0 ] || echo "calibrate-net: the kernel's messages: $(latencies "$result")" >&2
+  "$SYNCOPATE_BIN" summary --kind transfer "$result" "$metric"
+}
+
+# A transfer report's message latencies in words: median, 90th percentile and largest, ms.
+latencies() {
+  "$SYNCOPATE_BIN" summary --kind transfer "$1" message_latency_s:median message_latency_s:p90 \
+    message_latency_s:max | awk '{ printf "latency median %.2f ms, p90 %.2f ms, max %.2f ms", $1 * 1e3, $2 * 1e3, $3 * 1e3 }'
 }
 
 # The median of the times given after the first argument, to that many decimals; their range
@@ -249,21 +263,29 @@ done
 IFS=, read -ra cc_list <<< "$ccs"
 IFS=, read -ra rung_list <<< "$rungs"
 if [ "${#rung_list[@]}" -gt 0 ]; then
-  echo "| TCP | rung | kernel s, median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
+  echo "| TCP | rung | kernel s (completion; msgs: the mean latency), median of $repeats (range) | model s (range) | model / kernel (90 % interval) | within 5 %? |"
   echo "|---|---|---|---|---|---|"
 fi
 for cc in "${cc_list[@]}"; do
   set_cc "$cc"
   for rung in "${rung_list[@]}"; do
-    flows=1 bytes=10000000 queue=1000 ppm=0 model=()
+    flows=1 bytes=10000000 queue=1000 ppm=0 model=() message=0 every=0 metric=completion_s
     case "$rung" in
+      msgs*)
+        message=160000 every=100 bytes=$((50 * 160000)) metric=message_latency_s:mean
+        model=(--frame "$message" --every "${every}ms")
+        case "${rung#msgs}" in
+          "") ;;
+          1|5|10) ppm=$((${rung#msgs} * 10000)); model+=(--loss "${rung#msgs}%") ;;
+          *) fail "unknown rung '$rung' (msgs, msgs1, msgs5, msgs10)" ;;
+        esac ;;
       one) ;;
       incast) flows=4 bytes=2500000 queue=32 ;;
       loss1) ppm=10000; model=(--loss 1%) ;;
       loss5) ppm=50000; model=(--loss 5%) ;;
       loss10) ppm=100000; model=(--loss 10%) ;;
       paths) ;;
-      *) fail "unknown rung '$rung' (one, incast, loss1, loss5, loss10, paths)" ;;
+      *) fail "unknown rung '$rung' (one, incast, loss1, loss5, loss10, paths, msgs, msgs1, msgs5, msgs10)" ;;
     esac
     bottleneck 0 100mbit "$queue"
     # The model's hosts as the testbed's: a sender's own port at a veth's speed, the
@@ -282,11 +304,12 @@ for cc in "${cc_list[@]}"; do
     for ((r = 1; r <= repeats; r++)); do
       capture=
       if [ "$trace" = 1 ]; then mkdir -p "$out/trace"; capture="$out/trace/$cc-$rung-$r.pcap"; fi
-      kernel+=("$(kernel_transfer "$flows" "$bytes" "$capture")")
+      kernel+=("$(kernel_transfer "$flows" "$bytes" "$capture" "$message" "$every")")
       "$SYNCOPATE_BIN" transfer --json --flows "$flows" --bytes "$bytes" --seed "$r" \
         --network "$out/$rung.toml" --queue $((queue * 1514)) --mtu 1500 --tcp "$cc" \
         --latency "${latency_us}us" "${model[@]}" > "$out/model.json"
-      ours+=("$("$SYNCOPATE_BIN" summary "$out/model.json" completion_s)")
+      ours+=("$("$SYNCOPATE_BIN" summary "$out/model.json" "$metric")")
+      [ "$message" = 0 ] || echo "calibrate-net: the model's messages: $(latencies "$out/model.json")" >&2
       echo "calibrate-net: the model's $cc $rung run $r: $("$SYNCOPATE_BIN" summary \
         "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d (a resend with nothing after it %d, a resend its window held %d, an original while recovering %d, lost ACKs while recovering %d)",
           $1 + $2, $3 + $4, $5 + $6, $7 + $8, $9, $10, $11, $12 }')" >&2

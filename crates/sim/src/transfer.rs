@@ -1,15 +1,17 @@
-//! Bulk transfers through the network model alone, no strategy and no compute: `flows`
-//! senders each send `bytes` to one receiver as reliable (TCP-like) frames, each sender's
-//! egress [`Port`] and (when the profile models it) the receiver's ingress port deciding
-//! every frame. This is the model's half of the calibration ladder: the same transfers run
-//! between network namespaces on the kernel's TCP (`scripts/calibrate-net.sh`).
+//! Transfers through the network model alone, no strategy and no compute: `flows` senders
+//! each send `bytes` to one receiver as reliable (TCP-like) frames, each sender's egress
+//! [`Port`] and (when the profile models it) the receiver's ingress port deciding every
+//! frame; in bulk (as fast as the ports take them) or as messages, one frame every period
+//! (a job's slices: each ends in a tail a loss may strike). This is the model's half of the
+//! calibration ladder: the same transfers run between network namespaces on the kernel's
+//! TCP (`scripts/calibrate-net.sh`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use syncopate_core::net::{Fate, FrameMeta, Nanos, NetCounters, NetworkProfile, Port};
 
-/// One bulk transfer: who sends how much, in frames of what size.
+/// One transfer: who sends how much, in frames of what size, in bulk or as messages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransferSpec {
     /// Senders, each with a flow of its own to the one receiver.
@@ -20,6 +22,9 @@ pub struct TransferSpec {
     pub frame_bytes: usize,
     /// The seed every loss draw derives from.
     pub seed: u64,
+    /// Messages: each sender's `n`-th frame is due `n · every` ns from the start (and goes
+    /// once its port and socket have room). `None`: bulk, each frame as soon as they have.
+    pub every: Option<Nanos>,
 }
 
 /// What a transfer took.
@@ -33,13 +38,17 @@ pub struct TransferReport {
     pub egress: NetCounters,
     /// The receiver's ingress port (zero without one).
     pub ingress: NetCounters,
+    /// Messages only: each frame's latency, from when it was due to when its last byte
+    /// arrived, ns, in the order they arrived (empty in bulk).
+    pub message_latency_ns: Vec<Nanos>,
 }
 
 /// Most frames one transfer may hand the model (a bound on a mistyped size).
 const MAX_FRAMES: u64 = 50_000_000;
 
-/// Runs `spec` over `profile`: every sender offers frames while its egress has room, the
-/// decided frames reach the receiver's ingress port (if any) at their delivery times.
+/// Runs `spec` over `profile`: every sender offers frames while its egress has room (and,
+/// for messages, once each is due), the decided frames reach the receiver's ingress port (if
+/// any) at their delivery times.
 pub fn transfer(profile: &NetworkProfile, spec: &TransferSpec) -> Result<TransferReport, String> {
     if spec.flows == 0 || spec.frame_bytes == 0 || spec.bytes == 0 {
         return Err("a transfer needs at least one flow, one byte and frames of one byte".into());
@@ -51,74 +60,172 @@ pub fn transfer(profile: &NetworkProfile, spec: &TransferSpec) -> Result<Transfe
             frames.saturating_mul(spec.flows as u64)
         ));
     }
-    let receiver = spec.flows as u64;
-    // Senders' NICs as workers' (`worker_bandwidth_bps`): the testbed shapes the receiver's.
-    let nic = profile.worker_nic();
-    let mut senders: Vec<Port> = (0..spec.flows)
-        .map(|h| Port::egress(&nic, spec.seed, h as u64))
-        .collect();
-    let mut ingress = profile
-        .ingress
-        .then(|| Port::ingress(profile, spec.seed, receiver));
-    let mut left: Vec<u64> = vec![spec.bytes; spec.flows];
-    let mut done = vec![0; spec.flows];
-    // Frames decided by a sender, arriving at the receiver's port: (time, token, flow, bytes).
-    let mut arriving: BinaryHeap<Reverse<(Nanos, u64, usize, usize)>> = BinaryHeap::new();
-    // Per token (frames numbered as offered): its bytes and its flow.
-    let mut sent: Vec<(usize, usize)> = Vec::new();
+    let mut run = Run::new(profile, spec);
     let mut now: Nanos = 0;
     loop {
-        for (h, port) in senders.iter_mut().enumerate() {
-            while left[h] > 0 && port.has_room(now) && port.flow_has_room(h as u64) {
-                let bytes = left[h].min(spec.frame_bytes as u64) as usize;
-                left[h] -= bytes as u64;
-                let token = sent.len() as u64;
-                sent.push((bytes, h));
-                port.enqueue(now, token, frame(bytes, h, token));
-            }
-            while let Some((token, fate)) = port.poll_fate(now) {
-                let Fate::Delivered { at, .. } = fate else {
-                    return Err(format!("a reliable frame was given up: {fate:?}"));
-                };
-                let (bytes, _) = sent[token as usize];
-                match ingress {
-                    Some(_) => arriving.push(Reverse((at, token, h, bytes))),
-                    None => done[h] = done[h].max(at),
-                }
-            }
+        for h in 0..spec.flows {
+            run.offer(h, now);
+            run.take_fates(h, now)?;
         }
-        if let Some(port) = ingress.as_mut() {
-            while let Some(&Reverse((at, token, h, bytes))) = arriving.peek() {
-                if at > now {
-                    break;
-                }
-                arriving.pop();
-                port.enqueue(at, token, frame(bytes, h, token));
-            }
-            while let Some(d) = port.poll_decision(now) {
-                let Fate::Delivered { at, .. } = d.fate else {
-                    return Err(format!("a reliable frame was given up: {:?}", d.fate));
-                };
-                if let Some(&(_, h)) = sent.get(d.token as usize) {
-                    done[h] = done[h].max(at);
-                }
-            }
-        }
-        let next = next_event(&senders, &left, ingress.as_ref(), &arriving, now);
-        match next {
+        run.through_ingress(now)?;
+        match run.next_event(now) {
             Some(t) => now = t.max(now),
             None => break,
         }
     }
-    Ok(TransferReport {
-        completion_ns: done.iter().copied().max().unwrap_or(0),
-        flow_completion_ns: done,
-        egress: senders.iter().fold(NetCounters::default(), |mut sum, p| {
-            sum.add(&p.counters());
-            sum
-        }),
-        ingress: ingress.map(|p| p.counters()).unwrap_or_default(),
-    })
+    Ok(run.report())
+}
+
+/// A transfer under way: the ports and what each flow has sent and has had delivered.
+struct Run<'a> {
+    spec: &'a TransferSpec,
+    senders: Vec<Port>,
+    ingress: Option<Port>,
+    /// Per flow: bytes not yet offered, frames offered, when its last frame arrived.
+    left: Vec<u64>,
+    offered: Vec<u64>,
+    done: Vec<Nanos>,
+    /// Frames decided by a sender, arriving at the receiver's port: (time, token, flow, bytes).
+    arriving: BinaryHeap<Reverse<(Nanos, u64, usize, usize)>>,
+    /// Per token (frames numbered as offered): its bytes, its flow and when it was due.
+    sent: Vec<(usize, usize, Nanos)>,
+    /// Messages: each one's latency, in the order they arrived.
+    latency: Vec<Nanos>,
+}
+
+impl<'a> Run<'a> {
+    fn new(profile: &NetworkProfile, spec: &'a TransferSpec) -> Self {
+        // Senders' NICs as workers' (`worker_bandwidth_bps`): the testbed shapes the receiver's.
+        let nic = profile.worker_nic();
+        let receiver = spec.flows as u64;
+        Self {
+            spec,
+            senders: (0..spec.flows)
+                .map(|h| Port::egress(&nic, spec.seed, h as u64))
+                .collect(),
+            ingress: (profile.ingress).then(|| Port::ingress(profile, spec.seed, receiver)),
+            left: vec![spec.bytes; spec.flows],
+            offered: vec![0; spec.flows],
+            done: vec![0; spec.flows],
+            arriving: BinaryHeap::new(),
+            sent: Vec::new(),
+            latency: Vec::new(),
+        }
+    }
+
+    /// When flow `h`'s next frame is due (`Nanos::MAX` once it has offered all).
+    fn due(&self, h: usize) -> Nanos {
+        match self.left[h] {
+            0 => Nanos::MAX,
+            _ => (self.spec.every).map_or(0, |period| period.saturating_mul(self.offered[h])),
+        }
+    }
+
+    /// Flow `h` offers its frames due by `now` while its port and socket have room.
+    fn offer(&mut self, h: usize, now: Nanos) {
+        while self.due(h) <= now
+            && self.senders[h].has_room(now)
+            && self.senders[h].flow_has_room(h as u64)
+        {
+            let bytes = self.left[h].min(self.spec.frame_bytes as u64) as usize;
+            let token = self.sent.len() as u64;
+            self.sent.push((bytes, h, self.due(h)));
+            self.left[h] -= bytes as u64;
+            self.offered[h] += 1;
+            self.senders[h].enqueue(now, token, frame(bytes, h, token));
+        }
+    }
+
+    /// Flow `h`'s frames its port has decided by `now`: on to the receiver's port, or (with
+    /// none) delivered.
+    fn take_fates(&mut self, h: usize, now: Nanos) -> Result<(), String> {
+        while let Some((token, fate)) = self.senders[h].poll_fate(now) {
+            let Fate::Delivered { at, .. } = fate else {
+                return Err(format!("a reliable frame was given up: {fate:?}"));
+            };
+            match self.ingress {
+                Some(_) => {
+                    let bytes = self.sent_at(token).map_or(0, |s| s.0);
+                    self.arriving.push(Reverse((at, token, h, bytes)));
+                }
+                None => self.arrived(token, at),
+            }
+        }
+        Ok(())
+    }
+
+    /// The receiver's port takes the frames arrived by `now` and delivers those it has
+    /// decided.
+    fn through_ingress(&mut self, now: Nanos) -> Result<(), String> {
+        let Some(port) = self.ingress.as_mut() else {
+            return Ok(());
+        };
+        while let Some(&Reverse((at, token, h, bytes))) = self.arriving.peek() {
+            if at > now {
+                break;
+            }
+            self.arriving.pop();
+            port.enqueue(at, token, frame(bytes, h, token));
+        }
+        let mut delivered = Vec::new();
+        while let Some(d) = port.poll_decision(now) {
+            let Fate::Delivered { at, .. } = d.fate else {
+                return Err(format!("a reliable frame was given up: {:?}", d.fate));
+            };
+            delivered.push((d.token, at));
+        }
+        for (token, at) in delivered {
+            self.arrived(token, at);
+        }
+        Ok(())
+    }
+
+    /// The bytes, flow and due time of the frame numbered `token`.
+    fn sent_at(&self, token: u64) -> Option<&(usize, usize, Nanos)> {
+        usize::try_from(token).ok().and_then(|i| self.sent.get(i))
+    }
+
+    /// Frame `token` arrived whole at `at`: its flow's completion, and (messages) its latency.
+    fn arrived(&mut self, token: u64, at: Nanos) {
+        let Some(&(_, h, due)) = self.sent_at(token) else {
+            return;
+        };
+        self.done[h] = self.done[h].max(at);
+        if self.spec.every.is_some() {
+            self.latency.push(at.saturating_sub(due));
+        }
+    }
+
+    /// The next instant anything is due: a sender's decision, or its room once its next
+    /// frame is due, an arrival, or the receiver's decision; `None` when all is delivered.
+    fn next_event(&self, now: Nanos) -> Option<Nanos> {
+        let rooms = (self.senders.iter().enumerate())
+            .filter(|&(h, _)| self.left[h] > 0)
+            .map(|(h, p)| {
+                let room = match p.flow_has_room(h as u64) {
+                    true => p.room_at(now),
+                    false => p.flow_room_at(now).unwrap_or_else(|| p.room_at(now)),
+                };
+                room.max(self.due(h))
+            });
+        let fates = self.senders.iter().filter_map(Port::poll_timeout);
+        let arrivals = self.arriving.peek().map(|Reverse((t, ..))| *t);
+        let receiver = self.ingress.as_ref().and_then(Port::poll_timeout);
+        rooms.chain(fates).chain(arrivals).chain(receiver).min()
+    }
+
+    fn report(self) -> TransferReport {
+        TransferReport {
+            completion_ns: self.done.iter().copied().max().unwrap_or(0),
+            flow_completion_ns: self.done,
+            egress: self.senders.iter().fold(NetCounters::default(), |mut sum, p| {
+                sum.add(&p.counters());
+                sum
+            }),
+            ingress: self.ingress.map(|p| p.counters()).unwrap_or_default(),
+            message_latency_ns: self.latency,
+        }
+    }
 }
 
 /// A reliable frame of `bytes` on flow `h`, identified by its token for the loss draws.
@@ -132,28 +239,6 @@ fn frame(bytes: usize, h: usize, token: u64) -> FrameMeta {
     }
 }
 
-/// The next instant anything is due: a sender's decision or room, an arrival, or the
-/// receiver's decision; `None` when all is delivered.
-fn next_event(
-    senders: &[Port],
-    left: &[u64],
-    ingress: Option<&Port>,
-    arriving: &BinaryHeap<Reverse<(Nanos, u64, usize, usize)>>,
-    now: Nanos,
-) -> Option<Nanos> {
-    let rooms = (senders.iter().zip(left))
-        .enumerate()
-        .filter(|(_, (_, &l))| l > 0)
-        .map(|(h, (p, _))| match p.flow_has_room(h as u64) {
-            true => p.room_at(now),
-            false => p.flow_room_at(now).unwrap_or_else(|| p.room_at(now)),
-        });
-    let fates = senders.iter().filter_map(Port::poll_timeout);
-    let arrivals = arriving.peek().map(|Reverse((t, ..))| *t);
-    let receiver = ingress.and_then(Port::poll_timeout);
-    rooms.chain(fates).chain(arrivals).chain(receiver).min()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +249,7 @@ mod tests {
             bytes,
             frame_bytes: 65_536,
             seed: 1,
+            every: None,
         }
     }
 
@@ -190,6 +276,40 @@ mod tests {
         // 10 MB through one 100 Mbit/s port: 0.8 s, give or take a frame.
         let s = r.completion_ns as f64 * 1e-9;
         assert!((0.79..0.82).contains(&s), "{s} s");
+    }
+
+    #[test]
+    fn messages_go_when_due_and_each_takes_its_own_serialisation() {
+        let profile = NetworkProfile {
+            bandwidth_bps: Some(1e8),
+            latency_ns: 50_000,
+            ..NetworkProfile::default()
+        };
+        let every = 20_000_000;
+        let messages = TransferSpec {
+            frame_bytes: 160_000,
+            every: Some(every),
+            ..spec(1, 1_600_000)
+        };
+        let r = transfer(&profile, &messages).unwrap_or_else(|e| panic!("{e}"));
+        // 12.8 ms on the wire and the latency, every one alike: none waits for another.
+        assert_eq!(r.message_latency_ns, vec![12_800_000 + 50_000; 10]);
+        assert_eq!(r.completion_ns, 9 * every + 12_800_000 + 50_000);
+        // Due faster than the link drains them: each waits for those before it.
+        let crowded = TransferSpec {
+            every: Some(6_400_000),
+            ..messages
+        };
+        let r = transfer(&profile, &crowded).unwrap_or_else(|e| panic!("{e}"));
+        let waits: Vec<Nanos> = r
+            .message_latency_ns
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect();
+        assert!(waits.iter().all(|&w| w == 6_400_000), "{waits:?}");
+        assert!(
+            transfer(&profile, &spec(1, 1_600_000)).is_ok_and(|r| r.message_latency_ns.is_empty())
+        );
     }
 
     #[test]

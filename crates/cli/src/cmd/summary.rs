@@ -23,7 +23,7 @@ use super::transfer::TransferReport;
     syncopate summary --kind simulate sim.json mean_step_seconds network.frames_dropped\n\n\
     A FIELD is a dotted path into the file as its type writes it (`worker0.times.compute`, \
     `traffic.0.bytes_sent`); one that names a list of numbers may end in `:mean`, `:median`, \
-    `:p50`, `:p99`, `:min`, `:max`, `:sum` or `:len`, taken over the list after --skip \
+    `:p50`, `:p90`, `:p99`, `:min`, `:max`, `:sum` or `:len`, taken over the list after --skip \
     entries (NaN for an empty list). Numbers print as Rust writes them (or with --decimals), \
     strings as they are, lists and objects as JSON, an absent optional figure as --null.")]
 pub struct SummaryArgs {
@@ -204,10 +204,11 @@ fn reduce(numbers: &[f64], reduction: &str) -> Result<Value> {
         "mean" if numbers.is_empty() => f64::NAN,
         "mean" => numbers.iter().sum::<f64>() / n,
         "median" | "p50" => quantile(0.5),
+        "p90" => quantile(0.9),
         "p99" => quantile(0.99),
         "min" => numbers.iter().copied().fold(f64::NAN, f64::min),
         "max" => numbers.iter().copied().fold(f64::NAN, f64::max),
-        other => bail!("no reduction ':{other}' (mean, median, p50, p99, min, max, sum, len)"),
+        other => bail!("no reduction ':{other}' (mean, median, p50, p90, p99, min, max, sum, len)"),
     };
     // serde_json holds no NaN: a string says it.
     Ok(serde_json::Number::from_f64(v).map_or_else(|| Value::from("NaN"), Value::Number))
@@ -257,6 +258,7 @@ mod tests {
         assert_eq!(cell("worker0.step_seconds:len", 1), "3");
         assert_eq!(cell("worker0.step_seconds:max", 0), "9");
         assert_eq!(cell("worker0.step_seconds:p99", 0), "9");
+        assert_eq!(cell("worker0.step_seconds:p90", 0), "9");
         assert_eq!(cell("worker0.step_seconds:median", 0), "3");
         assert_eq!(cell("worker0.step_seconds.0", 0), "9");
         assert_eq!(cell("worker0.step_seconds:mean", 9), "NaN");

@@ -1,10 +1,11 @@
-//! `syncopate transfer`: bulk transfers through the network model alone (no strategy, no
-//! compute), the model's half of the calibration ladder (`scripts/calibrate-net.sh`).
+//! `syncopate transfer`: transfers through the network model alone (no strategy, no
+//! compute), in bulk or as messages, the model's half of the calibration ladder
+//! (`scripts/calibrate-net.sh`).
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use syncopate_core::net::{parse_size, NetCounters};
+use syncopate_core::net::{parse_duration_ns, parse_size, NetCounters};
 use syncopate_sim::transfer::{transfer, TransferSpec};
 
 use crate::args::NetworkArgs;
@@ -19,9 +20,16 @@ pub struct TransferArgs {
     /// Bytes each sender sends, e.g. 10MB.
     #[arg(long, default_value = "10MB")]
     pub bytes: String,
-    /// Bytes a sender hands the network at a time (one socket write).
+    /// Bytes a sender hands the network at a time (one socket write; with --every, one
+    /// message).
     #[arg(long, default_value = "64KiB")]
     pub frame: String,
+    /// Send messages instead of bulk: each sender's frames one every DURATION (e.g. 20ms),
+    /// as a job's slices, each ending in a tail a loss may strike; every message's latency,
+    /// from when it was due to its last byte's arrival, is reported (`message_latency_s`).
+    /// Default: bulk, each frame as soon as the sender's port and socket take it.
+    #[arg(long, value_name = "DURATION")]
+    pub every: Option<String>,
     /// Seed of the loss draws: the same seed, the same losses.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -51,6 +59,10 @@ pub struct TransferReport {
     /// What it did to them at the receiver's port (none in a kernel transfer's report).
     #[serde(default)]
     pub ingress: NetCounters,
+    /// Messages (`--every`): each one's latency, from when it was due to its last byte's
+    /// arrival, seconds, in the order they arrived.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub message_latency_s: Vec<f64>,
 }
 
 /// Runs one transfer and prints when it completed.
@@ -61,6 +73,11 @@ pub fn run(args: TransferArgs) -> Result<()> {
         bytes: parse_size(&args.bytes).context("--bytes")? as u64,
         frame_bytes: parse_size(&args.frame).context("--frame")?,
         seed: args.seed,
+        every: (args.every.as_deref())
+            .map(parse_duration_ns)
+            .transpose()
+            .context("--every")?
+            .filter(|&ns| ns > 0),
     };
     let report = transfer(&profile, &spec).map_err(|e| anyhow!("transfer: {e}"))?;
     let seconds = report.completion_ns as f64 * 1e-9;
@@ -77,18 +94,46 @@ pub fn run(args: TransferArgs) -> Result<()> {
             tcp: profile.tcp.name().to_string(),
             egress: report.egress,
             ingress: report.ingress,
+            message_latency_s: seconds_of(&report.message_latency_ns),
         };
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
     println!(
-        "transfer: {} flow(s) x {} bytes over TCP {}: {seconds:.4} s, goodput {goodput:.1} Mbit/s; {}",
+        "transfer: {} flow(s) x {} bytes over TCP {}: {seconds:.4} s, goodput {goodput:.1} Mbit/s{}; {}",
         spec.flows,
         spec.bytes,
         profile.tcp,
+        latencies(&seconds_of(&report.message_latency_ns)),
         losses(&report.egress, &report.ingress)
     );
     Ok(())
+}
+
+/// Nanoseconds as seconds.
+fn seconds_of(ns: &[u64]) -> Vec<f64> {
+    ns.iter().map(|&t| t as f64 * 1e-9).collect()
+}
+
+/// Messages' latencies in words (nothing in bulk): their count, median, 90th percentile
+/// and largest.
+fn latencies(seconds: &[f64]) -> String {
+    let mut sorted = seconds.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((q * sorted.len() as f64) as usize).min(sorted.len().saturating_sub(1));
+        sorted.get(i).map_or(f64::NAN, |s| s * 1e3)
+    };
+    match sorted.last() {
+        None => String::new(),
+        Some(most) => format!(
+            "; {} messages, latency median {:.2} ms, p90 {:.2} ms, max {:.2} ms",
+            sorted.len(),
+            at(0.5),
+            at(0.9),
+            most * 1e3
+        ),
+    }
 }
 
 /// The losses and repairs of a transfer, in words.
