@@ -89,16 +89,17 @@ impl LossProcess {
         }
     }
 
-    /// Of `windows` windows of a frame sent by a flow with a small window, how many lose
-    /// every one of their `acks` acknowledgements on the way back (each as one packet of
-    /// this path's loss in its current state), leaving the sender with nothing to clock
-    /// it on. Drawn from `key`'s own stream where the frame has one, else from the path's.
-    pub fn lose_windows_acks(&mut self, key: Option<u64>, windows: u64, acks: u32) -> u64 {
+    /// Of the windows a frame was sent in by a flow with a small window (`windows`: how
+    /// many windows of how many acknowledgements, in the order sent), how many lose every
+    /// one of their acknowledgements on the way back (each as one packet of this path's
+    /// loss in its current state), leaving the sender with nothing to clock it on. Drawn
+    /// from `key`'s own stream where the frame has one, else from the path's.
+    pub fn lose_windows_acks(
+        &mut self,
+        key: Option<u64>,
+        windows: impl IntoIterator<Item = (u64, u32)>,
+    ) -> u64 {
         let p = self.packet_loss_now();
-        let all = p.powi(i32::try_from(acks).unwrap_or(i32::MAX));
-        if all < MIN_WINDOW_STALL || windows == 0 {
-            return 0;
-        }
         let mut own;
         let rng = match key {
             Some(key) => {
@@ -107,7 +108,14 @@ impl LossProcess {
             }
             None => &mut self.rng,
         };
-        (0..windows).filter(|_| rng.chance(all)).count() as u64
+        let mut stalls = 0;
+        for (count, acks) in windows {
+            let all = p.powi(i32::try_from(acks).unwrap_or(i32::MAX));
+            if all >= MIN_WINDOW_STALL {
+                stalls += (0..count).filter(|_| rng.chance(all)).count() as u64;
+            }
+        }
+        stalls
     }
 
     /// The chance of losing one packet in the chain's current state.

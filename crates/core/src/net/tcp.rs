@@ -523,6 +523,27 @@ impl TcpFlow {
         self.through_bottleneck(start, bytes)
     }
 
+    /// The rounds in which the flow under `cc` sends `packets` packets from its window now,
+    /// as runs of `(rounds, packets a round)` in order. A BBR flow regrowing after a timeout
+    /// grows its window ACK by ACK ([`TcpFlow::on_partly_acked`]), so each round's ACKs
+    /// double the next one, up to where it stood; cubic's and Reno's window is the frame's
+    /// throughout (it grows when the frame is whole). A last part-filled round, whose ACKs
+    /// are the frame's final ones, is not counted.
+    pub(crate) fn rounds(&self, cc: CongestionControl, packets: u64, mss: f64) -> Rounds {
+        let segments = |bytes: f64| (bytes / mss).clamp(1.0, u32::MAX as f64) as u64;
+        let window = segments(self.cwnd);
+        let regrowing = !cc.backs_off() && self.ssthresh.is_finite();
+        Rounds {
+            left: packets,
+            window,
+            target: if regrowing {
+                segments(self.ssthresh)
+            } else {
+                window
+            },
+        }
+    }
+
     /// The congestion window, bytes (for tests and traces).
     #[cfg(test)]
     pub(crate) fn cwnd(&self) -> f64 {
@@ -537,6 +558,31 @@ impl TcpFlow {
     /// The congestion window in whole bytes (at most what a queue could hold).
     pub(crate) fn window_bytes(&self) -> usize {
         self.cwnd.min(1e12) as usize
+    }
+}
+
+/// The rounds a flow sends a frame's packets in ([`TcpFlow::rounds`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rounds {
+    left: u64,
+    window: u64,
+    target: u64,
+}
+
+impl Iterator for Rounds {
+    type Item = (u64, u32);
+
+    fn next(&mut self) -> Option<(u64, u32)> {
+        let acks = |w: u64| u32::try_from(w).unwrap_or(u32::MAX);
+        if self.window < self.target && self.window <= self.left {
+            let round = self.window;
+            self.left -= round;
+            self.window = self.window.saturating_mul(2).min(self.target);
+            return Some((1, acks(round)));
+        }
+        let rounds = self.left / self.window.max(1);
+        self.left = 0;
+        (rounds > 0).then(|| (rounds, acks(self.window)))
     }
 }
 

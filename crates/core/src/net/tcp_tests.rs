@@ -166,6 +166,26 @@ fn bbr_takes_one_segment_after_a_timeout_and_regrows_to_where_it_stood() {
 }
 
 #[test]
+fn a_frame_s_rounds_double_only_where_bbr_regrows_ack_by_ack() {
+    let timeout = Recovery::Timeout(TimeoutCause::ResendStalled);
+    let rounds = |flow: &TcpFlow, cc, packets| flow.rounds(cc, packets, MSS).collect::<Vec<_>>();
+    let mut bbr = TcpFlow::new(MS, MSS, None);
+    // Paced, not regrowing: a round is its window of 10 segments, a part-filled one uncounted.
+    assert_eq!(rounds(&bbr, CongestionControl::Bbr, 45), vec![(4, 10)]);
+    // After a timeout: 1, 2, 4 and 8 segments, then the 10 it stood at.
+    bbr.on_loss(CongestionControl::Bbr, timeout, 0, 0, MSS);
+    assert_eq!(
+        rounds(&bbr, CongestionControl::Bbr, 45),
+        vec![(1, 1), (1, 2), (1, 4), (1, 8), (3, 10)]
+    );
+    assert_eq!(rounds(&bbr, CongestionControl::Bbr, 2), vec![(1, 1)]);
+    // Cubic's window grows when a frame is whole: every round of a frame is one segment.
+    let mut cubic = TcpFlow::new(MS, MSS, None);
+    cubic.on_loss(CongestionControl::Cubic, timeout, 0, 0, MSS);
+    assert_eq!(rounds(&cubic, CongestionControl::Cubic, 45), vec![(45, 1)]);
+}
+
+#[test]
 fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
     let mut flow = TcpFlow::new(MS, MSS, None);
     flow.on_loss(

@@ -503,7 +503,7 @@ impl Port {
         draw: Option<u64>,
         done: Nanos,
     ) -> Nanos {
-        let (mss, rto_min) = (self.tcp.mss, self.tcp.rto_min);
+        let (cc, mss, rto_min) = (self.tcp.cc, self.tcp.mss, self.tcp.rto_min);
         if !(held.meta.reliable && self.tcp.on) {
             return done;
         }
@@ -513,9 +513,10 @@ impl Port {
         };
         let packets = path.loss.packets(held.wire_bytes);
         let middle = packets.saturating_sub(final_ack_packets(&path.loss, held.wire_bytes));
+        let stalls = path
+            .loss
+            .lose_windows_acks(draw, flow.rounds(cc, middle, mss));
         let window = ((flow.window_bytes() as f64 / mss) as u64).max(1);
-        let acks = u32::try_from(window).unwrap_or(u32::MAX);
-        let stalls = path.loss.lose_windows_acks(draw, middle / window, acks);
         if stalls == 0 {
             return done;
         }
