@@ -242,8 +242,9 @@ range() {
   shift
   printf '%s\n' "$@" | sort -g | awk -v d="$d" '{ v[NR] = $1 } END { printf " (%." d "f-%." d "f)", v[1], v[NR] }'
 }
+# Both, to the decimals in $decimals (3 unless set): `0.835 (0.834-0.836)`.
 spread() {
-  echo "$(median 3 "$@")$(range 3 "$@")"
+  echo "$(median "${decimals:-3}" "$@")$(range "${decimals:-3}" "$@")"
 }
 
 # The base round trip between a sender and the receiver, ms (the smallest of 20 pings).
@@ -269,10 +270,10 @@ fi
 for cc in "${cc_list[@]}"; do
   set_cc "$cc"
   for rung in "${rung_list[@]}"; do
-    flows=1 bytes=10000000 queue=1000 ppm=0 model=() message=0 every=0 metric=completion_s
+    flows=1 bytes=10000000 queue=1000 ppm=0 model=() message=0 every=0 metric=completion_s decimals=3
     case "$rung" in
       msgs*)
-        message=160000 every=100 bytes=$((50 * 160000)) metric=message_latency_s:mean
+        message=160000 every=100 bytes=$((50 * 160000)) metric=message_latency_s:mean decimals=4
         model=(--frame "$message" --every "${every}ms")
         case "${rung#msgs}" in
           "") ;;
