@@ -214,14 +214,18 @@ impl<'a> Run<'a> {
         rooms.chain(fates).chain(arrivals).chain(receiver).min()
     }
 
+    /// What the transfer took, once all is delivered.
     fn report(self) -> TransferReport {
         TransferReport {
             completion_ns: self.done.iter().copied().max().unwrap_or(0),
             flow_completion_ns: self.done,
-            egress: self.senders.iter().fold(NetCounters::default(), |mut sum, p| {
-                sum.add(&p.counters());
-                sum
-            }),
+            egress: self
+                .senders
+                .iter()
+                .fold(NetCounters::default(), |mut sum, p| {
+                    sum.add(&p.counters());
+                    sum
+                }),
             ingress: self.ingress.map(|p| p.counters()).unwrap_or_default(),
             message_latency_ns: self.latency,
         }
