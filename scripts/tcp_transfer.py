@@ -2,7 +2,7 @@
 """TCP transfers between network namespaces, in bulk or as messages: the kernel's half of
 the calibration ladder (scripts/calibrate-net.sh; `syncopate transfer` is the model's half).
 
-  tcp_transfer.py recv --port P --flows N [--message M]
+  tcp_transfer.py recv --port P --flows N [--message M]  (P 0: any, told on stderr)
                                                  accept N senders, start them together,
                                                  print {"completion_s", "flow_completion_s",
                                                  "goodput_mbit_s", "tcp"} (with --message,
@@ -63,6 +63,9 @@ def receive(port, flows, timeout, message):
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("0.0.0.0", port))
     server.listen(flows)
+    if port == 0:
+        print(f"tcp_transfer: listening on port {server.getsockname()[1]}", file=sys.stderr,
+              flush=True)
     server.settimeout(timeout)
     conns = []
     for _ in range(flows):
