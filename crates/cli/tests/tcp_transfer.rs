@@ -7,24 +7,22 @@ use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_syncopate");
 
-/// `syncopate summary` of the transfer report `json`'s `fields`, as numbers.
-fn summary(json: &str, fields: &[&str]) -> Vec<f64> {
+/// What `command` printed, once it has succeeded.
+fn stdout_of(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `syncopate summary` of the transfer report `json`'s `fields`, as numbers (`name` tells
+/// the tests' files apart).
+fn summary(name: &str, json: &str, fields: &[&str]) -> Vec<f64> {
     let dir = std::env::temp_dir().join(format!("tcp-transfer-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}.json", fields.len()));
+    let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, json).unwrap();
-    let out = Command::new(BIN)
-        .arg("summary")
-        .arg(&path)
-        .args(fields)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = stdout_of(Command::new(BIN).arg("summary").arg(&path).args(fields));
     text.split_whitespace()
         .map(|v| v.parse().unwrap())
         .collect()
@@ -69,6 +67,7 @@ fn the_kernels_messages_each_have_a_latency() {
     assert!(out.status.success());
     let report = String::from_utf8(out.stdout).unwrap();
     let got = summary(
+        "kernel",
         &report,
         &[
             "message_latency_s:len",
@@ -78,32 +77,30 @@ fn the_kernels_messages_each_have_a_latency() {
     );
     assert_eq!(got[0], 10.0, "{report}");
     // Loopback: each message arrives soon after it is due (a busy machine's scheduler may
-    // delay one), the last nine periods (18 ms) after the first, less the first's latency.
+    // delay some), the last nine periods (18 ms) after the first, less the first's latency.
     assert!(got[1] > 0.0 && got[1] < 1.0, "{report}");
-    assert!(got[2] >= 0.015 && got[2] < 2.0, "{report}");
+    assert!(got[2] >= 0.018 - got[1] && got[2] < 2.0, "{report}");
 }
 
 #[test]
 fn the_models_messages_each_have_a_latency() {
-    let out = Command::new(BIN)
-        .args(["transfer", "--json", "--bytes", "1.6MB", "--frame", "160KB"])
-        .args([
-            "--every",
-            "20ms",
-            "--bandwidth",
-            "100mbit",
-            "--latency",
-            "50us",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = stdout_of(
+        Command::new(BIN)
+            .args(["transfer", "--json", "--bytes", "1.6MB", "--frame", "160KB"])
+            .args([
+                "--every",
+                "20ms",
+                "--bandwidth",
+                "100mbit",
+                "--latency",
+                "50us",
+            ]),
     );
-    let report = String::from_utf8(out.stdout).unwrap();
-    let got = summary(&report, &["message_latency_s:len", "message_latency_s:p90"]);
+    let got = summary(
+        "model",
+        &report,
+        &["message_latency_s:len", "message_latency_s:p90"],
+    );
     // 12.8 ms on the wire and the latency, none waiting for another.
     assert_eq!(got, vec![10.0, 0.01285]);
     // In bulk there are none.
