@@ -186,6 +186,29 @@ fn a_frame_s_rounds_double_only_where_bbr_regrows_ack_by_ack() {
 }
 
 #[test]
+fn cubic_grows_while_a_lone_frame_drains_its_bottleneck() {
+    let cubic = CongestionControl::Cubic;
+    let sack = Recovery::Sack;
+    // 100 Mbit/s further on, a flow at 10 segments that lost a packet of a 160 KB message.
+    let grown = |in_port: u32| {
+        let mut flow = TcpFlow::new(MS / 10, MSS, Some(1e8));
+        flow.send_at(cubic, 0, 160_000, 200 * MS, MSS);
+        flow.on_loss(cubic, sack, MS / 10, MS / 10, MSS);
+        assert_eq!(flow.cwnd(), 7.0 * MSS);
+        flow.in_port = in_port;
+        flow.window_used(MS / 10);
+        flow.on_acked(cubic, 150_000, MS / 10, MSS);
+        flow.cwnd() / MSS
+    };
+    // Alone in the port, its ACKs come back over the 12.8 ms it drains: Reno-friendly
+    // growth over some hundred round trips of 0.1 ms, up to what the ACKs acknowledge.
+    assert!(grown(1) > 60.0, "{}", grown(1));
+    // With frames of the flow behind it, the ACK is counted when the port decides it (their
+    // pacing spreads the flow's time), as before.
+    assert!(grown(2) < 7.5, "{}", grown(2));
+}
+
+#[test]
 fn a_timeout_takes_the_window_to_one_segment_then_slow_start_doubles_it() {
     let mut flow = TcpFlow::new(MS, MSS, None);
     flow.on_loss(
