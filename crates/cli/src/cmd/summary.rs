@@ -13,6 +13,7 @@ use syncopate_runtime::server::ServerSummary;
 use syncopate_runtime::worker::{OwnLoss, WorkerSummary};
 use syncopate_sim::SimReport;
 
+use super::stats::quantile;
 use super::transfer::TransferReport;
 
 /// `syncopate summary`.
@@ -191,12 +192,7 @@ fn children(at: &Value) -> String {
 
 /// `reduction` of `numbers` (NaN for an empty list, but `len` and `sum`).
 fn reduce(numbers: &[f64], reduction: &str) -> Result<Value> {
-    let quantile = |q: f64| {
-        let mut sorted = numbers.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let i = ((q * sorted.len() as f64) as usize).min(sorted.len().saturating_sub(1));
-        sorted.get(i).copied().unwrap_or(f64::NAN)
-    };
+    let quantile = |q: f64| quantile(numbers, q);
     let n = numbers.len() as f64;
     let v = match reduction {
         "len" => return Ok(Value::from(numbers.len())),

@@ -9,6 +9,7 @@ use syncopate_core::net::{parse_duration_ns, parse_size, NetCounters};
 use syncopate_sim::transfer::{transfer, TransferSpec};
 
 use crate::args::NetworkArgs;
+use crate::cmd::stats::quantile;
 
 /// `syncopate transfer`.
 #[derive(Debug, Args)]
@@ -118,22 +119,17 @@ fn seconds_of(ns: &[u64]) -> Vec<f64> {
 /// Messages' latencies in words (nothing in bulk): their count, median, 90th percentile
 /// and largest.
 fn latencies(seconds: &[f64]) -> String {
-    let mut sorted = seconds.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((q * sorted.len() as f64) as usize).min(sorted.len().saturating_sub(1));
-        sorted.get(i).map_or(f64::NAN, |s| s * 1e3)
-    };
-    match sorted.last() {
-        None => String::new(),
-        Some(most) => format!(
-            "; {} messages, latency median {:.2} ms, p90 {:.2} ms, max {:.2} ms",
-            sorted.len(),
-            at(0.5),
-            at(0.9),
-            most * 1e3
-        ),
+    if seconds.is_empty() {
+        return String::new();
     }
+    let ms = |q: f64| quantile(seconds, q) * 1e3;
+    format!(
+        "; {} messages, latency median {:.2} ms, p90 {:.2} ms, max {:.2} ms",
+        seconds.len(),
+        ms(0.5),
+        ms(0.9),
+        ms(1.0)
+    )
 }
 
 /// The losses and repairs of a transfer, in words.
