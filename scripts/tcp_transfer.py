@@ -216,6 +216,10 @@ def main():
         receive(a.port, a.flows, a.timeout, a.message)
     elif a.message and a.message < DUE.size:
         sys.exit(f"tcp_transfer: a message holds its due time: --message of at least {DUE.size}")
+    elif a.message and a.bytes % a.message:
+        sys.exit(f"tcp_transfer: --bytes {a.bytes} is not a whole number of --message {a.message}")
+    elif a.message and a.every < 0:
+        sys.exit("tcp_transfer: --every must not be negative")
     else:
         send(a.host, a.port, a.bytes, a.timeout, a.message, a.every / 1e3)
 

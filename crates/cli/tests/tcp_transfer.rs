@@ -103,6 +103,13 @@ fn the_models_messages_each_have_a_latency() {
     );
     // 12.8 ms on the wire and the latency, none waiting for another.
     assert_eq!(got, vec![10.0, 0.01285]);
+    // A period of nothing is refused, with what to do instead.
+    let zero = Command::new(BIN)
+        .args(["transfer", "--every", "0ms"])
+        .output()
+        .unwrap();
+    assert!(!zero.status.success());
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("leave it out for a bulk transfer"));
     // In bulk there are none.
     let bulk = Command::new(BIN)
         .args(["transfer", "--json", "--bytes", "1MB"])

@@ -2,7 +2,7 @@
 //! compute), in bulk or as messages, the model's half of the calibration ladder
 //! (`scripts/calibrate-net.sh`).
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use syncopate_core::net::{parse_duration_ns, parse_size, NetCounters};
@@ -77,9 +77,11 @@ pub fn run(args: TransferArgs) -> Result<()> {
         every: (args.every.as_deref())
             .map(parse_duration_ns)
             .transpose()
-            .context("--every")?
-            .filter(|&ns| ns > 0),
+            .context("--every")?,
     };
+    if spec.every == Some(0) {
+        bail!("--every must be longer than 0 (leave it out for a bulk transfer)");
+    }
     let report = transfer(&profile, &spec).map_err(|e| anyhow!("transfer: {e}"))?;
     let seconds = report.completion_ns as f64 * 1e-9;
     let payload_bits = 8.0 * spec.bytes as f64 * spec.flows as f64;
