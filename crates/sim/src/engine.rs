@@ -61,6 +61,9 @@ struct InFlight {
     bytes: usize,
     /// When the frame starts arriving (first bit, or start of ingress serialisation).
     recv_start: u64,
+    /// A frame its sender repaired by resending lost packets: when the first of the rest
+    /// arrived ([`syncopate_core::net::Decision::first_arrival`]).
+    first_arrival: Option<u64>,
     /// A datagram of a datagram link (its DSCP and path), not a frame.
     datagram: Option<(u8, usize)>,
     /// The path its sender's NIC sent it on (its path at the receiver's ingress).

@@ -205,6 +205,11 @@ pub struct Decision {
     pub start: Nanos,
     /// When the last attempt finished serialising (the drop time for a dropped frame).
     pub done: Nanos,
+    /// An egress port's frame whose lost packets a resend repaired: when the first of its
+    /// other packets reached the path's far end. They went on from the attempt that got them
+    /// through, not with the resend, and a driver hands that to the next port
+    /// ([`Port::enqueue_streamed`]). `None`: the frame went whole with its last attempt.
+    pub first_arrival: Option<Nanos>,
 }
 
 /// Nanoseconds that `bytes` occupy a link of `bandwidth_bps` (0 when unlimited).

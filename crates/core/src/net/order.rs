@@ -82,6 +82,7 @@ mod tests {
             },
             start: 0,
             done: 0,
+            first_arrival: None,
         }
     }
 

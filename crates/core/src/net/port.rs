@@ -30,7 +30,11 @@
 //! adds no delay at the sender's rate and only converging frames queue (serialising whole
 //! frames after they arrived doubled every hop's time, the more the bigger the frames). Where
 //! the senders' NICs are faster than the port (`worker_bandwidth_bps`), the first bit came in
-//! only one serialisation at their rate earlier, and the port's own rate shows from it.
+//! only one serialisation at their rate earlier, and the port's own rate shows from it. A
+//! frame its sender repaired by resending only its lost packets streamed in from its first
+//! attempt ([`Decision::first_arrival`], [`Port::enqueue_streamed`]): the port serialises it
+//! from its first packet's arrival and finishes once the resend, its last packet, can follow
+//! (where it entered whole with the resend, a lossy message took a round trip too long).
 //!
 //! An ingress port holds one frame per flow at a time, as a receiver reads one frame of a
 //! connection before the next (the runtime's reader does exactly that): later frames of the
@@ -104,6 +108,11 @@ struct Held {
     tail_repair: bool,
     /// Where it is kept while it waits in `Port::retransmits`.
     later: usize,
+    /// A frame whose packets went on ahead of its last attempt: when the first of them
+    /// arrived at the path's far end (at an egress, of the attempt that first got some
+    /// through, a resend then carrying only the lost ones; at an ingress, as its driver
+    /// said, [`Port::enqueue_streamed`]).
+    streamed: Option<Nanos>,
 }
 
 /// A reliable frame's passage through its flow's congestion window (egress only).
@@ -384,6 +393,21 @@ impl Port {
 
     /// Offers a frame identified by the driver's `token` at `now`.
     pub fn enqueue(&mut self, now: Nanos, token: u64, meta: FrameMeta) {
+        self.enqueue_streamed(now, token, meta, None);
+    }
+
+    /// Offers a frame as [`Port::enqueue`] does, whose last bit arrives at `now` but whose
+    /// first packet arrived at `since`: a frame a sender repaired by resending its lost
+    /// packets ([`Decision::first_arrival`]), the rest of which streamed in from its first
+    /// attempt. An ingress port serialises it from `since`,
+    /// finishing no sooner than its last packet, which arrives at `now`, can follow.
+    pub fn enqueue_streamed(
+        &mut self,
+        now: Nanos,
+        token: u64,
+        meta: FrameMeta,
+        since: Option<Nanos>,
+    ) {
         if self.direct {
             self.enqueue_direct(now, token, meta);
             return;
@@ -419,6 +443,7 @@ impl Port {
             found_by: None,
             tail_repair: false,
             later: 0,
+            streamed: since.filter(|&t| t < now && self.one_per_flow),
         };
         if meta.reliable {
             if let Some(flow) = self.tcp.flows.get_mut(slot) {
@@ -604,6 +629,7 @@ impl Port {
                         fate: Fate::Dropped,
                         start: t,
                         done: t,
+                        first_arrival: None,
                     },
                 );
             }
@@ -626,20 +652,17 @@ impl Port {
         let bytes = held.wire_bytes;
         let own_tcp = held.meta.reliable && !self.one_per_flow;
         let tx = path.transmission_ns(bytes);
-        let earliest = if self.one_per_flow {
-            path.first_bit_at(self.arrival_bps, held.offered, tx, bytes)
-        } else {
-            held.offered
-        };
+        let (earliest, last_bit) = self.arrival(i, &held, tx);
+        let path = &mut self.paths[i];
         let in_turn = path.free_at.max(earliest);
         let start = if own_tcp || self.one_per_flow || self.lazy {
             in_turn
         } else {
             in_turn.saturating_sub(path.own_tcp_in_socket_ns(earliest))
         };
-        let done = start.saturating_add(tx).max(held.offered);
+        let done = start.saturating_add(tx).max(last_bit);
         // Work is conserved: a frame that passed own TCP bytes delays them by its own time.
-        path.free_at = in_turn.saturating_add(tx).max(held.offered);
+        path.free_at = in_turn.saturating_add(tx).max(last_bit);
         path.queue.serialising(done, bytes, own_tcp);
         let draw = (held.draw).map(|k| hash(&[k, u64::from(held.retransmissions)]));
         let packets = path.loss.packets(bytes);
@@ -668,7 +691,7 @@ impl Port {
                 let mut loss = frame_loss(draw, random, blacked, packets, start, done);
                 let next = loss.last.saturating_add(loss.packet_ns);
                 loss.stalled = outage.is_some_and(|b| b.is_out(next));
-                self.partly_delivered(&mut held, bytes, resend);
+                self.partly_delivered(&mut held, bytes, resend, start.saturating_add(latency));
                 self.resend_lost(held, i, &mut loss, done_flow);
                 return;
             }
@@ -691,8 +714,28 @@ impl Port {
             fate,
             start,
             done,
+            first_arrival: held.streamed.filter(|_| !self.one_per_flow),
         };
         self.decided(&held, d);
+    }
+
+    /// When `held` (`tx` ns on path `i`) may start serialising, and when its last bit has
+    /// come in: at its offer on an egress port; cut-through on an ingress port, where a
+    /// repaired frame streamed in from its first packet and its resend, the last packet in,
+    /// takes its own serialisation after it came.
+    fn arrival(&self, i: usize, held: &Held, tx: Nanos) -> (Nanos, Nanos) {
+        let path = &self.paths[i];
+        match held.streamed {
+            _ if !self.one_per_flow => (held.offered, held.offered),
+            Some(since) if held.retransmissions == 0 => {
+                let packet = path.transmission_ns(self.tcp.packet_bytes());
+                (since, held.offered.saturating_add(packet))
+            }
+            _ => {
+                let first = path.first_bit_at(self.arrival_bps, held.offered, tx, held.wire_bytes);
+                (first, held.offered)
+            }
+        }
     }
 
     /// A reliable frame lost (or dropped) on path `i` is offered again at `at`; returns
@@ -786,6 +829,9 @@ mod socket_tests;
 #[cfg(test)]
 #[path = "port/packet_tests.rs"]
 mod packet_tests;
+#[cfg(test)]
+#[path = "port/stream_tests.rs"]
+mod stream_tests;
 
 #[cfg(test)]
 #[path = "port/blackout_tests.rs"]

@@ -238,6 +238,7 @@ impl Sim<'_> {
             buf,
             bytes: wire,
             recv_start: 0,
+            first_arrival: None,
             datagram: Some((dscp, path)),
             path,
         };

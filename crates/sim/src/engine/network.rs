@@ -177,6 +177,7 @@ impl Sim<'_> {
             buf,
             bytes,
             recv_start: 0,
+            first_arrival: None,
             datagram: None,
             path: 0,
         };
@@ -287,6 +288,7 @@ impl Sim<'_> {
         f.path = path;
         // First bit at the receiver: the start plus the path's latency.
         f.recv_start = d.start + at.saturating_sub(d.done);
+        f.first_arrival = d.first_arrival;
         // The header stays in its slot (not copied per frame for a trace seldom taken).
         let (from, to, header) = (f.from, f.to, &f.header);
         if f.datagram.is_none() {
@@ -316,7 +318,7 @@ impl Sim<'_> {
         let Some(f) = self.frames.get(slot).and_then(Option::as_ref) else {
             return Err(self.internal(format!("no frame in slot {slot}")));
         };
-        let (from, to) = (f.from, f.to);
+        let (from, to, first) = (f.from, f.to, f.first_arrival);
         let bytes = f.bytes * self.fan(to);
         let meta = match f.datagram {
             Some((dscp, path)) => FrameMeta::of_datagram(dscp, bytes, flow(from, to), path),
@@ -328,7 +330,7 @@ impl Sim<'_> {
         let Some(ingress) = self.hosts[to].nic.ingress.as_mut() else {
             return Err(self.internal(format!("rank {to} has no ingress port")));
         };
-        ingress.enqueue(now, slot as u64, meta);
+        ingress.enqueue_streamed(now, slot as u64, meta, first);
         self.collect(to, true)
     }
 }

@@ -51,6 +51,7 @@ impl Port {
             },
             start,
             done,
+            first_arrival: None,
         });
     }
 }

@@ -71,6 +71,13 @@ impl TcpModel {
         flow.held_bytes
     }
 
+    /// Bytes of one full packet on the wire (Ethernet header included); 0 without packets.
+    pub(super) fn packet_bytes(&self) -> usize {
+        self.packets.map_or(0, |p| {
+            crate::net::round_to_u64(p.mtu + ETHERNET_HEADER_BYTES * p.scale) as usize
+        })
+    }
+
     /// What an acknowledgement waits for of one frame ahead of it at a host's downlink: an
     /// initial window of segments on the wire. The model holds a flow's frame there whole
     /// where TCP keeps at most its congestion window in the queue (the rest waits in the
@@ -290,9 +297,20 @@ impl Port {
     }
 
     /// A reliable frame `held` of `sent` bytes on the wire lost `resend` of them, which it
-    /// resends: the ACKs of the rest regrow a BBR window after a timeout, less the losses
-    /// (Linux's BBR in its Loss state: `cwnd + acked - losses`, packet by packet).
-    pub(super) fn partly_delivered(&mut self, held: &mut Held, sent: usize, resend: usize) {
+    /// resends: the rest go on, the first of them arriving at `first_arrival` (unless an
+    /// earlier attempt's went on before), and their ACKs regrow a BBR window after a
+    /// timeout, less the losses (Linux's BBR in its Loss state: `cwnd + acked - losses`,
+    /// packet by packet).
+    pub(super) fn partly_delivered(
+        &mut self,
+        held: &mut Held,
+        sent: usize,
+        resend: usize,
+        first_arrival: Nanos,
+    ) {
+        if resend < sent {
+            held.streamed.get_or_insert(first_arrival);
+        }
         held.wire_bytes = resend;
         let cc = self.tcp.cc;
         if let Some(flow) = self.tcp.flows.get_mut(held.slot) {

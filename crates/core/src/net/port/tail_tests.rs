@@ -29,6 +29,7 @@ fn lone_frame(port: &mut Port) -> Held {
         found_by: None,
         tail_repair: false,
         later: 0,
+        streamed: None,
     }
 }
 

@@ -69,7 +69,7 @@ proptest! {
             port.enqueue(now, token as u64, FrameMeta::reliable(bytes, flow));
             let d = port.poll_decision(now).expect("decided on offer");
             let fate = Fate::Delivered { at, retransmissions: 0, path: 0 };
-            let want = Decision { token: token as u64, fate, start, done: shaper.free_at_ns() };
+            let want = Decision { token: token as u64, fate, start, done: shaper.free_at_ns(), first_arrival: None };
             prop_assert_eq!(d, want);
             prop_assert!(port.poll_decision(now).is_none());
             prop_assert_eq!(port.poll_timeout(), None);
