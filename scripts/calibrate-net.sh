@@ -46,8 +46,9 @@
 #              (cells a-d only: the lossless cells have no shared bottleneck and are left out)
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
 #              headers only, with tcpdump) and print where its time went: its idle spells by
-#              what ended them (timeout, loss probe, ACK) and each timeout's cause
-#              (scripts/tcp_waits.py; every model run's line gives the model's, its
+#              what ended them (timeout, loss probe, ACK) and each timeout's cause, and on
+#              the msgs rungs what held up each message (scripts/tcp_waits.py --message;
+#              every model run's line gives the model's, its
 #              `timeout_causes`, traced or not); and sample the receiver's and sender 1's sockets
 #              (`ss -tin`) every 20 ms into OUT/trace/CC-RUNG-RUN/sockets/h<i>.txt, summed up
 #              in its sockets.json (cwnd, srtt and RTO as p50 / p90 / max;
@@ -213,7 +214,9 @@ kernel_transfer() {
   wait "$recv"
   if [ -n "$dump" ]; then
     kill -INT "$dump"; wait "$dump" 2>/dev/null || true
-    python3 scripts/tcp_waits.py "$capture" 10.79.0.2 >&2
+    local per_message=()
+    [ "$message" = 0 ] || per_message=(--message "$message")
+    python3 scripts/tcp_waits.py "$capture" 10.79.0.2 "${per_message[@]}" >&2
     stop_socket_samplers "${capture%.pcap}" 2 20 >&2
   fi
   ip netns exec "$tag-h1" python3 scripts/tcp_transfer.py counters > "$out/after.json"

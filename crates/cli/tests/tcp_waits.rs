@@ -1,5 +1,6 @@
-//! `scripts/tcp_waits.py` on a made-up capture whose every idle spell is known: a lost
-//! packet's timeout and its backed-off second one, a tail loss probe and a delayed ACK.
+//! `scripts/tcp_waits.py` on made-up captures whose every idle spell is known: a lost
+//! packet's timeout and its backed-off second one, a tail loss probe and a delayed ACK; and
+//! messages, each put down to what held it up.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -42,27 +43,9 @@ fn a_senders_idle_spells_are_told_apart_by_what_ended_them() {
         line(0.6908, segment(5), 0),
     ]
     .join("\n");
-    let mut child = match Command::new("python3")
-        .args(["../../scripts/tcp_waits.py", "-", SENDER, "--json"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => {
-            eprintln!("!!! SKIPPED: tcp_waits needs python3 ({e})");
-            return;
-        }
+    let Some(report) = waits(&capture, &[]) else {
+        return;
     };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(capture.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let conn = &report[0];
     let spells = |kind: &str| conn["idle"][kind][0].as_u64().unwrap_or(0);
     let seconds = |kind: &str| conn["idle"][kind][1].as_f64().unwrap_or(0.0);
@@ -76,4 +59,86 @@ fn a_senders_idle_spells_are_told_apart_by_what_ended_them() {
         "{conn}"
     );
     assert_eq!(causes["backed off (the same packet again)"][0], 1, "{conn}");
+}
+
+/// Segments `first..end` sent back to back from `t`, 0.1 ms apart.
+fn burst(t: f64, segments: std::ops::Range<u64>) -> Vec<String> {
+    (segments.clone())
+        .map(|i| {
+            line(
+                t + (i - segments.start) as f64 * 1e-4,
+                Some((i * 1448, (i + 1) * 1448)),
+                0,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_message_is_put_down_to_what_held_it_up() {
+    // Messages of four segments, one every 100 ms. Message 0 goes at once. Message 1: the
+    // ACK of its first two is lost, the probe sends its third 8 ms later, which the receiver
+    // acknowledges at its delayed-ACK timer. Message 2 loses its last segment, found only
+    // when message 3 is sent.
+    let capture = [
+        burst(0.0, 0..4),
+        vec![line(0.0004, None, 5792)],
+        burst(0.1, 4..6),
+        burst(0.1081, 6..7),
+        vec![line(0.1501, None, 10136)],
+        burst(0.1502, 7..8),
+        vec![line(0.1503, None, 11584)],
+        burst(0.2, 8..12),
+        vec![line(0.2004, None, 15928)],
+        burst(0.3, 12..13),
+        burst(0.3001, 11..12),
+        burst(0.3002, 13..16),
+        vec![line(0.3005, None, 23168)],
+    ]
+    .concat()
+    .join("\n");
+    let Some(report) = waits(&capture, &["--message", "5792"]) else {
+        return;
+    };
+    let m = &report[0]["messages"];
+    assert_eq!(m["count"], 4, "{m}");
+    let held = |cause: &str| m["by_cause"][cause][0].as_u64().unwrap_or(0);
+    assert_eq!(held("none"), 2, "{m}");
+    assert_eq!(held("probe, then a late ACK"), 1, "{m}");
+    assert_eq!(held("tail"), 1, "{m}");
+    let tail_ms = m["by_cause"]["tail"][1].as_f64().unwrap_or(0.0);
+    assert!((tail_ms - 100.1).abs() < 0.01, "{m}");
+    // A message size that is not a size is refused.
+    assert!(waits(&capture, &["--message", "0"]).is_none());
+}
+
+/// `tcp_waits.py --json` with `args` on the capture `text`; `None` without python3 (said
+/// loudly) or when the script refuses.
+fn waits(text: &str, args: &[&str]) -> Option<serde_json::Value> {
+    let mut child = match Command::new("python3")
+        .args(["../../scripts/tcp_waits.py", "-", SENDER, "--json"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("!!! SKIPPED: tcp_waits needs python3 ({e})");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        return None;
+    }
+    Some(serde_json::from_slice(&out.stdout).unwrap())
 }
