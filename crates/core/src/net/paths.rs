@@ -74,6 +74,22 @@ impl<T> Path<T> {
         arrived.saturating_sub(tx.min(arriving))
     }
 
+    /// The inverse of [`Path::first_bit_at`]: when a frame of `bytes` (`tx` ns here) must
+    /// arrive whole for its first bit to have come in at `first_bit`.
+    pub fn whole_arrival(
+        &self,
+        arrival_bps: Option<f64>,
+        first_bit: Nanos,
+        tx: Nanos,
+        bytes: usize,
+    ) -> Nanos {
+        let arriving = match (arrival_bps, self.spec.bandwidth_bps) {
+            (Some(up), Some(own)) if up > own => transmission_ns(Some(up), bytes),
+            _ => tx,
+        };
+        first_bit.saturating_add(tx.min(arriving))
+    }
+
     /// How much of the serialiser's time after `now` goes to the host's own TCP bytes that
     /// Linux would still keep in the sockets: TCP small queues let only the path's own share
     /// ([`FrameQueue::own_share`]) into the qdisc, so a datagram or control frame arriving

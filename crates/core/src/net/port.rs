@@ -34,7 +34,9 @@
 //! frame its sender repaired by resending only its lost packets streamed in from its first
 //! attempt ([`Decision::first_arrival`], [`Port::enqueue_streamed`]): the port serialises it
 //! from its first packet's arrival and finishes once the resend, its last packet, can follow
-//! (where it entered whole with the resend, a lossy message took a round trip too long).
+//! (where it entered whole with the resend, a lossy message took a round trip too long). A
+//! driver whose receivers see only whole frames hands such a frame over at
+//! [`Port::handover_at`], to the same effect.
 //!
 //! An ingress port holds one frame per flow at a time, as a receiver reads one frame of a
 //! connection before the next (the runtime's reader does exactly that): later frames of the
@@ -462,6 +464,32 @@ impl Port {
             }
         }
         self.offer(now, held);
+    }
+
+    /// For an ingress port like this one (the same profile) at the receiver of a frame of
+    /// `bytes` that its sender's port decided as `d`: when to hand the frame over where the
+    /// receiver learns of a frame only once it has arrived whole (a process of the runtime),
+    /// so that its port, cutting it through from there, serialises it as a frame that
+    /// streamed in ([`Port::enqueue_streamed`]): from its first packet's arrival, ending no
+    /// sooner than its resend can follow. `d`'s delivery where nothing went ahead of the
+    /// last attempt; `None` for a frame not delivered.
+    pub fn handover_at(&self, d: &Decision, bytes: usize) -> Option<Nanos> {
+        let Fate::Delivered { at, .. } = d.fate else {
+            return None;
+        };
+        let (Some(since), Some(path), true) =
+            (d.first_arrival, self.paths.first(), self.one_per_flow)
+        else {
+            return Some(at);
+        };
+        let wire = self.tcp.on_wire(bytes, true);
+        let tx = path.transmission_ns(wire);
+        let resend = path.transmission_ns(self.tcp.packet_bytes());
+        let first_bit = since.max(at.saturating_add(resend).saturating_sub(tx));
+        Some(
+            path.whole_arrival(self.arrival_bps, first_bit, tx, wire)
+                .min(at),
+        )
     }
 
     /// Offers a frame as [`Port::enqueue`] does, at the egress of a host whose downlink is

@@ -176,7 +176,8 @@ impl CommLoop {
     fn collect_fates<E: Endpoint + ?Sized>(&mut self, endpoint: &mut E) {
         let now_ns = self.now_ns();
         let mut decided = false;
-        while let Some((token, fate)) = self.egress.poll_fate(now_ns) {
+        while let Some(d) = self.egress.poll_decision(now_ns) {
+            let (token, fate) = (d.token, d.fate);
             decided = true;
             let found = self.links.iter_mut().find_map(|l| {
                 let pos = l.awaiting.iter().position(|(t, _)| *t == token)?;
@@ -190,7 +191,11 @@ impl CommLoop {
             };
             match fate {
                 Fate::Delivered { at, .. } => {
-                    let release = at.max(link.last_release);
+                    // The peer's port (as this host's) learns of a frame only once it has
+                    // come whole: a repaired frame goes early enough to count as streamed.
+                    let handover =
+                        (self.ingress.as_ref()).and_then(|port| port.handover_at(&d, frame.len()));
+                    let release = handover.unwrap_or(at).max(link.last_release);
                     link.last_release = release;
                     link.scheduled.push_back((release, frame));
                 }

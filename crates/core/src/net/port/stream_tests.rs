@@ -111,3 +111,47 @@ fn a_receivers_port_serialises_a_repaired_frame_from_its_first_packet() {
     let packet = transmission_ns(profile.bandwidth_bps, 1_514);
     assert_eq!(deliver(Some(0), late), late + packet);
 }
+
+#[test]
+fn a_repaired_frame_handed_over_whole_is_serialised_as_if_it_streamed_in() {
+    let profile = testbed();
+    let port = || Port::ingress(&profile, 1, 2);
+    let delivered = |mut port: Port, at: Nanos, since: Option<Nanos>| {
+        port.enqueue_streamed(at, 0, FrameMeta::reliable(MESSAGE, 0), since);
+        match decisions(&mut port).as_slice() {
+            [Decision {
+                fate: Fate::Delivered { at, .. },
+                ..
+            }] => *at,
+            other => panic!("one delivery expected: {other:?}"),
+        }
+    };
+    let decided = |at: Nanos, first_arrival: Option<Nanos>| Decision {
+        token: 0,
+        fate: Fate::Delivered {
+            at,
+            retransmissions: 1,
+            path: 0,
+        },
+        start: at,
+        done: at,
+        first_arrival,
+    };
+    // The resend in 2 ms after the first packet, or after the rest had drained.
+    for at in [2_000_000, 20_000_000] {
+        let d = decided(at, Some(0));
+        let handover = port().handover_at(&d, MESSAGE);
+        let whole = handover.map(|h| delivered(port(), h, None));
+        assert_eq!(
+            whole,
+            Some(delivered(port(), at, Some(0))),
+            "resend at {at}"
+        );
+        assert!(handover.is_some_and(|h| h <= at));
+    }
+    // A frame that went whole with its last attempt is handed over as delivered.
+    assert_eq!(
+        port().handover_at(&decided(2_000_000, None), MESSAGE),
+        Some(2_000_000)
+    );
+}
