@@ -67,11 +67,7 @@ impl<T> Path<T> {
         tx: Nanos,
         bytes: usize,
     ) -> Nanos {
-        let arriving = match (arrival_bps, self.spec.bandwidth_bps) {
-            (Some(up), Some(own)) if up > own => transmission_ns(Some(up), bytes),
-            _ => tx,
-        };
-        arrived.saturating_sub(tx.min(arriving))
+        arrived.saturating_sub(self.arriving_ns(arrival_bps, tx, bytes))
     }
 
     /// The inverse of [`Path::first_bit_at`]: when a frame of `bytes` (`tx` ns here) must
@@ -83,11 +79,16 @@ impl<T> Path<T> {
         tx: Nanos,
         bytes: usize,
     ) -> Nanos {
-        let arriving = match (arrival_bps, self.spec.bandwidth_bps) {
-            (Some(up), Some(own)) if up > own => transmission_ns(Some(up), bytes),
+        first_bit.saturating_add(self.arriving_ns(arrival_bps, tx, bytes))
+    }
+
+    /// How long a frame of `bytes` (`tx` ns here) takes to come in from its sender's NIC
+    /// (`arrival_bps`): no longer than its serialisation here.
+    fn arriving_ns(&self, arrival_bps: Option<f64>, tx: Nanos, bytes: usize) -> Nanos {
+        match (arrival_bps, self.spec.bandwidth_bps) {
+            (Some(up), Some(own)) if up > own => tx.min(transmission_ns(Some(up), bytes)),
             _ => tx,
-        };
-        first_bit.saturating_add(tx.min(arriving))
+        }
     }
 
     /// How much of the serialiser's time after `now` goes to the host's own TCP bytes that
