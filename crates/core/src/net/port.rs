@@ -401,8 +401,8 @@ impl Port {
     /// Offers a frame as [`Port::enqueue`] does, whose last bit arrives at `now` but whose
     /// first packet arrived at `since`: a frame a sender repaired by resending its lost
     /// packets ([`Decision::first_arrival`]), the rest of which streamed in from its first
-    /// attempt. An ingress port serialises it from `since`,
-    /// finishing no sooner than its last packet, which arrives at `now`, can follow.
+    /// attempt. An ingress port serialises it from `since`, finishing no sooner than its
+    /// last packet, which arrives at `now`, can follow.
     pub fn enqueue_streamed(
         &mut self,
         now: Nanos,
