@@ -264,6 +264,8 @@ for k in frames_lost frames_dropped loss_probes timeouts; do counters+=("egress.
 for k in resend_last resend_stalled original_in_recovery acks_in_recovery; do
   counters+=("egress.timeout_causes.$k")
 done
+# Its loss episodes (the kernel's TcpExtTCPSackRecovery).
+counters+=(egress.loss_episodes)
 IFS=, read -ra cc_list <<< "$ccs"
 IFS=, read -ra rung_list <<< "$rungs"
 if [ "${#rung_list[@]}" -gt 0 ]; then
@@ -315,8 +317,8 @@ for cc in "${cc_list[@]}"; do
       ours+=("$("$SYNCOPATE_BIN" summary "$out/model.json" "$metric")")
       [ "$message" = 0 ] || echo "calibrate-net: the model's messages: $(latencies "$out/model.json")" >&2
       echo "calibrate-net: the model's $cc $rung run $r: $("$SYNCOPATE_BIN" summary \
-        "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss probes %d, timeouts %d (a resend with nothing after it %d, a resend its window held %d, an original while recovering %d, lost ACKs while recovering %d)",
-          $1 + $2, $3 + $4, $5 + $6, $7 + $8, $9, $10, $11, $12 }')" >&2
+        "$out/model.json" "${counters[@]}" | awk '{ printf "frames lost %d, dropped %d, loss episodes %d, loss probes %d, timeouts %d (a resend with nothing after it %d, a resend its window held %d, an original while recovering %d, lost ACKs while recovering %d)",
+          $1 + $2, $3 + $4, $13, $5 + $6, $7 + $8, $9, $10, $11, $12 }')" >&2
     done
     read -r ratio lo hi verdict < <(python3 scripts/bench_table.py ratio \
       "$(IFS=,; echo "${kernel[*]}")" "$(IFS=,; echo "${ours[*]}")")

@@ -335,28 +335,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_message_repaired_in_a_round_trip_ends_as_its_bottleneck_drains() {
-        // The ladder's msgs1 rung: a sender at 10 Gbit/s, the receiver's port the 100 Mbit/s
-        // bottleneck, 1 % of packets lost before it.
+    /// The ladder's msgs rungs: a sender at 10 Gbit/s, the receiver's port the 100 Mbit/s
+    /// bottleneck, `loss` of the packets lost before it; 50 messages of 160 KB, one every
+    /// 100 ms, the losses drawn from `seed`.
+    fn msgs_rung(loss: f64, seed: u64) -> (NetworkProfile, TransferSpec) {
         let profile = NetworkProfile {
             bandwidth_bps: Some(1e8),
             worker_bandwidth_bps: Some(1e10),
             latency_ns: 6_000,
             mtu_bytes: Some(1_500.0),
             ingress: true,
+            loss,
             ..NetworkProfile::default()
         };
         let messages = TransferSpec {
             frame_bytes: 160_000,
             every: Some(100_000_000),
+            seed,
             ..spec(1, 50 * 160_000)
         };
+        (profile, messages)
+    }
+
+    #[test]
+    fn a_message_repaired_in_a_round_trip_ends_as_its_bottleneck_drains() {
         let latencies = |loss: f64| {
-            let lossy = NetworkProfile {
-                loss,
-                ..profile.clone()
-            };
+            let (lossy, messages) = msgs_rung(loss, 1);
             let r = transfer(&lossy, &messages).unwrap_or_else(|e| panic!("{e}"));
             let mut l = r.message_latency_ns;
             l.sort_unstable();
@@ -368,6 +372,20 @@ mod tests {
         // the rest still drain the bottleneck: the median message is as fast as lossless.
         assert_eq!(lossy.len(), 50);
         assert!(lossy[25].abs_diff(lossless[25]) < 200_000, "{lossy:?}");
+    }
+
+    #[test]
+    fn cubic_repairs_a_message_s_losses_in_the_kernel_s_number_of_episodes() {
+        // The ladder's msgs5 rung: 50 messages of 160 KB (110 packets), 5 % of packets lost.
+        // A loss a window after the one that began an episode begins one of its own: the
+        // kernel's senders counted 184-232 recoveries a run (`TcpExtTCPSackRecovery`, 25 runs, 2026-12-05),
+        // not the one a message a frame-at-a-time model would.
+        for seed in 1..=3 {
+            let (profile, messages) = msgs_rung(0.05, seed);
+            let r = transfer(&profile, &messages).unwrap_or_else(|e| panic!("{e}"));
+            let episodes = r.egress.loss_episodes;
+            assert!((184..=232).contains(&episodes), "seed {seed}: {episodes}");
+        }
     }
 
     #[test]

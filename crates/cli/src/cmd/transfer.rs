@@ -140,13 +140,14 @@ fn losses(egress: &NetCounters, ingress: &NetCounters) -> String {
     all.add(ingress);
     let causes = all.timeout_causes;
     format!(
-        "{} frames lost, {} dropped, {} resent ({} bytes); {} found by the loss probe, {} by \
-         the timeout ({} a resend with nothing after it, {} a resend its window held, {} an \
+        "{} frames lost, {} dropped, {} resent ({} bytes) in {} loss episodes; {} found by the \
+         loss probe, {} by the timeout ({} a resend with nothing after it, {} a resend its window held, {} an \
          original while recovering, {} lost ACKs while recovering)",
         all.frames_lost,
         all.frames_dropped,
         all.frames_retransmitted,
         all.bytes_retransmitted,
+        all.loss_episodes,
         all.loss_probes,
         all.timeouts,
         causes.resend_last,

@@ -37,6 +37,10 @@ pub struct NetCounters {
     /// Losses of reliable frames found by the retransmission timeout.
     #[serde(default)]
     pub timeouts: u64,
+    /// Loss episodes of reliable flows found by SACK or the probe, each a window's losses
+    /// repaired together: the kernel's `TcpExtTCPSackRecovery`.
+    #[serde(default)]
+    pub loss_episodes: u64,
     /// Reliable frames offered to their flow's congestion window (cubic and Reno at an
     /// egress port; the model's BBR has no window), and how many it held back.
     #[serde(default)]
@@ -133,6 +137,7 @@ impl NetCounters {
         self.queueing_ns_max = self.queueing_ns_max.max(other.queueing_ns_max);
         self.loss_probes = self.loss_probes.saturating_add(other.loss_probes);
         self.timeouts = self.timeouts.saturating_add(other.timeouts);
+        self.loss_episodes = self.loss_episodes.saturating_add(other.loss_episodes);
         self.window_offers = self.window_offers.saturating_add(other.window_offers);
         self.window_held = self.window_held.saturating_add(other.window_held);
         self.cwnd_segments_total =

@@ -11,6 +11,9 @@ use super::rng::SplitMix64;
 const ACK_KEY: u64 = 0xAC4_0000_0001;
 /// Mixed in too for the draws of its windows' acknowledgements.
 const WINDOWS_KEY: u64 = 0x3D;
+/// Mixed in too for the draws of what would reveal a loss at the end of a small window's
+/// round (the ACK of the packet before it, the data that ACK lets go).
+const REVEAL_KEY: u64 = 0x5E7;
 /// A window's acknowledgements all lost less often than this is taken never to happen
 /// (windows of more than a few packets: no draws).
 const MIN_WINDOW_STALL: f64 = 1e-6;
@@ -86,6 +89,21 @@ impl LossProcess {
         match key {
             Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY]).chance(all),
             None => self.rng.chance(all),
+        }
+    }
+
+    /// Whether any of `packets` packets of a frame's exchange after its data (an ACK, the
+    /// data the ACK lets go) is lost, each as one packet of this path's loss in its current
+    /// state. Drawn from `key`'s own stream where the frame has one, else from the path's.
+    pub fn lose_any(&mut self, key: Option<u64>, packets: u64) -> bool {
+        let p = self.packet_loss_now();
+        if p <= 0.0 {
+            return false;
+        }
+        let any = 1.0 - (1.0 - p).powi(i32::try_from(packets).unwrap_or(i32::MAX));
+        match key {
+            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY, REVEAL_KEY]).chance(any),
+            None => self.rng.chance(any),
         }
     }
 

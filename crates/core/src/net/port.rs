@@ -719,6 +719,8 @@ impl Port {
                 let mut loss = frame_loss(draw, random, blacked, packets, start, done);
                 let next = loss.last.saturating_add(loss.packet_ns);
                 loss.stalled = outage.is_some_and(|b| b.is_out(next));
+                loss.reveal_lost = self.paths[i].loss.lose_any(draw, 2);
+                self.cut_later_rounds(&held, i, draw, random, packets, done);
                 self.partly_delivered(&mut held, bytes, resend, start.saturating_add(latency));
                 self.resend_lost(held, i, &mut loss, done_flow);
                 return;

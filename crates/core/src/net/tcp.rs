@@ -22,7 +22,9 @@
 //! The congestion window follows the kernel's algorithm ([`CongestionControl`]): an
 //! initial window of 10 segments, slow start to `ssthresh`, then cubic's growth (with its
 //! Reno-friendly floor) or Reno's one segment per round trip; a loss episode (at most one
-//! per round trip) multiplies the window by 0.7 (cubic) or 0.5 (Reno); a timeout takes it
+//! per round trip; a frame's losses a window or more apart are episodes of their own, as
+//! the window's rounds find them one by one) multiplies the window by 0.7 (cubic) or 0.5
+//! (Reno); a timeout takes it
 //! to one segment; after an idle spell longer than the RTO the window restarts at the
 //! initial window. The window grows only while the flow uses it, as Linux's
 //! `tcp_is_cwnd_limited` allows: within a round trip of the ACK of a frame the window held
@@ -351,7 +353,7 @@ impl TcpFlow {
 
     /// A loss found at `now` by `recovery` and resent at `resend`: the episode lasts until
     /// the resend is acknowledged; the window shrinks once per episode, to one segment
-    /// after a timeout.
+    /// after a timeout. Returns whether the loss began an episode.
     pub(crate) fn on_loss(
         &mut self,
         cc: CongestionControl,
@@ -359,7 +361,7 @@ impl TcpFlow {
         now: Nanos,
         resend: Nanos,
         mss: f64,
-    ) {
+    ) -> bool {
         let in_episode = self.in_recovery(now);
         let until = resend.saturating_add(self.srtt as Nanos);
         self.recovery_until = self.recovery_until.max(until);
@@ -372,7 +374,7 @@ impl TcpFlow {
                 }
                 self.cwnd = mss;
             }
-            return;
+            return !in_episode;
         }
         let beta = match cc {
             CongestionControl::Reno => 0.5,
@@ -383,15 +385,61 @@ impl TcpFlow {
             self.w_max = self.cwnd / mss;
             self.cwnd = mss;
             self.epoch = now;
-            return;
+            return !in_episode;
         }
-        if in_episode {
-            return;
+        if !in_episode {
+            self.cut(beta, now, mss);
         }
+        !in_episode
+    }
+
+    /// One loss episode's multiplicative decrease, at `now`: the window × `beta`, at least
+    /// two segments; cubic's curve restarts from the window before it.
+    fn cut(&mut self, beta: f64, now: Nanos, mss: f64) {
         self.w_max = self.cwnd / mss;
         self.cwnd = (self.cwnd * beta).max(2.0 * mss);
         self.ssthresh = self.cwnd;
         self.epoch = now;
+    }
+
+    /// A frame of `packets` sent from the window at `now` lost the packets at `lost` (their
+    /// places in the frame, from 0, in ascending order). Linux's recovery spans the window
+    /// in flight when it began: a loss a window or more after the one that began the episode
+    /// is found in a later round and begins one of its own. Each after the first cuts the
+    /// window again (the first is cut when its loss is found, [`TcpFlow::on_loss`]), and the
+    /// next round spans the smaller window; BBR ignores them. Returns the episodes.
+    pub(crate) fn rounds_lost(
+        &mut self,
+        cc: CongestionControl,
+        lost: impl IntoIterator<Item = u64>,
+        now: Nanos,
+        mss: f64,
+    ) -> u32 {
+        let beta = match cc {
+            CongestionControl::Bbr => 1.0,
+            CongestionControl::Reno => 0.5,
+            CongestionControl::Cubic => CUBIC_BETA,
+        };
+        let segments = |cwnd: f64| (cwnd / mss).max(1.0) as u64;
+        let mut lost = lost.into_iter();
+        let Some(mut began) = lost.next() else {
+            return 0;
+        };
+        let mut span = segments(self.cwnd * beta);
+        let mut spans = segments(self.cwnd);
+        let mut episodes = 1u32;
+        for place in lost {
+            if place < began.saturating_add(spans) {
+                continue;
+            }
+            episodes = episodes.saturating_add(1);
+            if cc.backs_off() {
+                self.cut(beta, now, mss);
+            }
+            (began, spans) = (place, span);
+            span = segments((span as f64 * mss * beta).max(2.0 * mss));
+        }
+        episodes
     }
 
     /// `bytes` of the flow acknowledged at `now`: the window grows, if the flow uses it.

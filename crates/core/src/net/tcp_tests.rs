@@ -138,6 +138,38 @@ fn cubic_shrinks_to_seven_tenths_once_per_episode_reno_to_half_bbr_never() {
 }
 
 #[test]
+fn a_frame_s_losses_a_window_apart_are_episodes_of_their_own() {
+    let cc = CongestionControl::Cubic;
+    // A window of 10 segments: losses at packets 3, 8 and 12 fall in the first episode's
+    // window (3..13), so the frame's losses are one episode and nothing more is cut.
+    let mut one = TcpFlow::new(MS, MSS, None);
+    assert_eq!(one.rounds_lost(cc, [3, 8, 12], 10 * MS, MSS), 1);
+    assert_eq!(one.cwnd(), 10.0 * MSS);
+    // At 13 a second episode begins, spanning the window it left (7 segments: 13..20);
+    // 20 begins a third (4 segments, 0.7 of 7 rounded down). The found loss cuts the first.
+    let mut three = TcpFlow::new(MS, MSS, None);
+    assert_eq!(three.rounds_lost(cc, [3, 13, 19, 20, 23], 10 * MS, MSS), 3);
+    assert!((three.cwnd() - 4.9 * MSS).abs() < 1e-6);
+    three.on_loss(cc, Recovery::Sack, 11 * MS, 11 * MS, MSS);
+    assert!((three.cwnd() - 3.43 * MSS).abs() < 1e-6);
+    // Never under two segments; Reno halves; BBR counts the episodes and cuts nothing.
+    let mut floor = TcpFlow::new(MS, MSS, None);
+    let spread = (0..20).map(|i| i * 10);
+    assert_eq!(floor.rounds_lost(cc, spread.clone(), 10 * MS, MSS), 20);
+    assert_eq!(floor.cwnd(), 2.0 * MSS);
+    let mut reno = TcpFlow::new(MS, MSS, None);
+    reno.rounds_lost(CongestionControl::Reno, [0, 10], 10 * MS, MSS);
+    assert!((reno.cwnd() - 5.0 * MSS).abs() < 1e-6);
+    let mut bbr = TcpFlow::new(MS, MSS, None);
+    assert_eq!(
+        bbr.rounds_lost(CongestionControl::Bbr, spread, 10 * MS, MSS),
+        20
+    );
+    assert_eq!(bbr.cwnd(), 10.0 * MSS);
+    assert_eq!(bbr.rounds_lost(cc, [], 10 * MS, MSS), 0);
+}
+
+#[test]
 fn bbr_takes_one_segment_after_a_timeout_and_regrows_to_where_it_stood() {
     let bbr = CongestionControl::Bbr;
     let mut flow = TcpFlow::new(MS, MSS, None);

@@ -302,6 +302,7 @@ fn a_lossy_network_delays_frames_but_loses_none() {
     let losses = |c: NetCounters| NetCounters {
         loss_probes: 0,
         timeouts: 0,
+        loss_episodes: 0,
         timeout_causes: Default::default(),
         window_held: 0,
         cwnd_segments_total: 0,

@@ -122,6 +122,9 @@ pub(super) struct FrameLoss {
     /// The path was out when the packet after the lost one left: nothing the flow sends
     /// reveals the loss until the outage ends.
     pub(super) stalled: bool,
+    /// What would reveal the loss where it ends a round of a window of two (the ACK of the
+    /// packet before it, the new data that ACK lets go) is lost too.
+    pub(super) reveal_lost: bool,
 }
 
 /// Where the lost packets of a frame of `packets` serialised from `start` to `done` fell:
@@ -140,11 +143,7 @@ pub(super) fn frame_loss(
     let span = done.saturating_sub(start) as f64;
     let packet_ns = (span / n as f64) as Nanos;
     let at = |position: f64| start.saturating_add((span * position) as Nanos);
-    let mut rng = draw.map(|key| SplitMix64::new(hash(&[key, 0x5ACC])));
-    let mut below = |top: f64, of: u64| match rng.as_mut() {
-        Some(r) => top * r.next_f64().powf(1.0 / of.max(1) as f64),
-        None => top * 0.5,
-    };
+    let mut below = lost_places(draw);
     let mut times = [None; 4];
     if random >= n {
         times[0] = Some(done);
@@ -168,10 +167,60 @@ pub(super) fn frame_loss(
         packet_ns,
         packets: n,
         stalled: false,
+        reveal_lost: false,
+    }
+}
+
+/// Where a frame's randomly lost packets fell, from its loss key (`None`: the middle), as
+/// fractions of the frame in descending order: called with the last one's bound (1 at
+/// first) and how many are left to place, it returns the largest of that many uniform draws
+/// below the bound, the next lost packet back.
+fn lost_places(draw: Option<u64>) -> impl FnMut(f64, u64) -> f64 {
+    let mut rng = draw.map(|key| SplitMix64::new(hash(&[key, 0x5ACC])));
+    move |top: f64, of: u64| match rng.as_mut() {
+        Some(r) => top * r.next_f64().powf(1.0 / of.max(1) as f64),
+        None => top * 0.5,
     }
 }
 
 impl Port {
+    /// A reliable frame `held` of `packets` lost `random` of them at random (`draw` its loss
+    /// key) on path `i` when its last bit left at `done`: losses in later rounds of its
+    /// window than the first's are loss episodes of their own, each cutting the window
+    /// ([`TcpFlow::rounds_lost`]) and counted (the first is, when it is found). Only a
+    /// frame's first attempt (a resend's losses are found within the episode that resends
+    /// them), and not a frame lost whole.
+    pub(super) fn cut_later_rounds(
+        &mut self,
+        held: &Held,
+        i: usize,
+        draw: Option<u64>,
+        random: u64,
+        packets: u64,
+        done: Nanos,
+    ) {
+        let (cc, mss) = (self.tcp.cc, self.tcp.mss);
+        if held.retransmissions > 0 || random < 2 || random >= packets {
+            return;
+        }
+        let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
+            return;
+        };
+        let mut below = lost_places(draw);
+        let mut top = 1.0;
+        let mut places = Vec::with_capacity(random.min(1 << 16) as usize);
+        for left in (1..=random).rev() {
+            top = below(top, left);
+            places.push(((top * packets as f64) as u64).min(packets - 1));
+        }
+        let later = flow.rounds_lost(cc, places.into_iter().rev(), done, mss);
+        self.count(held.slot, i, |c| {
+            c.loss_episodes = c
+                .loss_episodes
+                .saturating_add(u64::from(later.saturating_sub(1)));
+        });
+    }
+
     /// Holds a new reliable frame offered at `t` to its flow's congestion window: `false`
     /// if it must wait (it is offered again when its time comes).
     pub(super) fn pass_window(&mut self, t: Nanos, held: &mut Held) -> bool {
@@ -241,14 +290,22 @@ impl Port {
             };
         }
         // A window of one or two segments goes a round at a time: a lost packet ending its
-        // round has nothing after it (the one before it, in order, waits for the receiver's
-        // delayed ACK), so only the probe finds it (the timeout while the flow recovers).
+        // round has nothing after it, so only the probe finds it (the timeout while the flow
+        // recovers), unless one before it in its round arrived. While the flow recovers, the
+        // receiver acknowledges that one at once, and the new data it lets go reveals the
+        // loss (unless either is lost); otherwise it waits for the receiver's delayed ACK,
+        // and the probe comes first.
         if window <= 2 && index.is_multiple_of(window) && !loss.stalled {
-            loss.stalled = true;
-            return match flow.is_some_and(|f| f.in_recovery(loss.last)) {
-                true => Recovery::Timeout(TimeoutCause::OriginalInRecovery),
-                false => Recovery::LossProbe { lone: window == 1 },
-            };
+            let recovering = flow.is_some_and(|f| f.in_recovery(loss.last));
+            let next_to = |b: Nanos| b.saturating_add(loss.packet_ns) >= loss.last;
+            let revealed = window == 2 && !loss.before.is_some_and(next_to) && !loss.reveal_lost;
+            if !(recovering && revealed) {
+                loss.stalled = true;
+                return match recovering {
+                    true => Recovery::Timeout(TimeoutCause::OriginalInRecovery),
+                    false => Recovery::LossProbe { lone: window == 1 },
+                };
+            }
         }
         if !(loss.stalled || (alone && loss.final_packet)) {
             return Recovery::Sack;
@@ -379,10 +436,14 @@ impl Port {
         }
         held.tail_repair = recovery != Recovery::Sack;
         let (cc, mss) = (self.tcp.cc, self.tcp.mss);
-        if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
-            flow.on_loss(cc, recovery, now, now, mss);
-        }
-        self.count(held.slot, path, |c| c.recovered(recovery));
+        let began = (self.tcp.flows.get_mut(held.slot))
+            .is_some_and(|flow| flow.on_loss(cc, recovery, now, now, mss));
+        self.count(held.slot, path, |c| {
+            c.recovered(recovery);
+            if began && !recovery.is_timeout() {
+                c.loss_episodes = c.loss_episodes.saturating_add(1);
+            }
+        });
         held
     }
 

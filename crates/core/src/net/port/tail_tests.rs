@@ -43,6 +43,7 @@ fn lost(last: Nanos, before: Option<Nanos>) -> FrameLoss {
         packet_ns: 10_000,
         packets: 100,
         stalled: false,
+        reveal_lost: false,
     }
 }
 
@@ -381,8 +382,9 @@ fn a_tail_s_resend_filling_the_window_waits_for_the_receiver_s_delayed_ack() {
     assert_eq!(flow.send_at(cc, 11 * MS, 1_000, rto_min, mss), 11 * MS);
 }
 
-#[test]
-fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
+/// [`port_and_frame`] with a frame of 1 MB behind which more of its flow waits, the flow's
+/// cubic window at two segments (a timeout at 0, then one segment acknowledged).
+fn window_of_two() -> (Port, Held) {
     let (mut port, mut held) = port_and_frame();
     let (cc, mss) = (CongestionControl::Cubic, port.tcp.mss);
     held.meta.bytes = 1_000_000;
@@ -391,6 +393,12 @@ fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
     flow.on_loss(cc, TIMEOUT, 0, 0, mss);
     flow.on_acked(cc, mss as usize, 0, mss);
     assert_eq!(flow.window_bytes(), 2 * mss as usize);
+    (port, held)
+}
+
+#[test]
+fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
+    let (port, held) = window_of_two();
     // Long after the timeout's episode, the 100th packet of 100 is lost: it ends a round of
     // two, so nothing follows it until the probe.
     let later = 300 * MS;
@@ -407,4 +415,43 @@ fn a_window_of_two_segments_probes_for_a_loss_ending_its_round() {
         ..lost(later, None)
     };
     assert_eq!(port.recovery_of(&held, &mut odd), Recovery::Sack);
+}
+
+#[test]
+fn a_window_of_two_in_recovery_finds_a_loss_ending_its_round_by_the_one_before_it() {
+    let (mut port, held) = window_of_two();
+    let (cc, mss) = (CongestionControl::Cubic, port.tcp.mss);
+    let flow = &mut port.tcp.flows[held.slot];
+    // A loss found at 300 ms, resent at once: the flow recovers until its ACK.
+    let later = 300 * MS;
+    flow.on_loss(cc, Recovery::Sack, later, later, mss);
+    assert!(flow.in_recovery(later + 1));
+    // The 100th packet of 100 is lost just after: the 99th arrived, and the receiver, holding
+    // data past a hole, acknowledges it at once; the new data that ACK lets go reveals it.
+    let mut even = FrameLoss {
+        after: 0,
+        ..lost(later + 1, None)
+    };
+    assert_eq!(port.recovery_of(&held, &mut even), Recovery::Sack);
+    assert!(!even.stalled);
+    // That ACK or that data lost too: nothing reveals it but the timeout (no probe while
+    // recovering).
+    let mut unrevealed = FrameLoss {
+        after: 0,
+        reveal_lost: true,
+        ..lost(later + 1, None)
+    };
+    assert_eq!(
+        port.recovery_of(&held, &mut unrevealed),
+        Recovery::Timeout(TimeoutCause::OriginalInRecovery)
+    );
+    // The 99th lost as well: nothing of the round arrived to be acknowledged.
+    let mut both = FrameLoss {
+        after: 0,
+        ..lost(later + 1, Some(later + 1 - 10_000))
+    };
+    assert_eq!(
+        port.recovery_of(&held, &mut both),
+        Recovery::Timeout(TimeoutCause::OriginalInRecovery)
+    );
 }
