@@ -206,14 +206,24 @@ impl Port {
         let Some(flow) = self.tcp.flows.get_mut(held.slot) else {
             return;
         };
-        let mut below = lost_places(draw);
-        let mut top = 1.0;
-        let mut places = Vec::with_capacity(random.min(1 << 16) as usize);
-        for left in (1..=random).rev() {
-            top = below(top, left);
-            places.push(((top * packets as f64) as u64).min(packets - 1));
+        if packets as f64 <= flow.window_bytes() as f64 / mss {
+            return; // one round: one episode
         }
-        let later = flow.rounds_lost(cc, places.into_iter().rev(), done, mss);
+        let (mut few, mut many) = ([0; 64], Vec::new());
+        let places = match usize::try_from(random) {
+            Ok(n) if n <= few.len() => &mut few[..n],
+            _ => {
+                many.resize(random.min(packets) as usize, 0);
+                &mut many[..]
+            }
+        };
+        // Drawn from the last back, as `frame_loss` draws them; kept in the order sent.
+        let (mut below, mut top) = (lost_places(draw), 1.0);
+        for (left, place) in places.iter_mut().enumerate().rev() {
+            top = below(top, left as u64 + 1);
+            *place = ((top * packets as f64) as u64).min(packets - 1);
+        }
+        let later = flow.rounds_lost(cc, places.iter().copied(), done, mss);
         self.count(held.slot, i, |c| {
             c.loss_episodes = c
                 .loss_episodes
