@@ -111,6 +111,15 @@ impl CongestionControl {
         }
     }
 
+    /// The multiplicative decrease of a loss episode: cubic's 0.7, Reno's 0.5, BBR's none.
+    fn beta(self) -> f64 {
+        match self {
+            Self::Cubic => CUBIC_BETA,
+            Self::Reno => 0.5,
+            Self::Bbr => 1.0,
+        }
+    }
+
     /// Whether a loss shrinks the window (cubic, Reno) or not (BBR).
     fn backs_off(self) -> bool {
         self != Self::Bbr
@@ -376,10 +385,7 @@ impl TcpFlow {
             }
             return !in_episode;
         }
-        let beta = match cc {
-            CongestionControl::Reno => 0.5,
-            _ => CUBIC_BETA,
-        };
+        let beta = cc.beta();
         if recovery.is_timeout() {
             self.ssthresh = (self.cwnd * beta).max(2.0 * mss);
             self.w_max = self.cwnd / mss;
@@ -415,29 +421,25 @@ impl TcpFlow {
         now: Nanos,
         mss: f64,
     ) -> u32 {
-        let beta = match cc {
-            CongestionControl::Bbr => 1.0,
-            CongestionControl::Reno => 0.5,
-            CongestionControl::Cubic => CUBIC_BETA,
-        };
+        let beta = cc.beta();
         let segments = |cwnd: f64| (cwnd / mss).max(1.0) as u64;
         let mut lost = lost.into_iter();
         let Some(mut began) = lost.next() else {
             return 0;
         };
-        let mut span = segments(self.cwnd * beta);
-        let mut spans = segments(self.cwnd);
+        // The window the current episode spans, and the one the next will span.
+        let (mut span, mut next_span) = (segments(self.cwnd), segments(self.cwnd * beta));
         let mut episodes = 1u32;
         for place in lost {
-            if place < began.saturating_add(spans) {
+            if place < began.saturating_add(span) {
                 continue;
             }
             episodes = episodes.saturating_add(1);
             if cc.backs_off() {
                 self.cut(beta, now, mss);
             }
-            (began, spans) = (place, span);
-            span = segments((span as f64 * mss * beta).max(2.0 * mss));
+            (began, span) = (place, next_span);
+            next_span = segments((next_span as f64 * mss * beta).max(2.0 * mss));
         }
         episodes
     }
