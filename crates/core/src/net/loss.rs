@@ -14,6 +14,11 @@ const WINDOWS_KEY: u64 = 0x3D;
 /// Mixed in too for the draws of what would reveal a loss at the end of a small window's
 /// round (the ACK of the packet before it, the data that ACK lets go).
 const REVEAL_KEY: u64 = 0x5E7;
+/// Mixed in too for the draw of the acknowledgement of a resend's first packet after a
+/// timeout.
+const HEAD_ACK_KEY: u64 = 0x4EAD;
+/// Mixed in too for the draws of a timeout's lone resend and its answer.
+const HEAD_KEY: u64 = 0x4EAE;
 /// A window's acknowledgements all lost less often than this is taken never to happen
 /// (windows of more than a few packets: no draws).
 const MIN_WINDOW_STALL: f64 = 1e-6;
@@ -96,13 +101,47 @@ impl LossProcess {
     /// data the ACK lets go) is lost, each as one packet of this path's loss in its current
     /// state. Drawn from `key`'s own stream where the frame has one, else from the path's.
     pub fn lose_any(&mut self, key: Option<u64>, packets: u64) -> bool {
+        self.lose_any_of(key, packets, REVEAL_KEY)
+    }
+
+    /// Whether the acknowledgement of the first packet a flow resends after a timeout (the
+    /// one packet its window then holds) is lost: one packet of this path's loss in its
+    /// current state, drawn from `key`'s own stream where the frame has one.
+    pub fn lose_head_ack(&mut self, key: Option<u64>) -> bool {
+        self.lose_any_of(key, 1, HEAD_ACK_KEY)
+    }
+
+    /// How many times in a row the lone packet a flow resends at a timeout, or the ACK that
+    /// answers it, is lost (each try: either of two packets of this path's loss in its
+    /// current state), so that the next timeout, backed off, finds it again; at most 16.
+    /// Drawn from `key`'s own stream for the flow's `nth` such timeout of the frame.
+    pub fn lose_resent_head(&mut self, key: Option<u64>, nth: u64) -> u32 {
+        let p = self.packet_loss_now();
+        if p <= 0.0 {
+            return 0;
+        }
+        let either = 1.0 - (1.0 - p) * (1.0 - p);
+        let mut own;
+        let rng = match key {
+            Some(key) => {
+                own = SplitMix64::derive(&[self.key_seed, key, ACK_KEY, HEAD_KEY, nth]);
+                &mut own
+            }
+            None => &mut self.rng,
+        };
+        (0..16).take_while(|_| rng.chance(either)).count() as u32
+    }
+
+    /// Whether any of `packets` packets is lost, drawn from `key`'s stream salted with
+    /// `salt` (one stream per kind of draw), else from the path's.
+    fn lose_any_of(&mut self, key: Option<u64>, packets: u64, salt: u64) -> bool {
         let p = self.packet_loss_now();
         if p <= 0.0 {
             return false;
         }
         let any = 1.0 - (1.0 - p).powi(i32::try_from(packets).unwrap_or(i32::MAX));
         match key {
-            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY, REVEAL_KEY]).chance(any),
+            Some(key) => SplitMix64::derive(&[self.key_seed, key, ACK_KEY, salt]).chance(any),
             None => self.rng.chance(any),
         }
     }
@@ -291,6 +330,27 @@ mod tests {
             (rate - expect).abs() < 0.1 * expect,
             "rate {rate} vs {expect}"
         );
+    }
+
+    /// A timeout's lone resend or its answer is lost as either of two packets: a chain of
+    /// `k` or more such losses comes with probability `q^k`, `q = 1 - (1 - p)^2`; the same
+    /// key gives the same chain, and a lossless path none.
+    #[test]
+    fn a_timeout_s_lone_resend_is_lost_again_as_either_of_two_packets() {
+        let p = 0.1;
+        let mut l = LossProcess::new(&spec(p, None), SplitMix64::derive(&[5]));
+        let n = 100_000u64;
+        let chains: Vec<u32> = (0..n).map(|key| l.lose_resent_head(Some(key), 1)).collect();
+        let q = 1.0 - (1.0 - p) * (1.0 - p);
+        for k in 1..=3 {
+            let at_least = chains.iter().filter(|&&c| c >= k).count() as f64;
+            let expect = q.powi(k as i32) * n as f64;
+            let sigma = (expect * (1.0 - q.powi(k as i32))).sqrt();
+            assert!((at_least - expect).abs() < 4.0 * sigma, "{k}: {at_least}");
+        }
+        assert_eq!(l.lose_resent_head(Some(7), 1), chains[7]);
+        let mut none = LossProcess::new(&spec(0.0, None), SplitMix64::new(0));
+        assert!((0..n).all(|key| none.lose_resent_head(Some(key), 1) == 0));
     }
 
     fn per_packet(spec: PathSpec, mtu: f64) -> PathSpec {

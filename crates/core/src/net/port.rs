@@ -71,7 +71,7 @@ use super::rng::{hash, SplitMix64};
 use super::tcp::{tcp_small_queue_bytes, CongestionControl, Recovery, TcpFlow};
 use super::window::{self, Backlog, OnePath};
 use super::{Decision, Fate, FrameMeta, Nanos};
-use reliable::{frame_loss, PacketHeaders};
+use reliable::{first_packet_lost, frame_loss, PacketHeaders};
 
 /// Which side of a host a port models (part of its random streams' derivation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -705,7 +705,10 @@ impl Port {
             path.loss.resend_bytes(bytes, lost_packets),
             path.spec.latency_ns,
         );
-        let done_flow = self.middle_acks_lost(&held, i, draw, done);
+        let head_lost =
+            held.timeouts > 0 && first_packet_lost(draw, random, outage, packets, start, done);
+        let done_flow = self.head_after_timeout(&mut held, i, draw, head_lost, done);
+        let done_flow = self.middle_acks_lost(&held, i, draw, done_flow);
         let at = done_flow.saturating_add(latency);
         let queued = start.saturating_sub(held.offered);
         self.count(held.slot, i, |c| c.sent(bytes, queued));

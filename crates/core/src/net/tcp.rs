@@ -14,7 +14,9 @@
 //!   the flow is still recovering an earlier loss waits for the RTO;
 //! - **retransmission timeout**: a retransmission is lost too with nothing behind it, or the
 //!   tail was lost during a recovery, so only the RTO (`srtt + max(4·rttvar, rto_min)`,
-//!   doubled at each further timeout) finds it. Linux keeps one such timer per connection:
+//!   doubled at each further timeout) finds it. The doubling stands until a round-trip
+//!   sample: a timeout resends one packet, and where it or the ACK answering it is lost,
+//!   the next timeout, doubled, finds it again. Linux keeps one such timer per connection:
 //!   a timeout armed while another of the flow's is pending fires only after that one, by
 //!   its own RTO again, so the resends of frames sent back to back time out one after
 //!   another, as the kernel's do, not together.
@@ -358,6 +360,15 @@ impl TcpFlow {
         let base = (self.srtt as Nanos).saturating_add(spread);
         let backoff = 1u64.checked_shl(timeouts.min(16)).unwrap_or(u64::MAX);
         base.saturating_mul(backoff).min(RTO_MAX_NS.max(rto_min))
+    }
+
+    /// What a timeout after `timeouts` earlier ones costs where the lone packet it resends,
+    /// or the ACK answering it, is lost `further` times in a row: each time the timer,
+    /// doubled, fires again (Linux resets its backoff only on a round-trip sample).
+    pub(crate) fn timeout_chain(&self, rto_min: Nanos, timeouts: u32, further: u32) -> Nanos {
+        (0..=further).fold(0, |wait: Nanos, k| {
+            wait.saturating_add(self.rto(rto_min, timeouts.saturating_add(k)))
+        })
     }
 
     /// A loss found at `now` by `recovery` and resent at `resend`: the episode lasts until

@@ -69,6 +69,11 @@ fn the_timeout_is_at_least_rto_min_and_doubles() {
     assert_eq!(flow.rto(200 * MS, 40), RTO_MAX_NS, "capped at 120 s");
     // A round trip that varies more sets it: srtt + 4·rttvar = 3 x srtt at first.
     assert_eq!(TcpFlow::new(100 * MS, MSS, None).rto(200 * MS, 0), 300 * MS);
+    // A timeout whose lone resend (or its answer) is lost twice more fires twice more,
+    // each time doubled; one already backed off goes on from there.
+    assert_eq!(flow.timeout_chain(200 * MS, 0, 0), 201 * MS);
+    assert_eq!(flow.timeout_chain(200 * MS, 0, 2), (201 + 402 + 804) * MS);
+    assert_eq!(flow.timeout_chain(200 * MS, 1, 1), (402 + 804) * MS);
 }
 
 #[test]

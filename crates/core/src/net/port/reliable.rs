@@ -2,7 +2,7 @@
 //! loss is found and when it is resent ([`super::super::tcp`]), and the headers every
 //! packet carries on the wire.
 
-use super::super::blackout::BlackedOut;
+use super::super::blackout::{BlackedOut, Blackout};
 use super::super::profile::{NetworkProfile, ETHERNET_HEADER_BYTES};
 use super::super::rng::{hash, SplitMix64};
 use super::super::tcp::{
@@ -171,6 +171,29 @@ pub(super) fn frame_loss(
     }
 }
 
+/// Whether the first packet of a frame of `packets` serialised from `start` to `done` was
+/// lost: every packet lost, the first of the `random` places [`frame_loss`] draws from the
+/// frame's key (`draw`) falling in it, or an outage over when it crossed.
+pub(super) fn first_packet_lost(
+    draw: Option<u64>,
+    random: u64,
+    outage: Option<Blackout>,
+    packets: u64,
+    start: Nanos,
+    done: Nanos,
+) -> bool {
+    let n = packets.max(1);
+    let first_cross = start.saturating_add(done.saturating_sub(start) / n);
+    if random >= n || outage.is_some_and(|b| b.is_out(first_cross)) {
+        return true;
+    }
+    let (mut below, mut top) = (lost_places(draw), 1.0);
+    for left in (1..=random).rev() {
+        top = below(top, left);
+    }
+    random > 0 && top * (n as f64) < 1.0
+}
+
 /// Where a frame's randomly lost packets fell, from its loss key (`None`: the middle), as
 /// fractions of the frame in descending order: called with the last one's bound (1 at
 /// first) and how many are left to place, it returns the largest of that many uniform draws
@@ -229,6 +252,45 @@ impl Port {
                 .loss_episodes
                 .saturating_add(u64::from(later.saturating_sub(1)));
         });
+    }
+
+    /// A resend after a timeout leaves as Linux sends it, its first packet alone in a window
+    /// of one segment; the timer stays backed off until that packet's ACK brings a round-trip
+    /// sample (RFC 6298; Linux's `icsk_backoff`). So where the first packet was lost
+    /// (`head_lost`) the next timeout, which finds it, is backed off again; where it arrived
+    /// but its ACK was lost (drawn from `draw`'s stream) the flow waits for that backed-off
+    /// timeout before the rest of the resend goes (returned: when its last bit then leaves,
+    /// from `done`); otherwise the backoff is over and the resend's later losses find an
+    /// unbacked timer. A resend of one packet's ACK is [`Port::final_ack`]'s draw.
+    pub(super) fn head_after_timeout(
+        &mut self,
+        held: &mut Held,
+        i: usize,
+        draw: Option<u64>,
+        head_lost: bool,
+        done: Nanos,
+    ) -> Nanos {
+        if held.timeouts == 0 || head_lost || !self.tcp.on {
+            return done;
+        }
+        let (rto_min, packets) = (self.tcp.rto_min, held.wire_bytes);
+        let (Some(path), Some(flow)) = (self.paths.get_mut(i), self.tcp.flows.get_mut(held.slot))
+        else {
+            return done;
+        };
+        if path.loss.packets(packets) < 2 {
+            return done;
+        }
+        let mut last = done;
+        if path.loss.lose_head_ack(draw) {
+            let further = path.loss.lose_resent_head(draw, HEAD_DRAW);
+            let wait = flow.timeout_chain(rto_min, held.timeouts, further);
+            last = flow.serial_timeout(done, done.saturating_add(wait));
+            flow.stall(last);
+            self.count_timeouts(held.slot, i, 1 + u64::from(further));
+        }
+        held.timeouts = 0;
+        last
     }
 
     /// Holds a new reliable frame offered at `t` to its flow's congestion window: `false`
@@ -510,12 +572,14 @@ impl Port {
 
     /// The acknowledgement of `held`'s final packets (delivered on path `i`, its last bit
     /// out at `done`; `draw` its loss key) comes back, or is lost with the path's loss (or
-    /// in an outage; while the flow recovers, one ACK per packet, all lost). A lost one is covered by later acknowledgements where more of the
-    /// flow follows; where nothing does, the sender's loss probe (or, while it recovers, its
-    /// timeout) resends the last packet, which the receiver answers with a duplicate SACK,
-    /// so the window is not cut (Linux undoes it). That costs the flow nothing unless its
-    /// window is full of those packets (one segment after a timeout, two at the floor): then
-    /// it sends nothing new until the probe or timeout.
+    /// in an outage; while the flow recovers, one ACK per packet, all lost). A lost one is
+    /// covered by later acknowledgements where more of the flow follows; where nothing does,
+    /// the sender's loss probe (or, while it recovers, its timeout) resends the last packet,
+    /// which the receiver answers with a duplicate SACK, so the window is not cut (Linux
+    /// undoes it). That costs the flow nothing unless its window is full of those packets
+    /// (one segment after a timeout, two at the floor): then it sends nothing new until the
+    /// probe or timeout, and a timeout's resend or its answer may be lost again
+    /// ([`TcpFlow::timeout_chain`]).
     pub(super) fn final_ack(&mut self, held: &Held, i: usize, draw: Option<u64>, done: Nanos) {
         let (cc, mss, rto_min) = (self.tcp.cc, self.tcp.mss, self.tcp.rto_min);
         let Some(path) = self.paths.get_mut(i) else {
@@ -546,15 +610,20 @@ impl Port {
         } else {
             Recovery::LossProbe { lone: packets == 1 }
         };
-        if full {
-            let at = flow.resend_at(recovery, done, done, rto_min, held.timeouts);
-            let at = match recovery {
-                Recovery::Timeout(_) => flow.serial_timeout(done, at),
-                _ => at,
-            };
-            flow.stall(at);
+        if !full {
+            self.count(held.slot, i, |c| c.recovered(recovery));
+            return;
         }
-        self.count(held.slot, i, |c| c.recovered(recovery));
+        if recovering {
+            let further = path.loss.lose_resent_head(draw, 0);
+            let wait = flow.timeout_chain(rto_min, held.timeouts, further);
+            let at = flow.serial_timeout(done, done.saturating_add(wait));
+            flow.stall(at);
+            self.count_timeouts(held.slot, i, 1 + u64::from(further));
+        } else {
+            flow.stall(flow.resend_at(recovery, done, done, rto_min, held.timeouts));
+            self.count(held.slot, i, |c| c.recovered(recovery));
+        }
     }
 }
 
@@ -581,8 +650,8 @@ impl Port {
     /// at `done`; `draw` its loss key) whose acknowledgements are all lost. With a window
     /// of a few packets (cubic's floor under heavy loss) the sender is then left with
     /// nothing in flight to clock it, and waits for its loss probe (its timeout while it
-    /// recovers), whose answer sets it going again; the window is not cut (the probe's
-    /// duplicate SACK undoes it). Returns when the frame's last bit leaves after those
+    /// recovers, whose lone resend or its answer may be lost again), whose answer sets it
+    /// going again; the window is not cut (the probe's duplicate SACK undoes it). Returns when the frame's last bit leaves after those
     /// waits (the link serves others meanwhile), each counted; the flow sends nothing new
     /// before then.
     pub(super) fn middle_acks_lost(
@@ -609,24 +678,47 @@ impl Port {
         if stalls == 0 {
             return done;
         }
-        let recovery = if flow.in_recovery(done) {
-            Recovery::Timeout(TimeoutCause::AcksInRecovery)
+        let recovering = flow.in_recovery(done);
+        let probe = Recovery::LossProbe { lone: window == 1 };
+        let (mut last, mut timeouts) = (done, 0u64);
+        for nth in 1..=stalls {
+            if recovering {
+                // Not backed off at first: the ACKs before the window's took round-trip
+                // samples.
+                let further = path.loss.lose_resent_head(draw, nth);
+                last = last.saturating_add(flow.timeout_chain(rto_min, 0, further));
+                timeouts = timeouts.saturating_add(1 + u64::from(further));
+            } else {
+                last = last.saturating_add(flow.resend_at(probe, 0, 0, rto_min, 0));
+            }
+        }
+        if recovering {
+            self.count_timeouts(held.slot, i, timeouts);
         } else {
-            Recovery::LossProbe { lone: window == 1 }
-        };
-        // Not backed off: the ACKs before the window's took round-trip samples.
-        let wait = flow.resend_at(recovery, 0, 0, rto_min, 0);
-        let mut last = done.saturating_add(wait.saturating_mul(stalls));
-        for _ in 0..stalls {
-            self.count(held.slot, i, |c| c.recovered(recovery));
+            (0..stalls).for_each(|_| self.count(held.slot, i, |c| c.recovered(probe)));
         }
         if let Some(flow) = self.tcp.flows.get_mut(held.slot) {
-            if recovery.is_timeout() {
+            if recovering {
                 last = flow.serial_timeout(done, last);
             }
             flow.stall(last);
         }
         last
+    }
+}
+
+/// The draw of a resend's first packet's exchange after a timeout, apart from those of
+/// the frame's final ACK (0) and its windows' (from 1).
+const HEAD_DRAW: u64 = u64::MAX;
+
+impl Port {
+    /// `n` timeouts of flow `slot` on path `i` that found ACKs lost while it recovers, or,
+    /// backed off, its lone resend after one or that resend's answer lost.
+    fn count_timeouts(&mut self, slot: usize, i: usize, n: u64) {
+        let recovery = Recovery::Timeout(TimeoutCause::AcksInRecovery);
+        for _ in 0..n {
+            self.count(slot, i, |c| c.recovered(recovery));
+        }
     }
 }
 

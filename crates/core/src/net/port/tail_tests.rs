@@ -455,3 +455,45 @@ fn a_window_of_two_in_recovery_finds_a_loss_ending_its_round_by_the_one_before_i
         Recovery::Timeout(TimeoutCause::OriginalInRecovery)
     );
 }
+
+#[test]
+fn a_resend_after_a_timeout_keeps_the_backoff_until_its_first_packet_is_answered() {
+    let profile = NetworkProfile {
+        loss: 0.2,
+        ..lossy()
+    };
+    let (frames, mut unanswered, mut again) = (2_000u64, 0u64, 0u64);
+    for key in 0..frames {
+        let mut port = Port::egress(&profile, 1, 1);
+        let mut held = lone_frame(&mut port);
+        let (cc, mss, rto_min) = (CongestionControl::Cubic, port.tcp.mss, port.tcp.rto_min);
+        port.tcp.flows[held.slot].on_loss(cc, TIMEOUT, 0, 0, mss);
+        held.timeouts = 1;
+        // The first packet lost: the timeout that finds it is backed off, as the frame's.
+        assert_eq!(
+            port.head_after_timeout(&mut held, 0, Some(key), true, MS),
+            MS
+        );
+        assert_eq!(held.timeouts, 1);
+        // It arrived: the backoff ends with its answer, after a backed-off timeout (or
+        // more, doubling) where the answer was lost.
+        let last = port.head_after_timeout(&mut held, 0, Some(key), false, MS);
+        assert_eq!(held.timeouts, 0);
+        let timeouts = port.counters().timeouts;
+        let flow = &port.tcp.flows[held.slot];
+        let chain = flow.timeout_chain(rto_min, 1, timeouts.saturating_sub(1) as u32);
+        assert_eq!(
+            last - MS,
+            if timeouts == 0 { 0 } else { chain },
+            "key {key}"
+        );
+        unanswered += u64::from(timeouts > 0);
+        again += u64::from(timeouts > 1);
+    }
+    // The answer is lost as one packet (20 %); the timeout's resend or its answer again as
+    // either of two (36 %).
+    let expected = 0.2 * frames as f64;
+    assert!((0.8 * expected..1.2 * expected).contains(&(unanswered as f64)));
+    let share = again as f64 / unanswered as f64;
+    assert!((0.26..0.46).contains(&share), "{share}");
+}
