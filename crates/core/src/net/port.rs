@@ -115,6 +115,9 @@ struct Held {
     /// through, a resend then carrying only the lost ones; at an ingress, as its driver
     /// said, [`Port::enqueue_streamed`]).
     streamed: Option<Nanos>,
+    /// BBR found its loss with little in flight: its resend's first packet goes alone
+    /// (`Port::conserve`).
+    conserving: bool,
 }
 
 /// A reliable frame's passage through its flow's congestion window (egress only).
@@ -446,6 +449,7 @@ impl Port {
             tail_repair: false,
             later: 0,
             streamed: since.filter(|&t| t < now && self.one_per_flow),
+            conserving: false,
         };
         if meta.reliable {
             if let Some(flow) = self.tcp.flows.get_mut(slot) {
@@ -580,7 +584,10 @@ impl Port {
             }
             if self.tcp.on {
                 let tcp = &self.tcp;
-                let flow = TcpFlow::new(tcp.base_rtt, tcp.mss, tcp.bottleneck_bps);
+                let mut flow = TcpFlow::new(tcp.base_rtt, tcp.mss, tcp.bottleneck_bps);
+                if tcp.cc == CongestionControl::Bbr {
+                    flow = flow.with_bbr_window(tcp.mss);
+                }
                 let flow = if tcp.paced { flow } else { flow.unpaced() };
                 self.tcp.flows.push(flow);
                 self.tcp.tails.push(None);
@@ -705,8 +712,8 @@ impl Port {
             path.loss.resend_bytes(bytes, lost_packets),
             path.spec.latency_ns,
         );
-        let head_lost =
-            held.timeouts > 0 && first_packet_lost(draw, random, outage, packets, start, done);
+        let head_lost = (held.timeouts > 0 || held.conserving)
+            && first_packet_lost(draw, random, outage, packets, start, done);
         let done_flow = self.head_after_timeout(&mut held, i, draw, head_lost, done);
         let done_flow = self.middle_acks_lost(&held, i, draw, done_flow);
         let at = done_flow.saturating_add(latency);
@@ -723,6 +730,7 @@ impl Port {
                 let next = loss.last.saturating_add(loss.packet_ns);
                 loss.stalled = outage.is_some_and(|b| b.is_out(next));
                 loss.reveal_lost = self.paths[i].loss.lose_any(draw, 2);
+                self.conserve(&mut held, &mut loss, head_lost, (draw, random, packets));
                 self.cut_later_rounds(&held, i, draw, random, packets, done);
                 self.partly_delivered(&mut held, bytes, resend, start.saturating_add(latency));
                 self.resend_lost(held, i, &mut loss, done_flow);

@@ -475,3 +475,22 @@ fn the_round_trip_holds_the_flow_s_own_queue_but_its_ack_clock_does_not() {
     let second = flow.send_at(CongestionControl::Cubic, t, 14_480, 200 * MS, MSS);
     assert_eq!(second - first, 1_158_400);
 }
+
+#[test]
+fn bbr_keeps_twice_its_bandwidth_delay_product_and_three_pacing_quanta_in_flight() {
+    let window = |rtt: Nanos, bps: Option<f64>| {
+        let flow = TcpFlow::new(rtt, MSS, bps).with_bbr_window(MSS);
+        flow.window_bytes() as f64 / MSS
+    };
+    // 100 Mbit/s: a quantum of 12,207 bytes (8 segments), 3 of them, and 2 x 0.27 segments
+    // in flight over 31 us, rounded up: 25, then even: 26 (the kernel's p50 18-34 under
+    // random loss, 42-48 without, where its round trip takes in its own queue).
+    assert_eq!(window(31_000, Some(1e8)), 26.0);
+    // 10 Gbit/s: the quantum at its most, 127 segments, and 2 x 8.6 over 10 us: 18 + 381.
+    assert_eq!(window(10_000, Some(1e10)), 400.0);
+    // Unlimited: the quanta alone, even.
+    assert_eq!(window(10_000, None), 382.0);
+    // Its lead at 100 Mbit/s over 31 us: 4 packets (a packet takes 116 us there).
+    let flow = TcpFlow::new(31_000, MSS, Some(1e8));
+    assert_eq!(flow.bbr_lead_packets(MSS), 4);
+}

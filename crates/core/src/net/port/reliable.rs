@@ -187,11 +187,21 @@ pub(super) fn first_packet_lost(
     if random >= n || outage.is_some_and(|b| b.is_out(first_cross)) {
         return true;
     }
+    random > 0 && first_lost_place(draw, random, n) == 0
+}
+
+/// The place (from 0) of the first of the `random` packets (at least one) of a frame of
+/// `packets` lost at random, as [`frame_loss`] places them from the frame's key `draw`.
+pub(super) fn first_lost_place(draw: Option<u64>, random: u64, packets: u64) -> u64 {
+    let n = packets.max(1);
+    if random >= n {
+        return 0;
+    }
     let (mut below, mut top) = (lost_places(draw), 1.0);
     for left in (1..=random).rev() {
         top = below(top, left);
     }
-    random > 0 && top * (n as f64) < 1.0
+    ((top * n as f64) as u64).min(n - 1)
 }
 
 /// Where a frame's randomly lost packets fell, from its loss key (`None`: the middle), as
@@ -252,6 +262,32 @@ impl Port {
                 .loss_episodes
                 .saturating_add(u64::from(later.saturating_sub(1)));
         });
+    }
+
+    /// BBR's recovery window is what it has in flight when it finds a loss (Linux's packet
+    /// conservation: `cwnd = in flight + acked`, less the losses). A frame started from idle
+    /// has only its pacing lead in flight ([`TcpFlow::bbr_lead_packets`]) while it begins:
+    /// where its first attempt loses one of those first packets (`random` of its `packets`
+    /// lost, placed from `draw`), its resend's first packet goes alone, and if that is lost
+    /// too (`head_lost` on the resend's own attempt), nothing follows it to reveal it before
+    /// the timeout: `loss` is stalled. Decides both for `held`'s attempt now on the wire.
+    pub(super) fn conserve(
+        &self,
+        held: &mut Held,
+        loss: &mut FrameLoss,
+        head_lost: bool,
+        (draw, random, packets): (Option<u64>, u64, u64),
+    ) {
+        loss.stalled |= std::mem::take(&mut held.conserving) && head_lost;
+        let Some(flow) = self.tcp.flows.get(held.slot) else {
+            return;
+        };
+        let from_idle = flow.sent_from_idle && flow.in_port <= 1;
+        if self.tcp.cc != CongestionControl::Bbr || held.retransmissions > 0 || !from_idle {
+            return;
+        }
+        let lead = flow.bbr_lead_packets(self.tcp.mss);
+        held.conserving = first_lost_place(draw, random, packets) < lead;
     }
 
     /// A resend after a timeout leaves as Linux sends it, its first packet alone in a window

@@ -3,7 +3,7 @@
 //! timeout where the flow is still recovering an earlier loss (Linux probes only in Open).
 
 use super::keyed_tests::lossy;
-use super::reliable::{frame_loss, FrameLoss};
+use super::reliable::{self, frame_loss, FrameLoss};
 use super::*;
 use crate::net::blackout::BlackedOut;
 use crate::net::tcp::TimeoutCause;
@@ -30,6 +30,7 @@ fn lone_frame(port: &mut Port) -> Held {
         tail_repair: false,
         later: 0,
         streamed: None,
+        conserving: false,
     }
 }
 
@@ -496,4 +497,60 @@ fn a_resend_after_a_timeout_keeps_the_backoff_until_its_first_packet_is_answered
     assert!((0.8 * expected..1.2 * expected).contains(&(unanswered as f64)));
     let share = again as f64 / unanswered as f64;
     assert!((0.26..0.46).contains(&share), "{share}");
+}
+
+#[test]
+fn bbr_s_resend_of_a_loss_among_its_first_packets_from_idle_goes_alone() {
+    let profile = NetworkProfile {
+        tcp: CongestionControl::Bbr,
+        bandwidth_bps: Some(1e8),
+        ..lossy()
+    };
+    let mut port = Port::egress(&profile, 1, 1);
+    let held = lone_frame(&mut port); // 100 packets
+    let flow = &mut port.tcp.flows[held.slot];
+    (flow.in_port, flow.sent_from_idle) = (1, true);
+    let lead = flow.bbr_lead_packets(port.tcp.mss);
+    assert_eq!(lead, 4);
+    let (mut early, keys) = (0, 400);
+    for key in 0..keys {
+        let draw = Some(key);
+        let first = reliable::first_lost_place(draw, 3, 100);
+        let head = reliable::first_packet_lost(draw, 3, None, 100, 0, 100 * 116_000);
+        assert_eq!(head, first == 0, "key {key}");
+        let (mut h, mut loss) = (held, lost(MS, None));
+        port.conserve(&mut h, &mut loss, false, (draw, 3, 100));
+        assert!(!loss.stalled);
+        assert_eq!(h.conserving, first < lead, "key {key}");
+        if !h.conserving {
+            continue;
+        }
+        early += 1;
+        let resend = Held {
+            retransmissions: 1,
+            ..h
+        };
+        // Its first packet lost again: nothing follows it before the timeout.
+        let (mut r, mut loss) = (resend, lost(MS / 2, None));
+        port.conserve(&mut r, &mut loss, true, (draw, 1, 3));
+        assert!(loss.stalled && !r.conserving);
+        assert_eq!(
+            port.recovery_of(&r, &mut loss),
+            Recovery::Timeout(TimeoutCause::ResendStalled)
+        );
+        // It arrived: later losses of the resend are revealed as ever.
+        let (mut r, mut loss) = (resend, lost(MS / 2, None));
+        port.conserve(&mut r, &mut loss, false, (draw, 1, 3));
+        assert!(!loss.stalled);
+        assert_eq!(port.recovery_of(&r, &mut loss), Recovery::Sack);
+        // Not from idle (more of the flow queued behind it, as in bulk): a window's room.
+        let mut queued = port.clone();
+        queued.tcp.flows[held.slot].in_port = 2;
+        let mut h = held;
+        queued.conserve(&mut h, &mut lost(MS, None), false, (draw, 3, 100));
+        assert!(!h.conserving);
+    }
+    // The first of 3 losses among 100 packets falls in the first 4: 1 - 0.96^3, 11.5 %.
+    let share = early as f64 / keys as f64;
+    assert!((0.07..0.17).contains(&share), "{share}");
 }
