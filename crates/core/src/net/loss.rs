@@ -6,6 +6,7 @@
 
 use super::profile::{BurstLoss, PathSpec};
 use super::rng::SplitMix64;
+use super::tcp::MAX_BACKOFFS;
 
 /// Mixed into a frame's draw key for its acknowledgement's draw.
 const ACK_KEY: u64 = 0xAC4_0000_0001;
@@ -113,7 +114,8 @@ impl LossProcess {
 
     /// How many times in a row the lone packet a flow resends at a timeout, or the ACK that
     /// answers it, is lost (each try: either of two packets of this path's loss in its
-    /// current state), so that the next timeout, backed off, finds it again; at most 16.
+    /// current state), so that the next timeout, backed off, finds it again; at most
+    /// [`MAX_BACKOFFS`].
     /// Drawn from `key`'s own stream for the flow's `nth` such timeout of the frame.
     pub fn lose_resent_head(&mut self, key: Option<u64>, nth: u64) -> u32 {
         let p = self.packet_loss_now();
@@ -129,7 +131,7 @@ impl LossProcess {
             }
             None => &mut self.rng,
         };
-        (0..16).take_while(|_| rng.chance(either)).count() as u32
+        (0..MAX_BACKOFFS).take_while(|_| rng.chance(either)).count() as u32
     }
 
     /// Whether any of `packets` packets is lost, drawn from `key`'s stream salted with

@@ -70,6 +70,10 @@ const PROBE_EXTRA_NS: Nanos = 2_000_000;
 /// The longest retransmission timeout (Linux's `TCP_RTO_MAX`, 120 s).
 const RTO_MAX_NS: Nanos = 120_000_000_000;
 
+/// The most doublings a flow's RTO takes in a row (past them it has long reached
+/// [`RTO_MAX_NS`]), and so the longest chain of lost lone resends a timeout draws.
+pub(crate) const MAX_BACKOFFS: u32 = 16;
+
 /// How much of a flow's data Linux's TCP small queues let into the host's qdisc: about
 /// 1 ms at its pacing rate (`sk_pacing_shift` 10), at least two packets.
 const SMALL_QUEUE_NS: f64 = 1e6;
@@ -398,7 +402,9 @@ impl TcpFlow {
     pub(crate) fn rto(&self, rto_min: Nanos, timeouts: u32) -> Nanos {
         let spread = ((4.0 * self.rttvar) as Nanos).max(rto_min);
         let base = (self.srtt as Nanos).saturating_add(spread);
-        let backoff = 1u64.checked_shl(timeouts.min(16)).unwrap_or(u64::MAX);
+        let backoff = 1u64
+            .checked_shl(timeouts.min(MAX_BACKOFFS))
+            .unwrap_or(u64::MAX);
         base.saturating_mul(backoff).min(RTO_MAX_NS.max(rto_min))
     }
 
