@@ -46,7 +46,8 @@
 #              (cells a-d only: the lossless cells have no shared bottleneck and are left out)
 #   --trace    capture sender 1's packets in every kernel transfer (OUT/trace/CC-RUNG-RUN.pcap,
 #              headers only, with tcpdump) and print where its time went: its idle spells by
-#              what ended them (timeout, loss probe, ACK) and each timeout's cause, and on
+#              what ended them (timeout, loss probe, ACK), each timeout's cause and its wait
+#              against the RTO rebuilt as Linux keeps it (at it, backed off, inflated), and on
 #              the msgs rungs what held up each message (scripts/tcp_waits.py --message;
 #              every model run's line gives the model's, its
 #              `timeout_causes`, traced or not); and sample the receiver's and sender 1's sockets
