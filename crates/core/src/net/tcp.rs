@@ -274,7 +274,7 @@ impl TcpFlow {
     /// sends in about a millisecond, `rate >> sk_pacing_shift`, 2 to 127 segments), rounded
     /// up to an even number of segments: 26 at 100 Mbit/s over a round trip of tens of
     /// microseconds, where its initial window of 10 would hold a resend's losses back at
-    /// every tenth packet; from 381 at 10 Gbit/s. Without a bottleneck, the quanta alone.
+    /// every tenth packet; 382 and more at 10 Gbit/s. Without a bottleneck, the quanta alone.
     pub(crate) fn with_bbr_window(mut self, mss: f64) -> Self {
         let mss = mss.max(1.0);
         let bytes_per_ns = match self.bottleneck_ns_per_byte {
